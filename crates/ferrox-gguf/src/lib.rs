@@ -1,0 +1,1 @@
+//! The GGUF container. (Skeleton.)

@@ -1,0 +1,199 @@
+//! GGML's quantized block formats, with a scalar reference for every kind.
+//!
+//! The key decision: **one row per kind** in [`quant_kinds!`] generates
+//! [`QuantKind`] and its sizes, and the `#[repr(C)]` block struct of each row
+//! is the only statement of the layout (ggml's `ggml-common.h`, byte for
+//! byte). Every operation is a trait on the block type —
+//! [`Dequantize`], [`Quantize`], [`VecDot`] — so the row-level entry points
+//! below are one generic loop instantiated per kind, and a kind without an
+//! implementation is a compile error rather than a runtime surprise.
+//!
+//! The scalar code in [`scalar`] is the *reference twin* of every faster
+//! kernel: SIMD, CUDA, Vulkan and Metal kernels are tested against it, and it
+//! is tested bit-exactly against ggml and the `gguf` Python package through
+//! the committed vectors in `testdata/`.
+#![deny(missing_docs)]
+
+pub mod blocks;
+mod error;
+mod kind;
+pub mod scalar;
+
+pub use blocks::{Block, BF16, F16, QK_K};
+#[allow(clippy::wildcard_imports)]
+use blocks::*;
+pub use error::QuantError;
+pub use kind::QuantKind;
+
+/// Block → f32.
+pub trait Dequantize: Block {
+    /// Writes this block's [`Block::ELEMS`] values into `out`
+    /// (`out.len() == Self::ELEMS`).
+    fn dequantize(&self, out: &mut [f32]);
+}
+
+/// f32 → block, by ggml's reference (round-to-nearest, no importance matrix).
+pub trait Quantize: Block {
+    /// Quantizes exactly [`Block::ELEMS`] values (`src.len() == Self::ELEMS`).
+    fn quantize(src: &[f32]) -> Self;
+}
+
+/// The scalar reference dot product of a weight row with an activation row
+/// already converted to [`VecDot::Act`] (ggml's `vec_dot_type`).
+pub trait VecDot: Block {
+    /// The activation block type.
+    type Act: Quantize;
+    /// `sum_i w[i] * a[i]` over whole rows: `w.len() * Self::ELEMS ==
+    /// a.len() * Self::Act::ELEMS`.
+    fn vec_dot(w: &[Self], a: &[Self::Act]) -> f32;
+}
+
+/// Checks that `n_elems` is whole blocks of `kind` and returns the byte size.
+pub fn row_bytes(kind: QuantKind, n_elems: usize) -> Result<usize, QuantError> {
+    let be = kind.block_elems();
+    if n_elems % be != 0 {
+        return Err(QuantError::NotWholeBlocks { kind, n_elems, block_elems: be });
+    }
+    Ok(n_elems / be * kind.block_bytes())
+}
+
+fn check_len(kind: QuantKind, n_elems: usize, bytes: usize) -> Result<(), QuantError> {
+    let expected = row_bytes(kind, n_elems)?;
+    if bytes != expected {
+        return Err(QuantError::WrongByteLength { kind, n_elems, expected, got: bytes });
+    }
+    Ok(())
+}
+
+/// Reinterprets bytes as blocks in place, or reports misalignment.
+pub fn cast_blocks<B: Block>(bytes: &[u8]) -> Result<&[B], QuantError> {
+    if bytes.len() % core::mem::size_of::<B>() != 0 {
+        let n = bytes.len() / core::mem::size_of::<B>() * B::ELEMS;
+        return Err(QuantError::WrongByteLength {
+            kind: B::KIND,
+            n_elems: n,
+            expected: n / B::ELEMS * core::mem::size_of::<B>(),
+            got: bytes.len(),
+        });
+    }
+    bytemuck::try_cast_slice(bytes).map_err(|_| QuantError::Misaligned {
+        kind: B::KIND,
+        addr: bytes.as_ptr() as usize,
+        align: core::mem::align_of::<B>(),
+    })
+}
+
+fn dequantize_blocks<B: Dequantize>(bytes: &[u8], out: &mut [f32]) {
+    let bs = core::mem::size_of::<B>();
+    match bytemuck::try_cast_slice::<u8, B>(bytes) {
+        Ok(blocks) => {
+            for (b, o) in blocks.iter().zip(out.chunks_exact_mut(B::ELEMS)) {
+                b.dequantize(o);
+            }
+        }
+        // Unaligned bytes (a tensor in an odd place of a buffer): read each
+        // block by value; correctness over speed for a path no loader takes.
+        Err(_) => {
+            for (chunk, o) in bytes.chunks_exact(bs).zip(out.chunks_exact_mut(B::ELEMS)) {
+                bytemuck::pod_read_unaligned::<B>(chunk).dequantize(o);
+            }
+        }
+    }
+}
+
+fn quantize_blocks<B: Quantize>(src: &[f32], out: &mut [u8]) {
+    let bs = core::mem::size_of::<B>();
+    for (s, o) in src.chunks_exact(B::ELEMS).zip(out.chunks_exact_mut(bs)) {
+        o.copy_from_slice(bytemuck::bytes_of(&B::quantize(s)));
+    }
+}
+
+macro_rules! dequantize_dispatch {
+    ($(($v:ident, $name:literal, $id:literal, $elems:literal, $block:ty, $dot:expr)),* $(,)?) => {
+        /// Dequantizes `bytes` (whole blocks of `kind`) into `out`, whose
+        /// length is the element count.
+        pub fn dequantize(kind: QuantKind, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+            check_len(kind, out.len(), bytes.len())?;
+            match kind {
+                $(QuantKind::$v => dequantize_blocks::<$block>(bytes, out),)*
+            }
+            Ok(())
+        }
+    };
+}
+quant_kinds!(dequantize_dispatch);
+
+/// Dequantizes `bytes` into a new vector of `n_elems` values.
+pub fn dequantize_to_vec(kind: QuantKind, bytes: &[u8], n_elems: usize) -> Result<Vec<f32>, QuantError> {
+    check_len(kind, n_elems, bytes.len())?;
+    let mut out = vec![0.0; n_elems];
+    dequantize(kind, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// Whether [`quantize`] can produce `kind`, and if not, why.
+///
+/// The IQ1/IQ2/IQ3 kinds need an importance matrix or a lattice search that
+/// ggml has no plain round-to-nearest reference for (`quantize_row_*_ref` for
+/// IQ2_S/IQ3_S/IQ3_XXS needs grid tables initialized with ggml's search
+/// state); they get dequantize and dot, and this documented error.
+pub fn quantize_support(kind: QuantKind) -> Result<(), QuantError> {
+    use QuantKind::*;
+    let reason = match kind {
+        F32 | F16 | BF16 | F64 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2K | Q3K | Q4K
+        | Q5K | Q6K | Q8K | IQ4NL | IQ4XS | TQ1_0 | TQ2_0 | MXFP4 | NVFP4 | Q1_0 | Q2_0 => {
+            return Ok(())
+        }
+        IQ1S | IQ1M | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S => {
+            "this kind needs an importance matrix and a grid search; ferrox does not implement it yet"
+        }
+        I8 | I16 | I32 | I64 => "integer kinds are not a quantization target",
+    };
+    Err(QuantError::CannotQuantize { kind, reason })
+}
+
+/// Quantizes `src` (whole blocks of `kind`) into `out` (exactly the bytes
+/// that many blocks take).
+pub fn quantize(kind: QuantKind, src: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    use blocks::*;
+    quantize_support(kind)?;
+    check_len(kind, src.len(), out.len())?;
+    // Exhaustive on purpose: a new kind must be placed on one side or the other.
+    match kind {
+        QuantKind::F32 => quantize_blocks::<f32>(src, out),
+        QuantKind::F16 => quantize_blocks::<F16>(src, out),
+        QuantKind::BF16 => quantize_blocks::<BF16>(src, out),
+        QuantKind::F64 => quantize_blocks::<f64>(src, out),
+        QuantKind::Q4_0 => quantize_blocks::<BlockQ4_0>(src, out),
+        QuantKind::Q4_1 => quantize_blocks::<BlockQ4_1>(src, out),
+        QuantKind::Q5_0 => quantize_blocks::<BlockQ5_0>(src, out),
+        QuantKind::Q5_1 => quantize_blocks::<BlockQ5_1>(src, out),
+        QuantKind::Q8_0 => quantize_blocks::<BlockQ8_0>(src, out),
+        QuantKind::Q8_1 => quantize_blocks::<BlockQ8_1>(src, out),
+        QuantKind::Q2K => quantize_blocks::<BlockQ2K>(src, out),
+        QuantKind::Q3K => quantize_blocks::<BlockQ3K>(src, out),
+        QuantKind::Q4K => quantize_blocks::<BlockQ4K>(src, out),
+        QuantKind::Q5K => quantize_blocks::<BlockQ5K>(src, out),
+        QuantKind::Q6K => quantize_blocks::<BlockQ6K>(src, out),
+        QuantKind::Q8K => quantize_blocks::<BlockQ8K>(src, out),
+        QuantKind::IQ4NL => quantize_blocks::<BlockIQ4NL>(src, out),
+        QuantKind::IQ4XS => quantize_blocks::<BlockIQ4XS>(src, out),
+        QuantKind::TQ1_0 => quantize_blocks::<BlockTQ1_0>(src, out),
+        QuantKind::TQ2_0 => quantize_blocks::<BlockTQ2_0>(src, out),
+        QuantKind::MXFP4 => quantize_blocks::<BlockMXFP4>(src, out),
+        QuantKind::NVFP4 => quantize_blocks::<BlockNVFP4>(src, out),
+        QuantKind::Q1_0 => quantize_blocks::<BlockQ1_0>(src, out),
+        QuantKind::Q2_0 => quantize_blocks::<BlockQ2_0>(src, out),
+        QuantKind::IQ1S | QuantKind::IQ1M | QuantKind::IQ2XXS | QuantKind::IQ2XS
+        | QuantKind::IQ2S | QuantKind::IQ3XXS | QuantKind::IQ3S | QuantKind::I8
+        | QuantKind::I16 | QuantKind::I32 | QuantKind::I64 => return quantize_support(kind),
+    }
+    Ok(())
+}
+
+/// Quantizes `src` into a new byte vector.
+pub fn quantize_to_vec(kind: QuantKind, src: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let mut out = vec![0u8; row_bytes(kind, src.len())?];
+    quantize(kind, src, &mut out)?;
+    Ok(out)
+}
