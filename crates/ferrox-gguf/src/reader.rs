@@ -30,6 +30,13 @@ pub const MAX_ARRAY_DEPTH: usize = 16;
 /// The key that sets the alignment.
 pub const ALIGNMENT_KEY: &str = "general.alignment";
 
+/// Most elements reserved up front for a list whose items are parsed one by
+/// one. A claimed count is already bounded by the bytes left, but an item in
+/// memory is larger than its smallest encoding (a 32-byte `Array` for 12
+/// file bytes), and nested arrays would multiply that per level; reserving
+/// a bounded amount and growing as items actually parse keeps memory within
+/// twice what was parsed.
+const PREALLOC_LIMIT: usize = 4096;
 /// Fewest bytes a tensor info occupies: name length, n_dims, type, offset.
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
 /// Fewest bytes a key/value pair occupies: key length, type id, one byte.
@@ -432,21 +439,21 @@ impl<'a> Cursor<'a> {
                         Array::$v(bytes.chunks_exact(N).map(|c| <$t>::from_le_bytes(le::<N>(c))).collect())
                     })*
                     ValueType::Bool => {
-                        let mut v = Vec::with_capacity(n);
+                        let mut v = Vec::with_capacity(n.min(PREALLOC_LIMIT));
                         for _ in 0..n {
                             v.push(self.bool()?);
                         }
                         Array::Bool(v)
                     }
                     ValueType::String => {
-                        let mut v = Vec::with_capacity(n);
+                        let mut v = Vec::with_capacity(n.min(PREALLOC_LIMIT));
                         for _ in 0..n {
                             v.push(GgufString(self.string("string length")?.to_vec()));
                         }
                         Array::String(v)
                     }
                     ValueType::Array => {
-                        let mut v = Vec::with_capacity(n);
+                        let mut v = Vec::with_capacity(n.min(PREALLOC_LIMIT));
                         for _ in 0..n {
                             v.push(self.array(depth + 1)?);
                         }
@@ -479,9 +486,9 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
     let n_tensors = c.count("tensor count", MIN_TENSOR_INFO_BYTES)?;
     let n_kv = c.count("metadata key/value count", MIN_KV_BYTES)?;
 
-    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv);
-    let mut kv_offsets = Vec::with_capacity(n_kv);
-    let mut seen_keys = std::collections::HashSet::with_capacity(n_kv);
+    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv.min(PREALLOC_LIMIT));
+    let mut kv_offsets = Vec::with_capacity(n_kv.min(PREALLOC_LIMIT));
+    let mut seen_keys = std::collections::HashSet::with_capacity(n_kv.min(PREALLOC_LIMIT));
     for _ in 0..n_kv {
         let at = c.pos;
         let key = c.utf8("metadata key")?;
@@ -508,9 +515,9 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
         },
     };
 
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut info_offsets = Vec::with_capacity(n_tensors);
-    let mut seen_names = std::collections::HashSet::with_capacity(n_tensors);
+    let mut tensors = Vec::with_capacity(n_tensors.min(PREALLOC_LIMIT));
+    let mut info_offsets = Vec::with_capacity(n_tensors.min(PREALLOC_LIMIT));
+    let mut seen_names = std::collections::HashSet::with_capacity(n_tensors.min(PREALLOC_LIMIT));
     for _ in 0..n_tensors {
         let at = c.pos;
         let t = tensor_info(&mut c, at, alignment)?;

@@ -177,12 +177,11 @@ impl<'a> GgufWriter<'a> {
             offset += pad_to(t.data.len() as u64, self.alignment);
         }
         put(w, &head)?;
-        let zeros = vec![0u8; self.alignment as usize];
-        let pad = |len: u64| (pad_to(len, self.alignment) - len) as usize;
-        put(w, &zeros[..pad(head.len() as u64)])?;
+        let pad = |w: &mut dyn Write, len: u64| write_zeros(w, pad_to(len, self.alignment) - len);
+        pad(w, head.len() as u64)?;
         for t in &self.tensors {
             put(w, &t.data)?;
-            put(w, &zeros[..pad(t.data.len() as u64)])?;
+            pad(w, t.data.len() as u64)?;
         }
         Ok(())
     }
@@ -213,6 +212,17 @@ fn array_depth(a: &Array) -> usize {
         Array::Array(xs) => 1 + xs.iter().map(array_depth).max().unwrap_or(0),
         _ => 1,
     }
+}
+
+/// Writes `n` zero bytes without allocating `n` (an alignment may be 2^31).
+fn write_zeros(w: &mut dyn Write, mut n: u64) -> io::Result<()> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        w.write_all(&ZEROS[..k])?;
+        n -= k as u64;
+    }
+    Ok(())
 }
 
 fn pad_to(x: u64, align: u64) -> u64 {

@@ -250,3 +250,17 @@ fn files_written_to_disk_open_with_mmap() {
     assert_eq!(m.parts().len(), 1);
     assert_eq!(m.tensor_data(m.tensor("x").unwrap()).unwrap().len(), 20);
 }
+
+#[test]
+fn every_fuzz_seed_is_a_valid_file_that_rewrites_to_a_fixed_point() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/gguf_reader");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        let f = GgufFile::open(&p).unwrap();
+        let once = GgufWriter::from_file(&f).unwrap().to_bytes();
+        assert_eq!(rewrite(&once), once, "{}", p.display());
+        n += 1;
+    }
+    assert!(n >= 5, "seed corpus missing: {n} files in {}", dir.display());
+}
