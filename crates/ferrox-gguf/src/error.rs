@@ -24,12 +24,20 @@ pub struct GgufError {
 
 impl GgufError {
     pub(crate) fn new(path: Option<&Path>, offset: Option<u64>, kind: ErrorKind) -> Self {
-        GgufError { path: path.map(Path::to_path_buf), offset, kind }
+        GgufError {
+            path: path.map(Path::to_path_buf),
+            offset,
+            kind,
+        }
     }
 
     /// An error with no file position (writer input, a missing key).
     pub(crate) fn bare(kind: ErrorKind) -> Self {
-        GgufError { path: None, offset: None, kind }
+        GgufError {
+            path: None,
+            offset: None,
+            kind,
+        }
     }
 }
 
@@ -74,7 +82,9 @@ pub enum ErrorKind {
     },
     /// A count or length read from the file that the rest of the file cannot
     /// possibly hold; checked before anything is allocated for it.
-    #[error("{what} is {count}, which needs at least {min_bytes} bytes, but only {available} remain")]
+    #[error(
+        "{what} is {count}, which needs at least {min_bytes} bytes, but only {available} remain"
+    )]
     CountExceedsFile {
         /// Which count or length.
         what: &'static str,

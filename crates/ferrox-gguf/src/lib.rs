@@ -23,7 +23,9 @@ mod value;
 mod writer;
 
 pub use error::{ErrorKind, GgufError};
-pub use reader::{GgufFile, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS};
+pub use reader::{
+    GgufFile, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS,
+};
 pub use split::{
     parse_split_name, split_path, GgufModel, ModelTensor, SPLIT_COUNT_KEY, SPLIT_NO_KEY,
     SPLIT_TENSORS_COUNT_KEY,

@@ -91,7 +91,10 @@ impl Storage {
         let mut chunks = vec![Chunk([0; 64]); src.len().div_ceil(64)];
         let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut chunks);
         dst[..src.len()].copy_from_slice(src);
-        Storage::Owned { chunks, len: src.len() }
+        Storage::Owned {
+            chunks,
+            len: src.len(),
+        }
     }
 }
 
@@ -159,7 +162,12 @@ impl GgufFile {
 
     fn from_storage(storage: Storage, path: Option<PathBuf>) -> Result<GgufFile, GgufError> {
         let p = parse(storage.bytes(), path.as_deref())?;
-        let tensor_index = p.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        let tensor_index = p
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
         Ok(GgufFile {
             path,
             storage,
@@ -215,7 +223,13 @@ impl GgufFile {
 
     fn require(&self, key: &str) -> Result<&Value, GgufError> {
         self.get(key).ok_or_else(|| {
-            GgufError::new(self.path(), None, ErrorKind::MissingKey { key: key.to_string() })
+            GgufError::new(
+                self.path(),
+                None,
+                ErrorKind::MissingKey {
+                    key: key.to_string(),
+                },
+            )
         })
     }
 
@@ -223,7 +237,11 @@ impl GgufFile {
         GgufError::new(
             self.path(),
             self.key_offset(key),
-            ErrorKind::WrongType { key: key.to_string(), expected, found: found.value_type() },
+            ErrorKind::WrongType {
+                key: key.to_string(),
+                expected,
+                found: found.value_type(),
+            },
         )
     }
 
@@ -248,7 +266,10 @@ impl GgufFile {
                 GgufError::new(
                     self.path(),
                     self.key_offset(key),
-                    ErrorKind::InvalidUtf8 { what: format!("value of {key:?}"), lossy: s.to_string() },
+                    ErrorKind::InvalidUtf8 {
+                        what: format!("value of {key:?}"),
+                        lossy: s.to_string(),
+                    },
                 )
             }),
             other => Err(self.wrong_type(key, "string".into(), other)),
@@ -267,7 +288,8 @@ impl GgufFile {
     /// signedness, if it is not negative (see [`Value::as_uint`]).
     pub fn get_uint(&self, key: &str) -> Result<u64, GgufError> {
         let v = self.require(key)?;
-        v.as_uint().ok_or_else(|| self.wrong_type(key, "non-negative integer".into(), v))
+        v.as_uint()
+            .ok_or_else(|| self.wrong_type(key, "non-negative integer".into(), v))
     }
 
     /// The tensor directory, in file order.
@@ -277,7 +299,9 @@ impl GgufFile {
 
     /// The tensor named `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index.get(name).and_then(|&i| self.tensors.get(i))
+        self.tensor_index
+            .get(name)
+            .and_then(|&i| self.tensors.get(i))
     }
 
     /// The data bytes of `t` (a tensor of this file). An error, not a panic,
@@ -346,7 +370,11 @@ impl<'a> Cursor<'a> {
             }
             None => Err(self.err(
                 self.pos,
-                ErrorKind::Truncated { what, needed: n as u64, available: self.remaining() },
+                ErrorKind::Truncated {
+                    what,
+                    needed: n as u64,
+                    available: self.remaining(),
+                },
             )),
         }
     }
@@ -367,7 +395,15 @@ impl<'a> Cursor<'a> {
         let min_bytes = n.saturating_mul(min_each);
         let available = self.remaining();
         if min_bytes > available {
-            return Err(self.err(at, ErrorKind::CountExceedsFile { what, count: n, min_bytes, available }));
+            return Err(self.err(
+                at,
+                ErrorKind::CountExceedsFile {
+                    what,
+                    count: n,
+                    min_bytes,
+                    available,
+                },
+            ));
         }
         // n * min_each <= remaining <= usize::MAX and min_each >= 1.
         Ok(n as usize)
@@ -385,7 +421,10 @@ impl<'a> Cursor<'a> {
             Ok(s) => Ok(s.to_string()),
             Err(_) => Err(self.err(
                 at,
-                ErrorKind::InvalidUtf8 { what: what.to_string(), lossy: String::from_utf8_lossy(b).into_owned() },
+                ErrorKind::InvalidUtf8 {
+                    what: what.to_string(),
+                    lossy: String::from_utf8_lossy(b).into_owned(),
+                },
             )),
         }
     }
@@ -393,7 +432,8 @@ impl<'a> Cursor<'a> {
     fn value_type(&mut self, what: &'static str) -> Result<ValueType, GgufError> {
         let at = self.pos;
         let id = self.u32(what)?;
-        ValueType::from_id(id).ok_or_else(|| self.err(at, ErrorKind::UnknownValueType { type_id: id }))
+        ValueType::from_id(id)
+            .ok_or_else(|| self.err(at, ErrorKind::UnknownValueType { type_id: id }))
     }
 
     fn bool(&mut self) -> Result<bool, GgufError> {
@@ -402,7 +442,14 @@ impl<'a> Cursor<'a> {
             [0] => Ok(false),
             [1] => Ok(true),
             [b] => Err(self.err(at, ErrorKind::InvalidBool { found: *b })),
-            _ => Err(self.err(at, ErrorKind::Truncated { what: "bool", needed: 1, available: 0 })),
+            _ => Err(self.err(
+                at,
+                ErrorKind::Truncated {
+                    what: "bool",
+                    needed: 1,
+                    available: 0,
+                },
+            )),
         }
     }
 
@@ -425,7 +472,12 @@ impl<'a> Cursor<'a> {
 
     fn array(&mut self, depth: usize) -> Result<Array, GgufError> {
         if depth > MAX_ARRAY_DEPTH {
-            return Err(self.err(self.pos, ErrorKind::NestingTooDeep { limit: MAX_ARRAY_DEPTH }));
+            return Err(self.err(
+                self.pos,
+                ErrorKind::NestingTooDeep {
+                    limit: MAX_ARRAY_DEPTH,
+                },
+            ));
         }
         let ty = self.value_type("array element type")?;
         let n = self.count("array element count", ty.min_encoded_bytes())?;
@@ -509,7 +561,9 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
                 return Err(GgufError::new(
                     path,
                     kv_offsets.get(i).copied(),
-                    ErrorKind::BadAlignment { found: format!("{other:?}") },
+                    ErrorKind::BadAlignment {
+                        found: format!("{other:?}"),
+                    },
                 ))
             }
         },
@@ -552,7 +606,9 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
 
     // Disjointness: sort by start; each non-empty tensor must begin at or
     // after the furthest end seen so far.
-    let mut order: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].n_bytes > 0).collect();
+    let mut order: Vec<usize> = (0..tensors.len())
+        .filter(|&i| tensors[i].n_bytes > 0)
+        .collect();
     order.sort_by_key(|&i| tensors[i].offset);
     let mut furthest: Option<usize> = None;
     for &i in &order {
@@ -578,7 +634,14 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
         }
     }
 
-    Ok(Parsed { version, alignment, metadata, kv_offsets, tensors, data_offset })
+    Ok(Parsed {
+        version,
+        alignment,
+        metadata,
+        kv_offsets,
+        tensors,
+        data_offset,
+    })
 }
 
 /// One tensor info, with every check that needs only the info itself.
@@ -586,7 +649,13 @@ fn tensor_info(c: &mut Cursor<'_>, at: usize, alignment: u64) -> Result<TensorIn
     let name = c.utf8("tensor name")?;
     let n_dims = c.u32("tensor dimension count")?;
     if n_dims > MAX_DIMS {
-        return Err(c.err(at, ErrorKind::TooManyDims { tensor: name, n_dims }));
+        return Err(c.err(
+            at,
+            ErrorKind::TooManyDims {
+                tensor: name,
+                n_dims,
+            },
+        ));
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     for _ in 0..n_dims {
@@ -594,24 +663,56 @@ fn tensor_info(c: &mut Cursor<'_>, at: usize, alignment: u64) -> Result<TensorIn
     }
     let type_at = c.pos;
     let type_id = c.u32("tensor type")?;
-    let kind = QuantKind::from_gguf_id(type_id)
-        .ok_or_else(|| c.err(type_at, ErrorKind::UnknownTensorType { tensor: name.clone(), type_id }))?;
+    let kind = QuantKind::from_gguf_id(type_id).ok_or_else(|| {
+        c.err(
+            type_at,
+            ErrorKind::UnknownTensorType {
+                tensor: name.clone(),
+                type_id,
+            },
+        )
+    })?;
     let offset = c.u64("tensor data offset")?;
 
     // ggml keeps dimensions in int64_t; the byte size must fit a u64.
-    let n_elems = dims
-        .iter()
-        .try_fold(1u64, |a, &d| if d > i64::MAX as u64 { None } else { a.checked_mul(d) });
+    let n_elems = dims.iter().try_fold(1u64, |a, &d| {
+        if d > i64::MAX as u64 {
+            None
+        } else {
+            a.checked_mul(d)
+        }
+    });
     let ne0 = dims.first().copied().unwrap_or(1);
     let block_elems = kind.block_elems();
     if ne0 % block_elems as u64 != 0 {
-        return Err(c.err(at, ErrorKind::NotWholeBlocks { tensor: name, kind, ne0, block_elems }));
+        return Err(c.err(
+            at,
+            ErrorKind::NotWholeBlocks {
+                tensor: name,
+                kind,
+                ne0,
+                block_elems,
+            },
+        ));
     }
     let Some(n_bytes) = n_elems.and_then(|n| kind.bytes_for(n)) else {
         return Err(c.err(at, ErrorKind::ShapeOverflow { tensor: name, dims }));
     };
     if offset % alignment != 0 {
-        return Err(c.err(at, ErrorKind::MisalignedTensor { tensor: name, offset, alignment }));
+        return Err(c.err(
+            at,
+            ErrorKind::MisalignedTensor {
+                tensor: name,
+                offset,
+                alignment,
+            },
+        ));
     }
-    Ok(TensorInfo { name, kind, dims, offset, n_bytes })
+    Ok(TensorInfo {
+        name,
+        kind,
+        dims,
+        offset,
+        n_bytes,
+    })
 }

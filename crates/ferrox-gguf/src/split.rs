@@ -68,7 +68,15 @@ impl GgufModel {
         for part in 1..=count {
             let p = split_path(dir, &prefix, part, count);
             let f = GgufFile::open(&p).map_err(|e| {
-                GgufError::new(Some(&p), None, ErrorKind::MissingSplitPart { part, count, source: Box::new(e) })
+                GgufError::new(
+                    Some(&p),
+                    None,
+                    ErrorKind::MissingSplitPart {
+                        part,
+                        count,
+                        source: Box::new(e),
+                    },
+                )
             })?;
             parts.push(f);
         }
@@ -95,7 +103,11 @@ impl GgufModel {
                     GgufError::new(
                         p.path(),
                         None,
-                        ErrorKind::SplitMismatch { what: what.to_string(), expected, found },
+                        ErrorKind::SplitMismatch {
+                            what: what.to_string(),
+                            expected,
+                            found,
+                        },
                     )
                 };
                 let no = p.get_uint(SPLIT_NO_KEY)?;
@@ -118,7 +130,9 @@ impl GgufModel {
                         parts.first().and_then(|p| p.path()),
                         None,
                         ErrorKind::SplitMismatch {
-                            what: format!("{SPLIT_TENSORS_COUNT_KEY} vs tensors found in all parts"),
+                            what: format!(
+                                "{SPLIT_TENSORS_COUNT_KEY} vs tensors found in all parts"
+                            ),
                             expected: tc,
                             found: total as u64,
                         },
@@ -134,13 +148,22 @@ impl GgufModel {
                     return Err(GgufError::new(
                         p.path(),
                         None,
-                        ErrorKind::DuplicateTensor { name: t.name.clone() },
+                        ErrorKind::DuplicateTensor {
+                            name: t.name.clone(),
+                        },
                     ));
                 }
-                tensors.push(ModelTensor { part, info: t.clone() });
+                tensors.push(ModelTensor {
+                    part,
+                    info: t.clone(),
+                });
             }
         }
-        Ok(GgufModel { parts, tensors, index })
+        Ok(GgufModel {
+            parts,
+            tensors,
+            index,
+        })
     }
 
     /// The parts, in order (one for an unsplit model).

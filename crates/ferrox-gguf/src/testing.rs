@@ -27,7 +27,11 @@ pub struct TinyTensor {
 impl TinyTensor {
     /// Shorthand constructor.
     pub fn new(name: impl Into<String>, kind: QuantKind, dims: &[u64]) -> Self {
-        TinyTensor { name: name.into(), kind, dims: dims.to_vec() }
+        TinyTensor {
+            name: name.into(),
+            kind,
+            dims: dims.to_vec(),
+        }
     }
 }
 
@@ -84,7 +88,10 @@ pub fn tiny_model(
     for t in tensors {
         let n = t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         let Some(n) = n.and_then(|n| usize::try_from(n).ok()) else {
-            return Err(GgufError::bare(ErrorKind::ShapeOverflow { tensor: t.name.clone(), dims: t.dims.clone() }));
+            return Err(GgufError::bare(ErrorKind::ShapeOverflow {
+                tensor: t.name.clone(),
+                dims: t.dims.clone(),
+            }));
         };
         let data = random_data(t, n, &mut rng, fill)?;
         w.add_tensor(t.name.clone(), t.kind, &t.dims, data)?;
@@ -92,7 +99,12 @@ pub fn tiny_model(
     Ok(w)
 }
 
-fn random_data(t: &TinyTensor, n: usize, rng: &mut SplitMix64, fill: Fill) -> Result<Vec<u8>, GgufError> {
+fn random_data(
+    t: &TinyTensor,
+    n: usize,
+    rng: &mut SplitMix64,
+    fill: Fill,
+) -> Result<Vec<u8>, GgufError> {
     use QuantKind::*;
     let floats = |rng: &mut SplitMix64| (0..n).map(|_| rng.next_f32()).collect::<Vec<f32>>();
     let raw = |rng: &mut SplitMix64| -> Result<Vec<u8>, GgufError> {
@@ -101,9 +113,18 @@ fn random_data(t: &TinyTensor, n: usize, rng: &mut SplitMix64, fill: Fill) -> Re
     };
     Ok(match t.kind {
         F32 => floats(rng).iter().flat_map(|x| x.to_le_bytes()).collect(),
-        F16 => floats(rng).iter().flat_map(|&x| ferrox_quant::F16::from_f32(x).to_le_bytes()).collect(),
-        BF16 => floats(rng).iter().flat_map(|&x| ferrox_quant::BF16::from_f32(x).to_le_bytes()).collect(),
-        F64 => floats(rng).iter().flat_map(|&x| f64::from(x).to_le_bytes()).collect(),
+        F16 => floats(rng)
+            .iter()
+            .flat_map(|&x| ferrox_quant::F16::from_f32(x).to_le_bytes())
+            .collect(),
+        BF16 => floats(rng)
+            .iter()
+            .flat_map(|&x| ferrox_quant::BF16::from_f32(x).to_le_bytes())
+            .collect(),
+        F64 => floats(rng)
+            .iter()
+            .flat_map(|&x| f64::from(x).to_le_bytes())
+            .collect(),
         I8 | I16 | I32 | I64 => raw(rng)?,
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | IQ2XXS
         | IQ2XS | IQ3XXS | IQ1S | IQ4NL | IQ3S | IQ2S | IQ4XS | IQ1M | TQ1_0 | TQ2_0 | MXFP4
@@ -119,5 +140,8 @@ fn random_data(t: &TinyTensor, n: usize, rng: &mut SplitMix64, fill: Fill) -> Re
 }
 
 fn quant_error(t: &TinyTensor, e: ferrox_quant::QuantError) -> GgufError {
-    GgufError::bare(ErrorKind::Quant { tensor: t.name.clone(), source: e })
+    GgufError::bare(ErrorKind::Quant {
+        tensor: t.name.clone(),
+        source: e,
+    })
 }

@@ -343,8 +343,19 @@ mod tests {
     fn value_type_ids_match_the_gguf_spec() {
         use ValueType::*;
         let want = [
-            (U8, 0), (I8, 1), (U16, 2), (I16, 3), (U32, 4), (I32, 5), (F32, 6), (Bool, 7),
-            (String, 8), (Array, 9), (U64, 10), (I64, 11), (F64, 12),
+            (U8, 0),
+            (I8, 1),
+            (U16, 2),
+            (I16, 3),
+            (U32, 4),
+            (I32, 5),
+            (F32, 6),
+            (Bool, 7),
+            (String, 8),
+            (Array, 9),
+            (U64, 10),
+            (I64, 11),
+            (F64, 12),
         ];
         for (t, id) in want {
             assert_eq!(t.id(), id, "{t}");

@@ -74,7 +74,9 @@ impl<'a> GgufWriter<'a> {
     /// Sets the format version (2 or 3; they differ only in that number).
     pub fn set_version(&mut self, version: u32) -> Result<(), GgufError> {
         if !(2..=3).contains(&version) {
-            return Err(GgufError::bare(ErrorKind::UnwritableVersion { found: version }));
+            return Err(GgufError::bare(ErrorKind::UnwritableVersion {
+                found: version,
+            }));
         }
         self.version = version;
         Ok(())
@@ -87,7 +89,11 @@ impl<'a> GgufWriter<'a> {
 
     /// Appends a key/value pair. A key may appear once; `general.alignment`
     /// must be a power-of-two `u32` and then governs the layout.
-    pub fn set(&mut self, key: impl Into<String>, value: impl Into<Value>) -> Result<(), GgufError> {
+    pub fn set(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<Value>,
+    ) -> Result<(), GgufError> {
         let key = key.into();
         let value = value.into();
         if self.metadata.iter().any(|(k, _)| *k == key) {
@@ -95,14 +101,18 @@ impl<'a> GgufWriter<'a> {
         }
         if let Value::Array(a) = &value {
             if array_depth(a) > MAX_ARRAY_DEPTH {
-                return Err(GgufError::bare(ErrorKind::NestingTooDeep { limit: MAX_ARRAY_DEPTH }));
+                return Err(GgufError::bare(ErrorKind::NestingTooDeep {
+                    limit: MAX_ARRAY_DEPTH,
+                }));
             }
         }
         if key == ALIGNMENT_KEY {
             match value {
                 Value::U32(a) if a.is_power_of_two() => self.alignment = u64::from(a),
                 other => {
-                    return Err(GgufError::bare(ErrorKind::BadAlignment { found: format!("{other:?}") }))
+                    return Err(GgufError::bare(ErrorKind::BadAlignment {
+                        found: format!("{other:?}"),
+                    }))
                 }
             }
         }
@@ -122,19 +132,36 @@ impl<'a> GgufWriter<'a> {
         let name = name.into();
         let data = data.into();
         if dims.len() > MAX_DIMS as usize {
-            return Err(GgufError::bare(ErrorKind::TooManyDims { tensor: name, n_dims: dims.len() as u32 }));
+            return Err(GgufError::bare(ErrorKind::TooManyDims {
+                tensor: name,
+                n_dims: dims.len() as u32,
+            }));
         }
         let ne0 = dims.first().copied().unwrap_or(1);
         let block_elems = kind.block_elems();
         if ne0 % block_elems as u64 != 0 {
-            return Err(GgufError::bare(ErrorKind::NotWholeBlocks { tensor: name, kind, ne0, block_elems }));
+            return Err(GgufError::bare(ErrorKind::NotWholeBlocks {
+                tensor: name,
+                kind,
+                ne0,
+                block_elems,
+            }));
         }
         let expected = dims
             .iter()
-            .try_fold(1u64, |a, &d| if d > i64::MAX as u64 { None } else { a.checked_mul(d) })
+            .try_fold(1u64, |a, &d| {
+                if d > i64::MAX as u64 {
+                    None
+                } else {
+                    a.checked_mul(d)
+                }
+            })
             .and_then(|n| kind.bytes_for(n));
         let Some(expected) = expected else {
-            return Err(GgufError::bare(ErrorKind::ShapeOverflow { tensor: name, dims: dims.to_vec() }));
+            return Err(GgufError::bare(ErrorKind::ShapeOverflow {
+                tensor: name,
+                dims: dims.to_vec(),
+            }));
         };
         if expected != data.len() as u64 {
             return Err(GgufError::bare(ErrorKind::TensorDataLength {
@@ -148,7 +175,12 @@ impl<'a> GgufWriter<'a> {
         if !self.names.insert(name.clone()) {
             return Err(GgufError::bare(ErrorKind::DuplicateTensor { name }));
         }
-        self.tensors.push(WriterTensor { name, kind, dims: dims.to_vec(), data });
+        self.tensors.push(WriterTensor {
+            name,
+            kind,
+            dims: dims.to_vec(),
+            data,
+        });
         Ok(())
     }
 

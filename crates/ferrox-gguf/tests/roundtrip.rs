@@ -3,7 +3,9 @@
 mod common;
 
 use ferrox_gguf::testing::{tiny_model, Fill, TinyTensor};
-use ferrox_gguf::{Array, ErrorKind, GgufFile, GgufModel, GgufString, GgufWriter, Value, ValueType};
+use ferrox_gguf::{
+    Array, ErrorKind, GgufFile, GgufModel, GgufString, GgufWriter, Value, ValueType,
+};
 use ferrox_quant::QuantKind;
 
 fn rewrite(bytes: &[u8]) -> Vec<u8> {
@@ -27,22 +29,44 @@ fn check_all_types(f: &GgufFile) {
     assert!(f.get_bool("test.bool_true").unwrap());
     assert!(!f.get_bool("test.bool_false").unwrap());
     assert_eq!(f.get_str("test.string").unwrap(), "héllo wörld ✓");
-    assert_eq!(f.get_array("test.strings").unwrap(), &Array::from(vec!["a", "", "ünïcode", "tab\there"]));
-    assert_eq!(f.get_array("test.u8s").unwrap(), &Array::U8(vec![1, 2, 255]));
-    assert_eq!(f.get_array("test.f32s").unwrap(), &Array::F32(vec![1.5, -2.25, 3.0e38]));
-    assert_eq!(f.get_array("test.i64s").unwrap(), &Array::I64(vec![-1, 1 << 62]));
-    assert_eq!(f.get_array("test.bools").unwrap(), &Array::Bool(vec![true, false, true]));
+    assert_eq!(
+        f.get_array("test.strings").unwrap(),
+        &Array::from(vec!["a", "", "ünïcode", "tab\there"])
+    );
+    assert_eq!(
+        f.get_array("test.u8s").unwrap(),
+        &Array::U8(vec![1, 2, 255])
+    );
+    assert_eq!(
+        f.get_array("test.f32s").unwrap(),
+        &Array::F32(vec![1.5, -2.25, 3.0e38])
+    );
+    assert_eq!(
+        f.get_array("test.i64s").unwrap(),
+        &Array::I64(vec![-1, 1 << 62])
+    );
+    assert_eq!(
+        f.get_array("test.bools").unwrap(),
+        &Array::Bool(vec![true, false, true])
+    );
     // gguf-py stores Python ints as INT32 in an untyped array.
     assert_eq!(
         f.get_array("test.nested").unwrap(),
-        &Array::Array(vec![Array::I32(vec![1, 2, 3]), Array::I32(vec![4]), Array::I32(vec![5, 6])])
+        &Array::Array(vec![
+            Array::I32(vec![1, 2, 3]),
+            Array::I32(vec![4]),
+            Array::I32(vec![5, 6])
+        ])
     );
     assert_eq!(
         f.get_array("test.nested_strings").unwrap(),
         &Array::Array(vec![vec!["x", "y"].into(), vec!["z"].into()])
     );
-    let dir: Vec<(&str, QuantKind, Vec<u64>)> =
-        f.tensors().iter().map(|t| (t.name.as_str(), t.kind, t.dims.clone())).collect();
+    let dir: Vec<(&str, QuantKind, Vec<u64>)> = f
+        .tensors()
+        .iter()
+        .map(|t| (t.name.as_str(), t.kind, t.dims.clone()))
+        .collect();
     assert_eq!(
         dir,
         vec![
@@ -99,8 +123,17 @@ fn every_value() -> Vec<(String, Value)> {
         ("bytes", Value::String(GgufString(vec![0xff, 0x00, 0x41]))),
         ("empty_f32s", Value::Array(Array::F32(vec![]))),
         ("empty_arrays", Value::Array(Array::Array(vec![]))),
-        ("nested3", Value::Array(Array::Array(vec![Array::Array(vec![vec![1u16, 2].into(), Array::Bool(vec![])])]))),
-        ("mixed_inner", Value::Array(Array::Array(vec![vec!["s"].into(), vec![1.0f64].into()]))),
+        (
+            "nested3",
+            Value::Array(Array::Array(vec![Array::Array(vec![
+                vec![1u16, 2].into(),
+                Array::Bool(vec![]),
+            ])])),
+        ),
+        (
+            "mixed_inner",
+            Value::Array(Array::Array(vec![vec!["s"].into(), vec![1.0f64].into()])),
+        ),
     ];
     v.into_iter().map(|(k, v)| (format!("t.{k}"), v)).collect()
 }
@@ -117,23 +150,42 @@ fn written_files_read_back_equal_and_rewrite_byte_identically() {
             for (k, v) in every_value() {
                 w.set(k, v).unwrap();
             }
-            w.add_tensor("a", QuantKind::F32, &[3], vec![1u8; 12]).unwrap();
-            w.add_tensor("b", QuantKind::Q4_0, &[64, 1, 1, 1], vec![2u8; 36]).unwrap();
-            w.add_tensor("empty", QuantKind::F16, &[0, 5], Vec::new()).unwrap();
-            w.add_tensor("c", QuantKind::IQ2XXS, &[256], vec![3u8; 66]).unwrap();
+            w.add_tensor("a", QuantKind::F32, &[3], vec![1u8; 12])
+                .unwrap();
+            w.add_tensor("b", QuantKind::Q4_0, &[64, 1, 1, 1], vec![2u8; 36])
+                .unwrap();
+            w.add_tensor("empty", QuantKind::F16, &[0, 5], Vec::new())
+                .unwrap();
+            w.add_tensor("c", QuantKind::IQ2XXS, &[256], vec![3u8; 66])
+                .unwrap();
             let bytes = w.to_bytes();
             let f = GgufFile::from_bytes(&bytes).unwrap();
             assert_eq!(f.version(), version);
             assert_eq!(f.alignment(), align.map_or(32, u64::from));
-            let got: Vec<_> = f.metadata().iter().filter(|(k, _)| k != "general.alignment").cloned().collect();
+            let got: Vec<_> = f
+                .metadata()
+                .iter()
+                .filter(|(k, _)| k != "general.alignment")
+                .cloned()
+                .collect();
             // Compare floats by bits: NaN != NaN.
             assert_eq!(format!("{:?}", got), format!("{:?}", every_value()));
             assert_eq!(
-                f.get("t.f32").map(|v| if let Value::F32(x) = v { x.to_bits() } else { 0 }),
+                f.get("t.f32").map(|v| if let Value::F32(x) = v {
+                    x.to_bits()
+                } else {
+                    0
+                }),
                 Some(0x7fc0_1234)
             );
-            assert_eq!(f.tensor_data(f.tensor("b").unwrap()).unwrap(), &[2u8; 36][..]);
-            assert_eq!(f.tensor_data(f.tensor("c").unwrap()).unwrap(), &[3u8; 66][..]);
+            assert_eq!(
+                f.tensor_data(f.tensor("b").unwrap()).unwrap(),
+                &[2u8; 36][..]
+            );
+            assert_eq!(
+                f.tensor_data(f.tensor("c").unwrap()).unwrap(),
+                &[3u8; 66][..]
+            );
             assert_eq!(f.tensor("empty").unwrap().n_bytes, 0);
             assert_eq!(rewrite(&bytes), bytes, "version {version} align {align:?}");
             // Data section and every tensor sit on the alignment, padding is zeros.
@@ -148,7 +200,8 @@ fn written_files_read_back_equal_and_rewrite_byte_identically() {
 fn written_files_match_a_hand_computed_layout() {
     let mut w = GgufWriter::new();
     w.set("k", 7u32).unwrap();
-    w.add_tensor("t", QuantKind::F32, &[2], vec![0xAA; 8]).unwrap();
+    w.add_tensor("t", QuantKind::F32, &[2], vec![0xAA; 8])
+        .unwrap();
     let b = w.to_bytes();
     let mut want = Vec::new();
     want.extend_from_slice(b"GGUF");
@@ -176,26 +229,73 @@ fn written_files_match_a_hand_computed_layout() {
 fn the_writer_refuses_inputs_the_reader_would_refuse() {
     let mut w = GgufWriter::new();
     w.set("k", 1u32).unwrap();
-    assert!(matches!(w.set("k", 2u32).unwrap_err().kind, ErrorKind::DuplicateKey { .. }));
-    assert!(matches!(w.set("general.alignment", 24u32).unwrap_err().kind, ErrorKind::BadAlignment { .. }));
-    assert!(matches!(w.set("general.alignment", 32u64).unwrap_err().kind, ErrorKind::BadAlignment { .. }));
-    assert!(matches!(w.set_version(1).unwrap_err().kind, ErrorKind::UnwritableVersion { found: 1 }));
-    let e = w.add_tensor("q", QuantKind::Q4K, &[100], vec![0u8; 144]).unwrap_err();
-    assert!(matches!(e.kind, ErrorKind::NotWholeBlocks { ne0: 100, block_elems: 256, .. }), "{e}");
-    let e = w.add_tensor("q", QuantKind::Q4K, &[256], vec![0u8; 143]).unwrap_err();
-    assert!(matches!(e.kind, ErrorKind::TensorDataLength { expected: 144, found: 143, .. }), "{e}");
-    let e = w.add_tensor("q", QuantKind::F32, &[1, 1, 1, 1, 1], vec![0u8; 4]).unwrap_err();
-    assert!(matches!(e.kind, ErrorKind::TooManyDims { n_dims: 5, .. }), "{e}");
-    w.add_tensor("q", QuantKind::F32, &[1], vec![0u8; 4]).unwrap();
     assert!(matches!(
-        w.add_tensor("q", QuantKind::F32, &[1], vec![0u8; 4]).unwrap_err().kind,
+        w.set("k", 2u32).unwrap_err().kind,
+        ErrorKind::DuplicateKey { .. }
+    ));
+    assert!(matches!(
+        w.set("general.alignment", 24u32).unwrap_err().kind,
+        ErrorKind::BadAlignment { .. }
+    ));
+    assert!(matches!(
+        w.set("general.alignment", 32u64).unwrap_err().kind,
+        ErrorKind::BadAlignment { .. }
+    ));
+    assert!(matches!(
+        w.set_version(1).unwrap_err().kind,
+        ErrorKind::UnwritableVersion { found: 1 }
+    ));
+    let e = w
+        .add_tensor("q", QuantKind::Q4K, &[100], vec![0u8; 144])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::NotWholeBlocks {
+                ne0: 100,
+                block_elems: 256,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = w
+        .add_tensor("q", QuantKind::Q4K, &[256], vec![0u8; 143])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::TensorDataLength {
+                expected: 144,
+                found: 143,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = w
+        .add_tensor("q", QuantKind::F32, &[1, 1, 1, 1, 1], vec![0u8; 4])
+        .unwrap_err();
+    assert!(
+        matches!(e.kind, ErrorKind::TooManyDims { n_dims: 5, .. }),
+        "{e}"
+    );
+    w.add_tensor("q", QuantKind::F32, &[1], vec![0u8; 4])
+        .unwrap();
+    assert!(matches!(
+        w.add_tensor("q", QuantKind::F32, &[1], vec![0u8; 4])
+            .unwrap_err()
+            .kind,
         ErrorKind::DuplicateTensor { .. }
     ));
     let mut deep = Array::U8(vec![]);
     for _ in 0..ferrox_gguf::MAX_ARRAY_DEPTH {
         deep = Array::Array(vec![deep]);
     }
-    assert!(matches!(w.set("deep", Value::Array(deep)).unwrap_err().kind, ErrorKind::NestingTooDeep { .. }));
+    assert!(matches!(
+        w.set("deep", Value::Array(deep)).unwrap_err().kind,
+        ErrorKind::NestingTooDeep { .. }
+    ));
 }
 
 #[test]
@@ -219,28 +319,60 @@ fn a_tiny_random_model_is_deterministic_and_readable() {
         TinyTensor::new("output_norm.weight", QuantKind::F32, &[64]),
     ];
     let meta = vec![("general.architecture".to_string(), Value::from("llama"))];
-    let a = tiny_model(7, meta.clone(), &tensors, Fill::RawBytes).unwrap().to_bytes();
-    let b = tiny_model(7, meta.clone(), &tensors, Fill::RawBytes).unwrap().to_bytes();
-    let c = tiny_model(8, meta, &tensors, Fill::RawBytes).unwrap().to_bytes();
+    let a = tiny_model(7, meta.clone(), &tensors, Fill::RawBytes)
+        .unwrap()
+        .to_bytes();
+    let b = tiny_model(7, meta.clone(), &tensors, Fill::RawBytes)
+        .unwrap()
+        .to_bytes();
+    let c = tiny_model(8, meta, &tensors, Fill::RawBytes)
+        .unwrap()
+        .to_bytes();
     assert_eq!(a, b);
     assert_ne!(a, c);
     let f = GgufFile::from_bytes(&a).unwrap();
     assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(f.tensors().len(), 4);
-    assert_eq!(f.tensor("blk.0.attn_q.weight").unwrap().n_bytes, 64 * 2 * 34);
-    let norm = f.tensor_data(f.tensor("output_norm.weight").unwrap()).unwrap();
-    let vals: Vec<f32> = norm.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    assert_eq!(
+        f.tensor("blk.0.attn_q.weight").unwrap().n_bytes,
+        64 * 2 * 34
+    );
+    let norm = f
+        .tensor_data(f.tensor("output_norm.weight").unwrap())
+        .unwrap();
+    let vals: Vec<f32> = norm
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     assert!(vals.iter().all(|v| (-1.0..1.0).contains(v)), "{vals:?}");
     assert!(vals.iter().any(|&v| v != vals[0]), "not random: {vals:?}");
-    let e = tiny_model(1, vec![], &[TinyTensor::new("bad", QuantKind::Q4K, &[100])], Fill::RawBytes).unwrap_err();
-    assert!(matches!(e.kind, ErrorKind::Quant { .. } | ErrorKind::NotWholeBlocks { .. }), "{e}");
+    let e = tiny_model(
+        1,
+        vec![],
+        &[TinyTensor::new("bad", QuantKind::Q4K, &[100])],
+        Fill::RawBytes,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::Quant { .. } | ErrorKind::NotWholeBlocks { .. }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn files_written_to_disk_open_with_mmap() {
     let dir = common::scratch_dir("mmap");
     let p = dir.join("m.gguf");
-    let w = tiny_model(3, vec![], &[TinyTensor::new("x", QuantKind::F32, &[5])], Fill::RawBytes).unwrap();
+    let w = tiny_model(
+        3,
+        vec![],
+        &[TinyTensor::new("x", QuantKind::F32, &[5])],
+        Fill::RawBytes,
+    )
+    .unwrap();
     w.write_to(&p).unwrap();
     let f = GgufFile::open(&p).unwrap();
     assert_eq!(f.as_bytes(), &w.to_bytes()[..]);
@@ -253,7 +385,8 @@ fn files_written_to_disk_open_with_mmap() {
 
 #[test]
 fn every_fuzz_seed_is_a_valid_file_that_rewrites_to_a_fixed_point() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/gguf_reader");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/gguf_reader");
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let p = entry.unwrap().path();
@@ -262,5 +395,9 @@ fn every_fuzz_seed_is_a_valid_file_that_rewrites_to_a_fixed_point() {
         assert_eq!(rewrite(&once), once, "{}", p.display());
         n += 1;
     }
-    assert!(n >= 5, "seed corpus missing: {n} files in {}", dir.display());
+    assert!(
+        n >= 5,
+        "seed corpus missing: {n} files in {}",
+        dir.display()
+    );
 }

@@ -11,7 +11,11 @@ pub struct Raw(pub Vec<u8>);
 impl Raw {
     /// `GGUF`, `version`, tensor count, key/value count.
     pub fn header(version: u32, n_tensors: u64, n_kv: u64) -> Raw {
-        Raw::default().bytes(b"GGUF").u32(version).u64(n_tensors).u64(n_kv)
+        Raw::default()
+            .bytes(b"GGUF")
+            .u32(version)
+            .u64(n_tensors)
+            .u64(n_kv)
     }
     pub fn bytes(mut self, b: &[u8]) -> Raw {
         self.0.extend_from_slice(b);
@@ -44,9 +48,7 @@ impl Raw {
     }
     /// Zero bytes up to a multiple of `align`.
     pub fn pad(mut self, align: usize) -> Raw {
-        while self.0.len() % align != 0 {
-            self.0.push(0);
-        }
+        self.0.resize(self.0.len().next_multiple_of(align), 0);
         self
     }
     pub fn zeros(mut self, n: usize) -> Raw {
@@ -59,7 +61,9 @@ impl Raw {
 }
 
 pub fn testdata(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
 }
 
 /// A fresh empty directory under the target dir for files a test writes.
