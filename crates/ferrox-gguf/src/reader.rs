@@ -32,10 +32,10 @@ pub const ALIGNMENT_KEY: &str = "general.alignment";
 
 /// Most elements reserved up front for a list whose items are parsed one by
 /// one. A claimed count is already bounded by the bytes left, but an item in
-/// memory is larger than its smallest encoding (a 32-byte `Array` for 12
-/// file bytes), and nested arrays would multiply that per level; reserving
-/// a bounded amount and growing as items actually parse keeps memory within
-/// twice what was parsed.
+/// memory is larger than its smallest encoding (a 24-byte `GgufString` for 8
+/// file bytes, an 88-byte `TensorInfo` for 24); reserving a bounded amount
+/// and growing as items actually parse keeps memory proportional to what was
+/// parsed. Arrays of arrays reserve nothing (see `Cursor::array`).
 const PREALLOC_LIMIT: usize = 4096;
 /// Fewest bytes a tensor info occupies: name length, n_dims, type, offset.
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
@@ -505,7 +505,10 @@ impl<'a> Cursor<'a> {
                         Array::String(v)
                     }
                     ValueType::Array => {
-                        let mut v = Vec::with_capacity(n.min(PREALLOC_LIMIT));
+                        // No reservation: each level of a nested array
+                        // would reserve for its claimed count before its
+                        // children parse, multiplying memory by the depth.
+                        let mut v = Vec::new();
                         for _ in 0..n {
                             v.push(self.array(depth + 1)?);
                         }

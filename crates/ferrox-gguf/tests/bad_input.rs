@@ -581,3 +581,12 @@ fn mutated_files_never_panic() {
     // Both outcomes must occur, or the mutations are not exercising the parser.
     assert!(ok > 100 && errs > 100, "ok {ok}, errors {errs}");
 }
+
+#[test]
+fn an_empty_file_on_disk_is_a_truncation_error() {
+    let dir = common::scratch_dir("empty_file");
+    let p = dir.join("empty.gguf");
+    std::fs::write(&p, b"").unwrap();
+    let e = GgufFile::open(&p).unwrap_err();
+    assert!(matches!(e.kind, ErrorKind::Truncated { what: "magic", needed: 4, available: 0 }), "{e}");
+}
