@@ -197,6 +197,8 @@ mod tests {
         // 2^24 + 1 is not an f32: ties to even gives 2^24.
         16_777_217i32.dequantize(&mut o);
         assert_eq!(o[0], 16_777_216.0);
+        (-5i32).dequantize(&mut o);
+        assert_eq!(o[0], -5.0);
         (1i64 << 40).dequantize(&mut o);
         assert_eq!(o[0], 1_099_511_627_776.0);
         0.1f64.dequantize(&mut o);

@@ -621,7 +621,9 @@ mod tests {
 
     #[test]
     fn q1_0_stores_signs_and_the_mean_magnitude() {
-        let x: Vec<f32> = (0..128).map(|j| if j % 3 == 0 { -2.0 } else { 1.0 + (j % 2) as f32 }).collect();
+        let mut x: Vec<f32> = (0..128).map(|j| if j % 3 == 0 { -2.0 } else { 1.0 + (j % 2) as f32 }).collect();
+        x[8] = 0.0;
+        x[9] = -0.0;
         let b = BlockQ1_0::quantize(&x);
         let mean = x.iter().map(|v| v.abs()).sum::<f32>() / 128.0;
         assert_eq!(b.d.to_bits(), F16::from_f32(mean).to_bits());
@@ -630,6 +632,8 @@ mod tests {
         for (j, (&v, &o)) in x.iter().zip(&out).enumerate() {
             assert_eq!(o, if v >= 0.0 { d } else { -d }, "element {j}");
         }
+        // Zero of either sign counts as non-negative.
+        assert_eq!((out[8], out[9]), (d, d));
         // Bit j of the block is element j, least significant first.
         assert_eq!(b.qs[0], 0b1011_0110);
     }
