@@ -9,6 +9,7 @@
 mod float;
 mod fp4;
 mod iquants;
+mod kquant_util;
 mod kquants;
 mod legacy;
 mod ternary;
