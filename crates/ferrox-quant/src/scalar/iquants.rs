@@ -669,3 +669,312 @@ impl Quantize for BlockIQ4XS {
         BlockIQ4XS { d: F16::from_f32(d), scales_h, scales_l, qs }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    /// ggml's IQ4 codebook, typed from the paper/header independently of the
+    /// generated table so a generator bug cannot hide.
+    const CODEBOOK: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+    #[test]
+    fn the_generated_tables_hold_ggmls_sizes_and_end_points() {
+        assert_eq!(KVALUES_IQ4NL, CODEBOOK);
+        assert_eq!(KMASK_IQ2XS, [1, 2, 4, 8, 16, 32, 64, 128]);
+        assert_eq!((IQ2XXS_GRID[0], IQ2XXS_GRID[255]), (0x0808080808080808, 0x2b2b2b1908081908));
+        assert_eq!((IQ2XS_GRID.len(), IQ2XS_GRID[511]), (512, 0x2b2b2b2b2b2b2b2b));
+        assert_eq!((IQ2S_GRID.len(), IQ2S_GRID[1023]), (1024, 0x2b2b2b2b2b2b2b2b));
+        assert_eq!((IQ3XXS_GRID[0], IQ3XXS_GRID[255]), (0x04040404, 0x3e341c04));
+        assert_eq!((IQ3S_GRID.len(), IQ3S_GRID[0], IQ3S_GRID[511]), (512, 0x01010101, 0x0f0f0101));
+        assert_eq!((IQ1S_GRID.len(), IQ1S_GRID[0], IQ1S_GRID[2047]), (2048, u64::MAX, 0x0101010101010101));
+    }
+
+    #[test]
+    fn every_grid_point_uses_only_its_kinds_magnitude_levels() {
+        let check = |name: &str, bytes: Vec<u8>, levels: &[u8]| {
+            assert!(bytes.iter().all(|b| levels.contains(b)), "{name} has a byte outside {levels:?}");
+        };
+        let flat64 = |g: &[u64]| g.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<u8>>();
+        let flat32 = |g: &[u32]| g.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<u8>>();
+        check("iq2xxs", flat64(&IQ2XXS_GRID), &[8, 25, 43]);
+        check("iq2xs", flat64(&IQ2XS_GRID), &[8, 25, 43]);
+        check("iq2s", flat64(&IQ2S_GRID), &[8, 25, 43]);
+        check("iq3xxs", flat32(&IQ3XXS_GRID), &[4, 12, 20, 28, 36, 44, 52, 62]);
+        check("iq3s", flat32(&IQ3S_GRID), &[1, 3, 5, 7, 9, 11, 13, 15]);
+        check("iq1s", flat64(&IQ1S_GRID), &[0xff, 0, 1]);
+    }
+
+    #[test]
+    fn every_sign_pattern_keeps_its_seven_stored_bits_and_has_even_parity() {
+        for (i, &s) in KSIGNS_IQ2XS.iter().enumerate() {
+            assert_eq!(usize::from(s & 127), i);
+            assert_eq!(s.count_ones() % 2, 0, "entry {i}");
+        }
+    }
+
+    #[test]
+    fn best_index_picks_the_nearest_codebook_entry_and_breaks_ties_upward() {
+        let cb = &KVALUES_IQ4NL;
+        assert_eq!(best_index_int8(cb, -1000.0), 0);
+        assert_eq!(best_index_int8(cb, 1000.0), 15);
+        assert_eq!(best_index_int8(cb, 0.0), 8); // 1 is nearer than -10
+        assert_eq!(best_index_int8(cb, -4.5), 8); // midpoint of -10 and 1
+        assert_eq!(best_index_int8(cb, -4.6), 7);
+        assert_eq!(best_index_int8(cb, 100.0), 14); // 89 (11 away) beats 113 (13 away)
+        assert_eq!(best_index_int8(cb, 102.0), 15);
+        for (i, &v) in cb.iter().enumerate() {
+            assert_eq!(best_index_int8(cb, f32::from(v)), i);
+        }
+    }
+
+    #[test]
+    fn nearest_int_rounds_halves_to_even() {
+        let cases = [(2.5, 2), (3.5, 4), (-2.5, -2), (-3.5, -4), (0.49, 0), (-31.6, -32), (7.0, 7)];
+        for (x, want) in cases {
+            assert_eq!(nearest_int(x), want, "{x}");
+        }
+    }
+
+    #[test]
+    fn iq4_nl_dequantize_puts_low_nibbles_first_and_high_nibbles_second() {
+        let mut qs = [0u8; 16];
+        for (j, q) in qs.iter_mut().enumerate() {
+            *q = j as u8 | ((15 - j as u8) << 4);
+        }
+        let b = BlockIQ4NL { d: F16::from_f32(0.5), qs };
+        let mut y = [0.0f32; 32];
+        b.dequantize(&mut y);
+        for j in 0..16 {
+            assert_eq!(y[j], 0.5 * f32::from(CODEBOOK[j]), "low {j}");
+            assert_eq!(y[j + 16], 0.5 * f32::from(CODEBOOK[15 - j]), "high {j}");
+        }
+    }
+
+    #[test]
+    fn iq4_xs_dequantize_joins_each_six_bit_scale_from_its_low_and_high_parts() {
+        // Biased 6-bit scales 0, 63, 32, 33, 17, 48, 1, 62 → ls - 32.
+        let biased = [0u8, 63, 32, 33, 17, 48, 1, 62];
+        let mut b = BlockIQ4XS { d: F16::from_f32(0.25), scales_h: 0, scales_l: [0; 4], qs: [0xff; 128] };
+        for (ib, &s) in biased.iter().enumerate() {
+            b.scales_l[ib / 2] |= (s & 0xf) << (4 * (ib % 2));
+            b.scales_h |= u16::from(s >> 4) << (2 * ib);
+        }
+        let mut y = [0.0f32; 256];
+        b.dequantize(&mut y);
+        for (ib, &s) in biased.iter().enumerate() {
+            let want = 0.25 * (i32::from(s) - 32) as f32 * 113.0;
+            assert!(y[32 * ib..32 * ib + 32].iter().all(|&v| v == want), "group {ib}: {}", y[32 * ib]);
+        }
+    }
+
+    #[test]
+    fn iq2_xxs_dequantize_decodes_index_signs_and_scale_of_a_hand_built_group() {
+        // Group 0: grid indices 1, 0, 0, 0; sign fields 1, 0, 0, 0; scale nibble 3.
+        let mut qs = [0u16; 32];
+        qs[0] = 1;
+        qs[2] = 1; // first 7-bit sign field = 1 -> ksigns 129: elements 0 and 7 negative
+        qs[3] = 3 << 12; // bits 28..31 of the second word
+        let b = BlockIQ2XXS { d: F16::from_f32(1.0), qs };
+        let mut y = [0.0f32; 256];
+        b.dequantize(&mut y);
+        let db = 3.5 * 0.25; // (0.5 + 3) / 4
+        assert_eq!(y[0], -db * 43.0); // grid 1 is 0x08..082b: byte 0 is 0x2b
+        assert_eq!(&y[1..7], &[db * 8.0; 6]);
+        assert_eq!(y[7], -db * 8.0);
+        assert_eq!(&y[8..32], &[db * 8.0; 24]);
+        assert_eq!(y[32], 0.5 * 0.25 * 8.0); // group 1: scale nibble 0
+    }
+
+    #[test]
+    fn iq1_m_dequantize_assembles_the_super_scale_from_four_top_nibbles() {
+        // f16 2.0 = 0x4000: nibbles (low to high) 0, 0, 0, 4 go to scale words 0..3.
+        let words: [u16; 4] = [0x0000, 0x0000, 0x0000, 0x4000 | 0o07]; // word 3: group 6 ls1 = 2*7+1
+        let mut scales = [0u8; 8];
+        for (i, w) in words.iter().enumerate() {
+            scales[2 * i..2 * i + 2].copy_from_slice(&w.to_le_bytes());
+        }
+        // All qs/qh zero: grid point 0 = all -1, delta +1/8.
+        let b = BlockIQ1M { qs: [0; 32], qh: [0; 16], scales };
+        let mut y = [0.0f32; 256];
+        b.dequantize(&mut y);
+        assert_eq!(y[0], 2.0 * (-1.0 + 0.125)); // ls 1
+        assert_eq!(y[6 * 32], 2.0 * 15.0 * (-1.0 + 0.125)); // group 6, first half: ls 15
+        assert_eq!(y[6 * 32 + 16], 2.0 * (-1.0 + 0.125)); // group 6, second half: ls 1
+    }
+
+    fn random_block<B: Block>(rng: &mut SmallRng) -> B {
+        let mut bytes = vec![0u8; core::mem::size_of::<B>()];
+        rng.fill(&mut bytes[..]);
+        bytemuck::pod_read_unaligned(&bytes)
+    }
+
+    fn random_q8k(rng: &mut SmallRng) -> (BlockQ8K, Vec<f32>) {
+        let mut a = BlockQ8K { d: rng.gen_range(0.001f32..0.1), qs: [0; 256], bsums: [0; 16] };
+        for q in &mut a.qs {
+            *q = rng.gen_range(-127i8..=127);
+        }
+        for (s, chunk) in a.bsums.iter_mut().zip(a.qs.chunks_exact(16)) {
+            *s = chunk.iter().map(|&q| i16::from(q)).sum();
+        }
+        let vals = a.qs.iter().map(|&q| a.d * f32::from(q)).collect();
+        (a, vals)
+    }
+
+    /// `vec_dot` (integer sums, one scale per block) against the plain sum of
+    /// `dequantize(w) * a` in f64, over 4 random blocks.
+    fn dot_matches_dequantized_sum<B: VecDot<Act = BlockQ8K> + Dequantize>(
+        rng: &mut SmallRng,
+        fix: impl Fn(&mut B),
+    ) {
+        for _ in 0..20 {
+            let mut w = Vec::new();
+            let mut acts = Vec::new();
+            let (mut exact, mut scale) = (0.0f64, 0.0f64);
+            for _ in 0..4 {
+                let mut b: B = random_block(rng);
+                fix(&mut b);
+                let mut y = vec![0.0f32; 256];
+                b.dequantize(&mut y);
+                let (a, av) = random_q8k(rng);
+                for (&yi, &ai) in y.iter().zip(&av) {
+                    exact += f64::from(yi) * f64::from(ai);
+                    scale += (f64::from(yi) * f64::from(ai)).abs();
+                }
+                w.push(b);
+                acts.push(a);
+            }
+            let got = f64::from(B::vec_dot(&w, &acts));
+            assert!((got - exact).abs() <= 1e-5 * scale + 1e-6, "{:?}: dot {got}, dequantized {exact}", B::KIND);
+        }
+    }
+
+    fn small_d() -> F16 {
+        F16::from_f32(0.0371)
+    }
+
+    #[test]
+    fn every_lattice_kinds_dot_agrees_with_its_dequantization() {
+        let rng = &mut SmallRng::seed_from_u64(7);
+        dot_matches_dequantized_sum::<BlockIQ2XXS>(rng, |b| b.d = small_d());
+        dot_matches_dequantized_sum::<BlockIQ2XS>(rng, |b| b.d = small_d());
+        dot_matches_dequantized_sum::<BlockIQ2S>(rng, |b| b.d = small_d());
+        dot_matches_dequantized_sum::<BlockIQ3XXS>(rng, |b| b.d = small_d());
+        dot_matches_dequantized_sum::<BlockIQ3S>(rng, |b| b.d = small_d());
+        dot_matches_dequantized_sum::<BlockIQ1S>(rng, |b| b.d = small_d());
+        dot_matches_dequantized_sum::<BlockIQ1M>(rng, |b| {
+            // The super-scale is the top nibble of each scale word: force 0.0371.
+            let bits = small_d().to_bits();
+            for i in 0..4 {
+                let nib = ((bits >> (4 * i)) & 0xf) as u8;
+                b.scales[2 * i + 1] = (b.scales[2 * i + 1] & 0x0f) | (nib << 4);
+            }
+        });
+        dot_matches_dequantized_sum::<BlockIQ4XS>(rng, |b| b.d = small_d());
+    }
+
+    #[test]
+    fn iq4_nl_dot_agrees_with_its_dequantization() {
+        let rng = &mut SmallRng::seed_from_u64(9);
+        for _ in 0..50 {
+            let (mut exact, mut scale) = (0.0f64, 0.0f64);
+            let mut w = Vec::new();
+            let mut acts = Vec::new();
+            for _ in 0..8 {
+                let mut b: BlockIQ4NL = random_block(rng);
+                b.d = small_d();
+                let mut a = BlockQ8_0 { d: F16::from_f32(rng.gen_range(0.001f32..0.1)), qs: [0; 32] };
+                for q in &mut a.qs {
+                    *q = rng.gen_range(-127i8..=127);
+                }
+                let mut y = [0.0f32; 32];
+                b.dequantize(&mut y);
+                for (&yi, &q) in y.iter().zip(&a.qs) {
+                    let p = f64::from(yi) * f64::from(a.d.to_f32()) * f64::from(q);
+                    exact += p;
+                    scale += p.abs();
+                }
+                w.push(b);
+                acts.push(a);
+            }
+            let got = f64::from(BlockIQ4NL::vec_dot(&w, &acts));
+            assert!((got - exact).abs() <= 1e-5 * scale + 1e-6, "dot {got}, dequantized {exact}");
+        }
+    }
+
+    fn gaussian(rng: &mut SmallRng, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let (u1, u2): (f32, f32) = (rng.gen_range(1e-7..1.0), rng.gen());
+                (-2.0 * u1.ln()).sqrt() * (2.0 * core::f32::consts::PI * u2).cos()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn iq4_nl_reproduces_a_block_that_lies_on_the_codebook() {
+        let rng = &mut SmallRng::seed_from_u64(3);
+        for _ in 0..100 {
+            let s = 2f32.powi(rng.gen_range(-12..4));
+            let mut x: Vec<f32> = (0..32).map(|_| s * f32::from(CODEBOOK[rng.gen_range(0..16)])).collect();
+            x[rng.gen_range(0..32)] = s * -127.0; // the extreme element fixes the scale
+            let mut y = [0.0f32; 32];
+            BlockIQ4NL::quantize(&x).dequantize(&mut y);
+            assert_eq!(&y[..], &x[..]);
+        }
+    }
+
+    #[test]
+    fn iq4_xs_reproduces_a_super_block_whose_group_scales_lie_on_its_six_bit_grid() {
+        let rng = &mut SmallRng::seed_from_u64(4);
+        for _ in 0..50 {
+            let big = 2f32.powi(rng.gen_range(-10..2));
+            let mut x = Vec::new();
+            for ib in 0..8 {
+                // Group scales big * k/32 with k in 1..=32; group 0 holds the largest.
+                let k = if ib == 0 { 32 } else { rng.gen_range(1..=32) };
+                let s = big * k as f32 / 32.0;
+                let mut g: Vec<f32> = (0..32).map(|_| s * f32::from(CODEBOOK[rng.gen_range(0..16)])).collect();
+                g[rng.gen_range(0..32)] = s * -127.0;
+                x.extend(g);
+            }
+            let mut y = [0.0f32; 256];
+            BlockIQ4XS::quantize(&x).dequantize(&mut y);
+            assert_eq!(&y[..], &x[..]);
+        }
+    }
+
+    #[test]
+    fn iq4_quantizers_keep_gaussian_round_trip_error_below_a_tenth_of_the_signal() {
+        let rng = &mut SmallRng::seed_from_u64(5);
+        let x = gaussian(rng, 256 * 64);
+        let rel = |y: &[f32]| {
+            let err: f64 = x.iter().zip(y).map(|(&a, &b)| f64::from(a - b).powi(2)).sum();
+            let sig: f64 = x.iter().map(|&a| f64::from(a).powi(2)).sum();
+            (err / sig).sqrt()
+        };
+        let mut y = vec![0.0f32; x.len()];
+        for (xs, ys) in x.chunks_exact(32).zip(y.chunks_exact_mut(32)) {
+            BlockIQ4NL::quantize(xs).dequantize(ys);
+        }
+        let nl = rel(&y);
+        for (xs, ys) in x.chunks_exact(256).zip(y.chunks_exact_mut(256)) {
+            BlockIQ4XS::quantize(xs).dequantize(ys);
+        }
+        let xs = rel(&y);
+        assert!(nl < 0.1 && xs < 0.1, "relative RMS error: IQ4_NL {nl}, IQ4_XS {xs}");
+    }
+
+    #[test]
+    fn an_all_zero_input_quantizes_to_zero_scales() {
+        let z = [0.0f32; 256];
+        assert_eq!(BlockIQ4NL::quantize(&z[..32]).d.to_bits(), 0);
+        let b = BlockIQ4XS::quantize(&z);
+        // ggml's super-scale is -max/32 with max 0: negative zero.
+        assert_eq!(b.d.to_bits(), 0x8000);
+        assert_eq!((b.scales_h, b.scales_l), (0xaaaa, [0x00; 4]));
+        assert!(b.qs.iter().all(|&q| q == 0x88), "indices of 0 are codebook entry 8 (value 1)");
+    }
+}
