@@ -790,8 +790,10 @@ mod tests {
 
     #[test]
     fn iq1_m_dequantize_assembles_the_super_scale_from_four_top_nibbles() {
-        // f16 2.0 = 0x4000: nibbles (low to high) 0, 0, 0, 4 go to scale words 0..3.
-        let words: [u16; 4] = [0x0000, 0x0000, 0x0000, 0x4000 | 0o07]; // word 3: group 6 ls1 = 2*7+1
+        // Super-scale bits 0x3d53: nibbles (low to high) 3, 5, d, 3 go to the
+        // top of scale words 0..3; word 3's low bits give group 6 ls1 = 2*7+1.
+        let words: [u16; 4] = [0x3000, 0x5000, 0xd000, 0x3000 | 0o07];
+        let d = F16::from_bits(0x3d53).to_f32();
         let mut scales = [0u8; 8];
         for (i, w) in words.iter().enumerate() {
             scales[2 * i..2 * i + 2].copy_from_slice(&w.to_le_bytes());
@@ -800,9 +802,9 @@ mod tests {
         let b = BlockIQ1M { qs: [0; 32], qh: [0; 16], scales };
         let mut y = [0.0f32; 256];
         b.dequantize(&mut y);
-        assert_eq!(y[0], 2.0 * (-1.0 + 0.125)); // ls 1
-        assert_eq!(y[6 * 32], 2.0 * 15.0 * (-1.0 + 0.125)); // group 6, first half: ls 15
-        assert_eq!(y[6 * 32 + 16], 2.0 * (-1.0 + 0.125)); // group 6, second half: ls 1
+        assert_eq!(y[0], d * (-1.0 + 0.125)); // ls 1
+        assert_eq!(y[6 * 32], d * 15.0 * (-1.0 + 0.125)); // group 6, first half: ls 15
+        assert_eq!(y[6 * 32 + 16], d * (-1.0 + 0.125)); // group 6, second half: ls 1
     }
 
     fn random_block<B: Block>(rng: &mut SmallRng) -> B {
