@@ -73,7 +73,11 @@ impl Dequantize for BlockIQ1S {
         for (ib, y32) in out.chunks_exact_mut(32).enumerate().take(8) {
             let qh = self.qh[ib];
             let dl = d * (2 * ((qh >> 12) & 7) + 1) as f32;
-            let delta = if qh & 0x8000 != 0 { -IQ1_DELTA } else { IQ1_DELTA };
+            let delta = if qh & 0x8000 != 0 {
+                -IQ1_DELTA
+            } else {
+                IQ1_DELTA
+            };
             for (l, y) in y32.chunks_exact_mut(8).enumerate() {
                 let idx = usize::from(self.qs[4 * ib + l]) | usize::from((qh >> (3 * l)) & 7) << 8;
                 for (yj, g) in y.iter_mut().zip(grid_iq1(idx)) {
@@ -116,7 +120,8 @@ impl BlockIQ1M {
     fn scale_words(&self) -> ([u16; 4], f32) {
         let s = &self.scales;
         let sc = [0, 1, 2, 3].map(|i| u16::from_le_bytes([s[2 * i], s[2 * i + 1]]));
-        let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+        let bits =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
         (sc, F16::from_bits(bits).to_f32())
     }
 
@@ -132,7 +137,10 @@ impl BlockIQ1M {
 /// IQ1_M's two 3-bit sub-scales of 32-group `ib`.
 fn iq1m_ls(sc: &[u16; 4], ib: usize) -> [u16; 2] {
     let w = sc[ib / 2];
-    [2 * ((w >> (6 * (ib % 2))) & 7) + 1, 2 * ((w >> (6 * (ib % 2) + 3)) & 7) + 1]
+    [
+        2 * ((w >> (6 * (ib % 2))) & 7) + 1,
+        2 * ((w >> (6 * (ib % 2) + 3)) & 7) + 1,
+    ]
 }
 
 impl Dequantize for BlockIQ1M {
@@ -231,7 +239,10 @@ impl Dequantize for BlockIQ2XS {
         let d = self.d.to_f32();
         for (ib32, y32) in out.chunks_exact_mut(32).enumerate().take(8) {
             let sc = self.scales[ib32];
-            let db = [d * (0.5 + f32::from(sc & 0xf)) * 0.25, d * (0.5 + f32::from(sc >> 4)) * 0.25];
+            let db = [
+                d * (0.5 + f32::from(sc & 0xf)) * 0.25,
+                d * (0.5 + f32::from(sc >> 4)) * 0.25,
+            ];
             for (l, y) in y32.chunks_exact_mut(8).enumerate() {
                 let q = self.qs[4 * ib32 + l];
                 let grid = grid8(IQ2XS_GRID[usize::from(q & 511)]);
@@ -254,7 +265,7 @@ impl VecDot for BlockIQ2XS {
             for ib32 in 0..8 {
                 let sc = x.scales[ib32];
                 let ls = [2 * i32::from(sc & 0xf) + 1, 2 * i32::from(sc >> 4) + 1];
-                for half in 0..2 {
+                for (half, ls_half) in ls.into_iter().enumerate() {
                     let mut sumi = 0i32;
                     for l in 2 * half..2 * half + 2 {
                         let q = x.qs[4 * ib32 + l];
@@ -265,7 +276,7 @@ impl VecDot for BlockIQ2XS {
                             sumi += i32::from(grid[j]) * i32::from(q8[j]) * sign_i(signs, j);
                         }
                     }
-                    bsum += sumi * ls[half];
+                    bsum += sumi * ls_half;
                 }
             }
             sumf += d * bsum as f32;
@@ -290,7 +301,10 @@ impl Dequantize for BlockIQ2S {
         let d = self.d.to_f32();
         for (ib32, y32) in out.chunks_exact_mut(32).enumerate().take(8) {
             let sc = self.scales[ib32];
-            let db = [d * (0.5 + f32::from(sc & 0xf)) * 0.25, d * (0.5 + f32::from(sc >> 4)) * 0.25];
+            let db = [
+                d * (0.5 + f32::from(sc & 0xf)) * 0.25,
+                d * (0.5 + f32::from(sc >> 4)) * 0.25,
+            ];
             for (l, y) in y32.chunks_exact_mut(8).enumerate() {
                 let (grid, signs) = self.group(ib32, l);
                 for (j, yj) in y.iter_mut().enumerate() {
@@ -391,7 +405,11 @@ impl BlockIQ3S {
         let q = &self.qs[8 * ib32 + 2 * l..];
         let i1 = usize::from(q[0]) | ((qh << (8 - 2 * l)) & 256);
         let i2 = usize::from(q[1]) | ((qh << (7 - 2 * l)) & 256);
-        (grid4(IQ3S_GRID[i1]), grid4(IQ3S_GRID[i2]), self.signs[4 * ib32 + l])
+        (
+            grid4(IQ3S_GRID[i1]),
+            grid4(IQ3S_GRID[i2]),
+            self.signs[4 * ib32 + l],
+        )
     }
 
     /// The odd sub-scale `1 + 2*s` of 32-group `ib32`.
@@ -627,7 +645,10 @@ impl Quantize for BlockIQ4NL {
         let scale = iq4_sub_block_scale(&src[..32], -1, &mut l);
         let mut qs = [0u8; 16];
         pack_iq4_32(&l, &mut qs);
-        BlockIQ4NL { d: F16::from_f32(scale), qs }
+        BlockIQ4NL {
+            d: F16::from_f32(scale),
+            qs,
+        }
     }
 }
 
@@ -641,7 +662,8 @@ impl Quantize for BlockIQ4XS {
         let mut scales = [0.0f32; 8];
         let (mut max_scale, mut amax_scale) = (0.0f32, 0.0f32);
         for ib in 0..8 {
-            let s = iq4_sub_block_scale(&x[32 * ib..32 * ib + 32], 7, &mut l[32 * ib..32 * ib + 32]);
+            let s =
+                iq4_sub_block_scale(&x[32 * ib..32 * ib + 32], 7, &mut l[32 * ib..32 * ib + 32]);
             scales[ib] = s;
             if s.abs() > amax_scale {
                 amax_scale = s.abs();
@@ -666,7 +688,12 @@ impl Quantize for BlockIQ4XS {
         for ib in 0..8 {
             pack_iq4_32(&l[32 * ib..32 * ib + 32], &mut qs[16 * ib..16 * ib + 16]);
         }
-        BlockIQ4XS { d: F16::from_f32(d), scales_h, scales_l, qs }
+        BlockIQ4XS {
+            d: F16::from_f32(d),
+            scales_h,
+            scales_l,
+            qs,
+        }
     }
 }
 
@@ -678,31 +705,55 @@ mod tests {
 
     /// ggml's IQ4 codebook, typed from the paper/header independently of the
     /// generated table so a generator bug cannot hide.
-    const CODEBOOK: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+    const CODEBOOK: [i8; 16] = [
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+    ];
 
     #[test]
     fn the_generated_tables_hold_ggmls_sizes_and_end_points() {
         assert_eq!(KVALUES_IQ4NL, CODEBOOK);
         assert_eq!(KMASK_IQ2XS, [1, 2, 4, 8, 16, 32, 64, 128]);
-        assert_eq!((IQ2XXS_GRID[0], IQ2XXS_GRID[255]), (0x0808080808080808, 0x2b2b2b1908081908));
-        assert_eq!((IQ2XS_GRID.len(), IQ2XS_GRID[511]), (512, 0x2b2b2b2b2b2b2b2b));
-        assert_eq!((IQ2S_GRID.len(), IQ2S_GRID[1023]), (1024, 0x2b2b2b2b2b2b2b2b));
+        assert_eq!(
+            (IQ2XXS_GRID[0], IQ2XXS_GRID[255]),
+            (0x0808080808080808, 0x2b2b2b1908081908)
+        );
+        assert_eq!(
+            (IQ2XS_GRID.len(), IQ2XS_GRID[511]),
+            (512, 0x2b2b2b2b2b2b2b2b)
+        );
+        assert_eq!(
+            (IQ2S_GRID.len(), IQ2S_GRID[1023]),
+            (1024, 0x2b2b2b2b2b2b2b2b)
+        );
         assert_eq!((IQ3XXS_GRID[0], IQ3XXS_GRID[255]), (0x04040404, 0x3e341c04));
-        assert_eq!((IQ3S_GRID.len(), IQ3S_GRID[0], IQ3S_GRID[511]), (512, 0x01010101, 0x0f0f0101));
-        assert_eq!((IQ1S_GRID.len(), IQ1S_GRID[0], IQ1S_GRID[2047]), (2048, u64::MAX, 0x0101010101010101));
+        assert_eq!(
+            (IQ3S_GRID.len(), IQ3S_GRID[0], IQ3S_GRID[511]),
+            (512, 0x01010101, 0x0f0f0101)
+        );
+        assert_eq!(
+            (IQ1S_GRID.len(), IQ1S_GRID[0], IQ1S_GRID[2047]),
+            (2048, u64::MAX, 0x0101010101010101)
+        );
     }
 
     #[test]
     fn every_grid_point_uses_only_its_kinds_magnitude_levels() {
         let check = |name: &str, bytes: Vec<u8>, levels: &[u8]| {
-            assert!(bytes.iter().all(|b| levels.contains(b)), "{name} has a byte outside {levels:?}");
+            assert!(
+                bytes.iter().all(|b| levels.contains(b)),
+                "{name} has a byte outside {levels:?}"
+            );
         };
         let flat64 = |g: &[u64]| g.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<u8>>();
         let flat32 = |g: &[u32]| g.iter().flat_map(|p| p.to_le_bytes()).collect::<Vec<u8>>();
         check("iq2xxs", flat64(&IQ2XXS_GRID), &[8, 25, 43]);
         check("iq2xs", flat64(&IQ2XS_GRID), &[8, 25, 43]);
         check("iq2s", flat64(&IQ2S_GRID), &[8, 25, 43]);
-        check("iq3xxs", flat32(&IQ3XXS_GRID), &[4, 12, 20, 28, 36, 44, 52, 62]);
+        check(
+            "iq3xxs",
+            flat32(&IQ3XXS_GRID),
+            &[4, 12, 20, 28, 36, 44, 52, 62],
+        );
         check("iq3s", flat32(&IQ3S_GRID), &[1, 3, 5, 7, 9, 11, 13, 15]);
         check("iq1s", flat64(&IQ1S_GRID), &[0xff, 0, 1]);
     }
@@ -732,7 +783,15 @@ mod tests {
 
     #[test]
     fn nearest_int_rounds_halves_to_even() {
-        let cases = [(2.5, 2), (3.5, 4), (-2.5, -2), (-3.5, -4), (0.49, 0), (-31.6, -32), (7.0, 7)];
+        let cases = [
+            (2.5, 2),
+            (3.5, 4),
+            (-2.5, -2),
+            (-3.5, -4),
+            (0.49, 0),
+            (-31.6, -32),
+            (7.0, 7),
+        ];
         for (x, want) in cases {
             assert_eq!(nearest_int(x), want, "{x}");
         }
@@ -744,7 +803,10 @@ mod tests {
         for (j, q) in qs.iter_mut().enumerate() {
             *q = j as u8 | ((15 - j as u8) << 4);
         }
-        let b = BlockIQ4NL { d: F16::from_f32(0.5), qs };
+        let b = BlockIQ4NL {
+            d: F16::from_f32(0.5),
+            qs,
+        };
         let mut y = [0.0f32; 32];
         b.dequantize(&mut y);
         for j in 0..16 {
@@ -757,7 +819,12 @@ mod tests {
     fn iq4_xs_dequantize_joins_each_six_bit_scale_from_its_low_and_high_parts() {
         // Biased 6-bit scales 0, 63, 32, 33, 17, 48, 1, 62 → ls - 32.
         let biased = [0u8, 63, 32, 33, 17, 48, 1, 62];
-        let mut b = BlockIQ4XS { d: F16::from_f32(0.25), scales_h: 0, scales_l: [0; 4], qs: [0xff; 128] };
+        let mut b = BlockIQ4XS {
+            d: F16::from_f32(0.25),
+            scales_h: 0,
+            scales_l: [0; 4],
+            qs: [0xff; 128],
+        };
         for (ib, &s) in biased.iter().enumerate() {
             b.scales_l[ib / 2] |= (s & 0xf) << (4 * (ib % 2));
             b.scales_h |= u16::from(s >> 4) << (2 * ib);
@@ -766,7 +833,11 @@ mod tests {
         b.dequantize(&mut y);
         for (ib, &s) in biased.iter().enumerate() {
             let want = 0.25 * (i32::from(s) - 32) as f32 * 113.0;
-            assert!(y[32 * ib..32 * ib + 32].iter().all(|&v| v == want), "group {ib}: {}", y[32 * ib]);
+            assert!(
+                y[32 * ib..32 * ib + 32].iter().all(|&v| v == want),
+                "group {ib}: {}",
+                y[32 * ib]
+            );
         }
     }
 
@@ -777,7 +848,10 @@ mod tests {
         qs[0] = 1;
         qs[2] = 1; // first 7-bit sign field = 1 -> ksigns 129: elements 0 and 7 negative
         qs[3] = 3 << 12; // bits 28..31 of the second word
-        let b = BlockIQ2XXS { d: F16::from_f32(1.0), qs };
+        let b = BlockIQ2XXS {
+            d: F16::from_f32(1.0),
+            qs,
+        };
         let mut y = [0.0f32; 256];
         b.dequantize(&mut y);
         let db = 3.5 * 0.25; // (0.5 + 3) / 4
@@ -799,7 +873,11 @@ mod tests {
             scales[2 * i..2 * i + 2].copy_from_slice(&w.to_le_bytes());
         }
         // All qs/qh zero: grid point 0 = all -1, delta +1/8.
-        let b = BlockIQ1M { qs: [0; 32], qh: [0; 16], scales };
+        let b = BlockIQ1M {
+            qs: [0; 32],
+            qh: [0; 16],
+            scales,
+        };
         let mut y = [0.0f32; 256];
         b.dequantize(&mut y);
         assert_eq!(y[0], d * (-1.0 + 0.125)); // ls 1
@@ -814,7 +892,11 @@ mod tests {
     }
 
     fn random_q8k(rng: &mut SmallRng) -> (BlockQ8K, Vec<f32>) {
-        let mut a = BlockQ8K { d: rng.gen_range(0.001f32..0.1), qs: [0; 256], bsums: [0; 16] };
+        let mut a = BlockQ8K {
+            d: rng.gen_range(0.001f32..0.1),
+            qs: [0; 256],
+            bsums: [0; 16],
+        };
         for q in &mut a.qs {
             *q = rng.gen_range(-127i8..=127);
         }
@@ -849,7 +931,11 @@ mod tests {
                 acts.push(a);
             }
             let got = f64::from(B::vec_dot(&w, &acts));
-            assert!((got - exact).abs() <= 1e-5 * scale + 1e-6, "{:?}: dot {got}, dequantized {exact}", B::KIND);
+            assert!(
+                (got - exact).abs() <= 1e-5 * scale + 1e-6,
+                "{:?}: dot {got}, dequantized {exact}",
+                B::KIND
+            );
         }
     }
 
@@ -887,7 +973,10 @@ mod tests {
             for _ in 0..8 {
                 let mut b: BlockIQ4NL = random_block(rng);
                 b.d = small_d();
-                let mut a = BlockQ8_0 { d: F16::from_f32(rng.gen_range(0.001f32..0.1)), qs: [0; 32] };
+                let mut a = BlockQ8_0 {
+                    d: F16::from_f32(rng.gen_range(0.001f32..0.1)),
+                    qs: [0; 32],
+                };
                 for q in &mut a.qs {
                     *q = rng.gen_range(-127i8..=127);
                 }
@@ -902,7 +991,10 @@ mod tests {
                 acts.push(a);
             }
             let got = f64::from(BlockIQ4NL::vec_dot(&w, &acts));
-            assert!((got - exact).abs() <= 1e-5 * scale + 1e-6, "dot {got}, dequantized {exact}");
+            assert!(
+                (got - exact).abs() <= 1e-5 * scale + 1e-6,
+                "dot {got}, dequantized {exact}"
+            );
         }
     }
 
@@ -920,7 +1012,9 @@ mod tests {
         let rng = &mut SmallRng::seed_from_u64(3);
         for _ in 0..100 {
             let s = 2f32.powi(rng.gen_range(-12..4));
-            let mut x: Vec<f32> = (0..32).map(|_| s * f32::from(CODEBOOK[rng.gen_range(0..16)])).collect();
+            let mut x: Vec<f32> = (0..32)
+                .map(|_| s * f32::from(CODEBOOK[rng.gen_range(0..16)]))
+                .collect();
             x[rng.gen_range(0..32)] = s * -127.0; // the extreme element fixes the scale
             let mut y = [0.0f32; 32];
             BlockIQ4NL::quantize(&x).dequantize(&mut y);
@@ -938,7 +1032,9 @@ mod tests {
                 // Group scales big * k/32 with k in 1..=32; group 0 holds the largest.
                 let k = if ib == 0 { 32 } else { rng.gen_range(1..=32) };
                 let s = big * k as f32 / 32.0;
-                let mut g: Vec<f32> = (0..32).map(|_| s * f32::from(CODEBOOK[rng.gen_range(0..16)])).collect();
+                let mut g: Vec<f32> = (0..32)
+                    .map(|_| s * f32::from(CODEBOOK[rng.gen_range(0..16)]))
+                    .collect();
                 g[rng.gen_range(0..32)] = s * -127.0;
                 x.extend(g);
             }
@@ -953,7 +1049,11 @@ mod tests {
         let rng = &mut SmallRng::seed_from_u64(5);
         let x = gaussian(rng, 256 * 64);
         let rel = |y: &[f32]| {
-            let err: f64 = x.iter().zip(y).map(|(&a, &b)| f64::from(a - b).powi(2)).sum();
+            let err: f64 = x
+                .iter()
+                .zip(y)
+                .map(|(&a, &b)| f64::from(a - b).powi(2))
+                .sum();
             let sig: f64 = x.iter().map(|&a| f64::from(a).powi(2)).sum();
             (err / sig).sqrt()
         };
@@ -966,7 +1066,10 @@ mod tests {
             BlockIQ4XS::quantize(xs).dequantize(ys);
         }
         let xs = rel(&y);
-        assert!(nl < 0.1 && xs < 0.1, "relative RMS error: IQ4_NL {nl}, IQ4_XS {xs}");
+        assert!(
+            nl < 0.1 && xs < 0.1,
+            "relative RMS error: IQ4_NL {nl}, IQ4_XS {xs}"
+        );
     }
 
     #[test]
@@ -977,6 +1080,9 @@ mod tests {
         // ggml's super-scale is -max/32 with max 0: negative zero.
         assert_eq!(b.d.to_bits(), 0x8000);
         assert_eq!((b.scales_h, b.scales_l), (0xaaaa, [0x00; 4]));
-        assert!(b.qs.iter().all(|&q| q == 0x88), "indices of 0 are codebook entry 8 (value 1)");
+        assert!(
+            b.qs.iter().all(|&q| q == 0x88),
+            "indices of 0 are codebook entry 8 (value 1)"
+        );
     }
 }
