@@ -6,6 +6,7 @@
 //! decoders return half the true scale to compensate. Scales are built from
 //! their bit patterns, never with `powf`, so they are exact.
 
+use super::legacy::cvtt_i32;
 use crate::blocks::*;
 use crate::{Dequantize, Quantize, VecDot};
 
@@ -41,15 +42,15 @@ fn ue4m3_half(x: u8) -> f32 {
 /// next bit (ties away from zero, carrying into the exponent), and
 /// subnormals by `(int)(x * 512 + 0.5)`.
 fn ue4m3_from_f32(x: f32) -> u8 {
-    // Also catches NaN.
-    if !(x > 0.0) {
+    // `x > 0` is false for NaN too.
+    if x.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
         return 0;
     }
     let x = if x > 448.0 { 448.0 } else { x };
     let bits = x.to_bits();
     let mut exp = ((bits >> 23) & 0xFF) as i32 - 127 + 7;
     if exp <= 0 {
-        let man = (x * 512.0 + 0.5) as i32;
+        let man = cvtt_i32(x * 512.0 + 0.5);
         return if man < 1 { 0 } else { man.min(7) as u8 };
     }
     if exp >= 15 {
@@ -106,7 +107,7 @@ impl Quantize for BlockMXFP4 {
         let amax = strict_absmax(src);
         // Puts amax in [4, 8) times the scale, i.e. within E2M1's top binade
         // (4 and 6 are the largest codes, 6 being 12 doubled).
-        let e = if amax > 0.0 { (amax.log2().floor() - 2.0 + 127.0) as u8 } else { 0 };
+        let e = if amax > 0.0 { cvtt_i32(amax.log2().floor() - 2.0 + 127.0) as u8 } else { 0 };
         let d = e8m0_half(e);
         let mut qs = [0u8; 16];
         for (j, q) in qs.iter_mut().enumerate() {

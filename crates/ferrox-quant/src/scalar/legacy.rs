@@ -57,15 +57,25 @@ fn min_max(src: &[f32]) -> (f32, f32) {
     (min, max)
 }
 
-/// `(int8_t)(v)` as ggml's x86 builds execute it: truncate toward zero to
-/// int32, keep the low byte.
+/// C's float → int conversion as x86 executes it (`cvttss2si`): truncate
+/// toward zero, and NaN or out-of-range gives `i32::MIN` — not Rust's
+/// saturating `as`, which would turn a NaN input's code into a different byte.
+pub(super) fn cvtt_i32(v: f32) -> i32 {
+    if !(-2_147_483_648.0..2_147_483_648.0).contains(&v) {
+        i32::MIN
+    } else {
+        v as i32
+    }
+}
+
+/// `(int8_t)(v)`: truncate to int32, keep the low byte.
 fn trunc_i8(v: f32) -> i8 {
-    v as i32 as i8
+    cvtt_i32(v) as i8
 }
 
 /// `roundf(v)` stored into an `int8_t` (half away from zero).
 fn round_i8(v: f32) -> i8 {
-    v.round() as i32 as i8
+    cvtt_i32(v.round()) as i8
 }
 
 fn q8_absmax_scale(src: &[f32]) -> f32 {
@@ -223,7 +233,7 @@ impl Quantize for BlockQ5_1 {
         let d = (max - min) / 31.0;
         let id = inverse_or_zero(d);
         // No clamp to 31 here, exactly as ggml: (max - min) * id rounds to at most 31.
-        let code = |v: f32| ((v - min) * id + 0.5) as i32 as u8;
+        let code = |v: f32| cvtt_i32((v - min) * id + 0.5) as u8;
         let mut qs = [0u8; 16];
         let mut qh = 0u32;
         for (j, q) in qs.iter_mut().enumerate() {
@@ -391,7 +401,7 @@ impl Quantize for BlockQ2_0 {
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
         let mut qs = [0u8; 16];
         for (j, &v) in src.iter().enumerate().take(64) {
-            let q = ((v * id).round() as i32).saturating_add(1).clamp(0, 3) as u8;
+            let q = cvtt_i32((v * id).round()).saturating_add(1).clamp(0, 3) as u8;
             qs[j / 4] |= q << ((j % 4) * 2);
         }
         BlockQ2_0 { d: f16_from_f32(d), qs }
@@ -593,6 +603,20 @@ mod tests {
         assert_round_trip::<BlockQ8_0>(|x| amax(x) / 127.0 * 0.5);
         assert_round_trip::<BlockQ8_1>(|x| amax(x) / 127.0 * 0.5);
         assert_round_trip::<BlockQ2_0>(|x| amax(x) * 0.5);
+    }
+
+    #[test]
+    fn float_to_int_conversions_follow_x86_for_nan_and_overflow() {
+        assert_eq!(cvtt_i32(f32::NAN), i32::MIN);
+        assert_eq!(cvtt_i32(3.0e9), i32::MIN);
+        assert_eq!(cvtt_i32(-2.7), -2);
+        // ggml's one-NaN Q2_0 row: the NaN's code is INT_MIN + 1 clamped to 0
+        // (Rust's saturating `as` would give 0 + 1 = code 1).
+        let mut x = [0.5f32; 64];
+        x[13] = f32::NAN;
+        let b = BlockQ2_0::quantize(&x);
+        assert_eq!((b.qs[3] >> 2) & 3, 0);
+        assert_eq!(b.qs[3] & 3, 2);
     }
 
     #[test]

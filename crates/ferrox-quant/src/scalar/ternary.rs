@@ -22,6 +22,8 @@ fn trit(byte: u8, n: usize) -> i32 {
 }
 
 /// `lroundf(v) + 1`: round half away from zero, then shift -1..1 to 0..2.
+/// A NaN gives code 1, as ggml's `long` → `int` truncation of glibc's
+/// `LONG_MIN` does on x86-64.
 fn ternary_code(v: f32) -> i32 {
     (v.round() as i32).wrapping_add(1)
 }
@@ -34,7 +36,7 @@ fn pack_trits(codes: impl Iterator<Item = i32>) -> u8 {
         q = (i32::from(q) * 3) as u8;
         q = (i32::from(q) + c) as u8;
     }
-    ((u32::from(q) * 256 + 242) / 243) as u8
+    (u32::from(q) * 256).div_ceil(243) as u8
 }
 
 /// ggml's `MAX`-based absmax for the ternary kinds (a NaN is replaced by the
