@@ -697,6 +697,12 @@ mod tests {
         s
     }
 
+    /// Quant values that mostly differ between elements 16, 32, 64 and 128
+    /// apart (for every modulus used), so a wrong stride or nibble cannot match.
+    fn pattern(e: usize) -> usize {
+        (e * e * 7 + e * 3 + 1) % 251
+    }
+
     const K4_SC: [u8; 8] = [1, 2, 3, 60, 17, 33, 48, 63];
     const K4_MN: [u8; 8] = [0, 5, 63, 7, 20, 40, 1, 31];
 
@@ -716,18 +722,12 @@ mod tests {
     }
 
     #[test]
-    fn q8_k_of_zeros_is_all_zero() {
-        let b = BlockQ8K::quantize(&[0.0; 256]);
-        assert_eq!(bytemuck::bytes_of(&b), &[0u8; 292][..]);
-    }
-
-    #[test]
     fn q4_k_dequantize_reads_ggml_layout() {
         let mut b = BlockQ4K::zeroed();
         b.d = F16::from_f32(0.5);
         b.dmin = F16::from_f32(0.25);
         b.scales = pack_k4(K4_SC, K4_MN);
-        let q = |e: usize| ((e * 7) % 16) as u8;
+        let q = |e: usize| (pattern(e) % 16) as u8;
         for e in 0..256 {
             let (c, r) = (e / 64, e % 64);
             b.qs[32 * c + r % 32] |= if r < 32 { q(e) } else { q(e) << 4 };
@@ -745,7 +745,7 @@ mod tests {
         b.d = F16::from_f32(0.5);
         b.dmin = F16::from_f32(0.25);
         b.scales = pack_k4(K4_SC, K4_MN);
-        let q = |e: usize| ((e * 11) % 32) as u8;
+        let q = |e: usize| (pattern(e) % 32) as u8;
         for e in 0..256 {
             let (c, r) = (e / 64, e % 64);
             let low = q(e) & 0xF;
@@ -767,7 +767,7 @@ mod tests {
         b.d = F16::from_f32(0.125);
         let sc: [i8; 16] = [-128, -3, 0, 1, 7, 127, 64, -64, 5, 9, -9, 33, 2, -1, 100, 17];
         b.scales = sc;
-        let q = |e: usize| ((e * 13) % 64) as i32 - 32;
+        let q = |e: usize| (pattern(e) % 64) as i32 - 32;
         for e in 0..256 {
             let (h, r) = (e / 128, e % 128);
             let (g, l) = (r / 32, r % 32);
@@ -797,7 +797,7 @@ mod tests {
             }
             b.scales[8 + j % 4] |= (u >> 4) << (2 * (j / 4));
         }
-        let q = |e: usize| ((e * 5) % 8) as i32 - 4;
+        let q = |e: usize| (pattern(e) % 8) as i32 - 4;
         for e in 0..256 {
             let u = (q(e) + 4) as u8;
             put_2bit(&mut b.qs, e, u & 3);
@@ -820,7 +820,7 @@ mod tests {
         for j in 0..16 {
             b.scales[j] = ((j as u8 * 3) % 16) | (((15 - j as u8) % 16) << 4);
         }
-        let q = |e: usize| ((e * 3 + e / 7) % 4) as u8;
+        let q = |e: usize| (pattern(e) % 4) as u8;
         for e in 0..256 {
             put_2bit(&mut b.qs, e, q(e));
         }
@@ -916,13 +916,19 @@ mod tests {
         }
     }
 
+    fn all_zero_bytes<B: Quantize>() -> bool {
+        bytemuck::bytes_of(&B::quantize(&[0.0; 256])).iter().all(|&b| b == 0)
+    }
+
+    /// ggml's reference emits an all-zero block (d = 0, zero quants, zero
+    /// scales) for an all-zero input in every K-quant.
     #[test]
-    fn zero_blocks_quantize_to_zero_values() {
-        let z = [0.0f32; 256];
-        assert!(deq(&BlockQ2K::quantize(&z)).iter().all(|&v| v == 0.0));
-        assert!(deq(&BlockQ3K::quantize(&z)).iter().all(|&v| v == 0.0));
-        assert!(deq(&BlockQ4K::quantize(&z)).iter().all(|&v| v == 0.0));
-        assert!(deq(&BlockQ5K::quantize(&z)).iter().all(|&v| v == 0.0));
-        assert!(deq(&BlockQ6K::quantize(&z)).iter().all(|&v| v == 0.0));
+    fn zero_blocks_quantize_to_all_zero_bytes() {
+        assert!(all_zero_bytes::<BlockQ2K>(), "Q2_K");
+        assert!(all_zero_bytes::<BlockQ3K>(), "Q3_K");
+        assert!(all_zero_bytes::<BlockQ4K>(), "Q4_K");
+        assert!(all_zero_bytes::<BlockQ5K>(), "Q5_K");
+        assert!(all_zero_bytes::<BlockQ6K>(), "Q6_K");
+        assert!(all_zero_bytes::<BlockQ8K>(), "Q8_K");
     }
 }
