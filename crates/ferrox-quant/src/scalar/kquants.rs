@@ -13,6 +13,10 @@
 //! than a block are filled as far as they go: the row-level entry points
 //! check lengths, and a block-level call never panics.
 
+// Index loops mirror ggml's C loops one for one, which keeps the
+// bit-exactness reviewable line by line.
+#![allow(clippy::needless_range_loop)]
+
 use super::kquant_util::{get_scale_min_k4, make_q3_quants, make_qkx2_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use crate::blocks::*;
 use crate::{Dequantize, Quantize, VecDot};
@@ -930,5 +934,77 @@ mod tests {
         assert!(all_zero_bytes::<BlockQ5K>(), "Q5_K");
         assert!(all_zero_bytes::<BlockQ6K>(), "Q6_K");
         assert!(all_zero_bytes::<BlockQ8K>(), "Q8_K");
+    }
+
+    /// Pinned against ggml 0c1e570's `quantize_row_q*_K_ref`,
+    /// `dequantize_row_q*_K` and `ggml_vec_dot_q*_K_q8_K_generic` (built with
+    /// gcc at -O0 and -O2, identical) on 512 generated blocks: FNV-1a hashes
+    /// of the block bytes and of the dequantized f32 bits, and the dot's bits.
+    /// The generator uses only correctly rounded float operations so C and
+    /// Rust produce the same inputs. The 13 cases in `tests/reference.rs`
+    /// miss some search paths (e.g. the last step of `make_qkx2_quants`);
+    /// these many varied blocks hit them.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (self.0 >> 32) as u32
+        }
+        fn unif(&mut self) -> f32 {
+            (self.next() >> 8) as f32 * (1.0 / 16_777_216.0) - 0.5
+        }
+    }
+
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    }
+
+    const PIN_BLOCKS: usize = 512;
+
+    fn pinned_inputs() -> (Vec<f32>, Vec<f32>) {
+        let mut g = Lcg(0x243F_6A88_85A3_08D3);
+        let scl = [1.0f32, 1e-3, 37.5, 1e-6, 0.7, 1000.0, 3.0];
+        let mut x = vec![0.0f32; PIN_BLOCKS * 256];
+        for b in 0..PIN_BLOCKS {
+            for i in 0..256 {
+                let v = match b % 6 {
+                    0 => g.unif(),
+                    1 => g.unif() * g.unif() * g.unif() * 8.0,
+                    2 => g.unif() * 0.01 + 0.3,
+                    3 if i == b % 256 => 20.0 * g.unif() + 30.0,
+                    3 => g.unif(),
+                    4 => ((g.next() % 16) as i32 - 8) as f32 * 0.125,
+                    _ => -g.unif().abs() * 3.0,
+                };
+                x[b * 256 + i] = v * scl[(b / 6) % 7];
+            }
+        }
+        let a = (0..PIN_BLOCKS * 256).map(|_| g.unif() * 2.0).collect();
+        (x, a)
+    }
+
+    fn pinned<B: Quantize + Dequantize + VecDot<Act = BlockQ8K>>(x: &[f32], act: &[BlockQ8K]) -> (u64, u64, u32) {
+        let w: Vec<B> = x.chunks_exact(256).map(B::quantize).collect();
+        let deq_bits: Vec<u8> = w.iter().flat_map(deq).flat_map(f32::to_le_bytes).collect();
+        (fnv1a(bytemuck::cast_slice(&w)), fnv1a(&deq_bits), B::vec_dot(&w, act).to_bits())
+    }
+
+    #[test]
+    fn many_varied_blocks_quantize_dequantize_and_dot_like_ggml() {
+        let (x, a) = pinned_inputs();
+        let act: Vec<BlockQ8K> = a.chunks_exact(256).map(BlockQ8K::quantize).collect();
+        assert_eq!(fnv1a(bytemuck::cast_slice(&act)), 0x1131_1cac_f33d_fa7e, "Q8_K activations");
+        let q8: Vec<BlockQ8K> = x.chunks_exact(256).map(BlockQ8K::quantize).collect();
+        let q8_deq: Vec<u8> = q8.iter().flat_map(deq).flat_map(f32::to_le_bytes).collect();
+        assert_eq!((fnv1a(bytemuck::cast_slice(&q8)), fnv1a(&q8_deq)), (0x6be1_dd43_51d0_2ea8, 0xb9b2_65fc_db6f_0516), "Q8_K");
+        let got = [
+            ("Q2_K", pinned::<BlockQ2K>(&x, &act), (0x361b_87cd_dbad_357f, 0x3cc8_c559_33c9_d475, 0x479c_d364)),
+            ("Q3_K", pinned::<BlockQ3K>(&x, &act), (0x6012_5fe5_7bca_b99f, 0x26b4_0fda_56bd_aa47, 0x476e_77a4)),
+            ("Q4_K", pinned::<BlockQ4K>(&x, &act), (0x8881_f692_7dd5_dd8a, 0xdbfe_10d1_64c7_4838, 0x475d_6a6f)),
+            ("Q5_K", pinned::<BlockQ5K>(&x, &act), (0xde4b_d9bd_72a3_3f23, 0xcf62_62a9_af08_de19, 0x4749_a331)),
+            ("Q6_K", pinned::<BlockQ6K>(&x, &act), (0x2fbb_f108_b214_bcde, 0x7717_f03a_eecb_ef5d, 0x4758_4803)),
+        ];
+        let bad: Vec<_> = got.iter().filter(|(_, g, w)| g != w).map(|(k, g, w)| format!("{k}: got {g:x?} want {w:x?}")).collect();
+        assert!(bad.is_empty(), "{bad:#?}");
     }
 }
