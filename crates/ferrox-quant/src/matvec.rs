@@ -1,0 +1,169 @@
+//! Multi-threaded quantized matrix-vector products on the CPU.
+//!
+//! The key decision: the activation is quantized **once** per call (to the
+//! weight kind's `vec_dot_type`, as ggml does), then rows are split into
+//! chunks claimed dynamically by the persistent [`ThreadPool`]; every check
+//! (lengths, alignment, kind) happens once up front so the per-row loop is a
+//! bare call of the selected [`cpu::DotFn`].
+
+use crate::cpu::{self, CpuError, Isa, ThreadPool};
+use crate::{QuantError, QuantKind};
+
+/// Rows per claimed task: large enough to amortize the claim, small enough
+/// that a preempted thread (the machine is shared) leaves work to steal.
+const ROWS_PER_TASK: usize = 256;
+
+/// An activation row quantized for one weight kind, in an 8-byte-aligned
+/// buffer (every block struct needs at most 4).
+struct ActBuf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl ActBuf {
+    fn new(len: usize) -> ActBuf {
+        ActBuf { words: vec![0; len.div_ceil(8)], len }
+    }
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+struct Prepared {
+    kernel: cpu::Kernel,
+    act: QuantKind,
+    row_bytes: usize,
+    act_bytes: usize,
+}
+
+fn prepare(
+    kind: QuantKind,
+    isa: Isa,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<Prepared, CpuError> {
+    if !isa.is_available() {
+        return Err(CpuError::IsaUnavailable { isa });
+    }
+    let act = kind.vec_dot_kind().ok_or(QuantError::NoDot { kind })?;
+    let row_bytes = crate::row_bytes(kind, cols)?;
+    let act_bytes = crate::row_bytes(act, cols)?;
+    let expected = rows.checked_mul(row_bytes).ok_or(CpuError::Shape {
+        what: "weight bytes (overflow)",
+        expected: usize::MAX,
+        got: weights.len(),
+    })?;
+    if weights.len() != expected {
+        return Err(CpuError::Shape { what: "weight bytes", expected, got: weights.len() });
+    }
+    let align = cpu::block_align(kind);
+    // Row starts stay aligned because a row is whole blocks.
+    if weights.as_ptr() as usize % align != 0 {
+        return Err(QuantError::Misaligned { kind, addr: weights.as_ptr() as usize, align }.into());
+    }
+    let kernel = cpu::select(kind, isa).ok_or(QuantError::NoDot { kind })?;
+    Ok(Prepared { kernel, act, row_bytes, act_bytes })
+}
+
+/// `y = W x` for a row-major `rows x cols` weight matrix of `kind`, on
+/// `threads` threads, with the best kernels of [`Isa::active`].
+pub fn matvec(
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    threads: usize,
+) -> Result<(), CpuError> {
+    matmul_with(Isa::active(), kind, weights, rows, cols, x, y, 1, threads)
+}
+
+/// `Y = X W^T` for `n` activation rows (`x` is `n x cols`, `y` is
+/// `n x rows`, both row-major): each weight row is read once for all `n`
+/// activations, which is what makes small batches nearly free.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+) -> Result<(), CpuError> {
+    matmul_with(Isa::active(), kind, weights, rows, cols, x, y, n, threads)
+}
+
+/// A raw output pointer shared by tasks that write disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (each task owns a row range), and
+// the pool joins every task before the borrow of `y` ends.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// [`matmul`] at an explicit instruction-set level (benchmarks, tests).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
+    isa: Isa,
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+) -> Result<(), CpuError> {
+    let p = prepare(kind, isa, weights, rows, cols)?;
+    let want_x = n.checked_mul(cols).unwrap_or(usize::MAX);
+    if x.len() != want_x {
+        return Err(CpuError::Shape { what: "activation length", expected: want_x, got: x.len() });
+    }
+    let want_y = n.checked_mul(rows).unwrap_or(usize::MAX);
+    if y.len() != want_y {
+        return Err(CpuError::Shape { what: "output length", expected: want_y, got: y.len() });
+    }
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let mut act = ActBuf::new(p.act_bytes * n);
+    if cols > 0 {
+        for (xr, ar) in x.chunks_exact(cols).zip(act.bytes_mut().chunks_exact_mut(p.act_bytes)) {
+            cpu::quantize_act(p.act, isa, xr, ar)?;
+        }
+    }
+    let act = act.bytes();
+    let out = OutPtr(y.as_mut_ptr());
+    let n_tasks = rows.div_ceil(ROWS_PER_TASK);
+    let task = |t: usize| {
+        let out = out;
+        let r0 = t * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(rows);
+        for r in r0..r1 {
+            let w = &weights[r * p.row_bytes..(r + 1) * p.row_bytes];
+            for b in 0..n {
+                let a = &act[b * p.act_bytes..(b + 1) * p.act_bytes];
+                // SAFETY: `isa` (and so its fallback `p.kernel.isa`) is
+                // available, checked in `prepare`; `w` is one aligned row of
+                // whole blocks and `a` one activation row of the same element
+                // count in an 8-aligned buffer (`act_bytes` is a multiple of
+                // the act block size, itself a multiple of its alignment); the
+                // activation came from the ggml quantizer.
+                let v = unsafe { (p.kernel.f)(w, a) };
+                // SAFETY: `b * rows + r < n * rows == y.len()`, and row `r`
+                // belongs to this task alone.
+                unsafe { *out.0.add(b * rows + r) = v };
+            }
+        }
+    };
+    ThreadPool::global().run(threads, n_tasks, &task);
+    Ok(())
+}
