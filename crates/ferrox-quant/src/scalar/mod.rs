@@ -8,7 +8,9 @@
 
 mod float;
 mod fp4;
+mod iq_grids;
 mod iquants;
+mod kquant_util;
 mod kquants;
 mod legacy;
 mod ternary;

@@ -1,0 +1,8 @@
+//! The ferrox engine and the API the CLI and server use.
+//!
+//! Today it holds model-level operations that need both the container and
+//! the block formats: [`requantize`] (`ferrox quantize`). The generic decoder,
+//! the backend seam and the kernel registry join it with the engine.
+#![deny(missing_docs)]
+
+pub mod requantize;

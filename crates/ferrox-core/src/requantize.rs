@@ -1,0 +1,210 @@
+//! Re-quantizing a model file to one kind (`ferrox quantize IN OUT KIND`).
+//!
+//! The decision of *what* to quantize is llama-quantize's, stated once here
+//! as data ([`plan_tensor`]): matrices whose name ends in `weight` are
+//! converted, except tensors llama.cpp deliberately keeps in full precision
+//! (norms, MoE routers, position embeddings, convolution kernels…); 1-D
+//! float tensors become F32 (lossless); integer tensors are copied. A matrix
+//! whose row length is not a whole number of the target's blocks falls back
+//! exactly as llama-quantize's `tensor_type_fallback` does.
+
+use ferrox_quant::QuantKind;
+
+/// Name fragments llama-quantize never quantizes (from `llama-quant.cpp`,
+/// `tensor_allows_quantization`).
+const KEEP_FULL_PRECISION: &[&str] = &[
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_tid2eid.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "position_embd",
+    "token_types",
+    "ssm_conv1d",
+    "shortconv.conv.weight",
+    "time_mix_first.weight",
+    "time_mix_w0.weight",
+    "time_mix_w1.weight",
+    "time_mix_w2.weight",
+    "time_mix_v0.weight",
+    "time_mix_v1.weight",
+    "time_mix_v2.weight",
+    "time_mix_a0.weight",
+    "time_mix_a1.weight",
+    "time_mix_a2.weight",
+    "time_mix_g1.weight",
+    "time_mix_g2.weight",
+    "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
+    "sam.pos_embd",
+    "sam.neck.",
+    "sam.net_",
+    ".rel_pos",
+    ".patch_embd",
+    ".patch_merger",
+    "a.rvq.codebook",
+    "mm.a.code_embd",
+];
+
+/// What happens to one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorPlan {
+    /// Bytes copied unchanged.
+    Copy,
+    /// Converted to this kind (through f32).
+    Convert(QuantKind),
+    /// Converted to a fallback kind because the row length is not a whole
+    /// number of the target's blocks.
+    Fallback {
+        /// What was asked for.
+        wanted: QuantKind,
+        /// What the tensor gets.
+        got: QuantKind,
+    },
+}
+
+impl TensorPlan {
+    /// The kind the tensor has in the output, given its input kind.
+    pub fn output_kind(self, input: QuantKind) -> QuantKind {
+        match self {
+            TensorPlan::Copy => input,
+            TensorPlan::Convert(k) => k,
+            TensorPlan::Fallback { got, .. } => got,
+        }
+    }
+}
+
+fn is_float(kind: QuantKind) -> bool {
+    matches!(kind, QuantKind::F32 | QuantKind::F16 | QuantKind::BF16 | QuantKind::F64)
+}
+
+fn is_integer(kind: QuantKind) -> bool {
+    matches!(kind, QuantKind::I8 | QuantKind::I16 | QuantKind::I32 | QuantKind::I64)
+}
+
+/// llama-quantize's `tensor_type_fallback`: the kind a matrix with rows of
+/// `ncols` gets when `target`'s blocks do not divide it.
+pub fn fallback_kind(target: QuantKind, ncols: u64) -> QuantKind {
+    use QuantKind::*;
+    let fits = |k: QuantKind| ncols % k.block_elems() as u64 == 0;
+    if fits(target) {
+        return target;
+    }
+    let demoted = match target {
+        IQ1S | IQ1M | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ4XS => IQ4NL,
+        Q2_0 | Q2K | Q3K | TQ1_0 | TQ2_0 => Q4_0,
+        Q4K => Q5_0,
+        Q5K => Q5_1,
+        Q6K => Q8_0,
+        // Kinds with blocks of 32 or fewer have nothing smaller to demote to,
+        // and the rest (Q8_K, NVFP4, Q1_0) land on F16 like llama-quantize's
+        // final check; F16 always fits.
+        F32 | F16 | BF16 | F64 | I8 | I16 | I32 | I64 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0
+        | Q8_1 | Q8K | IQ4NL | MXFP4 | NVFP4 | Q1_0 => F16,
+    };
+    if fits(demoted) {
+        demoted
+    } else {
+        F16
+    }
+}
+
+/// Decides what happens to the tensor `name` of kind `input` with shape
+/// `dims` (ggml order: `dims[0]` is the row length) when a model is
+/// re-quantized to `target`.
+pub fn plan_tensor(name: &str, input: QuantKind, dims: &[u64], target: QuantKind) -> TensorPlan {
+    if is_integer(input) {
+        return TensorPlan::Copy;
+    }
+    let n_dims = dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
+    let is_matrix = n_dims >= 2
+        && name.ends_with("weight")
+        && !KEEP_FULL_PRECISION.iter().any(|frag| name.contains(frag));
+    if !is_matrix {
+        return if is_float(input) && input != QuantKind::F32 {
+            TensorPlan::Convert(QuantKind::F32)
+        } else {
+            TensorPlan::Copy
+        };
+    }
+    let ncols = dims.first().copied().unwrap_or(0);
+    let got = fallback_kind(target, ncols);
+    match (got == target, got == input) {
+        (true, true) => TensorPlan::Copy,
+        (true, false) => TensorPlan::Convert(target),
+        (false, _) => TensorPlan::Fallback { wanted: target, got },
+    }
+}
+
+/// The `general.file_type` value (llama.cpp's `LLAMA_FTYPE_MOSTLY_*`) of a
+/// model whose matrices are all `kind`, or `None` where llama.cpp has none.
+pub fn llama_file_type(kind: QuantKind) -> Option<u32> {
+    use QuantKind::*;
+    Some(match kind {
+        F32 => 0,
+        F16 => 1,
+        Q4_0 => 2,
+        Q4_1 => 3,
+        Q8_0 => 7,
+        Q5_0 => 8,
+        Q5_1 => 9,
+        Q2K => 10,
+        Q3K => 12,
+        Q4K => 15,
+        Q5K => 17,
+        Q6K => 18,
+        IQ2XXS => 19,
+        IQ2XS => 20,
+        IQ3XXS => 23,
+        IQ1S => 24,
+        IQ4NL => 25,
+        IQ3S => 26,
+        IQ2S => 28,
+        IQ4XS => 30,
+        IQ1M => 31,
+        BF16 => 32,
+        TQ1_0 => 36,
+        TQ2_0 => 37,
+        MXFP4 => 38,
+        NVFP4 => 39,
+        Q1_0 => 40,
+        Q2_0 => 41,
+        F64 | I8 | I16 | I32 | I64 | Q8_1 | Q8K => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use QuantKind::*;
+
+    #[test]
+    fn norms_and_vectors_stay_full_precision() {
+        assert_eq!(plan_tensor("blk.0.attn_norm.weight", F32, &[640], Q8_0), TensorPlan::Copy);
+        assert_eq!(plan_tensor("blk.0.attn_q_norm.weight", F32, &[256, 1], Q4K), TensorPlan::Copy);
+        assert_eq!(plan_tensor("blk.0.ffn_norm.weight", F16, &[640], Q4K), TensorPlan::Convert(F32));
+        assert_eq!(plan_tensor("blk.0.attn_q.bias", F32, &[640], Q4K), TensorPlan::Copy);
+        assert_eq!(plan_tensor("blk.0.ffn_gate_inp.weight", F32, &[640, 8], Q4K), TensorPlan::Copy);
+        assert_eq!(plan_tensor("rope_freqs", I32, &[64], Q4K), TensorPlan::Copy);
+    }
+
+    #[test]
+    fn matrices_convert_and_fall_back_like_llama_quantize() {
+        assert_eq!(plan_tensor("blk.0.attn_q.weight", Q5_0, &[640, 1024], Q8_0), TensorPlan::Convert(Q8_0));
+        assert_eq!(plan_tensor("token_embd.weight", Q8_0, &[640, 262144], Q8_0), TensorPlan::Copy);
+        // 640 is not a multiple of 256: Q4_K falls back to Q5_0, Q6_K to Q8_0.
+        assert_eq!(
+            plan_tensor("blk.0.ffn_up.weight", F16, &[640, 2048], Q4K),
+            TensorPlan::Fallback { wanted: Q4K, got: Q5_0 }
+        );
+        assert_eq!(fallback_kind(Q6K, 640), Q8_0);
+        assert_eq!(fallback_kind(IQ4XS, 640), IQ4NL);
+        assert_eq!(fallback_kind(Q4K, 2048), Q4K);
+        // Not even 32 divides 100: F16, as llama-quantize's last resort.
+        assert_eq!(fallback_kind(Q4K, 100), F16);
+        assert_eq!(fallback_kind(Q8_0, 100), F16);
+    }
+}

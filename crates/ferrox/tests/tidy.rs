@@ -1,0 +1,133 @@
+//! Mechanical style rules, checked on every `cargo test` (docs/dev/style.md
+//! gives each rule's rationale). A rule that only lives in a document is a
+//! rule that erodes; this makes breaking one a red build.
+
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = p.file_name().unwrap_or_default().to_string_lossy().to_string();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&p, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
+}
+
+fn sources() -> Vec<(PathBuf, String)> {
+    let root = workspace_root();
+    let mut files = Vec::new();
+    rust_files(&root.join("crates"), &mut files);
+    rust_files(&root.join("fuzz"), &mut files);
+    assert!(files.len() > 5, "tidy found only {} files under {root:?}", files.len());
+    files
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect()
+}
+
+/// The marker that makes a line a rule's own text rather than a violation.
+fn is_this_file(p: &Path) -> bool {
+    p.ends_with("tidy.rs")
+}
+
+#[test]
+fn no_test_is_ignored() {
+    let mut bad = Vec::new();
+    for (p, text) in sources() {
+        if is_this_file(&p) {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("#[ignore") {
+                bad.push(format!("{}:{}", p.display(), i + 1));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "#[ignore] hides a test that must run or be deleted: {bad:?}");
+}
+
+#[test]
+fn no_stub_bodies_remain() {
+    let mut bad = Vec::new();
+    for (p, text) in sources() {
+        if is_this_file(&p) {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if code.contains("todo!(") || code.contains("unimplemented!(") {
+                bad.push(format!("{}:{}", p.display(), i + 1));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "a stub is not done: {bad:?}");
+}
+
+#[test]
+fn every_unsafe_block_says_why_it_is_sound() {
+    let mut bad = Vec::new();
+    for (p, text) in sources() {
+        if is_this_file(&p) {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            // `unsafe {` opens a block; `unsafe fn`/`unsafe impl` carry a
+            // `# Safety` doc instead, and `unsafe extern` is a declaration.
+            if !code.contains("unsafe {") {
+                continue;
+            }
+            let window = &lines[i.saturating_sub(6)..=i];
+            if !window.iter().any(|l| l.contains("SAFETY:")) {
+                bad.push(format!("{}:{}", p.display(), i + 1));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "unsafe blocks without a `// SAFETY:` line: {bad:?}");
+}
+
+/// A `_ =>` in a match over `QuantKind` lets a new kind slip through
+/// silently. Capability tables are partial by design and say so on the
+/// arm (or the line above) with the words "capability table".
+#[test]
+fn no_wildcard_arm_over_quant_kinds_outside_capability_tables() {
+    let mut bad = Vec::new();
+    for (p, text) in sources() {
+        if is_this_file(&p) {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.trim_start().starts_with("_ =>") {
+                continue;
+            }
+            let before = &lines[i.saturating_sub(40)..i];
+            // The nearest arm above decides which match this is.
+            let over_kinds = before
+                .iter()
+                .rev()
+                .find(|l| l.contains("=>"))
+                .is_some_and(|l| l.contains("QuantKind::") || l.trim_start().starts_with("$(QuantKind::"));
+            let marked = line.contains("capability table")
+                || lines[i.saturating_sub(1)].contains("capability table");
+            if over_kinds && !marked {
+                bad.push(format!("{}:{}", p.display(), i + 1));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "wildcard arms over QuantKind: {bad:?}");
+}
