@@ -167,3 +167,117 @@ pub fn matmul_with(
     ThreadPool::global().run(threads, n_tasks, &task);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    fn aligned_quantized(kind: QuantKind, w: &[f32]) -> Vec<u64> {
+        let bytes = crate::quantize_to_vec(kind, w).unwrap();
+        let mut v = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(&bytes);
+        v
+    }
+
+    /// Kinds with an AVX2 kernel, and two without (Q8_K, TQ2_0), which must
+    /// go through the scalar fallback.
+    const KINDS: &[QuantKind] = &[
+        QuantKind::Q8_0,
+        QuantKind::Q4_0,
+        QuantKind::Q5_0,
+        QuantKind::Q4_1,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
+        QuantKind::F32,
+        QuantKind::F16,
+        QuantKind::Q8K,
+        QuantKind::TQ2_0,
+    ];
+
+    #[test]
+    fn matvec_matches_the_scalar_twin_row_by_row_on_any_thread_count() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let (rows, cols) = (517, 512);
+        for &kind in KINDS {
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let wq = aligned_quantized(kind, &w);
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..crate::row_bytes(kind, cols).unwrap() * rows];
+            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let act = kind.vec_dot_kind().unwrap();
+            let xq = aligned_quantized(act, &x);
+            let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
+            let rb = wb.len() / rows;
+            let want: Vec<f32> =
+                (0..rows).map(|r| crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap()).collect();
+            // At the scalar level the matvec must be the twin, bit for bit.
+            let mut y = vec![f32::NAN; rows];
+            matmul_with(Isa::Scalar, kind, wb, rows, cols, &x, &mut y, 1, 2).unwrap();
+            assert_eq!(y, want, "{kind} scalar matvec");
+            let isa = Isa::active();
+            let mut y1 = vec![f32::NAN; rows];
+            matmul_with(isa, kind, wb, rows, cols, &x, &mut y1, 1, 1).unwrap();
+            for (r, (&g, &s)) in y1.iter().zip(&want).enumerate() {
+                let tol = 1e-4 * s.abs().max(1.0);
+                assert!((g - s).abs() <= tol, "{kind} at {isa}, row {r}: {g} vs scalar {s}");
+            }
+            for threads in [2, 3] {
+                let mut yt = vec![f32::NAN; rows];
+                matmul_with(isa, kind, wb, rows, cols, &x, &mut yt, 1, threads).unwrap();
+                assert_eq!(yt, y1, "{kind} at {isa}: {threads} threads differ from 1");
+            }
+        }
+    }
+
+    #[test]
+    fn a_batched_matmul_equals_one_matvec_per_activation_row() {
+        let mut rng = SmallRng::seed_from_u64(8);
+        let (rows, cols, n) = (301, 256, 3);
+        for kind in [QuantKind::Q8_0, QuantKind::Q4K] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let wq = aligned_quantized(kind, &w);
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..crate::row_bytes(kind, cols).unwrap() * rows];
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let mut y = vec![0.0; n * rows];
+            matmul(kind, wb, rows, cols, &x, &mut y, n, 2).unwrap();
+            for b in 0..n {
+                let mut yb = vec![0.0; rows];
+                matvec(kind, wb, rows, cols, &x[b * cols..(b + 1) * cols], &mut yb, 1).unwrap();
+                assert_eq!(&y[b * rows..(b + 1) * rows], &yb[..], "{kind} batch row {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn mismatched_shapes_are_errors_not_panics() {
+        let k = QuantKind::Q8_0;
+        let w = vec![0u64; 34 * 4 * 3 / 8 + 1];
+        let wb = &bytemuck::cast_slice::<u64, u8>(&w)[..34 * 4 * 3]; // 3 rows x 128
+        let x = vec![0.0f32; 128];
+        let mut y = vec![0.0f32; 3];
+        assert!(matvec(k, wb, 3, 128, &x, &mut y, 2).is_ok());
+        let shape = |r: Result<(), CpuError>| matches!(r, Err(CpuError::Shape { .. }));
+        assert!(shape(matvec(k, &wb[..wb.len() - 34], 3, 128, &x, &mut y, 1)), "short weights");
+        assert!(shape(matvec(k, wb, 3, 128, &x[..96], &mut y, 1)), "short x");
+        assert!(shape(matvec(k, wb, 3, 128, &x, &mut y[..2], 1)), "short y");
+        assert!(shape(matvec(k, wb, 4, 128, &x, &mut [0.0; 4], 1)), "rows off");
+        assert!(matches!(
+            matvec(k, wb, 3, 100, &x[..100], &mut y, 1),
+            Err(CpuError::Quant(QuantError::NotWholeBlocks { .. }))
+        ));
+        assert!(matches!(
+            matvec(QuantKind::I32, &[0; 12], 3, 1, &[0.0], &mut y, 1),
+            Err(CpuError::Quant(QuantError::NoDot { .. }))
+        ));
+        let odd = &bytemuck::cast_slice::<u64, u8>(&w)[1..34 * 4 * 3 + 1];
+        assert!(matches!(
+            matvec(k, odd, 3, 128, &x, &mut y, 1),
+            Err(CpuError::Quant(QuantError::Misaligned { .. }))
+        ));
+        assert!(matches!(
+            matmul_with(Isa::Neon, k, wb, 3, 128, &x, &mut y, 1, 1),
+            Err(CpuError::IsaUnavailable { .. })
+        ) || Isa::Neon.is_available());
+    }
+}

@@ -179,3 +179,58 @@ fn every_simd_kernel_matches_its_scalar_twin() {
     }
     eprintln!("compared {checked} SIMD rows with the scalar twins");
 }
+
+/// Activation rows that exercise the quantizers' corners: exact .5 ties
+/// (ggml's Q8_0/Q8_1 round them away from zero, Q8_K to even), an all-zero
+/// block, a negative maximum, repeated maxima of both signs, huge and tiny.
+fn quantizer_inputs(n: usize, rng: &mut SmallRng) -> Vec<Vec<f32>> {
+    let mut rows = Vec::new();
+    rows.push((0..n).map(|_| rng.gen_range(-3.0f32..3.0)).collect());
+    rows.push((0..n).map(|_| rng.gen_range(-1e30f32..1e30)).collect());
+    rows.push((0..n).map(|_| rng.gen_range(-1e-30f32..1e-30)).collect());
+    // amax 127 → d = 1, id = 1: every x.5 is a tie.
+    rows.push((0..n).map(|i| if i % 32 == 0 { 127.0 } else { (i % 40) as f32 - 20.5 }).collect());
+    rows.push((0..n).map(|i| if i % 32 == 5 { -127.0 } else { -((i % 30) as f32) + 14.5 }).collect());
+    let mut z: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    z[..32].fill(0.0);
+    if n >= 256 {
+        z[256..512.min(n)].fill(0.0);
+    }
+    rows.push(z);
+    rows.push((0..n).map(|i| if i % 7 == 0 { -2.0 } else if i % 7 == 3 { 2.0 } else { 0.3 }).collect());
+    rows
+}
+
+#[test]
+fn simd_activation_quantizers_are_byte_exact_with_the_scalar_quantizers() {
+    let mut rng = SmallRng::seed_from_u64(0xAC7);
+    let mut checked = 0;
+    for &isa in Isa::ALL.iter().filter(|&&i| i != Isa::Scalar) {
+        if !isa.is_available() {
+            eprintln!("NOT CHECKED: {isa} activation quantizers: this CPU/build cannot run {isa}");
+            continue;
+        }
+        for act in [QuantKind::Q8_0, QuantKind::Q8_1, QuantKind::Q8K] {
+            for n in [256, 512, 33 * 256] {
+                for x in quantizer_inputs(n, &mut rng) {
+                    let want = crate::quantize_to_vec(act, &x).unwrap();
+                    let (mut buf, len) = aligned(&vec![0xA5; want.len()]);
+                    let got = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[..len];
+                    quantize_act(act, isa, &x, got).unwrap();
+                    if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
+                        let bb = act.block_bytes();
+                        panic!(
+                            "{act} at {isa}, n {n}: first difference in block {} byte {}: simd {:?} vs scalar {:?}",
+                            i / bb,
+                            i % bb,
+                            &got[i / bb * bb..(i / bb + 1) * bb],
+                            &want[i / bb * bb..(i / bb + 1) * bb]
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    eprintln!("compared {checked} SIMD-quantized activation rows byte for byte");
+}
