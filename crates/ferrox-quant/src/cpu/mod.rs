@@ -180,7 +180,14 @@ pub fn simd_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
             IQ4XS => Some("avx2::dot_iq4_xs_q8_k"),
             _ => None, // capability table: partial by design
         },
-        Isa::Avx512Vnni => None,
+        Isa::Avx512Vnni => match kind {
+            Q8_0 => Some("avx512::dot_q8_0_q8_0"),
+            Q4_0 => Some("avx512::dot_q4_0_q8_0"),
+            Q5_0 => Some("avx512::dot_q5_0_q8_0"),
+            IQ4NL => Some("avx512::dot_iq4_nl_q8_0"),
+            MXFP4 => Some("avx512::dot_mxfp4_q8_0"),
+            _ => None, // capability table: partial by design
+        },
         Isa::Neon => match kind {
             Q8_0 => Some("neon::dot_q8_0_q8_0"),
             _ => None, // capability table: partial by design
@@ -239,6 +246,8 @@ pub fn dot_fn(kind: QuantKind, isa: Isa) -> Option<DotFn> {
         Isa::Scalar => scalar_dot_fn(kind),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::avx2_dot_fn(kind),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86::avx512_dot_fn(kind),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::dot_fn(kind),
         #[allow(unreachable_patterns)] // levels with no kernels on this architecture

@@ -16,20 +16,20 @@ use core::arch::x86_64::*;
 use crate::blocks::*;
 use crate::cpu::blocks_of;
 
-const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
-const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(super) const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub(super) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 // ---------------------------------------------------------------- helpers
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_to_f32(h: F16) -> f32 {
+pub(super) unsafe fn f16_to_f32(h: F16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits()))))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
@@ -46,7 +46,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn loadu(p: *const u8) -> __m256i {
+pub(super) unsafe fn loadu(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p.cast())
 }
 
@@ -75,7 +75,7 @@ unsafe fn mul_sum_us8_pairs_float(ux: __m256i, y: __m256i) -> __m256 {
 /// high nibbles (16..32), the legacy-block element order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
+pub(super) unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
     let t = _mm_loadu_si128(qs.as_ptr().cast());
     let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
     _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
@@ -84,7 +84,7 @@ unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
 /// 32 bits → 32 bytes, 0xFF where the bit is set (byte k from bit k).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bytes_from_bits_32(bits: [u8; 4]) -> __m256i {
+pub(super) unsafe fn bytes_from_bits_32(bits: [u8; 4]) -> __m256i {
     let v = _mm256_set1_epi32(i32::from_le_bytes(bits));
     let shuf = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
     let b = _mm256_shuffle_epi8(v, shuf);
@@ -96,7 +96,7 @@ unsafe fn bytes_from_bits_32(bits: [u8; 4]) -> __m256i {
 /// elements 0..16, high → 16..32).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lookup_nibbles_32(table: __m128i, qs: &[u8; 16]) -> __m256i {
+pub(super) unsafe fn lookup_nibbles_32(table: __m128i, qs: &[u8; 16]) -> __m256i {
     let t = _mm_loadu_si128(qs.as_ptr().cast());
     let m4 = _mm_set1_epi8(0x0F);
     let lo = _mm_shuffle_epi8(table, _mm_and_si128(t, m4));
@@ -321,7 +321,7 @@ pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
 
 /// ggml's E8M0 scale, halved because its FP4 table holds doubled values.
 #[inline(always)]
-fn e8m0_to_f32_half(e: u8) -> f32 {
+pub(super) fn e8m0_to_f32_half(e: u8) -> f32 {
     let bits = if e < 2 { 0x0020_0000_u32 << e } else { u32::from(e - 1) << 23 };
     f32::from_bits(bits)
 }

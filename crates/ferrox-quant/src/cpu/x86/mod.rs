@@ -1,7 +1,9 @@
-//! x86-64 kernels. AVX2 is the baseline SIMD level; the AVX-512 level
-//! currently reuses it through [`super::Isa::fallback`].
+//! x86-64 kernels. AVX2 is the baseline SIMD level; the AVX-512 level has
+//! VNNI kernels for the 32-element kinds and reuses AVX2 for the rest
+//! through [`super::Isa::fallback`].
 
 mod avx2;
+mod avx512;
 
 use super::DotFn;
 use crate::QuantKind;
@@ -26,6 +28,20 @@ pub(super) fn avx2_dot_fn(kind: QuantKind) -> Option<DotFn> {
         Q5K => avx2::dot_q5_k_q8_k,
         Q6K => avx2::dot_q6_k_q8_k,
         IQ4XS => avx2::dot_iq4_xs_q8_k,
+        _ => return None, // capability table: partial by design
+    };
+    Some(f)
+}
+
+/// The AVX-512 VNNI dispatch table (see [`super::dot_fn`]).
+pub(super) fn avx512_dot_fn(kind: QuantKind) -> Option<DotFn> {
+    use QuantKind::*;
+    let f: DotFn = match kind {
+        Q8_0 => avx512::dot_q8_0_q8_0,
+        Q4_0 => avx512::dot_q4_0_q8_0,
+        Q5_0 => avx512::dot_q5_0_q8_0,
+        IQ4NL => avx512::dot_iq4_nl_q8_0,
+        MXFP4 => avx512::dot_mxfp4_q8_0,
         _ => return None, // capability table: partial by design
     };
     Some(f)
