@@ -123,11 +123,11 @@ pub fn matmul_with(
     threads: usize,
 ) -> Result<(), CpuError> {
     let p = prepare(kind, isa, weights, rows, cols)?;
-    let want_x = n.checked_mul(cols).unwrap_or(usize::MAX);
+    let want_x = n.saturating_mul(cols);
     if x.len() != want_x {
         return Err(CpuError::Shape { what: "activation length", expected: want_x, got: x.len() });
     }
-    let want_y = n.checked_mul(rows).unwrap_or(usize::MAX);
+    let want_y = n.saturating_mul(rows);
     if y.len() != want_y {
         return Err(CpuError::Shape { what: "output length", expected: want_y, got: y.len() });
     }
@@ -144,6 +144,9 @@ pub fn matmul_with(
     let out = OutPtr(y.as_mut_ptr());
     let n_tasks = rows.div_ceil(ROWS_PER_TASK);
     let task = |t: usize| {
+        // Capture the whole wrapper: edition-2021 closures would otherwise
+        // capture the bare (non-Sync) pointer field.
+        #[allow(clippy::redundant_locals)]
         let out = out;
         let r0 = t * ROWS_PER_TASK;
         let r1 = (r0 + ROWS_PER_TASK).min(rows);

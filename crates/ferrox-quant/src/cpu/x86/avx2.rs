@@ -356,8 +356,8 @@ pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         let dmin = y.d * f16_to_f32(x.dmin);
         let (sc, mn) = scale_min_k4(&x.scales);
         let mut summs = 0i32;
-        for j in 0..8 {
-            summs += i32::from(mn[j]) * (i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1]));
+        for (m, b) in mn.iter().zip(y.bsums.chunks_exact(2)) {
+            summs += i32::from(*m) * (i32::from(b[0]) + i32::from(b[1]));
         }
         acc_m += dmin * summs as f32;
         let mut sumi = _mm256_setzero_si256();
@@ -390,8 +390,8 @@ pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         let dmin = y.d * f16_to_f32(x.dmin);
         let (sc, mn) = scale_min_k4(&x.scales);
         let mut summs = 0i32;
-        for j in 0..8 {
-            summs += i32::from(mn[j]) * (i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1]));
+        for (m, b) in mn.iter().zip(y.bsums.chunks_exact(2)) {
+            summs += i32::from(*m) * (i32::from(b[0]) + i32::from(b[1]));
         }
         acc_m += dmin * summs as f32;
         let qh = loadu(x.qh.as_ptr());
