@@ -8,7 +8,10 @@
 //! whose row length is not a whole number of the target's blocks falls back
 //! exactly as llama-quantize's `tensor_type_fallback` does.
 
-use ferrox_quant::QuantKind;
+use std::borrow::Cow;
+
+use ferrox_gguf::{GgufError, GgufModel, GgufWriter, Value};
+use ferrox_quant::{QuantError, QuantKind};
 
 /// Name fragments llama-quantize never quantizes (from `llama-quant.cpp`,
 /// `tensor_allows_quantization`).
@@ -174,6 +177,125 @@ pub fn llama_file_type(kind: QuantKind) -> Option<u32> {
         Q2_0 => 41,
         F64 | I8 | I16 | I32 | I64 | Q8_1 | Q8K => return None,
     })
+}
+
+/// Why a model could not be re-quantized.
+#[derive(Debug, thiserror::Error)]
+pub enum RequantizeError {
+    /// Reading the input or assembling the output failed.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The target kind cannot be produced, or a tensor could not be converted.
+    #[error("tensor {tensor}: {source}")]
+    Quant {
+        /// The tensor being converted (empty for a refused target).
+        tensor: String,
+        /// What the block-format layer said.
+        source: QuantError,
+    },
+}
+
+/// One step of progress, reported after each tensor.
+#[derive(Debug, Clone)]
+pub struct Progress<'a> {
+    /// 1-based index of the tensor just done.
+    pub index: usize,
+    /// Number of tensors.
+    pub count: usize,
+    /// Its name.
+    pub name: &'a str,
+    /// Its kind in the input.
+    pub from: QuantKind,
+    /// What was done to it.
+    pub plan: TensorPlan,
+    /// Its shape.
+    pub dims: &'a [u64],
+}
+
+/// Converts `src` (whole rows of `from`, each `ncols` long) to `to`, splitting
+/// rows over `threads` scoped threads.
+fn convert(src: &[u8], from: QuantKind, to: QuantKind, ncols: usize, threads: usize) -> Result<Vec<u8>, QuantError> {
+    let in_row = ferrox_quant::row_bytes(from, ncols)?;
+    let out_row = ferrox_quant::row_bytes(to, ncols)?;
+    let rows = if in_row == 0 { 0 } else { src.len() / in_row };
+    let mut out = vec![0u8; rows * out_row];
+    let per = rows.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = src
+            .chunks(per * in_row.max(1))
+            .zip(out.chunks_mut(per * out_row.max(1)))
+            .map(|(i, o)| {
+                s.spawn(move || -> Result<(), QuantError> {
+                    let mut row = vec![0f32; ncols];
+                    for (ir, or) in i.chunks_exact(in_row).zip(o.chunks_exact_mut(out_row)) {
+                        ferrox_quant::dequantize(from, ir, &mut row)?;
+                        ferrox_quant::quantize(to, &row, or)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })?;
+    Ok(out)
+}
+
+/// Re-quantizes every matrix of `model` to `target` (see [`plan_tensor`]),
+/// returning a writer for the single-file output. Metadata is kept except
+/// the split keys; `general.file_type` and `general.quantization_version`
+/// describe the result. Tensors that keep their kind are borrowed, not
+/// copied.
+pub fn requantize<'m>(
+    model: &'m GgufModel,
+    target: QuantKind,
+    threads: usize,
+    mut on_progress: impl FnMut(Progress<'_>),
+) -> Result<GgufWriter<'m>, RequantizeError> {
+    ferrox_quant::quantize_support(target)
+        .map_err(|source| RequantizeError::Quant { tensor: String::new(), source })?;
+    let mut w = GgufWriter::new();
+    let meta = model.metadata_file();
+    w.set_version(meta.version())?;
+    let mut saw_file_type = false;
+    for (k, v) in meta.metadata() {
+        if k.starts_with("split.") || k == "general.quantization_version" {
+            continue;
+        }
+        if k == "general.file_type" {
+            saw_file_type = true;
+            match llama_file_type(target) {
+                Some(ft) => w.set(k.clone(), Value::U32(ft))?,
+                None => w.set(k.clone(), v.clone())?,
+            }
+            continue;
+        }
+        w.set(k.clone(), v.clone())?;
+    }
+    if !saw_file_type {
+        if let Some(ft) = llama_file_type(target) {
+            w.set("general.file_type", Value::U32(ft))?;
+        }
+    }
+    w.set("general.quantization_version", Value::U32(2))?;
+
+    let count = model.tensors().len();
+    for (i, t) in model.tensors().iter().enumerate() {
+        let info = &t.info;
+        let data = model.tensor_data(t)?;
+        let plan = plan_tensor(&info.name, info.kind, &info.dims, target);
+        let out_kind = plan.output_kind(info.kind);
+        let bytes: Cow<'m, [u8]> = if out_kind == info.kind {
+            Cow::Borrowed(data)
+        } else {
+            let ncols = info.dims.first().copied().unwrap_or(1) as usize;
+            let q = convert(data, info.kind, out_kind, ncols, threads)
+                .map_err(|source| RequantizeError::Quant { tensor: info.name.clone(), source })?;
+            Cow::Owned(q)
+        };
+        w.add_tensor(info.name.clone(), out_kind, &info.dims, bytes)?;
+        on_progress(Progress { index: i + 1, count, name: &info.name, from: info.kind, plan, dims: &info.dims });
+    }
+    Ok(w)
 }
 
 #[cfg(test)]

@@ -6,6 +6,10 @@
 //! ggml's, and a search that differs by one ulp can pick another scale.
 //! None of them allocate; scratch lives on the stack.
 
+// Index loops mirror ggml's C loops one for one, which keeps the
+// bit-exactness reviewable line by line.
+#![allow(clippy::needless_range_loop)]
+
 /// Smallest group maximum ggml treats as non-zero.
 pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 

@@ -13,6 +13,10 @@
 //! than a block are filled as far as they go: the row-level entry points
 //! check lengths, and a block-level call never panics.
 
+// Index loops mirror ggml's C loops one for one, which keeps the
+// bit-exactness reviewable line by line.
+#![allow(clippy::needless_range_loop)]
+
 use super::kquant_util::{get_scale_min_k4, make_q3_quants, make_qkx2_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use crate::blocks::*;
 use crate::{Dequantize, Quantize, VecDot};
