@@ -226,18 +226,21 @@ macro_rules! scalar_dot_table {
                 _ => None,
             }
         }
+    };
+}
+crate::scalar::with_dot_kinds!(scalar_dot_table);
 
-        /// Alignment of `kind`'s block struct (the weight rows' requirement).
-        pub(crate) fn block_align(kind: QuantKind) -> usize {
+macro_rules! block_align_table {
+    ($(($v:ident, $name:literal, $id:literal, $elems:literal, $block:ty, $dot:expr)),* $(,)?) => {
+        /// Alignment of `kind`'s block struct (what its rows need).
+        pub(crate) const fn block_align(kind: QuantKind) -> usize {
             match kind {
-                $(QuantKind::$k => core::mem::align_of::<$b>(),)*
-                #[allow(unreachable_patterns)] // not weight formats: byte access only
-                _ => 1,
+                $(QuantKind::$v => core::mem::align_of::<$block>(),)*
             }
         }
     };
 }
-crate::scalar::with_dot_kinds!(scalar_dot_table);
+crate::quant_kinds!(block_align_table);
 
 /// The kernel that exists for `(kind, isa)`, with no fallback: the dispatch
 /// table. Partial by design; must agree with [`simd_kernel`].

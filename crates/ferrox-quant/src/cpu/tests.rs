@@ -80,6 +80,7 @@ fn random_row(kind: QuantKind, n_blocks: usize, rng: &mut SmallRng) -> Vec<u8> {
             Q6K => b[208..210].copy_from_slice(&h(rng)),
             IQ4XS => b[0..2].copy_from_slice(&h(rng)),
             MXFP4 => b[0] = rng.gen_range(110..140),
+            // capability table: the layouts of kinds that have a SIMD kernel.
             _ => panic!("test generator has no layout for {kind}; add it with its SIMD kernel"),
         }
     }
@@ -91,7 +92,7 @@ fn random_row(kind: QuantKind, n_blocks: usize, rng: &mut SmallRng) -> Vec<u8> {
 fn random_act(act: QuantKind, n_elems: usize, rng: &mut SmallRng) -> Vec<u8> {
     match act {
         QuantKind::Q8_0 | QuantKind::Q8_1 | QuantKind::Q8K => {}
-        _ => return random_row(act, n_elems, rng),
+        _ => return random_row(act, n_elems, rng), // capability table: float activations
     }
     let n_blocks = n_elems / act.block_elems();
     let mut out = vec![0u8; n_blocks * act.block_bytes()];
@@ -121,7 +122,8 @@ fn random_act(act: QuantKind, n_elems: usize, rng: &mut SmallRng) -> Vec<u8> {
                 }
                 b.copy_from_slice(bytemuck::bytes_of(&blk));
             }
-            _ => unreachable!(),
+            // capability table: only the three 8-bit activation kinds reach here.
+            _ => unreachable!("returned above"),
         }
     }
     out
