@@ -1,7 +1,7 @@
 //! Weight bandwidth of the CPU matvec per kind: scalar twin vs the best SIMD
 //! level, 1 and 2 threads, on a square layer and Gemma 3 270M's output head.
 //!
-//! `cargo bench -p ferrox-quant --bench matvec [KIND...]` prints a markdown
+//! `cargo bench -p ferrox-quant --bench matvec -- [KIND...]` prints a markdown
 //! table of GB/s of weight bytes (medians). Decode is bound by reading the
 //! weights once, so this is the number to hold against DRAM bandwidth.
 
