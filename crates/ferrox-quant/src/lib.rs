@@ -15,8 +15,10 @@
 #![deny(missing_docs)]
 
 pub mod blocks;
+pub mod cpu;
 mod error;
 mod kind;
+pub mod matvec;
 pub mod scalar;
 
 pub use blocks::{Block, BF16, F16, QK_K};

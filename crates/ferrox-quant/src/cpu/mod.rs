@@ -1,0 +1,369 @@
+//! CPU dot-product kernels, picked at run time per instruction set.
+//!
+//! The key decision: **two tables, one test**. [`simd_kernel`] says what each
+//! `(kind, Isa)` pair *claims* (a name, written by hand), [`dot_fn`] says what
+//! *exists* (a function pointer); `every_claimed_kernel_is_dispatched_and_nothing_else`
+//! ties them over `QuantKind::ALL` x [`Isa::ALL`], and every claimed SIMD
+//! kernel is compared with its scalar twin (`scalar::vec_dot`). A kind with
+//! no SIMD kernel for an Isa falls back down the chain (AVX-512 → AVX2 →
+//! scalar) in [`select`], so every weight kind can be launched on every CPU.
+//!
+//! Activations are quantized exactly as ggml does (the kind's `vec_dot_type`);
+//! the SIMD quantizers are byte-exact with the scalar [`crate::Quantize`]
+//! because a one-ulp difference in a Q8 activation changes every dot.
+
+use crate::blocks::*;
+use crate::{QuantError, QuantKind, VecDot};
+
+mod pool;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+#[cfg(test)]
+mod tests;
+
+pub use pool::ThreadPool;
+
+/// An instruction-set level a kernel is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust: the scalar twins in [`crate::scalar`].
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C (Haswell, Zen 1 and later).
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL + VNNI (Ice Lake, Zen 4 and later).
+    Avx512Vnni,
+    /// aarch64 NEON (+ dotprod where present).
+    Neon,
+}
+
+impl Isa {
+    /// Every level, scalar first.
+    pub const ALL: &'static [Isa] = &[Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon];
+
+    /// The name `FERROX_CPU_ISA` takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// Parses a `FERROX_CPU_ISA` value.
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL.iter().copied().find(|i| i.name().eq_ignore_ascii_case(s))
+    }
+
+    /// Whether this CPU can run kernels of this level.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)] // the other architecture's levels
+            _ => false,
+        }
+    }
+
+    /// Whether this build has kernels of this level at all (x86 levels on
+    /// x86-64, NEON on aarch64); the capability table is not gated, so tests
+    /// compare it with dispatch only for compiled levels.
+    pub const fn is_compiled(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 | Isa::Avx512Vnni => cfg!(target_arch = "x86_64"),
+            Isa::Neon => cfg!(target_arch = "aarch64"),
+        }
+    }
+
+    /// The level to fall back to when this one has no kernel for a kind.
+    pub const fn fallback(self) -> Option<Isa> {
+        match self {
+            Isa::Scalar => None,
+            Isa::Avx2 | Isa::Neon => Some(Isa::Scalar),
+            Isa::Avx512Vnni => Some(Isa::Avx2),
+        }
+    }
+
+    /// The best level this CPU has, detected once; `FERROX_CPU_ISA` can lower
+    /// it (tests and benchmarks compare levels on one machine). Asking for a
+    /// level the CPU lacks warns on stderr and keeps the detected one, since
+    /// running it would be undefined behaviour.
+    pub fn active() -> Isa {
+        static ACTIVE: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let best = Isa::detect();
+            match std::env::var("FERROX_CPU_ISA") {
+                Ok(v) => match Isa::from_name(&v) {
+                    Some(i) if i.is_available() => i,
+                    _ => {
+                        eprintln!("FERROX_CPU_ISA={v}: not a level this CPU has; using {}", best.name());
+                        best
+                    }
+                },
+                Err(_) => best,
+            }
+        })
+    }
+
+    /// The best level this CPU has, ignoring the environment.
+    pub fn detect() -> Isa {
+        [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon]
+            .into_iter()
+            .find(|i| i.is_available())
+            .unwrap_or(Isa::Scalar)
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A dot product of one weight row with one activation row, as raw bytes.
+///
+/// # Safety
+/// - the CPU supports the [`Isa`] the pointer was obtained for;
+/// - `w` is whole blocks of the weight kind and `a` whole blocks of its
+///   `vec_dot_kind`, holding the same number of elements;
+/// - both are aligned for their block structs (checked once per matrix by
+///   [`crate::matvec`], not per row, since rows can be 20 blocks short);
+/// - quantized activations come from the ggml quantizer, so their `qs` lie
+///   in `-127..=127` (the sign trick of the 8-bit kernels needs it).
+pub type DotFn = unsafe fn(w: &[u8], a: &[u8]) -> f32;
+
+/// What the scalar level claims: every kind with a dot product.
+const SCALAR_KERNEL: &str = "scalar::vec_dot";
+
+/// The kernel `(kind, isa)` claims, by name, or `None`: the capability
+/// table, written by hand and independent of [`dot_fn`] so a test can catch
+/// either drifting. Partial by design.
+pub fn simd_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
+    use QuantKind::*;
+    match isa {
+        Isa::Scalar => kind.vec_dot_kind().map(|_| SCALAR_KERNEL),
+        Isa::Avx2 => match kind {
+            F32 => Some("avx2::dot_f32"),
+            F16 => Some("avx2::dot_f16"),
+            BF16 => Some("avx2::dot_bf16"),
+            Q8_0 => Some("avx2::dot_q8_0_q8_0"),
+            Q4_0 => Some("avx2::dot_q4_0_q8_0"),
+            Q5_0 => Some("avx2::dot_q5_0_q8_0"),
+            Q4_1 => Some("avx2::dot_q4_1_q8_1"),
+            Q5_1 => Some("avx2::dot_q5_1_q8_1"),
+            IQ4NL => Some("avx2::dot_iq4_nl_q8_0"),
+            MXFP4 => Some("avx2::dot_mxfp4_q8_0"),
+            Q2K => Some("avx2::dot_q2_k_q8_k"),
+            Q3K => Some("avx2::dot_q3_k_q8_k"),
+            Q4K => Some("avx2::dot_q4_k_q8_k"),
+            Q5K => Some("avx2::dot_q5_k_q8_k"),
+            Q6K => Some("avx2::dot_q6_k_q8_k"),
+            IQ4XS => Some("avx2::dot_iq4_xs_q8_k"),
+            _ => None, // capability table: partial by design
+        },
+        Isa::Avx512Vnni => match kind {
+            Q8_0 => Some("avx512::dot_q8_0_q8_0"),
+            Q4_0 => Some("avx512::dot_q4_0_q8_0"),
+            Q5_0 => Some("avx512::dot_q5_0_q8_0"),
+            IQ4NL => Some("avx512::dot_iq4_nl_q8_0"),
+            MXFP4 => Some("avx512::dot_mxfp4_q8_0"),
+            _ => None, // capability table: partial by design
+        },
+        Isa::Neon => match kind {
+            Q8_0 => Some("neon::dot_q8_0_q8_0"),
+            _ => None, // capability table: partial by design
+        },
+    }
+}
+
+/// Reinterprets whole, aligned blocks as a slice.
+///
+/// # Safety
+/// `bytes` is aligned for `B` and its length a multiple of `size_of::<B>()`
+/// (the [`DotFn`] contract).
+#[inline(always)]
+pub(crate) unsafe fn blocks_of<B: Block>(bytes: &[u8]) -> &[B] {
+    // SAFETY: B is Pod (any bytes are a valid B); alignment and length are
+    // the caller's contract.
+    unsafe { core::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), bytes.len() / core::mem::size_of::<B>()) }
+}
+
+/// The scalar twin behind a [`DotFn`].
+///
+/// # Safety
+/// The [`DotFn`] contract (no CPU feature needed).
+unsafe fn scalar_dot<B: VecDot>(w: &[u8], a: &[u8]) -> f32 {
+    // SAFETY: forwarded DotFn contract: aligned whole blocks.
+    let (w, a) = unsafe { (blocks_of::<B>(w), blocks_of::<B::Act>(a)) };
+    B::vec_dot(w, a)
+}
+
+macro_rules! scalar_dot_table {
+    ($($k:ident => $b:ty),* $(,)?) => {
+        fn scalar_dot_fn(kind: QuantKind) -> Option<DotFn> {
+            match kind {
+                $(QuantKind::$k => Some(scalar_dot::<$b> as DotFn),)*
+                #[allow(unreachable_patterns)] // capability table: partial by design
+                _ => None,
+            }
+        }
+    };
+}
+crate::scalar::with_dot_kinds!(scalar_dot_table);
+
+macro_rules! block_align_table {
+    ($(($v:ident, $name:literal, $id:literal, $elems:literal, $block:ty, $dot:expr)),* $(,)?) => {
+        /// Alignment of `kind`'s block struct (what its rows need).
+        pub(crate) const fn block_align(kind: QuantKind) -> usize {
+            match kind {
+                $(QuantKind::$v => core::mem::align_of::<$block>(),)*
+            }
+        }
+    };
+}
+crate::quant_kinds!(block_align_table);
+
+/// The kernel that exists for `(kind, isa)`, with no fallback: the dispatch
+/// table. Partial by design; must agree with [`simd_kernel`].
+pub fn dot_fn(kind: QuantKind, isa: Isa) -> Option<DotFn> {
+    match isa {
+        Isa::Scalar => scalar_dot_fn(kind),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::avx2_dot_fn(kind),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86::avx512_dot_fn(kind),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::dot_fn(kind),
+        #[allow(unreachable_patterns)] // levels with no kernels on this architecture
+        _ => None,
+    }
+}
+
+/// A kernel chosen for a kind on this CPU.
+#[derive(Clone, Copy)]
+pub struct Kernel {
+    /// The level the kernel is written for (may be below the one asked for).
+    pub isa: Isa,
+    /// Its name in the capability table.
+    pub name: &'static str,
+    /// The function; calling it needs `isa` to be available.
+    pub f: DotFn,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernel({}, {})", self.isa, self.name)
+    }
+}
+
+/// The best kernel for `kind` at level `isa` or below, or `None` when the
+/// kind has no dot product at all (integers, F64).
+pub fn select(kind: QuantKind, isa: Isa) -> Option<Kernel> {
+    let mut level = Some(isa);
+    while let Some(i) = level {
+        if let (Some(name), Some(f)) = (simd_kernel(kind, i), dot_fn(kind, i)) {
+            return Some(Kernel { isa: i, name, f });
+        }
+        level = i.fallback();
+    }
+    None
+}
+
+/// Errors of the CPU kernels.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CpuError {
+    /// A block-format error (lengths, alignment, kinds without a dot).
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    /// An instruction-set level this CPU lacks.
+    #[error("this CPU cannot run {isa} kernels")]
+    IsaUnavailable {
+        /// The level asked for.
+        isa: Isa,
+    },
+    /// Matrix and vector shapes that do not fit together.
+    #[error("shape mismatch: {what}: expected {expected}, got {got}")]
+    Shape {
+        /// Which operand.
+        what: &'static str,
+        /// Length it should have.
+        expected: usize,
+        /// Length given.
+        got: usize,
+    },
+}
+
+/// Checks a weight row and an activation row for a [`DotFn`] of `kind`.
+pub(crate) fn check_dot_operands(kind: QuantKind, w: &[u8], a: &[u8]) -> Result<usize, CpuError> {
+    let act = kind.vec_dot_kind().ok_or(QuantError::NoDot { kind })?;
+    let wb = kind.block_bytes();
+    if w.len() % wb != 0 {
+        return Err(CpuError::Shape { what: "weight bytes", expected: w.len() / wb * wb, got: w.len() });
+    }
+    let n = w.len() / wb * kind.block_elems();
+    let expected = crate::row_bytes(act, n)?;
+    if a.len() != expected {
+        return Err(CpuError::Shape { what: "activation bytes", expected, got: a.len() });
+    }
+    for (k, p) in [(kind, w.as_ptr()), (act, a.as_ptr())] {
+        let align = block_align(k);
+        if p as usize % align != 0 {
+            return Err(QuantError::Misaligned { kind: k, addr: p as usize, align }.into());
+        }
+    }
+    Ok(n)
+}
+
+/// A checked dot product of one weight row with one quantized activation
+/// row, with the best kernel at level `isa` or below.
+pub fn vec_dot(kind: QuantKind, isa: Isa, w: &[u8], a: &[u8]) -> Result<f32, CpuError> {
+    if !isa.is_available() {
+        return Err(CpuError::IsaUnavailable { isa });
+    }
+    check_dot_operands(kind, w, a)?;
+    let k = select(kind, isa).ok_or(QuantError::NoDot { kind })?;
+    // SAFETY: `k.isa` is `isa` or a fallback of it, both available (checked
+    // above; every fallback is a subset); operands checked just now.
+    Ok(unsafe { (k.f)(w, a) })
+}
+
+/// Quantizes an activation row `x` into `out` as `act` (a `vec_dot_kind`),
+/// with SIMD where level `isa` has it. Byte-exact with [`crate::quantize`].
+pub fn quantize_act(act: QuantKind, isa: Isa, x: &[f32], out: &mut [u8]) -> Result<(), CpuError> {
+    if !isa.is_available() {
+        return Err(CpuError::IsaUnavailable { isa });
+    }
+    let expected = crate::row_bytes(act, x.len())?;
+    if out.len() != expected {
+        return Err(CpuError::Shape { what: "quantized activation bytes", expected, got: out.len() });
+    }
+    let align = block_align(act);
+    if out.as_ptr() as usize % align != 0 {
+        return Err(QuantError::Misaligned { kind: act, addr: out.as_ptr() as usize, align }.into());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && x86::quantize_act_avx2(act, x, out) {
+        return Ok(());
+    }
+    crate::quantize(act, x, out)?;
+    Ok(())
+}

@@ -1,0 +1,697 @@
+//! AVX2 + FMA + F16C kernels: 32 weights per 256-bit register.
+//!
+//! The key decision: integer products stay integer as long as the format
+//! allows (a whole 32-element block, or a whole 256-element super-block for
+//! the K kinds, summed in i32 lanes) and only the block scale goes through
+//! float, as in ggml. Signed x signed 8-bit products use the sign trick
+//! (`|w| * sign(a, w)` through `maddubs`), which is exact because quantized
+//! activations never hold -128 (see [`super::super::DotFn`]).
+//!
+//! Every function here is `unsafe` for one reason, stated once: it must
+//! only run on a CPU with AVX2, FMA and F16C, and its slices follow the
+//! [`super::super::DotFn`] contract.
+
+use core::arch::x86_64::*;
+
+use crate::blocks::*;
+use crate::cpu::blocks_of;
+
+pub(super) const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub(super) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+// ---------------------------------------------------------------- helpers
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_to_f32(h: F16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h.to_bits()))))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+/// i16 pair sums of signed x signed bytes (sign trick; neither side -128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn maddubs_signed(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// Eight i32 sums of signed x signed bytes, as floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(maddubs_signed(x, y), _mm256_set1_epi16(1)))
+}
+
+/// Eight i32 sums of unsigned x signed bytes, as floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mul_sum_us8_pairs_float(ux: __m256i, y: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ux, y), _mm256_set1_epi16(1)))
+}
+
+/// 16 packed nibbles → 32 bytes: low nibbles first (elements 0..16), then
+/// high nibbles (16..32), the legacy-block element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
+    let t = _mm_loadu_si128(qs.as_ptr().cast());
+    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 bits → 32 bytes, 0xFF where the bit is set (byte k from bit k).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn bytes_from_bits_32(bits: [u8; 4]) -> __m256i {
+    let v = _mm256_set1_epi32(i32::from_le_bytes(bits));
+    let shuf = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
+    let b = _mm256_shuffle_epi8(v, shuf);
+    let all_but_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(b, all_but_bit), _mm256_set1_epi64x(-1))
+}
+
+/// A 16-entry signed byte table applied to 16 packed nibbles (low nibbles →
+/// elements 0..16, high → 16..32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn lookup_nibbles_32(table: __m128i, qs: &[u8; 16]) -> __m256i {
+    let t = _mm_loadu_si128(qs.as_ptr().cast());
+    let m4 = _mm_set1_epi8(0x0F);
+    let lo = _mm_shuffle_epi8(table, _mm_and_si128(t, m4));
+    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(t, 4), m4));
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Two i16 scales, one per 128-bit lane (a 16-element K sub-block each).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lane_scales(lo: i16, hi: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+}
+
+/// ggml's 6-bit scale/min unpacking of Q4_K and Q5_K.
+#[inline(always)]
+fn scale_min_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..4 {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+    }
+    for j in 4..8 {
+        sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    (sc, mn)
+}
+
+// ------------------------------------------------------------ float kinds
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<f32>(w), blocks_of::<f32>(a));
+    let n = w.len();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let x = _mm256_loadu_ps(w.as_ptr().add(i + 8 * k));
+            let y = _mm256_loadu_ps(a.as_ptr().add(i + 8 * k));
+            *acc = _mm256_fmadd_ps(x, y, *acc);
+        }
+        i += 32;
+    }
+    let mut s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for j in i..n {
+        s += w[j] * a[j];
+    }
+    s
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<F16>(w), blocks_of::<F16>(a));
+    let n = w.len();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i + 8 * k).cast()));
+            let y = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i + 8 * k).cast()));
+            *acc = _mm256_fmadd_ps(x, y, *acc);
+        }
+        i += 32;
+    }
+    let mut s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for j in i..n {
+        s += f16_to_f32(w[j]) * f16_to_f32(a[j]);
+    }
+    s
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_bf16x8(p: *const BF16) -> __m256 {
+    let h = _mm_loadu_si128(p.cast());
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_bf16(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BF16>(w), blocks_of::<BF16>(a));
+    let n = w.len();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let x = load_bf16x8(w.as_ptr().add(i + 8 * k));
+            let y = load_bf16x8(a.as_ptr().add(i + 8 * k));
+            *acc = _mm256_fmadd_ps(x, y, *acc);
+        }
+        i += 32;
+    }
+    let mut s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for j in i..n {
+        s += w[j].to_f32() * a[j].to_f32();
+    }
+    s
+}
+
+// ------------------------------------------------------ 32-element kinds
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ8_0>(w), blocks_of::<BlockQ8_0>(a));
+    // Two accumulators hide the FMA latency on short rows.
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 2 <= w.len() {
+        let (x0, y0, x1, y1) = (&w[i], &a[i], &w[i + 1], &a[i + 1]);
+        let d0 = _mm256_set1_ps(f16_to_f32(x0.d) * f16_to_f32(y0.d));
+        let d1 = _mm256_set1_ps(f16_to_f32(x1.d) * f16_to_f32(y1.d));
+        let q0 = mul_sum_i8_pairs_float(loadu(x0.qs.as_ptr().cast()), loadu(y0.qs.as_ptr().cast()));
+        let q1 = mul_sum_i8_pairs_float(loadu(x1.qs.as_ptr().cast()), loadu(y1.qs.as_ptr().cast()));
+        acc0 = _mm256_fmadd_ps(d0, q0, acc0);
+        acc1 = _mm256_fmadd_ps(d1, q1, acc1);
+        i += 2;
+    }
+    if i < w.len() {
+        let (x, y) = (&w[i], &a[i]);
+        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+        let q = mul_sum_i8_pairs_float(loadu(x.qs.as_ptr().cast()), loadu(y.qs.as_ptr().cast()));
+        acc0 = _mm256_fmadd_ps(d, q, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ4_0>(w), blocks_of::<BlockQ8_0>(a));
+    let mut acc = _mm256_setzero_ps();
+    let off = _mm256_set1_epi8(8);
+    for (x, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+        let qx = _mm256_sub_epi8(nibbles_32(&x.qs), off);
+        let q = mul_sum_i8_pairs_float(qx, loadu(y.qs.as_ptr().cast()));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_ps(acc)
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ5_0>(w), blocks_of::<BlockQ8_0>(a));
+    let mut acc = _mm256_setzero_ps();
+    let f0 = _mm256_set1_epi8(0xF0_u8 as i8);
+    for (x, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+        // q - 16: a clear fifth bit sets the byte's top nibble (negative).
+        let hi = _mm256_andnot_si256(bytes_from_bits_32(x.qh), f0);
+        let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
+        let q = mul_sum_i8_pairs_float(qx, loadu(y.qs.as_ptr().cast()));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_ps(acc)
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ4_1>(w), blocks_of::<BlockQ8_1>(a));
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        summs += f16_to_f32(x.m) * f16_to_f32(y.s);
+        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+        let q = mul_sum_us8_pairs_float(nibbles_32(&x.qs), loadu(y.qs.as_ptr().cast()));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_ps(acc) + summs
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ5_1>(w), blocks_of::<BlockQ8_1>(a));
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    let b4 = _mm256_set1_epi8(0x10);
+    for (x, y) in w.iter().zip(a) {
+        summs += f16_to_f32(x.m) * f16_to_f32(y.s);
+        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+        let hi = _mm256_and_si256(bytes_from_bits_32(x.qh), b4);
+        let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
+        let q = mul_sum_us8_pairs_float(qx, loadu(y.qs.as_ptr().cast()));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_ps(acc) + summs
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockIQ4NL>(w), blocks_of::<BlockQ8_0>(a));
+    let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(f16_to_f32(y.d) * f16_to_f32(x.d));
+        let q = mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast()));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_ps(acc)
+}
+
+/// ggml's E8M0 scale, halved because its FP4 table holds doubled values.
+#[inline(always)]
+pub(super) fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000_u32 << e } else { u32::from(e - 1) << 23 };
+    f32::from_bits(bits)
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockMXFP4>(w), blocks_of::<BlockQ8_0>(a));
+    let table = _mm_loadu_si128(MXFP4_VALUES.as_ptr().cast());
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(f16_to_f32(y.d) * e8m0_to_f32_half(x.e));
+        let q = mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast()));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_ps(acc)
+}
+
+// ---------------------------------------------------- 256-element K kinds
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ4K>(w), blocks_of::<BlockQ8K>(a));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let d = y.d * f16_to_f32(x.d);
+        let dmin = y.d * f16_to_f32(x.dmin);
+        let (sc, mn) = scale_min_k4(&x.scales);
+        let mut summs = 0i32;
+        for (m, b) in mn.iter().zip(y.bsums.chunks_exact(2)) {
+            summs += i32::from(*m) * (i32::from(b[0]) + i32::from(b[1]));
+        }
+        acc_m += dmin * summs as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let q = loadu(x.qs.as_ptr().add(32 * j));
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let plo = _mm256_maddubs_epi16(lo, loadu(y.qs.as_ptr().add(64 * j).cast()));
+            let phi = _mm256_maddubs_epi16(hi, loadu(y.qs.as_ptr().add(64 * j + 32).cast()));
+            let plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(i16::from(sc[2 * j])));
+            let phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - acc_m
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ5K>(w), blocks_of::<BlockQ8K>(a));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let b4 = _mm256_set1_epi8(0x10);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let d = y.d * f16_to_f32(x.d);
+        let dmin = y.d * f16_to_f32(x.dmin);
+        let (sc, mn) = scale_min_k4(&x.scales);
+        let mut summs = 0i32;
+        for (m, b) in mn.iter().zip(y.bsums.chunks_exact(2)) {
+            summs += i32::from(*m) * (i32::from(b[0]) + i32::from(b[1]));
+        }
+        acc_m += dmin * summs as f32;
+        let qh = loadu(x.qh.as_ptr());
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let q = loadu(x.qs.as_ptr().add(32 * j));
+            let mlo = _mm256_set1_epi8((1u8 << (2 * j)) as i8);
+            let mhi = _mm256_set1_epi8((2u8 << (2 * j)) as i8);
+            let hlo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mlo), mlo), b4);
+            let hhi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, mhi), mhi), b4);
+            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), hlo);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hhi);
+            let plo = _mm256_maddubs_epi16(lo, loadu(y.qs.as_ptr().add(64 * j).cast()));
+            let phi = _mm256_maddubs_epi16(hi, loadu(y.qs.as_ptr().add(64 * j + 32).cast()));
+            let plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(i16::from(sc[2 * j])));
+            let phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - acc_m
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ6K>(w), blocks_of::<BlockQ8K>(a));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let d = f16_to_f32(x.d) * y.d;
+        // The -32 offset, taken out through the activation's 16-sums.
+        let mut offs = 0i32;
+        for i in 0..16 {
+            offs += i32::from(x.scales[i]) * i32::from(y.bsums[i]);
+        }
+        acc_m += d * (32 * offs) as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            let ql0 = loadu(x.ql.as_ptr().add(64 * n));
+            let ql1 = loadu(x.ql.as_ptr().add(64 * n + 32));
+            let qh = loadu(x.qh.as_ptr().add(32 * n));
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                ),
+            ];
+            for (k, q) in q.into_iter().enumerate() {
+                let p = _mm256_maddubs_epi16(q, loadu(y.qs.as_ptr().add(128 * n + 32 * k).cast()));
+                let s = 8 * n + 2 * k;
+                let p = _mm256_madd_epi16(p, lane_scales(i16::from(x.scales[s]), i16::from(x.scales[s + 1])));
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - acc_m
+}
+
+/// ggml's 6-bit signed scale unpacking of Q3_K (before the -32).
+#[inline(always)]
+fn q3_k_scales(s: &[u8; 12]) -> [i8; 16] {
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, t) = (w(0), w(1), w(2));
+    let (k1, k2) = (0x0303_0303_u32, 0x0f0f_0f0f_u32);
+    let aux = [
+        (a0 & k2) | ((t & k1) << 4),
+        (a1 & k2) | (((t >> 2) & k1) << 4),
+        ((a0 >> 4) & k2) | (((t >> 4) & k1) << 4),
+        ((a1 >> 4) & k2) | (((t >> 6) & k1) << 4),
+    ];
+    let mut out = [0i8; 16];
+    for (i, v) in aux.iter().enumerate() {
+        for (j, b) in v.to_le_bytes().iter().enumerate() {
+            out[4 * i + j] = (*b as i8) - 32;
+        }
+    }
+    out
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ3K>(w), blocks_of::<BlockQ8K>(a));
+    let m2 = _mm256_set1_epi8(0x03);
+    let four = _mm256_set1_epi8(4);
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = f16_to_f32(x.d) * y.d;
+        let sc = q3_k_scales(&x.scales);
+        let hbits = loadu(x.hmask.as_ptr());
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = loadu(x.qs.as_ptr().add(32 * n));
+            for j in 0..4 {
+                let ql = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)), m2);
+                let m = _mm256_set1_epi8((1u8 << (4 * n + j)) as i8);
+                // 4 where the high bit is clear: the value is ql - 4.
+                let sub = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m), _mm256_setzero_si256()), four);
+                let yv = loadu(y.qs.as_ptr().add(128 * n + 32 * j).cast());
+                let p = _mm256_sub_epi16(_mm256_maddubs_epi16(ql, yv), _mm256_maddubs_epi16(sub, yv));
+                let s = 8 * n + 2 * j;
+                let p = _mm256_madd_epi16(p, lane_scales(i16::from(sc[s]), i16::from(sc[s + 1])));
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ2K>(w), blocks_of::<BlockQ8K>(a));
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let d = y.d * f16_to_f32(x.d);
+        let dmin = y.d * f16_to_f32(x.dmin);
+        let mut summs = 0i32;
+        for i in 0..16 {
+            summs += i32::from(x.scales[i] >> 4) * i32::from(y.bsums[i]);
+        }
+        acc_m += dmin * summs as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q = loadu(x.qs.as_ptr().add(32 * n));
+            for j in 0..4 {
+                let qv = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)), m2);
+                let p = _mm256_maddubs_epi16(qv, loadu(y.qs.as_ptr().add(128 * n + 32 * j).cast()));
+                let s = 8 * n + 2 * j;
+                let p = _mm256_madd_epi16(
+                    p,
+                    lane_scales(i16::from(x.scales[s] & 0x0F), i16::from(x.scales[s + 1] & 0x0F)),
+                );
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - acc_m
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockIQ4XS>(w), blocks_of::<BlockQ8K>(a));
+    let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in w.iter().zip(a) {
+        let d = f16_to_f32(x.d) * y.d;
+        let mut sumi = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let ls = ((x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F) | ((((x.scales_h >> (2 * ib)) & 3) as u8) << 4);
+            let qs: &[u8; 16] = &*x.qs.as_ptr().add(16 * ib).cast();
+            let p = maddubs_signed(lookup_nibbles_32(table, qs), loadu(y.qs.as_ptr().add(32 * ib).cast()));
+            let p = _mm256_madd_epi16(p, _mm256_set1_epi16(i16::from(ls) - 32));
+            sumi = _mm256_add_epi32(sumi, p);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+// ------------------------------------------------- activation quantizers
+
+/// `roundf` (half away from zero) of integral-range floats, exactly: the
+/// AVX rounding modes only offer half-to-even, which differs from ggml's
+/// reference quantizer on ties.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_half_away(v: __m256) -> __m256i {
+    let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    let frac = _mm256_sub_ps(v, t);
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let sign = _mm256_andnot_ps(abs_mask, v);
+    let one = _mm256_or_ps(_mm256_set1_ps(1.0), sign);
+    let big = _mm256_cmp_ps(_mm256_and_ps(frac, abs_mask), _mm256_set1_ps(0.5), _CMP_GE_OQ);
+    _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(big, one)))
+}
+
+/// Four vectors of eight i32 → 32 saturated bytes, in element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_i32x32(i: [__m256i; 4]) -> __m256i {
+    let p01 = _mm256_packs_epi32(i[0], i[1]);
+    let p23 = _mm256_packs_epi32(i[2], i[3]);
+    let p = _mm256_packs_epi16(p01, p23);
+    _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn amax_32(x: &[f32]) -> f32 {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let mut m = _mm256_setzero_ps();
+    for k in 0..4 {
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x.as_ptr().add(8 * k)), abs_mask));
+    }
+    let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// The 32 rounded `x * id` of one legacy block, in element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_block_32(x: &[f32], id: f32) -> [__m256i; 4] {
+    let idv = _mm256_set1_ps(id);
+    let mut r = [_mm256_setzero_si256(); 4];
+    for (k, r) in r.iter_mut().enumerate() {
+        *r = round_half_away(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * k)), idv));
+    }
+    r
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `out` is aligned and exactly `x.len() / 32` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    let out: &mut [BlockQ8_0] = core::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len() / 34);
+    for (src, b) in x.chunks_exact(32).zip(out) {
+        let d = amax_32(src) / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = F16::from_f32(d);
+        _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), pack_i32x32(round_block_32(src, id)));
+    }
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `out` is aligned and exactly `x.len() / 32` Q8_1 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+    let out: &mut [BlockQ8_1] = core::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len() / 36);
+    for (src, b) in x.chunks_exact(32).zip(out) {
+        let d = amax_32(src) / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = F16::from_f32(d);
+        let r = round_block_32(src, id);
+        let sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
+        _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), pack_i32x32(r));
+        b.s = F16::from_f32(sum as f32 * d);
+    }
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `out` is aligned and exactly `x.len() / 256` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    let out: &mut [BlockQ8K] = core::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len() / 292);
+    for (src, b) in x.chunks_exact(256).zip(out) {
+        let mut amax = 0.0f32;
+        for c in src.chunks_exact(32) {
+            amax = amax.max(amax_32(c));
+        }
+        // ggml keeps the sign of the first element reaching the maximum.
+        let max = match src.iter().find(|v| v.abs() == amax) {
+            Some(&m) if amax != 0.0 => m,
+            _ => {
+                *b = bytemuck::Zeroable::zeroed();
+                continue;
+            }
+        };
+        let iscale = -127.0f32 / max;
+        let iv = _mm256_set1_ps(iscale);
+        let magic = _mm256_set1_ps(12_582_912.0);
+        let mant = _mm256_set1_epi32(0x007f_ffff);
+        let bias = _mm256_set1_epi32(0x0040_0000);
+        let cap = _mm256_set1_epi32(127);
+        for (c, dst) in src.chunks_exact(32).zip(b.qs.chunks_exact_mut(32)) {
+            let mut r = [_mm256_setzero_si256(); 4];
+            for (k, r) in r.iter_mut().enumerate() {
+                // nearest_int: mul and add stay two roundings, as in the C.
+                let v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(8 * k)), iv), magic);
+                let i = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), mant), bias);
+                *r = _mm256_min_epi32(i, cap);
+            }
+            _mm256_storeu_si256(dst.as_mut_ptr().cast(), pack_i32x32(r));
+        }
+        for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = q.iter().map(|&v| i16::from(v)).sum();
+        }
+        b.d = 1.0 / iscale;
+    }
+}

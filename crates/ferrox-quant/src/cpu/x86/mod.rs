@@ -1,0 +1,66 @@
+//! x86-64 kernels. AVX2 is the baseline SIMD level; the AVX-512 level has
+//! VNNI kernels for the 32-element kinds and reuses AVX2 for the rest
+//! through [`super::Isa::fallback`].
+
+mod avx2;
+mod avx512;
+
+use super::DotFn;
+use crate::QuantKind;
+
+/// The AVX2 dispatch table (see [`super::dot_fn`]).
+pub(super) fn avx2_dot_fn(kind: QuantKind) -> Option<DotFn> {
+    use QuantKind::*;
+    let f: DotFn = match kind {
+        F32 => avx2::dot_f32,
+        F16 => avx2::dot_f16,
+        BF16 => avx2::dot_bf16,
+        Q8_0 => avx2::dot_q8_0_q8_0,
+        Q4_0 => avx2::dot_q4_0_q8_0,
+        Q5_0 => avx2::dot_q5_0_q8_0,
+        Q4_1 => avx2::dot_q4_1_q8_1,
+        Q5_1 => avx2::dot_q5_1_q8_1,
+        IQ4NL => avx2::dot_iq4_nl_q8_0,
+        MXFP4 => avx2::dot_mxfp4_q8_0,
+        Q2K => avx2::dot_q2_k_q8_k,
+        Q3K => avx2::dot_q3_k_q8_k,
+        Q4K => avx2::dot_q4_k_q8_k,
+        Q5K => avx2::dot_q5_k_q8_k,
+        Q6K => avx2::dot_q6_k_q8_k,
+        IQ4XS => avx2::dot_iq4_xs_q8_k,
+        _ => return None, // capability table: partial by design
+    };
+    Some(f)
+}
+
+/// The AVX-512 VNNI dispatch table (see [`super::dot_fn`]).
+pub(super) fn avx512_dot_fn(kind: QuantKind) -> Option<DotFn> {
+    use QuantKind::*;
+    let f: DotFn = match kind {
+        Q8_0 => avx512::dot_q8_0_q8_0,
+        Q4_0 => avx512::dot_q4_0_q8_0,
+        Q5_0 => avx512::dot_q5_0_q8_0,
+        IQ4NL => avx512::dot_iq4_nl_q8_0,
+        MXFP4 => avx512::dot_mxfp4_q8_0,
+        _ => return None, // capability table: partial by design
+    };
+    Some(f)
+}
+
+/// Quantizes `x` into `out` as `act` with AVX2 when it has a kernel for
+/// `act`; returns `false` (and writes nothing) otherwise.
+///
+/// The caller has checked that AVX2 is available, that `out` is exactly the
+/// bytes of `x.len()` elements of `act` and that it is aligned.
+pub(super) fn quantize_act_avx2(act: QuantKind, x: &[f32], out: &mut [u8]) -> bool {
+    match act {
+        // SAFETY: AVX2/FMA/F16C, `out`'s length and alignment: checked by `quantize_act`.
+        QuantKind::Q8_0 => unsafe { avx2::quantize_q8_0(x, out) },
+        // SAFETY: AVX2/FMA/F16C, `out`'s length and alignment: checked by `quantize_act`.
+        QuantKind::Q8_1 => unsafe { avx2::quantize_q8_1(x, out) },
+        // SAFETY: AVX2/FMA/F16C, `out`'s length and alignment: checked by `quantize_act`.
+        QuantKind::Q8K => unsafe { avx2::quantize_q8_k(x, out) },
+        _ => return false, // capability table: partial by design
+    }
+    true
+}

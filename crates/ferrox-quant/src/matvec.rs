@@ -1,0 +1,286 @@
+//! Multi-threaded quantized matrix-vector products on the CPU.
+//!
+//! The key decision: the activation is quantized **once** per call (to the
+//! weight kind's `vec_dot_type`, as ggml does), then rows are split into
+//! chunks claimed dynamically by the persistent [`ThreadPool`]; every check
+//! (lengths, alignment, kind) happens once up front so the per-row loop is a
+//! bare call of the selected [`cpu::DotFn`].
+
+use crate::cpu::{self, CpuError, Isa, ThreadPool};
+use crate::{QuantError, QuantKind};
+
+/// Rows per claimed task: large enough to amortize the claim, small enough
+/// that a preempted thread (the machine is shared) leaves work to steal.
+const ROWS_PER_TASK: usize = 256;
+
+/// An activation row quantized for one weight kind, in an 8-byte-aligned
+/// buffer (every block struct needs at most 4).
+struct ActBuf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl ActBuf {
+    fn new(len: usize) -> ActBuf {
+        ActBuf { words: vec![0; len.div_ceil(8)], len }
+    }
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+struct Prepared {
+    kernel: cpu::Kernel,
+    act: QuantKind,
+    row_bytes: usize,
+    act_bytes: usize,
+}
+
+fn prepare(
+    kind: QuantKind,
+    isa: Isa,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<Prepared, CpuError> {
+    if !isa.is_available() {
+        return Err(CpuError::IsaUnavailable { isa });
+    }
+    let act = kind.vec_dot_kind().ok_or(QuantError::NoDot { kind })?;
+    let row_bytes = crate::row_bytes(kind, cols)?;
+    let act_bytes = crate::row_bytes(act, cols)?;
+    let expected = rows.checked_mul(row_bytes).ok_or(CpuError::Shape {
+        what: "weight bytes (overflow)",
+        expected: usize::MAX,
+        got: weights.len(),
+    })?;
+    if weights.len() != expected {
+        return Err(CpuError::Shape { what: "weight bytes", expected, got: weights.len() });
+    }
+    let align = cpu::block_align(kind);
+    // Row starts stay aligned because a row is whole blocks.
+    if weights.as_ptr() as usize % align != 0 {
+        return Err(QuantError::Misaligned { kind, addr: weights.as_ptr() as usize, align }.into());
+    }
+    let kernel = cpu::select(kind, isa).ok_or(QuantError::NoDot { kind })?;
+    Ok(Prepared { kernel, act, row_bytes, act_bytes })
+}
+
+/// `y = W x` for a row-major `rows x cols` weight matrix of `kind`, on
+/// `threads` threads, with the best kernels of [`Isa::active`].
+pub fn matvec(
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    threads: usize,
+) -> Result<(), CpuError> {
+    matmul_with(Isa::active(), kind, weights, rows, cols, x, y, 1, threads)
+}
+
+/// `Y = X W^T` for `n` activation rows (`x` is `n x cols`, `y` is
+/// `n x rows`, both row-major): each weight row is read once for all `n`
+/// activations, which is what makes small batches nearly free.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+) -> Result<(), CpuError> {
+    matmul_with(Isa::active(), kind, weights, rows, cols, x, y, n, threads)
+}
+
+/// A raw output pointer shared by tasks that write disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (each task owns a row range), and
+// the pool joins every task before the borrow of `y` ends.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// [`matmul`] at an explicit instruction-set level (benchmarks, tests).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
+    isa: Isa,
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+) -> Result<(), CpuError> {
+    let p = prepare(kind, isa, weights, rows, cols)?;
+    let want_x = n.saturating_mul(cols);
+    if x.len() != want_x {
+        return Err(CpuError::Shape { what: "activation length", expected: want_x, got: x.len() });
+    }
+    let want_y = n.saturating_mul(rows);
+    if y.len() != want_y {
+        return Err(CpuError::Shape { what: "output length", expected: want_y, got: y.len() });
+    }
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let mut act = ActBuf::new(p.act_bytes * n);
+    if cols > 0 {
+        for (xr, ar) in x.chunks_exact(cols).zip(act.bytes_mut().chunks_exact_mut(p.act_bytes)) {
+            cpu::quantize_act(p.act, isa, xr, ar)?;
+        }
+    }
+    let act = act.bytes();
+    let out = OutPtr(y.as_mut_ptr());
+    let n_tasks = rows.div_ceil(ROWS_PER_TASK);
+    let task = |t: usize| {
+        // Capture the whole wrapper: edition-2021 closures would otherwise
+        // capture the bare (non-Sync) pointer field.
+        #[allow(clippy::redundant_locals)]
+        let out = out;
+        let r0 = t * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(rows);
+        for r in r0..r1 {
+            let w = &weights[r * p.row_bytes..(r + 1) * p.row_bytes];
+            for b in 0..n {
+                let a = &act[b * p.act_bytes..(b + 1) * p.act_bytes];
+                // SAFETY: `isa` (and so its fallback `p.kernel.isa`) is
+                // available, checked in `prepare`; `w` is one aligned row of
+                // whole blocks and `a` one activation row of the same element
+                // count in an 8-aligned buffer (`act_bytes` is a multiple of
+                // the act block size, itself a multiple of its alignment); the
+                // activation came from the ggml quantizer.
+                let v = unsafe { (p.kernel.f)(w, a) };
+                // SAFETY: `b * rows + r < n * rows == y.len()`, and row `r`
+                // belongs to this task alone.
+                unsafe { *out.0.add(b * rows + r) = v };
+            }
+        }
+    };
+    ThreadPool::global().run(threads, n_tasks, &task);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    fn aligned_quantized(kind: QuantKind, w: &[f32]) -> Vec<u64> {
+        let bytes = crate::quantize_to_vec(kind, w).unwrap();
+        let mut v = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(&bytes);
+        v
+    }
+
+    /// Kinds with an AVX2 kernel, and two without (Q8_K, TQ2_0), which must
+    /// go through the scalar fallback.
+    const KINDS: &[QuantKind] = &[
+        QuantKind::Q8_0,
+        QuantKind::Q4_0,
+        QuantKind::Q5_0,
+        QuantKind::Q4_1,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
+        QuantKind::F32,
+        QuantKind::F16,
+        QuantKind::Q8K,
+        QuantKind::TQ2_0,
+    ];
+
+    #[test]
+    fn matvec_matches_the_scalar_twin_row_by_row_on_any_thread_count() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let (rows, cols) = (517, 512);
+        for &kind in KINDS {
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let wq = aligned_quantized(kind, &w);
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..crate::row_bytes(kind, cols).unwrap() * rows];
+            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let act = kind.vec_dot_kind().unwrap();
+            let xq = aligned_quantized(act, &x);
+            let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
+            let rb = wb.len() / rows;
+            let want: Vec<f32> =
+                (0..rows).map(|r| crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap()).collect();
+            // At the scalar level the matvec must be the twin, bit for bit.
+            let mut y = vec![f32::NAN; rows];
+            matmul_with(Isa::Scalar, kind, wb, rows, cols, &x, &mut y, 1, 2).unwrap();
+            assert_eq!(y, want, "{kind} scalar matvec");
+            let isa = Isa::active();
+            let mut y1 = vec![f32::NAN; rows];
+            matmul_with(isa, kind, wb, rows, cols, &x, &mut y1, 1, 1).unwrap();
+            for (r, (&g, &s)) in y1.iter().zip(&want).enumerate() {
+                let tol = 1e-4 * s.abs().max(1.0);
+                assert!((g - s).abs() <= tol, "{kind} at {isa}, row {r}: {g} vs scalar {s}");
+            }
+            for threads in [2, 3] {
+                let mut yt = vec![f32::NAN; rows];
+                matmul_with(isa, kind, wb, rows, cols, &x, &mut yt, 1, threads).unwrap();
+                assert_eq!(yt, y1, "{kind} at {isa}: {threads} threads differ from 1");
+            }
+        }
+    }
+
+    #[test]
+    fn a_batched_matmul_equals_one_matvec_per_activation_row() {
+        let mut rng = SmallRng::seed_from_u64(8);
+        let (rows, cols, n) = (301, 256, 3);
+        for kind in [QuantKind::Q8_0, QuantKind::Q4K] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let wq = aligned_quantized(kind, &w);
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..crate::row_bytes(kind, cols).unwrap() * rows];
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let mut y = vec![0.0; n * rows];
+            matmul(kind, wb, rows, cols, &x, &mut y, n, 2).unwrap();
+            for b in 0..n {
+                let mut yb = vec![0.0; rows];
+                matvec(kind, wb, rows, cols, &x[b * cols..(b + 1) * cols], &mut yb, 1).unwrap();
+                assert_eq!(&y[b * rows..(b + 1) * rows], &yb[..], "{kind} batch row {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn mismatched_shapes_are_errors_not_panics() {
+        let k = QuantKind::Q8_0;
+        let w = vec![0u64; 34 * 4 * 3 / 8 + 1];
+        let wb = &bytemuck::cast_slice::<u64, u8>(&w)[..34 * 4 * 3]; // 3 rows x 128
+        let x = vec![0.0f32; 128];
+        let mut y = vec![0.0f32; 3];
+        assert!(matvec(k, wb, 3, 128, &x, &mut y, 2).is_ok());
+        let shape = |r: Result<(), CpuError>| matches!(r, Err(CpuError::Shape { .. }));
+        assert!(shape(matvec(k, &wb[..wb.len() - 34], 3, 128, &x, &mut y, 1)), "short weights");
+        assert!(shape(matvec(k, wb, 3, 128, &x[..96], &mut y, 1)), "short x");
+        assert!(shape(matvec(k, wb, 3, 128, &x, &mut y[..2], 1)), "short y");
+        assert!(shape(matvec(k, wb, 4, 128, &x, &mut [0.0; 4], 1)), "rows off");
+        assert!(matches!(
+            matvec(k, wb, 3, 100, &x[..100], &mut y, 1),
+            Err(CpuError::Quant(QuantError::NotWholeBlocks { .. }))
+        ));
+        assert!(matches!(
+            matvec(QuantKind::I32, &[0; 12], 3, 1, &[0.0], &mut y, 1),
+            Err(CpuError::Quant(QuantError::NoDot { .. }))
+        ));
+        let odd = &bytemuck::cast_slice::<u64, u8>(&w)[1..34 * 4 * 3 + 1];
+        assert!(matches!(
+            matvec(k, odd, 3, 128, &x, &mut y, 1),
+            Err(CpuError::Quant(QuantError::Misaligned { .. }))
+        ));
+        assert!(matches!(
+            matmul_with(Isa::Neon, k, wb, 3, 128, &x, &mut y, 1, 1),
+            Err(CpuError::IsaUnavailable { .. })
+        ) || Isa::Neon.is_available());
+    }
+}
