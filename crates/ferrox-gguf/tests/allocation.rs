@@ -38,7 +38,10 @@ fn allocated_by_parse(input: &[u8]) -> (usize, usize) {
     TOTAL.store(0, Ordering::Relaxed);
     LARGEST.store(0, Ordering::Relaxed);
     let r = GgufFile::from_bytes(input);
-    let out = (TOTAL.load(Ordering::Relaxed), LARGEST.load(Ordering::Relaxed));
+    let out = (
+        TOTAL.load(Ordering::Relaxed),
+        LARGEST.load(Ordering::Relaxed),
+    );
     drop(r);
     out
 }
@@ -54,19 +57,65 @@ fn parsing_allocates_in_proportion_to_the_input_not_to_claimed_counts() {
     let inputs: Vec<(&str, Vec<u8>)> = vec![
         ("tensor count 2^60", Raw::header(3, huge, 0).zeros(100).0),
         ("kv count 2^60", Raw::header(3, 0, huge).zeros(100).0),
-        ("key length 2^60", Raw::header(3, 0, 1).u64(huge).zeros(100).0),
-        ("string length 2^60", Raw::header(3, 0, 1).str(b"k").u32(8).u64(huge).zeros(100).0),
-        ("u8 array of 2^60", Raw::header(3, 0, 1).str(b"k").u32(9).u32(0).u64(huge).zeros(100).0),
-        ("array of 2^60 arrays", Raw::header(3, 0, 1).str(b"k").u32(9).u32(9).u64(huge).zeros(100).0),
+        (
+            "key length 2^60",
+            Raw::header(3, 0, 1).u64(huge).zeros(100).0,
+        ),
+        (
+            "string length 2^60",
+            Raw::header(3, 0, 1).str(b"k").u32(8).u64(huge).zeros(100).0,
+        ),
+        (
+            "u8 array of 2^60",
+            Raw::header(3, 0, 1)
+                .str(b"k")
+                .u32(9)
+                .u32(0)
+                .u64(huge)
+                .zeros(100)
+                .0,
+        ),
+        (
+            "array of 2^60 arrays",
+            Raw::header(3, 0, 1)
+                .str(b"k")
+                .u32(9)
+                .u32(9)
+                .u64(huge)
+                .zeros(100)
+                .0,
+        ),
         // Plausible claims: a count the remaining bytes could just hold.
-        ("string array filling the file", Raw::header(3, 0, 1).str(b"k").u32(9).u32(8).u64(12_500).zeros(100_000).0),
-        ("nested arrays, 1000 per level", nested_claims.zeros(12_000).0),
-        ("tensor count filling the file", Raw::header(3, 4000, 0).zeros(96_000).0),
+        (
+            "string array filling the file",
+            Raw::header(3, 0, 1)
+                .str(b"k")
+                .u32(9)
+                .u32(8)
+                .u64(12_500)
+                .zeros(100_000)
+                .0,
+        ),
+        (
+            "nested arrays, 1000 per level",
+            nested_claims.zeros(12_000).0,
+        ),
+        (
+            "tensor count filling the file",
+            Raw::header(3, 4000, 0).zeros(96_000).0,
+        ),
     ];
     for (what, input) in &inputs {
         let (total, largest) = allocated_by_parse(input);
         let budget = 64 * 1024 + 8 * input.len();
-        assert!(total <= budget, "{what}: allocated {total} bytes for a {}-byte input (budget {budget})", input.len());
-        assert!(largest <= budget, "{what}: one allocation of {largest} bytes");
+        assert!(
+            total <= budget,
+            "{what}: allocated {total} bytes for a {}-byte input (budget {budget})",
+            input.len()
+        );
+        assert!(
+            largest <= budget,
+            "{what}: one allocation of {largest} bytes"
+        );
     }
 }

@@ -588,5 +588,15 @@ fn an_empty_file_on_disk_is_a_truncation_error() {
     let p = dir.join("empty.gguf");
     std::fs::write(&p, b"").unwrap();
     let e = GgufFile::open(&p).unwrap_err();
-    assert!(matches!(e.kind, ErrorKind::Truncated { what: "magic", needed: 4, available: 0 }), "{e}");
+    assert!(
+        matches!(
+            e.kind,
+            ErrorKind::Truncated {
+                what: "magic",
+                needed: 4,
+                available: 0
+            }
+        ),
+        "{e}"
+    );
 }

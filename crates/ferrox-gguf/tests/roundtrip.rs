@@ -401,3 +401,34 @@ fn every_fuzz_seed_is_a_valid_file_that_rewrites_to_a_fixed_point() {
         dir.display()
     );
 }
+
+#[test]
+fn a_tiny_quantized_model_holds_its_random_values_quantized() {
+    let tensors = [
+        TinyTensor::new("w", QuantKind::Q8_0, &[64, 3]),
+        TinyTensor::new("k", QuantKind::Q4K, &[256]),
+    ];
+    let bytes = tiny_model(11, vec![], &tensors, Fill::Quantize)
+        .unwrap()
+        .to_bytes();
+    let f = GgufFile::from_bytes(&bytes).unwrap();
+    // The same stream the helper drew from: the first 192 values are "w".
+    let mut rng = ferrox_gguf::testing::SplitMix64(11);
+    let want: Vec<f32> = (0..192).map(|_| rng.next_f32()).collect();
+    let got = ferrox_quant::dequantize_to_vec(
+        QuantKind::Q8_0,
+        f.tensor_data(f.tensor("w").unwrap()).unwrap(),
+        192,
+    )
+    .unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() < 0.01, "w[{i}]: {g} vs {w}");
+    }
+    let k = ferrox_quant::dequantize_to_vec(
+        QuantKind::Q4K,
+        f.tensor_data(f.tensor("k").unwrap()).unwrap(),
+        256,
+    )
+    .unwrap();
+    assert!(k.iter().all(|x| x.is_finite() && x.abs() <= 1.1), "{k:?}");
+}
