@@ -74,6 +74,11 @@ CASES = [
     ("url", b"https://example.com/path?q=1&r=two#frag", True, True),
     ("apostrophe_start", b"' era", True, True),
     ("only_newline", b"\n", True, True),
+    ("user_defined_no_parse", b"[multimodal]  x \n\n\n<mask>" + b" " * 45 + b"y" + b"\n" * 40, True, False),
+    ("user_defined_parse", b"[multimodal]  x \n\n\n<mask>" + b" " * 45 + b"y" + b"\n" * 40, True, True),
+    ("tabs_run", b"\t\t\t\tx\t \t", False, True),
+    ("chat_two_turns",
+     b"<start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\nHello! How can I help?<end_of_turn>\n", True, True),
 ]
 
 
