@@ -11,6 +11,12 @@ tokenizer unchanged.
 
 usage: gen.py --llama-tokenize BIN --model MODEL.gguf --out OUT.jsonl
 (MODEL may be a vocab-only copy made by vocab_only.py.)
+
+The committed files were made with llama.cpp at ggml 0c1e570 (LLAMA below):
+  gen.py --model gemma-3-270m-q4_k_m.gguf                  --out crates/ferrox-core/testdata/tokenizer/gemma3.jsonl
+  gen.py --model LLAMA/models/ggml-vocab-gpt-2.gguf        --out .../gpt-2.jsonl
+  gen.py --model LLAMA/models/ggml-vocab-llama-bpe.gguf    --out .../llama-bpe.jsonl
+  gen.py --model LLAMA/models/ggml-vocab-qwen2.gguf        --out .../qwen2.jsonl
 """
 import argparse
 import json

@@ -108,16 +108,11 @@ fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
-#[test]
-fn gemma3_ids_match_llama_tokenize() {
-    let model = std::env::var("FERROX_GEMMA3").unwrap_or_else(|_| GEMMA.to_string());
-    if !Path::new(&model).exists() {
-        eprintln!("SKIPPED: {model} not found (set FERROX_GEMMA3); Gemma 3 ids were NOT checked against llama.cpp");
-        return;
-    }
-    let file = GgufFile::open(&model).unwrap();
+/// Compares with `tools/reftok/gen.py`'s record of `llama-tokenize` output.
+fn check_jsonl(model: &Path, jsonl: &str) {
+    let file = GgufFile::open(model).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
-    let lines = std::fs::read_to_string(testdata("gemma3.jsonl")).unwrap();
+    let lines = std::fs::read_to_string(testdata(jsonl)).unwrap();
     let mut n = 0;
     let mut bad = Vec::new();
     for line in lines.lines() {
@@ -132,8 +127,42 @@ fn gemma3_ids_match_llama_tokenize() {
         }
         n += 1;
     }
-    assert!(n >= 40, "only {n} reference cases");
-    assert!(bad.is_empty(), "{} of {n} Gemma 3 cases differ from llama.cpp:\n{}", bad.len(), bad.join("\n"));
+    assert!(n >= 50, "{jsonl}: only {n} reference cases");
+    assert!(bad.is_empty(), "{jsonl}: {} of {n} cases differ from llama.cpp:\n{}", bad.len(), bad.join("\n"));
+}
+
+#[test]
+fn gemma3_ids_match_llama_tokenize() {
+    let model = std::env::var("FERROX_GEMMA3").unwrap_or_else(|_| GEMMA.to_string());
+    if !Path::new(&model).exists() {
+        eprintln!("SKIPPED: {model} not found (set FERROX_GEMMA3); Gemma 3 ids were NOT checked against llama.cpp");
+        return;
+    }
+    check_jsonl(Path::new(&model), "gemma3.jsonl");
+}
+
+#[test]
+fn gpt2_ids_for_hard_strings_match_llama_tokenize() {
+    check_jsonl(&testdata("ggml-vocab-gpt-2.gguf"), "gpt-2.jsonl");
+}
+
+fn check_external_jsonl(vocab: &str, jsonl: &str) {
+    let path = llama_models_dir().join(vocab);
+    if !path.exists() {
+        eprintln!("SKIPPED: {} not found (set FERROX_LLAMA_CPP); {jsonl} was NOT checked", path.display());
+        return;
+    }
+    check_jsonl(&path, jsonl);
+}
+
+#[test]
+fn llama3_ids_for_hard_strings_match_llama_tokenize() {
+    check_external_jsonl("ggml-vocab-llama-bpe.gguf", "llama-bpe.jsonl");
+}
+
+#[test]
+fn qwen2_ids_for_hard_strings_match_llama_tokenize() {
+    check_external_jsonl("ggml-vocab-qwen2.gguf", "qwen2.jsonl");
 }
 
 /// A hand-made `llama` vocab: every byte token, and pieces whose scores make
