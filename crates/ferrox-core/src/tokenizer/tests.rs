@@ -142,6 +142,30 @@ fn gemma3_ids_match_llama_tokenize() {
 }
 
 #[test]
+fn gemma3_decode_streams_the_text_back_and_end_of_turn_ends_generation() {
+    let model = std::env::var("FERROX_GEMMA3").unwrap_or_else(|_| GEMMA.to_string());
+    if !Path::new(&model).exists() {
+        eprintln!("SKIPPED: {model} not found; Gemma 3 decoding was NOT checked");
+        return;
+    }
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&model).unwrap()).unwrap();
+    let text = "Grüße 🦙🚀 日本語\n\tcode  x";
+    let ids = tok.encode(text.as_bytes(), false, false).unwrap();
+    let mut d = Detokenizer::new(&tok, false);
+    let mut streamed = String::new();
+    for &id in &ids {
+        let part = d.push(id).unwrap();
+        assert!(!part.contains('\u{FFFD}'), "token {id} produced a broken character");
+        streamed.push_str(&part);
+    }
+    streamed.push_str(&d.finish());
+    assert_eq!(streamed, text);
+    // llama.cpp lists <eos> (1) and <end_of_turn> (106) as Gemma 3's EOG tokens.
+    assert_eq!((tok.bos(), tok.eos(), tok.eot()), (Some(2), Some(1), Some(106)));
+    assert!(tok.is_eog(1) && tok.is_eog(106) && !tok.is_eog(105) && !tok.is_eog(2));
+}
+
+#[test]
 fn gpt2_ids_for_hard_strings_match_llama_tokenize() {
     check_jsonl(&testdata("ggml-vocab-gpt-2.gguf"), "gpt-2.jsonl");
 }
