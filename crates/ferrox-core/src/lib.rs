@@ -6,3 +6,4 @@
 #![deny(missing_docs)]
 
 pub mod requantize;
+pub mod tokenizer;

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod info;
 mod quantize;
+mod tokenize;
 
 #[derive(Parser)]
 #[command(name = "ferrox", version, about = "Run quantized LLMs from GGUF files")]
@@ -23,6 +24,8 @@ enum Command {
     Info(info::Args),
     /// Re-quantize every matrix of a model to one kind.
     Quantize(quantize::Args),
+    /// Print the token ids of a text (like llama-tokenize).
+    Tokenize(tokenize::Args),
 }
 
 /// The model path, given either as the first positional argument or as `-m`.
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
