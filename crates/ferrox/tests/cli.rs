@@ -237,3 +237,19 @@ fn gemma3_requantized_to_q8_0_is_read_back_by_gguf_py() {
     assert_eq!(kinds.into_iter().collect::<Vec<_>>(), vec![F32, Q8_0]);
     std::fs::remove_file(&out).unwrap();
 }
+
+/// `ferrox tokenize` prints llama-tokenize's ids: checked on the GPT-2 vocab
+/// llama.cpp ships, against ids recorded from llama-tokenize itself
+/// (`crates/ferrox-core/testdata/tokenizer/gpt-2.jsonl`, case "leading_space").
+#[test]
+fn tokenize_prints_llama_tokenizes_ids() {
+    let vocab = concat!(env!("CARGO_MANIFEST_DIR"), "/../ferrox-core/testdata/tokenizer/ggml-vocab-gpt-2.gguf");
+    let o = ferrox(&["tokenize", vocab, " Hello world", "--ids"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[18435, 995]");
+    let o = ferrox(&["tokenize", "-m", vocab, " Hello world"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("18435 ' Hello'") && out.contains("995 ' world'"), "{out}");
+    let o = ferrox(&["tokenize", "/nonexistent.gguf", "x"]);
+    assert!(!o.status.success() && stderr(&o).contains("cannot load model"), "{}", stderr(&o));
+}

@@ -16,7 +16,7 @@ fn testdata(name: &str) -> PathBuf {
 fn llama_models_dir() -> PathBuf {
     std::env::var_os("FERROX_LLAMA_CPP")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root/.cache/ferrox/ref/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+        .unwrap_or_else(|| home().join(".cache/ferrox/ref/llama_cpp_python-0.3.36/vendor/llama.cpp"))
         .join("models")
 }
 
@@ -102,7 +102,16 @@ fn starcoder_family_is_refused_not_mis_tokenized() {
     assert!(matches!(Tokenizer::from_gguf(&file), Err(TokenizerError::UnsupportedPreTokenizer(p)) if p == "starcoder"));
 }
 
-const GEMMA: &str = "/root/.cache/ferrox/models/gemma-3-270m-q4_k_m.gguf";
+fn home() -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+}
+
+/// The real model: `$FERROX_TEST_MODEL`, else where `scripts/get-model.sh` puts it.
+fn gemma() -> String {
+    std::env::var("FERROX_TEST_MODEL").unwrap_or_else(|_| {
+        home().join(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf").display().to_string()
+    })
+}
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
@@ -133,9 +142,9 @@ fn check_jsonl(model: &Path, jsonl: &str) {
 
 #[test]
 fn gemma3_ids_match_llama_tokenize() {
-    let model = std::env::var("FERROX_GEMMA3").unwrap_or_else(|_| GEMMA.to_string());
+    let model = gemma();
     if !Path::new(&model).exists() {
-        eprintln!("SKIPPED: {model} not found (set FERROX_GEMMA3); Gemma 3 ids were NOT checked against llama.cpp");
+        eprintln!("SKIPPED: {model} not found (set FERROX_TEST_MODEL); Gemma 3 ids were NOT checked against llama.cpp");
         return;
     }
     check_jsonl(Path::new(&model), "gemma3.jsonl");
@@ -143,7 +152,7 @@ fn gemma3_ids_match_llama_tokenize() {
 
 #[test]
 fn gemma3_decode_streams_the_text_back_and_end_of_turn_ends_generation() {
-    let model = std::env::var("FERROX_GEMMA3").unwrap_or_else(|_| GEMMA.to_string());
+    let model = gemma();
     if !Path::new(&model).exists() {
         eprintln!("SKIPPED: {model} not found; Gemma 3 decoding was NOT checked");
         return;
