@@ -71,6 +71,27 @@ unsafe fn mul_sum_us8_pairs_float(ux: __m256i, y: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ux, y), _mm256_set1_epi16(1)))
 }
 
+/// Sums `d * q` over pairs of blocks with two accumulators: with one FMA
+/// chain the loop is bound by FMA latency (measured: Q4_0 3.0 -> 5.0 GB/s on
+/// one core), not by the integer work per block. `block` gives a block pair's
+/// scale (broadcast) and its eight i32 partial sums as floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sum_blocks<X, Y>(w: &[X], a: &[Y], block: impl Fn(&X, &Y) -> (__m256, __m256)) -> f32 {
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
+        let (d0, q0) = block(&x[0], &y[0]);
+        let (d1, q1) = block(&x[1], &y[1]);
+        acc0 = _mm256_fmadd_ps(d0, q0, acc0);
+        acc1 = _mm256_fmadd_ps(d1, q1, acc1);
+    }
+    if w.len() % 2 == 1 {
+        let (d, q) = block(&w[w.len() - 1], &a[w.len() - 1]);
+        acc0 = _mm256_fmadd_ps(d, q, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
 /// 16 packed nibbles → 32 bytes: low nibbles first (elements 0..16), then
 /// high nibbles (16..32), the legacy-block element order.
 #[inline]
@@ -240,15 +261,12 @@ pub(crate) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockQ4_0>(w), blocks_of::<BlockQ8_0>(a));
-    let mut acc = _mm256_setzero_ps();
     let off = _mm256_set1_epi8(8);
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
         let qx = _mm256_sub_epi8(nibbles_32(&x.qs), off);
-        let q = mul_sum_i8_pairs_float(qx, loadu(y.qs.as_ptr().cast()));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_ps(acc)
+        (d, mul_sum_i8_pairs_float(qx, loadu(y.qs.as_ptr().cast())))
+    })
 }
 
 /// # Safety
@@ -256,17 +274,14 @@ pub(crate) unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockQ5_0>(w), blocks_of::<BlockQ8_0>(a));
-    let mut acc = _mm256_setzero_ps();
     let f0 = _mm256_set1_epi8(0xF0_u8 as i8);
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
         // q - 16: a clear fifth bit sets the byte's top nibble (negative).
         let hi = _mm256_andnot_si256(bytes_from_bits_32(x.qh), f0);
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
-        let q = mul_sum_i8_pairs_float(qx, loadu(y.qs.as_ptr().cast()));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_ps(acc)
+        (d, mul_sum_i8_pairs_float(qx, loadu(y.qs.as_ptr().cast())))
+    })
 }
 
 /// # Safety
@@ -310,13 +325,10 @@ pub(crate) unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
 pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockIQ4NL>(w), blocks_of::<BlockQ8_0>(a));
     let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(y.d) * f16_to_f32(x.d));
-        let q = mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast()));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_ps(acc)
+        (d, mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
+    })
 }
 
 /// ggml's E8M0 scale, halved because its FP4 table holds doubled values.
@@ -332,13 +344,10 @@ pub(super) fn e8m0_to_f32_half(e: u8) -> f32 {
 pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockMXFP4>(w), blocks_of::<BlockQ8_0>(a));
     let table = _mm_loadu_si128(MXFP4_VALUES.as_ptr().cast());
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(y.d) * e8m0_to_f32_half(x.e));
-        let q = mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast()));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_ps(acc)
+        (d, mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
+    })
 }
 
 // ---------------------------------------------------- 256-element K kinds
