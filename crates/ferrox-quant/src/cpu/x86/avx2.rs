@@ -132,20 +132,69 @@ unsafe fn lane_scales(lo: i16, hi: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 
-/// ggml's 6-bit scale/min unpacking of Q4_K and Q5_K.
-#[inline(always)]
-fn scale_min_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    for j in 0..4 {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
+/// ggml's 6-bit scale/min unpacking of Q4_K and Q5_K, on words: the eight
+/// scales as i16 in the low 128 bits and the eight mins in the high 128 bits.
+/// A dozen integer ops per super-block where unpacking byte by byte and
+/// broadcasting each scale from a general register cost about twice the
+/// block's integer work (measured on Q4_K).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_mins_k4(s: &[u8; 12]) -> __m256i {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    let sc_lo = u0 & KMASK1;
+    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let mn_lo = u1 & KMASK1;
+    let mn_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let bytes = _mm_set_epi32(mn_hi as i32, mn_lo as i32, sc_hi as i32, sc_lo as i32);
+    _mm256_cvtepu8_epi16(bytes)
+}
+
+/// `shuffle_epi8` masks broadcasting i16 word `j` of each 128-bit lane to the
+/// whole lane (`K4_WORD[j]`), for the per-sub-block scales of Q4_K/Q5_K.
+static K4_WORD: [[u8; 32]; 8] = {
+    let mut m = [[0u8; 32]; 8];
+    let mut j = 0;
+    while j < 8 {
+        let mut b = 0;
+        while b < 32 {
+            m[j][b] = (2 * j + b % 2) as u8;
+            b += 1;
+        }
+        j += 1;
     }
-    for j in 4..8 {
-        sc[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    m
+};
+
+/// `shuffle_epi8` masks putting i16 word `2k` of a lane in the low lane and
+/// word `2k + 1` in the high lane (`K6_PAIR[k]`): two 16-element Q6_K
+/// sub-blocks' scales for one 32-byte product.
+static K6_PAIR: [[u8; 32]; 4] = {
+    let mut m = [[0u8; 32]; 4];
+    let mut k = 0;
+    while k < 4 {
+        let mut b = 0;
+        while b < 32 {
+            let word = if b < 16 { 2 * k } else { 2 * k + 1 };
+            m[k][b] = (2 * word + b % 2) as u8;
+            b += 1;
+        }
+        k += 1;
     }
-    (sc, mn)
+    m
+};
+
+/// Adds `min * bsum` over a K super-block's eight 32-element sub-blocks:
+/// `mins` holds the eight mins as i16 (high 128 bits of [`scales_mins_k4`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_min_sums(mins: __m128i, bsums: &[i16; 16]) -> __m128i {
+    let b = _mm256_loadu_si256(bsums.as_ptr().cast());
+    let pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    _mm_madd_epi16(mins, pair_sums)
 }
 
 // ------------------------------------------------------------ float kinds
@@ -359,16 +408,14 @@ pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockQ4K>(w), blocks_of::<BlockQ8K>(a));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0.0f32;
+    let mut acc_m = _mm_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = y.d * f16_to_f32(x.d);
         let dmin = y.d * f16_to_f32(x.dmin);
-        let (sc, mn) = scale_min_k4(&x.scales);
-        let mut summs = 0i32;
-        for (m, b) in mn.iter().zip(y.bsums.chunks_exact(2)) {
-            summs += i32::from(*m) * (i32::from(b[0]) + i32::from(b[1]));
-        }
-        acc_m += dmin * summs as f32;
+        let sm = scales_mins_k4(&x.scales);
+        let mins = k4_min_sums(_mm256_extracti128_si256(sm, 1), &y.bsums);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m);
+        let sc = _mm256_permute2x128_si256(sm, sm, 0x00);
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
             let q = loadu(x.qs.as_ptr().add(32 * j));
@@ -376,13 +423,14 @@ pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             let plo = _mm256_maddubs_epi16(lo, loadu(y.qs.as_ptr().add(64 * j).cast()));
             let phi = _mm256_maddubs_epi16(hi, loadu(y.qs.as_ptr().add(64 * j + 32).cast()));
-            let plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(i16::from(sc[2 * j])));
-            let phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
+            let plo = _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, loadu(K4_WORD[2 * j].as_ptr())));
+            let phi = _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, loadu(K4_WORD[2 * j + 1].as_ptr())));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - acc_m
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    hsum_ps(acc) - _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
 }
 
 /// # Safety
@@ -393,16 +441,14 @@ pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let b4 = _mm256_set1_epi8(0x10);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0.0f32;
+    let mut acc_m = _mm_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = y.d * f16_to_f32(x.d);
         let dmin = y.d * f16_to_f32(x.dmin);
-        let (sc, mn) = scale_min_k4(&x.scales);
-        let mut summs = 0i32;
-        for (m, b) in mn.iter().zip(y.bsums.chunks_exact(2)) {
-            summs += i32::from(*m) * (i32::from(b[0]) + i32::from(b[1]));
-        }
-        acc_m += dmin * summs as f32;
+        let sm = scales_mins_k4(&x.scales);
+        let mins = k4_min_sums(_mm256_extracti128_si256(sm, 1), &y.bsums);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m);
+        let sc = _mm256_permute2x128_si256(sm, sm, 0x00);
         let qh = loadu(x.qh.as_ptr());
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
@@ -415,13 +461,14 @@ pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hhi);
             let plo = _mm256_maddubs_epi16(lo, loadu(y.qs.as_ptr().add(64 * j).cast()));
             let phi = _mm256_maddubs_epi16(hi, loadu(y.qs.as_ptr().add(64 * j + 32).cast()));
-            let plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(i16::from(sc[2 * j])));
-            let phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(i16::from(sc[2 * j + 1])));
+            let plo = _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, loadu(K4_WORD[2 * j].as_ptr())));
+            let phi = _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, loadu(K4_WORD[2 * j + 1].as_ptr())));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - acc_m
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    hsum_ps(acc) - _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
 }
 
 /// # Safety
@@ -432,15 +479,14 @@ pub(crate) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x03);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0.0f32;
+    let mut acc_m = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = f16_to_f32(x.d) * y.d;
         // The -32 offset, taken out through the activation's 16-sums.
-        let mut offs = 0i32;
-        for i in 0..16 {
-            offs += i32::from(x.scales[i]) * i32::from(y.bsums[i]);
-        }
-        acc_m += d * (32 * offs) as f32;
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast()));
+        let offs = _mm256_madd_epi16(sc16, _mm256_loadu_si256(y.bsums.as_ptr().cast()));
+        acc_m = _mm256_fmadd_ps(_mm256_set1_ps(32.0 * d), _mm256_cvtepi32_ps(offs), acc_m);
+        let halves = [_mm256_permute2x128_si256(sc16, sc16, 0x00), _mm256_permute2x128_si256(sc16, sc16, 0x11)];
         let mut sumi = _mm256_setzero_si256();
         for n in 0..2 {
             let ql0 = loadu(x.ql.as_ptr().add(64 * n));
@@ -463,14 +509,13 @@ pub(crate) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
             ];
             for (k, q) in q.into_iter().enumerate() {
                 let p = _mm256_maddubs_epi16(q, loadu(y.qs.as_ptr().add(128 * n + 32 * k).cast()));
-                let s = 8 * n + 2 * k;
-                let p = _mm256_madd_epi16(p, lane_scales(i16::from(x.scales[s]), i16::from(x.scales[s + 1])));
+                let p = _mm256_madd_epi16(p, _mm256_shuffle_epi8(halves[n], loadu(K6_PAIR[k].as_ptr())));
                 sumi = _mm256_add_epi32(sumi, p);
             }
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_ps(acc) - acc_m
+    hsum_ps(_mm256_sub_ps(acc, acc_m))
 }
 
 /// ggml's 6-bit signed scale unpacking of Q3_K (before the -32).
