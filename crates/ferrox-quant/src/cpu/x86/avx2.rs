@@ -30,9 +30,7 @@ pub(super) unsafe fn f16_to_f32(h: F16) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    hsum_ps128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)))
 }
 
 #[inline]
@@ -187,14 +185,25 @@ static K6_PAIR: [[u8; 32]; 4] = {
     m
 };
 
-/// Adds `min * bsum` over a K super-block's eight 32-element sub-blocks:
-/// `mins` holds the eight mins as i16 (high 128 bits of [`scales_mins_k4`]).
+/// The Q4_K/Q5_K super-block prologue: adds `dmin * min * bsum` over the
+/// eight 32-element sub-blocks to `acc_m`, and returns the eight scales as
+/// i16 words in both 128-bit lanes (for [`K4_WORD`] shuffles).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_min_sums(mins: __m128i, bsums: &[i16; 16]) -> __m128i {
+unsafe fn k4_scales(scales: &[u8; 12], dmin: f32, bsums: &[i16; 16], acc_m: &mut __m128) -> __m256i {
+    let sm = scales_mins_k4(scales);
     let b = _mm256_loadu_si256(bsums.as_ptr().cast());
     let pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-    _mm_madd_epi16(mins, pair_sums)
+    let mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), pair_sums);
+    *acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), *acc_m);
+    _mm256_permute2x128_si256(sm, sm, 0x00)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps128(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 // ------------------------------------------------------------ float kinds
@@ -412,10 +421,7 @@ pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     for (x, y) in w.iter().zip(a) {
         let d = y.d * f16_to_f32(x.d);
         let dmin = y.d * f16_to_f32(x.dmin);
-        let sm = scales_mins_k4(&x.scales);
-        let mins = k4_min_sums(_mm256_extracti128_si256(sm, 1), &y.bsums);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m);
-        let sc = _mm256_permute2x128_si256(sm, sm, 0x00);
+        let sc = k4_scales(&x.scales, dmin, &y.bsums, &mut acc_m);
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
             let q = loadu(x.qs.as_ptr().add(32 * j));
@@ -429,8 +435,7 @@ pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    hsum_ps(acc) - _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+    hsum_ps(acc) - hsum_ps128(acc_m)
 }
 
 /// # Safety
@@ -445,10 +450,7 @@ pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     for (x, y) in w.iter().zip(a) {
         let d = y.d * f16_to_f32(x.d);
         let dmin = y.d * f16_to_f32(x.dmin);
-        let sm = scales_mins_k4(&x.scales);
-        let mins = k4_min_sums(_mm256_extracti128_si256(sm, 1), &y.bsums);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m);
-        let sc = _mm256_permute2x128_si256(sm, sm, 0x00);
+        let sc = k4_scales(&x.scales, dmin, &y.bsums, &mut acc_m);
         let qh = loadu(x.qh.as_ptr());
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
@@ -467,8 +469,7 @@ pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    hsum_ps(acc) - _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+    hsum_ps(acc) - hsum_ps128(acc_m)
 }
 
 /// # Safety
