@@ -59,7 +59,8 @@ fn main() {
     } else {
         args.iter().filter_map(|a| QuantKind::from_name(a)).collect()
     };
-    let best = Isa::detect();
+    // FERROX_CPU_ISA=avx2 lowers the level, to compare levels on one CPU.
+    let best = Isa::active();
     // FERROX_BENCH_THREADS=1,2,8 to measure a bigger machine.
     let threads: Vec<usize> = std::env::var("FERROX_BENCH_THREADS")
         .ok()
