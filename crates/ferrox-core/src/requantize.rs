@@ -92,7 +92,7 @@ fn is_integer(kind: QuantKind) -> bool {
 /// `ncols` gets when `target`'s blocks do not divide it.
 pub fn fallback_kind(target: QuantKind, ncols: u64) -> QuantKind {
     use QuantKind::*;
-    let fits = |k: QuantKind| ncols % k.block_elems() as u64 == 0;
+    let fits = |k: QuantKind| ncols.is_multiple_of(k.block_elems() as u64);
     if fits(target) {
         return target;
     }

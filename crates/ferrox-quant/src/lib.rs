@@ -53,7 +53,7 @@ pub trait VecDot: Block {
 /// Checks that `n_elems` is whole blocks of `kind` and returns the byte size.
 pub fn row_bytes(kind: QuantKind, n_elems: usize) -> Result<usize, QuantError> {
     let be = kind.block_elems();
-    if n_elems % be != 0 {
+    if !n_elems.is_multiple_of(be) {
         return Err(QuantError::NotWholeBlocks { kind, n_elems, block_elems: be });
     }
     Ok(n_elems / be * kind.block_bytes())
@@ -69,7 +69,7 @@ fn check_len(kind: QuantKind, n_elems: usize, bytes: usize) -> Result<(), QuantE
 
 /// Reinterprets bytes as blocks in place, or reports misalignment.
 pub fn cast_blocks<B: Block>(bytes: &[u8]) -> Result<&[B], QuantError> {
-    if bytes.len() % core::mem::size_of::<B>() != 0 {
+    if !bytes.len().is_multiple_of(core::mem::size_of::<B>()) {
         let n = bytes.len() / core::mem::size_of::<B>() * B::ELEMS;
         return Err(QuantError::WrongByteLength {
             kind: B::KIND,

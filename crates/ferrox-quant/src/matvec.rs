@@ -62,7 +62,7 @@ fn prepare(
     }
     let align = cpu::block_align(kind);
     // Row starts stay aligned because a row is whole blocks.
-    if weights.as_ptr() as usize % align != 0 {
+    if !(weights.as_ptr() as usize).is_multiple_of(align) {
         return Err(QuantError::Misaligned { kind, addr: weights.as_ptr() as usize, align }.into());
     }
     let kernel = cpu::select(kind, isa).ok_or(QuantError::NoDot { kind })?;

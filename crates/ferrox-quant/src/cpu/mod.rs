@@ -316,7 +316,7 @@ pub enum CpuError {
 pub(crate) fn check_dot_operands(kind: QuantKind, w: &[u8], a: &[u8]) -> Result<usize, CpuError> {
     let act = kind.vec_dot_kind().ok_or(QuantError::NoDot { kind })?;
     let wb = kind.block_bytes();
-    if w.len() % wb != 0 {
+    if !w.len().is_multiple_of(wb) {
         return Err(CpuError::Shape { what: "weight bytes", expected: w.len() / wb * wb, got: w.len() });
     }
     let n = w.len() / wb * kind.block_elems();
@@ -326,7 +326,7 @@ pub(crate) fn check_dot_operands(kind: QuantKind, w: &[u8], a: &[u8]) -> Result<
     }
     for (k, p) in [(kind, w.as_ptr()), (act, a.as_ptr())] {
         let align = block_align(k);
-        if p as usize % align != 0 {
+        if !(p as usize).is_multiple_of(align) {
             return Err(QuantError::Misaligned { kind: k, addr: p as usize, align }.into());
         }
     }
@@ -357,7 +357,7 @@ pub fn quantize_act(act: QuantKind, isa: Isa, x: &[f32], out: &mut [u8]) -> Resu
         return Err(CpuError::Shape { what: "quantized activation bytes", expected, got: out.len() });
     }
     let align = block_align(act);
-    if out.as_ptr() as usize % align != 0 {
+    if !(out.as_ptr() as usize).is_multiple_of(align) {
         return Err(QuantError::Misaligned { kind: act, addr: out.as_ptr() as usize, align }.into());
     }
     #[cfg(target_arch = "x86_64")]
