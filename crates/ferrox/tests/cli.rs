@@ -253,3 +253,18 @@ fn tokenize_prints_llama_tokenizes_ids() {
     let o = ferrox(&["tokenize", "/nonexistent.gguf", "x"]);
     assert!(!o.status.success() && stderr(&o).contains("cannot load model"), "{}", stderr(&o));
 }
+
+/// A split model is one model: naming any part lists every part's tensors.
+/// The parts were written by gguf-py (`ferrox-gguf/testdata/make_gguf_py_fixtures.py`).
+#[test]
+fn info_on_any_part_of_a_split_model_lists_the_whole_model() {
+    let part2 = concat!(env!("CARGO_MANIFEST_DIR"), "/../ferrox-gguf/testdata/gguf_py_split-00002-of-00003.gguf");
+    let o = ferrox(&["info", part2, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["parts"].as_array().unwrap().len(), 3);
+    let names: Vec<&str> = j["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["f32.weight", "f16.weight", "i32.weight", "q8_0.weight", "q4_k.weight"]);
+    let parts: Vec<u64> = j["tensors"].as_array().unwrap().iter().map(|t| t["part"].as_u64().unwrap()).collect();
+    assert_eq!(parts, [0, 0, 1, 1, 2]);
+}
