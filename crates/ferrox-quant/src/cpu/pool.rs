@@ -8,7 +8,7 @@
 //! would do the same with a heavier dependency and less control over which
 //! thread takes which rows.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
@@ -39,6 +39,8 @@ struct Inner {
     wake: Condvar,
     done: Condvar,
     next_task: AtomicUsize,
+    /// `State::generation`, published without the lock for spinning workers.
+    published: AtomicU64,
 }
 
 /// A fixed set of worker threads plus the calling thread.
@@ -66,6 +68,7 @@ impl ThreadPool {
                 wake: Condvar::new(),
                 done: Condvar::new(),
                 next_task: AtomicUsize::new(0),
+                published: AtomicU64::new(0),
             }),
             workers: Mutex::new(Vec::new()),
             call: Mutex::new(()),
@@ -113,6 +116,7 @@ impl ThreadPool {
             st.busy = 0;
             st.panicked = false;
             st.generation += 1;
+            inner.published.store(st.generation, Ordering::Release);
         }
         inner.wake.notify_all();
         claim_tasks(inner, n_tasks, f);
@@ -155,8 +159,26 @@ fn claim_tasks(inner: &Inner, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// How long a worker polls for the next job before parking. Decode issues
+/// matvecs back to back, microseconds apart: a parked worker costs a futex
+/// wake per matvec (tens of microseconds, ~5-10% of a 4096x4096 matvec),
+/// while polling forever is what makes llama.cpp's threads collapse when
+/// another process shares a core. A short poll keeps the first benefit
+/// without the second.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
+fn spin_for_job(inner: &Inner, seen: u64) {
+    let start = std::time::Instant::now();
+    while inner.published.load(Ordering::Acquire) == seen && start.elapsed() < SPIN {
+        std::hint::spin_loop();
+    }
+}
+
 fn worker(inner: &Inner, mut seen: u64) {
     loop {
+        // Only a delay before the locked check below: a job published while
+        // spinning is found there, one published after is signalled.
+        spin_for_job(inner, seen);
         let (job, n_tasks) = {
             let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
             loop {
