@@ -28,28 +28,21 @@ unsafe fn dot_i8_float(x: __m256i, y: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(s)
 }
 
-/// # Safety
-/// See the module doc.
+/// Sums `d * q` over pairs of blocks with two accumulators, as the AVX2
+/// kernels do: one FMA chain per block bounds the loop by FMA latency.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockQ8_0>(w), blocks_of::<BlockQ8_0>(a));
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 2 <= w.len() {
-        let (x0, y0, x1, y1) = (&w[i], &a[i], &w[i + 1], &a[i + 1]);
-        let d0 = _mm256_set1_ps(f16_to_f32(x0.d) * f16_to_f32(y0.d));
-        let d1 = _mm256_set1_ps(f16_to_f32(x1.d) * f16_to_f32(y1.d));
-        let q0 = dot_i8_float(loadu(x0.qs.as_ptr().cast()), loadu(y0.qs.as_ptr().cast()));
-        let q1 = dot_i8_float(loadu(x1.qs.as_ptr().cast()), loadu(y1.qs.as_ptr().cast()));
+unsafe fn sum_blocks<X, Y>(w: &[X], a: &[Y], block: impl Fn(&X, &Y) -> (__m256, __m256)) -> f32 {
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
+        let (d0, q0) = block(&x[0], &y[0]);
+        let (d1, q1) = block(&x[1], &y[1]);
         acc0 = _mm256_fmadd_ps(d0, q0, acc0);
         acc1 = _mm256_fmadd_ps(d1, q1, acc1);
-        i += 2;
     }
-    if i < w.len() {
-        let (x, y) = (&w[i], &a[i]);
-        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
-        acc0 = _mm256_fmadd_ps(d, dot_i8_float(loadu(x.qs.as_ptr().cast()), loadu(y.qs.as_ptr().cast())), acc0);
+    if w.len() % 2 == 1 {
+        let (d, q) = block(&w[w.len() - 1], &a[w.len() - 1]);
+        acc0 = _mm256_fmadd_ps(d, q, acc0);
     }
     hsum_ps(_mm256_add_ps(acc0, acc1))
 }
@@ -57,16 +50,25 @@ pub(crate) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
 /// # Safety
 /// See the module doc.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ8_0>(w), blocks_of::<BlockQ8_0>(a));
+    sum_blocks(w, a, |x, y| {
+        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+        (d, dot_i8_float(loadu(x.qs.as_ptr().cast()), loadu(y.qs.as_ptr().cast())))
+    })
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockQ4_0>(w), blocks_of::<BlockQ8_0>(a));
-    let mut acc = _mm256_setzero_ps();
     let off = _mm256_set1_epi8(8);
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
         let qx = _mm256_sub_epi8(nibbles_32(&x.qs), off);
-        acc = _mm256_fmadd_ps(d, dot_i8_float(qx, loadu(y.qs.as_ptr().cast())), acc);
-    }
-    hsum_ps(acc)
+        (d, dot_i8_float(qx, loadu(y.qs.as_ptr().cast())))
+    })
 }
 
 /// # Safety
@@ -74,15 +76,13 @@ pub(crate) unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockQ5_0>(w), blocks_of::<BlockQ8_0>(a));
-    let mut acc = _mm256_setzero_ps();
     let f0 = _mm256_set1_epi8(0xF0_u8 as i8);
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
         let hi = _mm256_andnot_si256(bytes_from_bits_32(x.qh), f0);
         let qx = _mm256_or_si256(nibbles_32(&x.qs), hi);
-        acc = _mm256_fmadd_ps(d, dot_i8_float(qx, loadu(y.qs.as_ptr().cast())), acc);
-    }
-    hsum_ps(acc)
+        (d, dot_i8_float(qx, loadu(y.qs.as_ptr().cast())))
+    })
 }
 
 /// # Safety
@@ -91,12 +91,10 @@ pub(crate) unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
 pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockIQ4NL>(w), blocks_of::<BlockQ8_0>(a));
     let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(y.d) * f16_to_f32(x.d));
-        acc = _mm256_fmadd_ps(d, dot_i8_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())), acc);
-    }
-    hsum_ps(acc)
+        (d, dot_i8_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
+    })
 }
 
 /// # Safety
@@ -105,10 +103,8 @@ pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
 pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockMXFP4>(w), blocks_of::<BlockQ8_0>(a));
     let table = _mm_loadu_si128(MXFP4_VALUES.as_ptr().cast());
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in w.iter().zip(a) {
+    sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(y.d) * e8m0_to_f32_half(x.e));
-        acc = _mm256_fmadd_ps(d, dot_i8_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())), acc);
-    }
-    hsum_ps(acc)
+        (d, dot_i8_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
+    })
 }
