@@ -60,11 +60,8 @@ fn prepare(
     if weights.len() != expected {
         return Err(CpuError::Shape { what: "weight bytes", expected, got: weights.len() });
     }
-    let align = cpu::block_align(kind);
     // Row starts stay aligned because a row is whole blocks.
-    if !(weights.as_ptr() as usize).is_multiple_of(align) {
-        return Err(QuantError::Misaligned { kind, addr: weights.as_ptr() as usize, align }.into());
-    }
+    cpu::check_aligned(kind, weights)?;
     let kernel = cpu::select(kind, isa).ok_or(QuantError::NoDot { kind })?;
     Ok(Prepared { kernel, act, row_bytes, act_bytes })
 }

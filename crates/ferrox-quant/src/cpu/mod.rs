@@ -242,6 +242,17 @@ macro_rules! block_align_table {
 }
 crate::quant_kinds!(block_align_table);
 
+/// Whether `bytes` starts where a block of `kind` may start (what every
+/// kernel's block casts rely on).
+pub(crate) fn check_aligned(kind: QuantKind, bytes: &[u8]) -> Result<(), QuantError> {
+    let (addr, align) = (bytes.as_ptr() as usize, block_align(kind));
+    if addr.is_multiple_of(align) {
+        Ok(())
+    } else {
+        Err(QuantError::Misaligned { kind, addr, align })
+    }
+}
+
 /// The kernel that exists for `(kind, isa)`, with no fallback: the dispatch
 /// table. Partial by design; must agree with [`simd_kernel`].
 pub fn dot_fn(kind: QuantKind, isa: Isa) -> Option<DotFn> {
@@ -324,12 +335,8 @@ pub(crate) fn check_dot_operands(kind: QuantKind, w: &[u8], a: &[u8]) -> Result<
     if a.len() != expected {
         return Err(CpuError::Shape { what: "activation bytes", expected, got: a.len() });
     }
-    for (k, p) in [(kind, w.as_ptr()), (act, a.as_ptr())] {
-        let align = block_align(k);
-        if !(p as usize).is_multiple_of(align) {
-            return Err(QuantError::Misaligned { kind: k, addr: p as usize, align }.into());
-        }
-    }
+    check_aligned(kind, w)?;
+    check_aligned(act, a)?;
     Ok(n)
 }
 
@@ -356,10 +363,7 @@ pub fn quantize_act(act: QuantKind, isa: Isa, x: &[f32], out: &mut [u8]) -> Resu
     if out.len() != expected {
         return Err(CpuError::Shape { what: "quantized activation bytes", expected, got: out.len() });
     }
-    let align = block_align(act);
-    if !(out.as_ptr() as usize).is_multiple_of(align) {
-        return Err(QuantError::Misaligned { kind: act, addr: out.as_ptr() as usize, align }.into());
-    }
+    check_aligned(act, out)?;
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && x86::quantize_act_avx2(act, x, out) {
         return Ok(());
