@@ -38,65 +38,48 @@ fn sources() -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-/// The marker that makes a line a rule's own text rather than a violation.
-fn is_this_file(p: &Path) -> bool {
-    p.ends_with("tidy.rs")
+/// `file:line` of every line (other than in this file, which spells the
+/// rules out) for which `bad(lines, i)` holds.
+fn violations(bad: impl Fn(&[&str], usize) -> bool) -> Vec<String> {
+    let mut found = Vec::new();
+    for (p, text) in sources() {
+        if p.ends_with("tidy.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for i in 0..lines.len() {
+            if bad(&lines, i) {
+                found.push(format!("{}:{}", p.display(), i + 1));
+            }
+        }
+    }
+    found
+}
+
+/// A line without its `//` comment.
+fn code(line: &str) -> &str {
+    line.split("//").next().unwrap_or("")
 }
 
 #[test]
 fn no_test_is_ignored() {
-    let mut bad = Vec::new();
-    for (p, text) in sources() {
-        if is_this_file(&p) {
-            continue;
-        }
-        for (i, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("#[ignore") {
-                bad.push(format!("{}:{}", p.display(), i + 1));
-            }
-        }
-    }
+    let bad = violations(|l, i| l[i].trim_start().starts_with("#[ignore"));
     assert!(bad.is_empty(), "#[ignore] hides a test that must run or be deleted: {bad:?}");
 }
 
 #[test]
 fn no_stub_bodies_remain() {
-    let mut bad = Vec::new();
-    for (p, text) in sources() {
-        if is_this_file(&p) {
-            continue;
-        }
-        for (i, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            if code.contains("todo!(") || code.contains("unimplemented!(") {
-                bad.push(format!("{}:{}", p.display(), i + 1));
-            }
-        }
-    }
+    let bad = violations(|l, i| code(l[i]).contains("todo!(") || code(l[i]).contains("unimplemented!("));
     assert!(bad.is_empty(), "a stub is not done: {bad:?}");
 }
 
 #[test]
 fn every_unsafe_block_says_why_it_is_sound() {
-    let mut bad = Vec::new();
-    for (p, text) in sources() {
-        if is_this_file(&p) {
-            continue;
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            // `unsafe {` opens a block; `unsafe fn`/`unsafe impl` carry a
-            // `# Safety` doc instead, and `unsafe extern` is a declaration.
-            if !code.contains("unsafe {") {
-                continue;
-            }
-            let window = &lines[i.saturating_sub(6)..=i];
-            if !window.iter().any(|l| l.contains("SAFETY:")) {
-                bad.push(format!("{}:{}", p.display(), i + 1));
-            }
-        }
-    }
+    // `unsafe {` opens a block; `unsafe fn`/`unsafe impl` carry a `# Safety`
+    // doc instead, and `unsafe extern` is a declaration.
+    let bad = violations(|l, i| {
+        code(l[i]).contains("unsafe {") && !l[i.saturating_sub(6)..=i].iter().any(|w| w.contains("SAFETY:"))
+    });
     assert!(bad.is_empty(), "unsafe blocks without a `// SAFETY:` line: {bad:?}");
 }
 
@@ -105,29 +88,18 @@ fn every_unsafe_block_says_why_it_is_sound() {
 /// arm (or the line above) with the words "capability table".
 #[test]
 fn no_wildcard_arm_over_quant_kinds_outside_capability_tables() {
-    let mut bad = Vec::new();
-    for (p, text) in sources() {
-        if is_this_file(&p) {
-            continue;
+    let bad = violations(|l, i| {
+        if !l[i].trim_start().starts_with("_ =>") {
+            return false;
         }
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            if !line.trim_start().starts_with("_ =>") {
-                continue;
-            }
-            let before = &lines[i.saturating_sub(40)..i];
-            // The nearest arm above decides which match this is.
-            let over_kinds = before
-                .iter()
-                .rev()
-                .find(|l| l.contains("=>"))
-                .is_some_and(|l| l.contains("QuantKind::") || l.trim_start().starts_with("$(QuantKind::"));
-            let marked = line.contains("capability table")
-                || lines[i.saturating_sub(1)].contains("capability table");
-            if over_kinds && !marked {
-                bad.push(format!("{}:{}", p.display(), i + 1));
-            }
-        }
-    }
+        // The nearest arm above decides which match this is.
+        let over_kinds = l[i.saturating_sub(40)..i]
+            .iter()
+            .rev()
+            .find(|a| a.contains("=>"))
+            .is_some_and(|a| a.contains("QuantKind::") || a.trim_start().starts_with("$(QuantKind::"));
+        let marked = l[i].contains("capability table") || l[i.saturating_sub(1)].contains("capability table");
+        over_kinds && !marked
+    });
     assert!(bad.is_empty(), "wildcard arms over QuantKind: {bad:?}");
 }
