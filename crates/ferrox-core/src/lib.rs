@@ -6,4 +6,5 @@
 #![deny(missing_docs)]
 
 pub mod requantize;
+pub mod sampling;
 pub mod tokenizer;
