@@ -307,12 +307,15 @@ fn logit_bias_adds_and_negative_infinity_bans() {
 #[test]
 fn nan_logits_never_win_and_all_nan_is_an_error() {
     let nan = f32::NAN;
-    assert_eq!(
-        sample_once(SamplingParams::greedy(), &[1.0, nan, 0.5], &[])
-            .unwrap()
-            .token,
-        0
-    );
+    let g = SamplingParams {
+        top_logprobs: 3,
+        ..SamplingParams::greedy()
+    };
+    let s = sample_once(g, &[1.0, nan, 0.5], &[]).unwrap();
+    assert_eq!(s.token, 0);
+    // A NaN logit has probability 0: ln(e^1 + e^0.5) = 1.474077, so ln p(token 0) = -0.474077.
+    assert!((s.logprob as f64 - -0.474_077).abs() < 1e-5, "{s:?}");
+    assert_eq!(s.top[2], (1, f32::NEG_INFINITY));
     let c = counts(params(|_| {}), &[nan, 0.0, nan, 0.0], 500);
     assert_eq!((c[0], c[2]), (0, 0), "{c:?}");
     for p in [
@@ -452,11 +455,12 @@ fn logprobs_are_the_log_softmax_of_the_raw_logits() {
     )
     .unwrap();
     assert_eq!(s.token, 2);
-    assert!((s.logprob - -0.407_605_96).abs() < 1e-5, "{s:?}");
+    assert!((s.logprob as f64 - -0.407_605_964_4).abs() < 1e-5, "{s:?}");
     assert_eq!(s.top.len(), 2);
     assert_eq!((s.top[0].0, s.top[1].0), (2, 1));
     assert!(
-        (s.top[0].1 - -0.407_605_96).abs() < 1e-5 && (s.top[1].1 - -1.407_605_96).abs() < 1e-5,
+        (s.top[0].1 as f64 - -0.407_605_964_4).abs() < 1e-5
+            && (s.top[1].1 as f64 - -1.407_605_964_4).abs() < 1e-5,
         "{s:?}"
     );
     // Bias and penalties steer the choice but not the reported numbers.
@@ -469,7 +473,7 @@ fn logprobs_are_the_log_softmax_of_the_raw_logits() {
     };
     let s = sample_once(steered, &logits, &[2, 1]).unwrap();
     assert_eq!(s.token, 0);
-    assert!((s.logprob - -2.407_605_96).abs() < 1e-5, "{s:?}");
+    assert!((s.logprob as f64 - -2.407_605_964_4).abs() < 1e-5, "{s:?}");
     assert_eq!(s.top.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 1, 0]);
     // Ties in the top list go to the lower id.
     let s = sample_once(
