@@ -625,6 +625,22 @@ fn out_of_range_parameters_are_errors_naming_the_field() {
     }
     .validate(262_144)
     .is_ok());
+    // Above OpenAI's 20 even where the vocabulary is large enough.
+    let r = SamplingParams {
+        top_logprobs: 21,
+        ..d()
+    }
+    .validate(262_144);
+    assert!(
+        matches!(
+            r,
+            Err(SamplingError::BadParam {
+                field: "top_logprobs",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 #[test]
