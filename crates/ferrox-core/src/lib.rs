@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod requantize;
+pub mod sampling;
 pub mod tokenizer;
 pub mod arch;
 pub mod backend;
