@@ -8,3 +8,9 @@
 pub mod requantize;
 pub mod sampling;
 pub mod tokenizer;
+pub mod arch;
+pub mod backend;
+pub mod kernel_registry;
+pub mod model;
+pub mod generate;
+pub mod testing;
