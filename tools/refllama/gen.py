@@ -9,6 +9,7 @@ build) so the Rust tests can compare without llama.cpp. See README.md.
 usage:
   gen.py [real]               Gemma 3 270M Q4_K_M (8+ prompts) and ferrox's own
                               q8_0 / q4_0 re-quantizations of it (3 prompts each)
+  gen.py norepack             the Gemma files again through llama.cpp's --no-repack path
   gen.py tiny DIR             every DIR/*.gguf with --all-logits over TINY_TOKENS
          [--out-dir D] [--tokens 1,2,3] [--n-predict N]
 
@@ -42,7 +43,8 @@ NEAR_TIE = 0.1
 
 # Fixed ids for tiny models, taken modulo the model's vocabulary size so the
 # same list works on any GGUF; no BOS is added (--tokens is used verbatim).
-TINY_TOKENS = [1, 7, 42, 3, 99, 15, 250, 0, 64, 8, 511, 2, 33, 128, 5, 77]
+# Equal to `ferrox_core::testing::tiny_tokens()` (the tests check the file's list).
+TINY_TOKENS = [1, 259, 260, 261, 300, 45, 260, 262, 263, 120, 259, 260, 264]
 TINY_N_PREDICT = 8
 
 LONG_PARAGRAPH = (
@@ -126,9 +128,13 @@ def sha256(path):
     return h.hexdigest()
 
 
+# Extra harness flags for every run (`norepack` mode sets ["--no-repack"]).
+HARNESS_EXTRA = []
+
+
 def harness(model, args):
     """Runs the harness twice; its stdout must not change between runs."""
-    cmd = [HARNESS, model, "--ctx", str(CTX), "--threads", str(THREADS)] + args
+    cmd = [HARNESS, model, "--ctx", str(CTX), "--threads", str(THREADS)] + args + HARNESS_EXTRA
     outs = [subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
             for _ in range(2)]
     if outs[0] != outs[1]:
@@ -245,6 +251,26 @@ def gen_model(model, cases, out, extra):
     return doc
 
 
+def norepack():
+    """The same cases through llama.cpp's canonical CPU path (`--no-repack`:
+    weights read as stored, no interleaved repacking). Its logits differ from
+    the repacked path's by up to ~1.7 on this model, and the greedy paths of
+    the two diverge on some prompts: the tests treat a step where the two
+    llama.cpp paths disagree as having no single right answer."""
+    HARNESS_EXTRA.append("--no-repack")
+    print(f"{os.path.basename(REAL_MODEL)} (--no-repack):")
+    doc = gen_model(REAL_MODEL, REAL_CASES, None, {"llama_cpp_flags": "--no-repack"})
+    write_json(os.path.join(OUT_DIR, "gemma3-270m-q4_k_m.norepack.json"), doc)
+    path = os.path.join(MODELS, "gemma-3-270m-q4_0.ferrox.gguf")
+    if os.path.exists(path):
+        print(f"{os.path.basename(path)} (--no-repack):")
+        ref = json.load(open(os.path.join(OUT_DIR, "gemma3-270m-q4_0.json")))
+        extra = {k: ref[k] for k in ("source_model", "source_model_sha256", "made_by", "ferrox_commit")}
+        extra["llama_cpp_flags"] = "--no-repack"
+        doc = gen_model(path, REAL_CASES[:REQUANT_CASES], None, extra)
+        write_json(os.path.join(OUT_DIR, "gemma3-270m-q4_0.norepack.json"), doc)
+
+
 def real():
     print(f"{os.path.basename(REAL_MODEL)}:")
     doc = gen_model(REAL_MODEL, REAL_CASES, None, {})
@@ -307,7 +333,7 @@ def tiny(directory, out_dir, tokens, n_predict):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="real", choices=["real", "tiny"])
+    ap.add_argument("mode", nargs="?", default="real", choices=["real", "tiny", "norepack"])
     ap.add_argument("dir", nargs="?", help="tiny: the folder of *.gguf files")
     ap.add_argument("--out-dir", default=os.path.join(OUT_DIR, "tiny"), help="tiny: where the JSON goes")
     ap.add_argument("--tokens", help="tiny: comma-separated ids instead of TINY_TOKENS")
@@ -316,6 +342,8 @@ def main():
     build()
     if a.mode == "real":
         real()
+    elif a.mode == "norepack":
+        norepack()
     else:
         if not a.dir:
             ap.error("tiny needs DIR")
