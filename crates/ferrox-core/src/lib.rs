@@ -5,5 +5,6 @@
 //! the backend seam and the kernel registry join it with the engine.
 #![deny(missing_docs)]
 
+pub mod chat_template;
 pub mod requantize;
 pub mod tokenizer;
