@@ -8,7 +8,7 @@ the same template and conversation, so the Rust test
 
 The environment mirrors transformers (utils/chat_template_utils.py):
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with the
-loopcontrols extension, `tojson` = json.dumps(ensure_ascii=False, ...),
+loopcontrols and AssistantTracker (`{% generation %}`) extensions, `tojson` = json.dumps(ensure_ascii=False, ...),
 globals `raise_exception` and `strftime_now`, and the render variables
 messages, tools=None, add_generation_prompt, bos_token, eos_token.
 `strftime_now` is pinned to NOW (UTC) so the expected text is reproducible;
@@ -22,7 +22,13 @@ For every DIR/*.jinja it writes OUT/<stem>.json:
    "cases": [{"name", "messages", "add_generation_prompt",
               "expected": str | null, "raised": str | null}]}
 `raised` is the message of a `raise_exception` call (expected is then null).
-Any other jinja2 error aborts the script: the reference must be clean.
+A case on which jinja2 itself fails otherwise (e.g. a template that needs
+`tools`) is left out and reported.
+
+To check every template llama.cpp ships (not committed; all of them agreed
+when this was written):
+  gen.py --templates LLAMA/models/templates --out /tmp/all
+  FERROX_CHAT_TEMPLATE_REF=/tmp/all cargo test -p ferrox-core --lib chat_template
 
 Template provenance (see templates/README.md): most are llama.cpp's copies
 (LLAMA/models/templates, fetched from the HF hubs by its get_chat_template.py);
@@ -111,6 +117,21 @@ CONVERSATIONS = [
 ]
 
 
+class AssistantTracker(jinja2.ext.Extension):
+    """transformers' `{% generation %}` block, minus the index tracking: the
+    body renders unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
 class Raised(Exception):
     pass
 
@@ -128,7 +149,7 @@ def strftime_now(fmt):
 
 
 def environment():
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[AssistantTracker, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -141,13 +162,18 @@ def main():
     ap.add_argument("--out", default=DATA)
     args = ap.parse_args()
     env = environment()
+    os.makedirs(args.out, exist_ok=True)
     for fname in sorted(os.listdir(args.templates)):
         if not fname.endswith(".jinja"):
             continue
         stem = fname[: -len(".jinja")]
         with open(os.path.join(args.templates, fname), encoding="utf-8") as f:
             source = f.read()
-        tmpl = env.from_string(source)
+        try:
+            tmpl = env.from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            print(f"{stem}: jinja2 cannot compile it ({e}); skipped")
+            continue
         bos, eos = specials(stem)
         cases = []
         for name, messages in CONVERSATIONS:
@@ -159,8 +185,15 @@ def main():
                                                    bos_token=bos, eos_token=eos)
                 except Raised as e:
                     case["raised"] = str(e)
+                except jinja2.TemplateError as e:
+                    print(f"  {stem} {case['name']}: jinja2 fails ({type(e).__name__}: {e}); case left out")
+                    continue
+                except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+                    print(f"  {stem} {case['name']}: jinja2 fails ({type(e).__name__}: {e}); case left out")
+                    continue
                 cases.append(case)
-        out = {"template": f"templates/{fname}", "bos_token": bos, "eos_token": eos, "now": NOW, "cases": cases}
+        rel = os.path.relpath(os.path.join(args.templates, fname), args.out)
+        out = {"template": rel, "bos_token": bos, "eos_token": eos, "now": NOW, "cases": cases}
         with open(os.path.join(args.out, stem + ".json"), "w", encoding="utf-8") as f:
             json.dump(out, f, ensure_ascii=False, indent=1)
             f.write("\n")

@@ -300,7 +300,7 @@ impl ChatTemplate {
         }
         let mut t = Self::empty(source, bos, eos, builtin);
         t.env
-            .add_template_owned(TEMPLATE_NAME, source.to_string())
+            .add_template_owned(TEMPLATE_NAME, desugar_generation_tags(source))
             .map_err(|e| syntax_error(&e))?;
         Ok(t)
     }
@@ -318,6 +318,8 @@ impl ChatTemplate {
         env.set_unknown_method_callback(pystr::method_callback);
         env.add_filter("tojson", pyjson::tojson);
         env.add_filter("trim", pystr::trim);
+        env.add_test("iterable", pystr::is_iterable);
+        env.add_test("sequence", pystr::is_sequence);
         let limits = RenderLimits::default();
         env.set_fuel(Some(limits.fuel));
         env.set_recursion_limit(limits.recursion);
@@ -523,6 +525,41 @@ fn syntax_error(e: &Error) -> TemplateError {
         line: e.line().unwrap_or(0),
         detail: describe(e),
     }
+}
+
+/// Rewrites HF's `{% generation %}…{% endgeneration %}` (transformers'
+/// AssistantTracker extension, which only records where assistant text lies
+/// and renders its body unchanged) as `{% if true %}…{% endif %}`, keeping
+/// the whitespace-control markers, so templates that use it compile.
+fn desugar_generation_tags(source: &str) -> String {
+    if !source.contains("generation") {
+        return source.to_string();
+    }
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at + 2]);
+        rest = &rest[at + 2..];
+        let marker = rest.len() - rest.trim_start_matches(['-', '+']).len();
+        let marker = marker.min(1);
+        let after_marker = &rest[marker..];
+        let ws = after_marker.len() - after_marker.trim_start().len();
+        let word = &after_marker[ws..];
+        for (tag, replacement) in [("endgeneration", "endif"), ("generation", "if true")] {
+            let Some(tail) = word.strip_prefix(tag) else {
+                continue;
+            };
+            let close = tail.trim_start().trim_start_matches(['-', '+']);
+            if close.starts_with("%}") {
+                out.push_str(&rest[..marker + ws]);
+                out.push_str(replacement);
+                rest = tail;
+            }
+            break;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The vocabulary's text for the BOS and EOS ids, with llama.cpp's default

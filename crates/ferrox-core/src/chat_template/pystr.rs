@@ -50,3 +50,31 @@ pub(crate) fn trim(s: &str, chars: Option<&str>) -> String {
         Some(set) => s.trim_matches(|c| set.contains(c)).to_string(),
     }
 }
+
+/// The `iterable` test as Python answers it: strings, lists, dicts and
+/// jinja2's Undefined iterate; `None` does not (minijinja would say it does,
+/// and `tools is iterable and tools | length > 0` then fails on `none`).
+pub(crate) fn is_iterable(v: &Value) -> bool {
+    matches!(
+        v.kind(),
+        ValueKind::Seq
+            | ValueKind::Map
+            | ValueKind::Iterable
+            | ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Undefined
+    )
+}
+
+/// The `sequence` test as jinja2 answers it (has `len` and indexing):
+/// strings and dicts are sequences too.
+pub(crate) fn is_sequence(v: &Value) -> bool {
+    matches!(
+        v.kind(),
+        ValueKind::Seq
+            | ValueKind::Map
+            | ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Undefined
+    )
+}

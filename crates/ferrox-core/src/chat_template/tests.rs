@@ -126,7 +126,7 @@ fn every_reference_render_matches_jinja2_byte_for_byte() {
             n += 1;
         }
     }
-    assert!(n >= 150, "only {n} reference cases");
+    assert!(n >= 480, "only {n} reference cases");
     assert!(
         bad.is_empty(),
         "{} of {n} renders differ from jinja2:\n{}",
@@ -581,4 +581,18 @@ fn python_internals_are_not_reachable() {
     )
     .unwrap();
     assert_eq!(out, "||");
+}
+
+#[test]
+fn hf_generation_blocks_render_their_body_and_nothing_else_is_rewritten() {
+    let t = ChatTemplate::from_source(
+        "a {%- generation -%} b {%+ endgeneration %}|{{ 'generation' }}|{% set generations = 1 %}{{ generations }}",
+        "",
+        "",
+    )
+    .unwrap();
+    // jinja2 with the AssistantTracker stand-in of gen.py renders "ab |generation|1".
+    assert_eq!(t.render(&[], false).unwrap(), "ab |generation|1");
+    // The source the caller sees is the one given, not the rewrite.
+    assert!(t.source().contains("{%- generation -%}"));
 }
