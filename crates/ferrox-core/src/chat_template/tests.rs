@@ -596,3 +596,19 @@ fn hf_generation_blocks_render_their_body_and_nothing_else_is_rewritten() {
     // The source the caller sees is the one given, not the rewrite.
     assert!(t.source().contains("{%- generation -%}"));
 }
+
+#[test]
+fn a_chat_template_can_be_shared_between_server_threads() {
+    fn shareable<T: Send + Sync>(_: &T) {}
+    let t = ChatTemplate::builtin(BuiltinTemplate::Qwen3, "", "<|im_end|>");
+    shareable(&t);
+    let out = std::thread::scope(|s| {
+        s.spawn(|| t.render(&[ChatMessage::new("user", "hi")], true))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(
+        out.unwrap(),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
