@@ -7,4 +7,11 @@
 
 pub mod chat_template;
 pub mod requantize;
+pub mod sampling;
 pub mod tokenizer;
+pub mod arch;
+pub mod backend;
+pub mod kernel_registry;
+pub mod model;
+pub mod generate;
+pub mod testing;

@@ -8,7 +8,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod info;
+mod kernels;
+mod load;
 mod quantize;
+mod run;
 mod tokenize;
 
 #[derive(Parser)]
@@ -26,6 +29,10 @@ enum Command {
     Quantize(quantize::Args),
     /// Print the token ids of a text (like llama-tokenize).
     Tokenize(tokenize::Args),
+    /// Generate a continuation of a prompt, streamed.
+    Run(run::Args),
+    /// Where every weight is placed and which kernel runs for it.
+    Kernels(kernels::Args),
 }
 
 /// The model path, given either as the first positional argument or as `-m`.
@@ -48,6 +55,8 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Kernels(a) => kernels::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

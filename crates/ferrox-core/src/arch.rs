@@ -1,0 +1,388 @@
+//! Architectures as data: a role table and one spec row per architecture.
+//!
+//! The decision: a model family is not code. What differs between Llama,
+//! Qwen, Phi and Gemma — which tensors exist, the RoPE layout, the
+//! activation, the extra norms, softcaps, sliding windows, embedding
+//! scaling — is a row of [`arch_table!`]; the one generic decoder
+//! (`model::decoder`) reads the row. The tensors a file may hold are
+//! [`tensor_roles!`]: each role names its GGUF pattern, whether it repeats
+//! per block, and the op it feeds (which is what placement needs). A new
+//! dense family is a row here plus whatever genuinely new op it brings.
+
+use std::fmt;
+
+/// Whether a tensor exists once per model or once per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerClass {
+    /// One per model (`token_embd.weight`).
+    Global,
+    /// One per block (`blk.N.attn_q.weight`).
+    Block,
+}
+
+/// The operation a tensor feeds, which decides where it must be placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feeds {
+    /// Row lookup by token id.
+    Embedding,
+    /// A matrix product (the decode matvec and the prefill GEMM).
+    Matmul,
+    /// An element-wise weight of an RMS norm.
+    Norm,
+    /// A bias added after a matmul.
+    Bias,
+    /// Per-dimension RoPE frequency factors.
+    RopeFactors,
+}
+
+macro_rules! tensor_roles {
+    ($(($role:ident, $suffix:literal, $class:ident, $feeds:ident, $doc:literal)),* $(,)?) => {
+        /// A tensor's job in the model, independent of the architecture.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Role { $(#[doc = $doc] $role),* }
+
+        impl Role {
+            /// Every role, in table order.
+            pub const ALL: &'static [Role] = &[$(Role::$role),*];
+
+            /// The GGUF name without the `blk.N.` prefix.
+            pub const fn suffix(self) -> &'static str {
+                match self { $(Role::$role => $suffix),* }
+            }
+
+            /// Once per model or once per block.
+            pub const fn class(self) -> LayerClass {
+                match self { $(Role::$role => LayerClass::$class),* }
+            }
+
+            /// The op it feeds.
+            pub const fn feeds(self) -> Feeds {
+                match self { $(Role::$role => Feeds::$feeds),* }
+            }
+        }
+    };
+}
+
+tensor_roles! {
+    (TokenEmbd, "token_embd.weight", Global, Embedding, "Token embedding table (vocab x embd)."),
+    (OutputNorm, "output_norm.weight", Global, Norm, "Final norm before the output head."),
+    (Output, "output.weight", Global, Matmul, "Output head; absent when tied to the embedding."),
+    (RopeFreqs, "rope_freqs.weight", Global, RopeFactors, "Llama 3.1+ RoPE frequency factors."),
+    (RopeFactorsLong, "rope_factors_long.weight", Global, RopeFactors, "Phi-3 long-context RoPE factors."),
+    (RopeFactorsShort, "rope_factors_short.weight", Global, RopeFactors, "Phi-3 short-context RoPE factors."),
+    (AttnNorm, "attn_norm.weight", Block, Norm, "Norm before attention."),
+    (AttnQ, "attn_q.weight", Block, Matmul, "Query projection."),
+    (AttnK, "attn_k.weight", Block, Matmul, "Key projection."),
+    (AttnV, "attn_v.weight", Block, Matmul, "Value projection."),
+    (AttnQkv, "attn_qkv.weight", Block, Matmul, "Fused query/key/value projection (Phi-3)."),
+    (AttnQBias, "attn_q.bias", Block, Bias, "Query bias (Qwen2)."),
+    (AttnKBias, "attn_k.bias", Block, Bias, "Key bias (Qwen2)."),
+    (AttnVBias, "attn_v.bias", Block, Bias, "Value bias (Qwen2)."),
+    (AttnQkvBias, "attn_qkv.bias", Block, Bias, "Fused QKV bias."),
+    (AttnQNorm, "attn_q_norm.weight", Block, Norm, "Per-head query norm (Gemma 3, Qwen3)."),
+    (AttnKNorm, "attn_k_norm.weight", Block, Norm, "Per-head key norm (Gemma 3, Qwen3)."),
+    (AttnOut, "attn_output.weight", Block, Matmul, "Attention output projection."),
+    (AttnOutBias, "attn_output.bias", Block, Bias, "Attention output bias."),
+    (AttnPostNorm, "post_attention_norm.weight", Block, Norm, "Norm after attention (Gemma 2/3)."),
+    (FfnNorm, "ffn_norm.weight", Block, Norm, "Norm before the feed-forward block."),
+    (FfnGate, "ffn_gate.weight", Block, Matmul, "Feed-forward gate projection."),
+    (FfnUp, "ffn_up.weight", Block, Matmul, "Feed-forward up projection (gate and up fused on Phi-3)."),
+    (FfnDown, "ffn_down.weight", Block, Matmul, "Feed-forward down projection."),
+    (FfnPostNorm, "post_ffw_norm.weight", Block, Norm, "Norm after the feed-forward block (Gemma 2/3)."),
+}
+
+impl Role {
+    /// The GGUF tensor name of this role (`layer` is ignored for globals).
+    pub fn gguf_name(self, layer: usize) -> String {
+        match self.class() {
+            LayerClass::Global => self.suffix().to_string(),
+            LayerClass::Block => format!("blk.{layer}.{}", self.suffix()),
+        }
+    }
+
+    /// The role and layer a GGUF tensor name denotes, if any.
+    pub fn parse(name: &str) -> Option<(Role, Option<usize>)> {
+        if let Some(rest) = name.strip_prefix("blk.") {
+            let (n, suffix) = rest.split_once('.')?;
+            let layer = n.parse().ok()?;
+            let role = Role::ALL
+                .iter()
+                .find(|r| r.class() == LayerClass::Block && r.suffix() == suffix)?;
+            return Some((*role, Some(layer)));
+        }
+        let role = Role::ALL
+            .iter()
+            .find(|r| r.class() == LayerClass::Global && r.suffix() == name)?;
+        Some((*role, None))
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.suffix())
+    }
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (ggml's `NORM`, Llama).
+    Interleaved,
+    /// Halves `(i, i + n_rot/2)` (ggml's `NEOX`, Qwen, Gemma, Phi-3).
+    Halves,
+}
+
+/// The feed-forward activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) * up`.
+    SiluGated,
+    /// `gelu_tanh(gate) * up` (Gemma).
+    GeluGated,
+}
+
+/// How the gate and up projections are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnLayout {
+    /// `ffn_gate` and `ffn_up` as two matrices.
+    Separate,
+    /// One `ffn_up` of `2 * n_ff` rows: gate first, then up (Phi-3).
+    FusedGateUp,
+}
+
+/// Which layers use a sliding attention window, and their RoPE base.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SlidingWindow {
+    /// Every layer attends to the whole context.
+    None,
+    /// When the file has `attention.sliding_window`, every layer except each
+    /// `pattern`-th (`layer % pattern == pattern - 1`) is local, unless the
+    /// file gives its own `attention.sliding_window_pattern`.
+    Pattern {
+        /// Default period of global layers.
+        pattern: u32,
+        /// Window when the file has none (`None`: no window without the key).
+        default_window: Option<u32>,
+        /// RoPE base of local layers when the file has no `rope.freq_base_swa`:
+        /// `None` means the global base.
+        default_local_base: Option<f32>,
+    },
+}
+
+/// How the attention logits are scaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnScale {
+    /// `1 / sqrt(head_dim)`.
+    HeadDim,
+    /// Gemma: `1 / sqrt(head_dim)`, except the 27B models (`n_layer` listed
+    /// here) which use `1 / sqrt(n_embd / n_head)`.
+    GemmaQueryPreAttn {
+        /// Block counts of the models that use the embedding-based scale.
+        embd_based_layers: u32,
+    },
+}
+
+/// One architecture, as data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ArchSpec {
+    /// `general.architecture`.
+    pub name: &'static str,
+    /// RoPE pairing.
+    pub rope: RopeStyle,
+    /// Feed-forward activation.
+    pub activation: Activation,
+    /// Gate/up storage.
+    pub ffn: FfnLayout,
+    /// Multiply the embeddings by `sqrt(n_embd)`.
+    pub scale_embeddings: bool,
+    /// Per-head RMS norms on Q and K before RoPE.
+    pub qk_norm: bool,
+    /// RMS norms after attention and after the feed-forward block.
+    pub post_norms: bool,
+    /// Sliding-window layers.
+    pub sliding_window: SlidingWindow,
+    /// Attention logit scaling.
+    pub attn_scale: AttnScale,
+    /// Attention logit softcap when the file does not say.
+    pub default_attn_softcap: Option<f32>,
+    /// Final logit softcap when the file does not say.
+    pub default_final_softcap: Option<f32>,
+    /// Roles that must be present in every block (beyond the universal ones).
+    pub block_roles: &'static [Role],
+    /// Roles that may be present (biases, optional factors).
+    pub optional_roles: &'static [Role],
+}
+
+const BASE_BLOCK: &[Role] = &[Role::AttnNorm, Role::AttnOut, Role::FfnNorm, Role::FfnUp, Role::FfnDown];
+const QKV: &[Role] = &[Role::AttnQ, Role::AttnK, Role::AttnV];
+
+macro_rules! arch_table {
+    ($(($variant:ident, $name:literal, $spec:expr)),* $(,)?) => {
+        /// A supported architecture.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Arch { $(#[doc = $name] $variant),* }
+
+        impl Arch {
+            /// Every supported architecture, in table order.
+            pub const ALL: &'static [Arch] = &[$(Arch::$variant),*];
+
+            /// Its row.
+            pub fn spec(self) -> &'static ArchSpec {
+                match self { $(Arch::$variant => { const S: ArchSpec = $spec; &S }),* }
+            }
+
+            /// The architecture `general.architecture` names, if supported.
+            pub fn from_name(name: &str) -> Option<Arch> {
+                match name { $($name => Some(Arch::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+const LLAMA_LIKE: ArchSpec = ArchSpec {
+    name: "llama",
+    rope: RopeStyle::Interleaved,
+    activation: Activation::SiluGated,
+    ffn: FfnLayout::Separate,
+    scale_embeddings: false,
+    qk_norm: false,
+    post_norms: false,
+    sliding_window: SlidingWindow::None,
+    attn_scale: AttnScale::HeadDim,
+    default_attn_softcap: None,
+    default_final_softcap: None,
+    block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate],
+    optional_roles: &[
+        Role::AttnQBias,
+        Role::AttnKBias,
+        Role::AttnVBias,
+        Role::AttnOutBias,
+        Role::Output,
+        Role::RopeFreqs,
+    ],
+};
+
+arch_table! {
+    (Llama, "llama", LLAMA_LIKE),
+    (Qwen2, "qwen2", ArchSpec {
+        name: "qwen2",
+        rope: RopeStyle::Halves,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+                       Role::AttnQBias, Role::AttnKBias, Role::AttnVBias],
+        optional_roles: &[Role::Output],
+        ..LLAMA_LIKE
+    }),
+    (Qwen3, "qwen3", ArchSpec {
+        name: "qwen3",
+        rope: RopeStyle::Halves,
+        qk_norm: true,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+                       Role::AttnQNorm, Role::AttnKNorm],
+        optional_roles: &[Role::Output],
+        ..LLAMA_LIKE
+    }),
+    (Phi3, "phi3", ArchSpec {
+        name: "phi3",
+        rope: RopeStyle::Halves,
+        ffn: FfnLayout::FusedGateUp,
+        // Fused or separate QKV: the loader accepts either (see `qkv_roles`).
+        block_roles: &[],
+        optional_roles: &[Role::Output, Role::RopeFactorsLong, Role::RopeFactorsShort,
+                          Role::AttnQkvBias, Role::AttnOutBias],
+        ..LLAMA_LIKE
+    }),
+    (Gemma2, "gemma2", ArchSpec {
+        name: "gemma2",
+        rope: RopeStyle::Halves,
+        activation: Activation::GeluGated,
+        scale_embeddings: true,
+        post_norms: true,
+        sliding_window: SlidingWindow::Pattern {
+            pattern: 2, default_window: Some(4096), default_local_base: None,
+        },
+        attn_scale: AttnScale::GemmaQueryPreAttn { embd_based_layers: 46 },
+        default_attn_softcap: Some(50.0),
+        default_final_softcap: Some(30.0),
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+                       Role::AttnPostNorm, Role::FfnPostNorm],
+        optional_roles: &[],
+        ..LLAMA_LIKE
+    }),
+    (Gemma3, "gemma3", ArchSpec {
+        name: "gemma3",
+        rope: RopeStyle::Halves,
+        activation: Activation::GeluGated,
+        scale_embeddings: true,
+        qk_norm: true,
+        post_norms: true,
+        sliding_window: SlidingWindow::Pattern {
+            pattern: 6, default_window: None, default_local_base: Some(10_000.0),
+        },
+        attn_scale: AttnScale::GemmaQueryPreAttn { embd_based_layers: 62 },
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+                       Role::AttnQNorm, Role::AttnKNorm, Role::AttnPostNorm, Role::FfnPostNorm],
+        optional_roles: &[Role::Output],
+        ..LLAMA_LIKE
+    }),
+}
+
+impl Arch {
+    /// The roles every block of this architecture must have.
+    pub fn required_block_roles(self) -> impl Iterator<Item = Role> {
+        BASE_BLOCK.iter().chain(self.spec().block_roles).copied()
+    }
+
+    /// Whether a file tensor of `role` belongs to this architecture.
+    pub fn accepts(self, role: Role) -> bool {
+        let s = self.spec();
+        matches!(role, Role::TokenEmbd | Role::OutputNorm)
+            || BASE_BLOCK.contains(&role)
+            || s.block_roles.contains(&role)
+            || s.optional_roles.contains(&role)
+            || (self == Arch::Phi3 && (QKV.contains(&role) || role == Role::AttnQkv))
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.spec().name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_role_name_parses_back_to_its_role() {
+        for &r in Role::ALL {
+            let name = r.gguf_name(7);
+            let want = match r.class() {
+                LayerClass::Global => None,
+                LayerClass::Block => Some(7),
+            };
+            assert_eq!(Role::parse(&name), Some((r, want)), "{name}");
+        }
+        assert_eq!(Role::parse("blk.x.attn_q.weight"), None);
+        assert_eq!(Role::parse("blk.3.attn_qq.weight"), None);
+        assert_eq!(Role::parse("attn_q.weight"), None);
+    }
+
+    #[test]
+    fn every_arch_name_round_trips_and_unknown_names_are_refused() {
+        for &a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.spec().name), Some(a));
+        }
+        assert_eq!(Arch::from_name("mamba"), None);
+    }
+
+    #[test]
+    fn every_required_role_is_accepted_and_per_block() {
+        for &a in Arch::ALL {
+            for r in a.required_block_roles() {
+                assert!(a.accepts(r), "{a} requires {r} but does not accept it");
+                assert_eq!(r.class(), LayerClass::Block, "{a}: {r}");
+            }
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! The CPU backend: the reference every accelerator is tested against.
+//!
+//! The decision: weights are never copied. A matrix stays in the mapped
+//! file and is read in place by `ferrox_quant`'s dot kernels (SIMD picked at
+//! run time, the scalar twin otherwise); only the small element-wise
+//! vectors (norms, biases, RoPE factors) are converted to f32 at load. The
+//! KV cache is f16, as llama.cpp's default, which halves its memory and
+//! keeps attention numerically where llama.cpp's is. Element-wise math
+//! follows ggml's CPU operation order (RMS sums in f64, GELU through ggml's
+//! f16 lookup table) so logits stay within rounding of llama.cpp's.
+
+use std::sync::{Arc, OnceLock};
+
+use ferrox_quant::cpu::{Isa, ThreadPool};
+use ferrox_quant::QuantKind;
+use half::f16;
+
+use super::{AttnParams, Batch, BackendError, DeviceBackend, HostTensor, RopeParams};
+use crate::arch::{Activation, RopeStyle};
+use crate::kernel_registry::Backend;
+
+/// The CPU backend: a thread count and the instruction-set level.
+#[derive(Debug, Clone)]
+pub struct Cpu {
+    threads: usize,
+    isa: Isa,
+}
+
+impl Cpu {
+    /// A CPU backend on `threads` threads (0: all cores) at the best level
+    /// this CPU has (lowered by `FERROX_CPU_ISA`).
+    pub fn new(threads: usize) -> Cpu {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            threads
+        };
+        Cpu { threads, isa: Isa::active() }
+    }
+
+    /// The instruction-set level kernels are chosen for.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+}
+
+/// The decode kernel the CPU runs for a matrix of `kind`, as the registry
+/// reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuKernel {
+    /// Kernel name from `ferrox_quant::cpu::simd_kernel`.
+    pub name: &'static str,
+    /// Activation kind (`vec_dot_kind`).
+    pub act: &'static str,
+    /// Set when the best level of this CPU has no kernel for the kind.
+    pub fallback: Option<String>,
+}
+
+/// What the CPU runs for a `kind` matrix on this machine, or `None` for a
+/// kind without a dot product.
+pub fn kernel_for(kind: QuantKind) -> Option<CpuKernel> {
+    let isa = Isa::active();
+    let k = ferrox_quant::cpu::select(kind, isa)?;
+    let act = kind.vec_dot_kind()?.name();
+    let fallback = (k.isa != isa).then(|| format!("no {isa} kernel for {kind}: {} ({})", k.name, k.isa));
+    Some(CpuKernel { name: k.name, act, fallback })
+}
+
+/// A weight placed on the CPU.
+pub enum CpuWeight {
+    /// A matrix read in place from the mapped file.
+    Mapped {
+        /// Storage kind.
+        kind: QuantKind,
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+        /// Start of its bytes inside `owner`'s mapping.
+        ptr: *const u8,
+        /// Byte length.
+        len: usize,
+        /// Keeps the mapping (and so `ptr`) alive.
+        owner: Arc<ferrox_gguf::GgufModel>,
+    },
+    /// A vector converted to f32 at load (norms, biases, RoPE factors).
+    Vector(Vec<f32>),
+}
+
+// SAFETY: `ptr` points into an immutable mapping owned by the `Arc` beside
+// it; nothing ever writes through it, so sharing it across threads is as
+// safe as sharing `&[u8]`.
+unsafe impl Send for CpuWeight {}
+// SAFETY: as above.
+unsafe impl Sync for CpuWeight {}
+
+impl CpuWeight {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            // SAFETY: `ptr..ptr+len` was a live slice of `owner`'s mapping
+            // when placed, and `owner` keeps that mapping alive and unchanged.
+            CpuWeight::Mapped { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+            CpuWeight::Vector(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    fn vector(&self) -> Result<&[f32], BackendError> {
+        match self {
+            CpuWeight::Vector(v) => Ok(v),
+            CpuWeight::Mapped { kind, rows, cols, .. } => Err(BackendError(format!(
+                "expected a vector, got a {rows}x{cols} {kind} matrix"
+            ))),
+        }
+    }
+}
+
+/// The CPU KV cache: per layer, `n_slots * n_ctx` positions of f16 keys and
+/// values, slot-major.
+pub struct CpuKv {
+    n_slots: usize,
+    n_ctx: usize,
+    k_dims: Vec<usize>,
+    v_dims: Vec<usize>,
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
+}
+
+impl CpuKv {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        (self.k.iter().map(Vec::len).sum::<usize>() + self.v.iter().map(Vec::len).sum::<usize>()) * 2
+    }
+}
+
+fn shape(what: &str, expected: usize, got: usize) -> BackendError {
+    BackendError(format!("shape mismatch: {what}: expected {expected}, got {got}"))
+}
+
+fn check_len(what: &str, buf: &[f32], expected: usize) -> Result<(), BackendError> {
+    if buf.len() != expected {
+        return Err(shape(what, expected, buf.len()));
+    }
+    Ok(())
+}
+
+/// ggml's `gelu` (tanh form) as its CPU backend evaluates it: the input
+/// rounded to f16 and looked up in a table of f16 results.
+fn gelu_table() -> &'static [f16] {
+    static TABLE: OnceLock<Vec<f16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        const COEF_A: f32 = 0.044715;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = f16::from_bits(bits).to_f32();
+                let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+                f16::from_f32(g)
+            })
+            .collect()
+    })
+}
+
+#[inline]
+fn gelu(x: f32, table: &[f16]) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        table[f16::from_f32(x).to_bits() as usize].to_f32()
+    }
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// A raw pointer to disjoint output rows written by pool tasks.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every task writes a disjoint range (one (token, head) pair), and
+// the pool joins all tasks before the borrow of the buffer ends.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl DeviceBackend for Cpu {
+    type Weight = CpuWeight;
+    type Buf = Vec<f32>;
+    type Kv = CpuKv;
+
+    fn id(&self) -> Backend {
+        Backend::Cpu
+    }
+
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn place(&self, t: &HostTensor<'_>) -> Result<CpuWeight, BackendError> {
+        if t.rows <= 1 {
+            let n = t.cols;
+            let mut v = vec![0.0f32; n];
+            ferrox_quant::dequantize(t.kind, t.bytes, &mut v)
+                .map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+            return Ok(CpuWeight::Vector(v));
+        }
+        let want = ferrox_quant::row_bytes(t.kind, t.cols)
+            .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
+            .checked_mul(t.rows)
+            .ok_or_else(|| BackendError(format!("{}: size overflows", t.name)))?;
+        if t.bytes.len() != want {
+            return Err(BackendError(format!("{}: {} bytes, expected {want}", t.name, t.bytes.len())));
+        }
+        Ok(CpuWeight::Mapped {
+            kind: t.kind,
+            rows: t.rows,
+            cols: t.cols,
+            ptr: t.bytes.as_ptr(),
+            len: t.bytes.len(),
+            owner: Arc::clone(t.owner),
+        })
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>, BackendError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn read(&self, src: &Vec<f32>, dst: &mut [f32]) -> Result<(), BackendError> {
+        let s = src.get(..dst.len()).ok_or_else(|| shape("read", dst.len(), src.len()))?;
+        dst.copy_from_slice(s);
+        Ok(())
+    }
+
+    fn kv_cache(&self, n_slots: usize, n_ctx: usize, k_dims: &[usize], v_dims: &[usize]) -> Result<CpuKv, BackendError> {
+        if k_dims.len() != v_dims.len() {
+            return Err(shape("kv layers", k_dims.len(), v_dims.len()));
+        }
+        let alloc = |d: usize| -> Result<Vec<f16>, BackendError> {
+            let n = n_slots
+                .checked_mul(n_ctx)
+                .and_then(|x| x.checked_mul(d))
+                .ok_or_else(|| BackendError("KV cache size overflows".into()))?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)
+                .map_err(|_| BackendError(format!("cannot allocate a KV cache of {} MiB", n * 2 >> 20)))?;
+            v.resize(n, f16::ZERO);
+            Ok(v)
+        };
+        Ok(CpuKv {
+            n_slots,
+            n_ctx,
+            k_dims: k_dims.to_vec(),
+            v_dims: v_dims.to_vec(),
+            k: k_dims.iter().map(|&d| alloc(d)).collect::<Result<_, _>>()?,
+            v: v_dims.iter().map(|&d| alloc(d)).collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn get_rows(&self, table: &CpuWeight, ids: &[u32], out: &mut Vec<f32>) -> Result<(), BackendError> {
+        let CpuWeight::Mapped { kind, rows, cols, .. } = table else {
+            return Err(BackendError("get_rows needs a matrix".into()));
+        };
+        check_len("get_rows output", out, ids.len() * cols)?;
+        let rb = ferrox_quant::row_bytes(*kind, *cols).map_err(BackendError::new)?;
+        let bytes = table.bytes();
+        for (i, &id) in ids.iter().enumerate() {
+            if id as usize >= *rows {
+                return Err(BackendError(format!("token id {id} outside the embedding table ({rows} rows)")));
+            }
+            let row = &bytes[id as usize * rb..(id as usize + 1) * rb];
+            ferrox_quant::dequantize(*kind, row, &mut out[i * cols..(i + 1) * cols]).map_err(BackendError::new)?;
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, y: &mut Vec<f32>, n: usize) -> Result<(), BackendError> {
+        let CpuWeight::Mapped { kind, rows, cols, .. } = w else {
+            return Err(BackendError("matmul needs a matrix".into()));
+        };
+        let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
+        ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
+    }
+
+    fn add_bias(&self, y: &mut Vec<f32>, b: &CpuWeight, n: usize) -> Result<(), BackendError> {
+        let b = b.vector()?;
+        check_len("bias input", y, n * b.len())?;
+        for row in y.chunks_exact_mut(b.len().max(1)) {
+            row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &mut Vec<f32>, w: &CpuWeight, eps: f32) -> Result<(), BackendError> {
+        let w = w.vector()?;
+        if w.is_empty() || x.len() % w.len() != 0 {
+            return Err(shape("rms_norm width", w.len(), x.len()));
+        }
+        for row in x.chunks_exact_mut(w.len()) {
+            let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+            let mean = (sum / row.len() as f64) as f32;
+            let scale = 1.0 / (mean + eps).sqrt();
+            row.iter_mut().zip(w).for_each(|(v, &g)| *v = (*v * scale) * g);
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        p: &RopeParams,
+        factors: Option<&CpuWeight>,
+    ) -> Result<(), BackendError> {
+        check_len("rope input", x, positions.len() * n_heads * head_dim)?;
+        if p.n_rot > head_dim || p.n_rot % 2 != 0 {
+            return Err(BackendError(format!("n_rot {} does not fit head size {head_dim}", p.n_rot)));
+        }
+        let factors = factors.map(CpuWeight::vector).transpose()?;
+        if let Some(f) = factors {
+            if f.len() < p.n_rot / 2 {
+                return Err(shape("rope factors", p.n_rot / 2, f.len()));
+            }
+        }
+        let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
+        let mut cs = vec![(0.0f32, 0.0f32); p.n_rot / 2];
+        let row = n_heads * head_dim;
+        for (t, &pos) in positions.iter().enumerate() {
+            // ggml builds theta by repeated multiplication; doing the same
+            // keeps the angles bit-identical to llama.cpp's.
+            let mut theta_base = pos as f32;
+            for (i, c) in cs.iter_mut().enumerate() {
+                let ff = factors.map_or(1.0, |f| f[i]);
+                let theta = p.freq_scale * (theta_base / ff);
+                *c = (theta.cos() * p.attn_factor, theta.sin() * p.attn_factor);
+                theta_base *= theta_scale;
+            }
+            for h in x[t * row..(t + 1) * row].chunks_exact_mut(head_dim) {
+                for (i, &(cos, sin)) in cs.iter().enumerate() {
+                    let (a, b) = match p.style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Halves => (i, i + p.n_rot / 2),
+                    };
+                    let (x0, x1) = (h[a], h[b]);
+                    h[a] = x0 * cos - x1 * sin;
+                    h[b] = x0 * sin + x1 * cos;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        batch: &Batch,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        out: &mut Vec<f32>,
+        p: &AttnParams,
+    ) -> Result<(), BackendError> {
+        let n = batch.len();
+        let (hd, hdv) = (p.head_dim, p.head_dim_v);
+        let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
+        if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+            return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
+        }
+        if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
+            return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
+        }
+        check_len("attention q", q, n * p.n_head * hd)?;
+        check_len("attention k", k, n * kd)?;
+        check_len("attention v", v, n * vd)?;
+        check_len("attention out", out, n * p.n_head * hdv)?;
+        let (n_ctx, n_slots) = (kv.n_ctx, kv.n_slots);
+        for t in 0..n {
+            let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
+            if s >= n_slots || pos >= n_ctx {
+                return Err(BackendError(format!(
+                    "token {t}: slot {s} position {pos} outside the KV cache ({n_slots} slots x {n_ctx})"
+                )));
+            }
+            let at = s * n_ctx + pos;
+            let kc = &mut kv.k[layer][at * kd..(at + 1) * kd];
+            kc.iter_mut().zip(&k[t * kd..(t + 1) * kd]).for_each(|(c, &x)| *c = f16::from_f32(x));
+            let vc = &mut kv.v[layer][at * vd..(at + 1) * vd];
+            vc.iter_mut().zip(&v[t * vd..(t + 1) * vd]).for_each(|(c, &x)| *c = f16::from_f32(x));
+        }
+        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+        let group = p.n_head / p.n_head_kv;
+        let outp = OutPtr(out.as_mut_ptr());
+        let task = |i: usize| {
+            #[allow(clippy::redundant_locals)]
+            let outp = outp;
+            let (t, h) = (i / p.n_head, i % p.n_head);
+            let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
+            let kvh = h / group;
+            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+            let qh = &q[(t * p.n_head + h) * hd..][..hd];
+            let mut scores = Vec::with_capacity(pos + 1 - lo);
+            let mut krow = vec![0.0f32; hd];
+            let mut max = f32::NEG_INFINITY;
+            for j in lo..=pos {
+                let at = s * n_ctx + j;
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&kc[at * kd + kvh * hd..][..hd], &mut krow);
+                let mut d = 0.0f32;
+                for (a, b) in qh.iter().zip(&krow) {
+                    d += a * b;
+                }
+                let mut sc = d * p.scale;
+                if let Some(cap) = p.softcap {
+                    sc = cap * (sc * (1.0 / cap)).tanh();
+                }
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0.0f32;
+            for sc in &mut scores {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            // SAFETY: (t, h) is this task's alone; the range is inside `out`
+            // (its length was checked to be n * n_head * hdv).
+            let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add((t * p.n_head + h) * hdv), hdv) };
+            o.fill(0.0);
+            let mut vrow = vec![0.0f32; hdv];
+            for (j, &w) in (lo..=pos).zip(&scores) {
+                let at = s * n_ctx + j;
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&vc[at * vd + kvh * hdv..][..hdv], &mut vrow);
+                let w = w / sum;
+                o.iter_mut().zip(&vrow).for_each(|(o, &x)| *o += w * x);
+            }
+        };
+        ThreadPool::global().run(self.threads, n * p.n_head, &task);
+        Ok(())
+    }
+
+    fn glu(&self, act: Activation, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        check_len("glu up", up, gate.len())?;
+        check_len("glu out", out, gate.len())?;
+        match act {
+            Activation::SiluGated => {
+                out.iter_mut().zip(gate.iter().zip(up)).for_each(|(o, (&g, &u))| *o = silu(g) * u);
+            }
+            Activation::GeluGated => {
+                let table = gelu_table();
+                out.iter_mut().zip(gate.iter().zip(up)).for_each(|(o, (&g, &u))| *o = gelu(g, table) * u);
+            }
+        }
+        Ok(())
+    }
+
+    fn glu_fused(&self, act: Activation, fused: &Vec<f32>, out: &mut Vec<f32>, width: usize) -> Result<(), BackendError> {
+        if width == 0 || fused.len() % (2 * width) != 0 {
+            return Err(shape("fused glu width", 2 * width, fused.len()));
+        }
+        let n = fused.len() / (2 * width);
+        check_len("fused glu out", out, n * width)?;
+        let table = gelu_table();
+        for (row, o) in fused.chunks_exact(2 * width).zip(out.chunks_exact_mut(width)) {
+            let (g, u) = row.split_at(width);
+            for i in 0..width {
+                o[i] = match act {
+                    Activation::SiluGated => silu(g[i]) * u[i],
+                    Activation::GeluGated => gelu(g[i], table) * u[i],
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>) -> Result<(), BackendError> {
+        check_len("copy", src, dst.len())?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn add(&self, a: &mut Vec<f32>, b: &Vec<f32>) -> Result<(), BackendError> {
+        check_len("add", b, a.len())?;
+        a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32) -> Result<(), BackendError> {
+        x.iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut Vec<f32>, cap: f32) -> Result<(), BackendError> {
+        let inv = 1.0 / cap;
+        x.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap);
+        Ok(())
+    }
+
+    fn gather_rows(&self, src: &Vec<f32>, rows: &[usize], width: usize, dst: &mut Vec<f32>) -> Result<(), BackendError> {
+        check_len("gather output", dst, rows.len() * width)?;
+        for (i, &r) in rows.iter().enumerate() {
+            let s = src.get(r * width..(r + 1) * width).ok_or_else(|| shape("gather row", r, src.len() / width.max(1)))?;
+            dst[i * width..(i + 1) * width].copy_from_slice(s);
+        }
+        Ok(())
+    }
+
+    fn split_cols(&self, src: &Vec<f32>, src_width: usize, c0: usize, dst: &mut Vec<f32>, dst_width: usize) -> Result<(), BackendError> {
+        if c0 + dst_width > src_width || src_width == 0 || src.len() % src_width != 0 {
+            return Err(shape("split columns", src_width, c0 + dst_width));
+        }
+        let n = src.len() / src_width;
+        check_len("split output", dst, n * dst_width)?;
+        for (s, d) in src.chunks_exact(src_width).zip(dst.chunks_exact_mut(dst_width)) {
+            d.copy_from_slice(&s[c0..c0 + dst_width]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gelu_follows_ggml_tanh_form_through_f16() {
+        let t = gelu_table();
+        // Hand values of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+        for (x, want) in [(1.0f32, 0.841_192), (-1.0, -0.158_808), (0.5, 0.345_714), (3.0, 2.996_363)] {
+            let g = gelu(x, t);
+            assert!((g - want).abs() < 2e-3 * want.abs().max(1.0), "gelu({x}) = {g}, want {want}");
+        }
+        assert_eq!(gelu(-11.0, t), 0.0);
+        assert_eq!(gelu(12.5, t), 12.5);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_by_position_times_frequency() {
+        let cpu = Cpu::new(1);
+        // One head of 4 dims, position 2, base 100: frequencies 1 and 1/10.
+        for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
+            let p = RopeParams { style, n_rot: 4, base: 100.0, freq_scale: 1.0, attn_factor: 1.0 };
+            let mut x = vec![1.0, 2.0, 3.0, 4.0];
+            cpu.rope(&mut x, &[2], 1, 4, &p, None).unwrap();
+            let pairs = match style {
+                RopeStyle::Interleaved => [(0, 1, 2.0f32), (2, 3, 0.2)],
+                RopeStyle::Halves => [(0, 2, 2.0), (1, 3, 0.2)],
+            };
+            let x0 = [1.0f32, 2.0, 3.0, 4.0];
+            for (a, b, th) in pairs {
+                let want_a = x0[a] * th.cos() - x0[b] * th.sin();
+                let want_b = x0[a] * th.sin() + x0[b] * th.cos();
+                assert!((x[a] - want_a).abs() < 1e-5 && (x[b] - want_b).abs() < 1e-5, "{style:?} {x:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn attention_is_causal_windowed_and_grouped() {
+        let cpu = Cpu::new(2);
+        // 2 query heads sharing 1 KV head of dim 2; three tokens of one sequence.
+        let mut kv = cpu.kv_cache(1, 8, &[2], &[2]).unwrap();
+        let mut b = Batch::default();
+        for i in 0..3 {
+            b.push(0, i, 0, true);
+        }
+        let q = vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0];
+        let k = vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+        let v = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let p = AttnParams { n_head: 2, n_head_kv: 1, head_dim: 2, head_dim_v: 2, scale: 1.0, softcap: None, window: None };
+        let mut out = vec![0.0; 12];
+        cpu.attention(&mut kv, 0, &b, &q, &k, &v, &mut out, &p).unwrap();
+        // Token 0 sees only itself.
+        assert_eq!(&out[0..4], &[1.0, 2.0, 1.0, 2.0]);
+        // Token 1, head 0 (q = [1,0]): scores [1, 0] -> weights e/(e+1), 1/(e+1).
+        let e = std::f32::consts::E;
+        let w0 = e / (e + 1.0);
+        let want = [w0 * 1.0 + (1.0 - w0) * 3.0, w0 * 2.0 + (1.0 - w0) * 4.0];
+        assert!((out[4] - want[0]).abs() < 1e-3 && (out[5] - want[1]).abs() < 1e-3, "{:?}", &out[4..6]);
+        // A window of 1: every token sees only itself.
+        let p1 = AttnParams { window: Some(1), ..p };
+        let mut kv = cpu.kv_cache(1, 8, &[2], &[2]).unwrap();
+        cpu.attention(&mut kv, 0, &b, &q, &k, &v, &mut out, &p1).unwrap();
+        assert_eq!(&out[8..12], &[5.0, 6.0, 5.0, 6.0]);
+        // Positions outside the cache are an error, not a panic.
+        let mut far = Batch::default();
+        far.push(0, 8, 0, true);
+        assert!(cpu.attention(&mut kv, 0, &far, &q[..4].to_vec(), &k[..2].to_vec(), &v[..2].to_vec(), &mut out[..4].to_vec(), &p).is_err());
+    }
+}

@@ -1,0 +1,366 @@
+//! The backend seam: one ordered backend table, capabilities as data, and
+//! the data plane a forward pass runs on.
+//!
+//! The decision (from the seed, `../shared/seed/`): the backends are **one
+//! list**, [`gpu_backend_table!`], expanded into the registry's
+//! [`Backend`](crate::kernel_registry::Backend) enum, into the ungated
+//! capability walk ([`with_gpu_backend_caps!`]) and into the gated dispatch
+//! walk ([`with_gpu_backends!`]), so a backend cannot be dispatched to
+//! without being reportable. What a backend *would* run per kind
+//! ([`BackendCaps`]) is compiled on every build, so `cargo test` on a CPU
+//! machine checks it; what it *can* launch is tied to that claim by a test.
+//!
+//! Where we go further than the seed: its GPU path copied weights and
+//! activations per matvec. Here a backend implements [`DeviceBackend`] —
+//! weights are placed once at load ([`DeviceBackend::place`]), activations
+//! and the KV cache live in the backend's own buffers for the whole forward
+//! pass, and only token ids go in and logits come out. The CPU is the first
+//! `DeviceBackend` and the reference every other one is tested against.
+//!
+//! Only backends that exist are in the table; CUDA, Vulkan and Metal join it
+//! with their crates. Until then the table is empty and the walks expand to
+//! nothing, which the macros are written to allow.
+
+pub mod cpu;
+
+use ferrox_quant::QuantKind;
+
+use crate::kernel_registry::Backend;
+
+/// A backend failure, rendered: backend error types live behind features,
+/// and callers only report them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendError(pub String);
+
+impl BackendError {
+    /// Renders any backend error into the one shape the seam carries.
+    pub fn new(e: impl std::fmt::Display) -> Self {
+        BackendError(e.to_string())
+    }
+}
+
+/// What an accelerator backend can run, answerable without its crate.
+///
+/// Ungated on purpose: `ferrox kernels --backend cuda` and the coverage
+/// tests ask what CUDA *would* resolve on a build with no CUDA.
+pub trait BackendCaps {
+    /// How the kernel registry reports this backend.
+    const ID: Backend;
+    /// Display name.
+    const NAME: &'static str;
+    /// What a prefill runs for a kind with a matvec but no GEMM.
+    const GEMM_FALLBACK: &'static str;
+    /// The decode (matvec) kernel for `kind`, by name, or `None`.
+    fn matvec_kernel(kind: QuantKind) -> Option<&'static str>;
+    /// Whether `kind` has a batched GEMM (the prefill path).
+    fn gemm_supported(kind: QuantKind) -> bool;
+}
+
+/// **The** accelerator table: `(registry variant, cargo feature / name,
+/// seam type)`, in dispatch precedence order; the CPU is the fallthrough
+/// after it. Expanded once with every row (and `$extra` ahead of them), so
+/// a consumer can build one item such as an `enum` from it.
+///
+/// Empty until the first accelerator crate lands: a row here without a
+/// crate behind it would be a backend that claims kernels nothing runs.
+macro_rules! gpu_backend_table {
+    ($mac:path $(, $extra:tt)*) => {
+        $mac! {
+            [$($extra),*]
+        }
+    };
+}
+pub(crate) use gpu_backend_table;
+
+/// Expands `$mac!(Type)` once per **compiled-in** accelerator, in table
+/// order (gated by the row's feature name). May expand zero times.
+#[allow(unused_macros)]
+macro_rules! with_gpu_backends {
+    ($mac:ident) => {
+        $crate::backend::gpu_backend_table!($crate::backend::gpu_backend_dispatch_rows, $mac);
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use with_gpu_backends;
+
+/// Row expander of [`with_gpu_backends!`].
+#[allow(unused_macros)]
+macro_rules! gpu_backend_dispatch_rows {
+    ([$mac:ident] $(($variant:ident, $feature:literal, $ty:ident)),* $(,)?) => {
+        $(
+            #[cfg(feature = $feature)]
+            $mac!($crate::backend::$ty);
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use gpu_backend_dispatch_rows;
+
+/// Expands `$mac!(Type)` once per accelerator **whether or not it is
+/// compiled in** (ungated: stays inside [`BackendCaps`]).
+#[allow(unused_macros)]
+macro_rules! with_gpu_backend_caps {
+    ($mac:ident) => {
+        $crate::backend::gpu_backend_table!($crate::backend::gpu_backend_caps_rows, $mac);
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use with_gpu_backend_caps;
+
+/// Row expander of [`with_gpu_backend_caps!`].
+#[allow(unused_macros)]
+macro_rules! gpu_backend_caps_rows {
+    ([$mac:ident] $(($variant:ident, $feature:literal, $ty:ident)),* $(,)?) => {
+        $( $mac!($crate::backend::$ty); )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use gpu_backend_caps_rows;
+
+/// The `FERROX_<BACKEND>` grammar every accelerator's enable probe shares:
+/// `0|false|off|cpu` forces the CPU, `1|true|on|<alias>` forces the
+/// backend, anything else (or unset) asks `probe` — which is never called
+/// when the environment decided, so a forced-off run never opens a device.
+pub fn env_or_probe(value: Option<&str>, alias: &str, probe: impl FnOnce() -> bool) -> bool {
+    match value {
+        Some("0" | "false" | "off" | "cpu") => false,
+        Some("1" | "true" | "on") => true,
+        Some(v) if v == alias => true,
+        _ => probe(),
+    }
+}
+
+/// How RoPE is applied to one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    /// Pairing of dimensions.
+    pub style: crate::arch::RopeStyle,
+    /// Dimensions rotated (the rest pass through).
+    pub n_rot: usize,
+    /// Frequency base.
+    pub base: f32,
+    /// Linear position scale (`1 / rope.scaling.factor`).
+    pub freq_scale: f32,
+    /// Magnitude scale of cos/sin (`rope.scaling.attn_factor`, 1 by default).
+    pub attn_factor: f32,
+}
+
+/// How one layer attends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnParams {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (GQA: `n_head` is a multiple).
+    pub n_head_kv: usize,
+    /// Per-head dimension of keys and queries.
+    pub head_dim: usize,
+    /// Per-head dimension of values.
+    pub head_dim_v: usize,
+    /// Multiplier of `q·k`.
+    pub scale: f32,
+    /// `cap * tanh(s / cap)` on the scaled logits (Gemma 2).
+    pub softcap: Option<f32>,
+    /// Sliding window: a key at position `j` is visible from `i` when
+    /// `i - j < window`.
+    pub window: Option<u32>,
+}
+
+/// The tokens of one forward pass: per token its sequence slot and position.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// Position of each token in its sequence.
+    pub pos: Vec<u32>,
+    /// Sequence slot of each token (an index into the KV cache's slots).
+    pub seq: Vec<u32>,
+    /// Whether the logits of each token are wanted.
+    pub logits: Vec<bool>,
+}
+
+impl Batch {
+    /// Appends one token.
+    pub fn push(&mut self, token: u32, pos: u32, seq: u32, logits: bool) {
+        self.tokens.push(token);
+        self.pos.push(pos);
+        self.seq.push(seq);
+        self.logits.push(logits);
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// A weight as the file holds it, handed to [`DeviceBackend::place`].
+pub struct HostTensor<'a> {
+    /// GGUF name (for errors and the registry).
+    pub name: &'a str,
+    /// Storage kind.
+    pub kind: QuantKind,
+    /// Rows (ggml `ne1`; 1 for vectors).
+    pub rows: usize,
+    /// Columns (ggml `ne0`, the contiguous dimension).
+    pub cols: usize,
+    /// The bytes, borrowed from the mapped file.
+    pub bytes: &'a [u8],
+    /// Keeps the mapping alive for backends that borrow it instead of copying.
+    pub owner: &'a std::sync::Arc<ferrox_gguf::GgufModel>,
+}
+
+/// The data plane: everything a forward pass does, on the backend's own
+/// buffers. Implemented by the CPU (the reference) and by each accelerator.
+///
+/// Shapes are explicit and checked: a mismatch is a [`BackendError`], never
+/// a panic. Activations are row-major `[n_tokens, width]`.
+pub trait DeviceBackend: Send + Sync {
+    /// A placed weight (device memory, or a borrow of the mapped file).
+    type Weight: Send + Sync;
+    /// An f32 activation buffer in device memory.
+    type Buf: Send;
+    /// The KV cache: `n_slots` sequences of `n_ctx` positions per layer.
+    type Kv: Send;
+
+    /// The registry identity of this backend.
+    fn id(&self) -> Backend;
+    /// Threads (CPU) or streams the backend uses; reported, not tuned here.
+    fn threads(&self) -> usize;
+    /// Places one weight for its whole lifetime (upload, repack, or borrow).
+    fn place(&self, t: &HostTensor<'_>) -> Result<Self::Weight, BackendError>;
+    /// A zeroed activation buffer of `len` floats.
+    fn alloc(&self, len: usize) -> Result<Self::Buf, BackendError>;
+    /// Copies `dst.len()` floats out (logits, and tests).
+    fn read(&self, src: &Self::Buf, dst: &mut [f32]) -> Result<(), BackendError>;
+    /// A KV cache for `n_layer` layers of `kv_dims[l]` (keys) and `v_dims[l]`
+    /// (values) per position.
+    fn kv_cache(&self, n_slots: usize, n_ctx: usize, k_dims: &[usize], v_dims: &[usize]) -> Result<Self::Kv, BackendError>;
+
+    /// `out[i] = table[ids[i]]` (dequantized), `out` is `[ids.len(), cols]`.
+    fn get_rows(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> Result<(), BackendError>;
+    /// `y = x W^T` for `n` rows of `x`.
+    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, y: &mut Self::Buf, n: usize) -> Result<(), BackendError>;
+    /// `y[t] += b` for each of `n` rows.
+    fn add_bias(&self, y: &mut Self::Buf, b: &Self::Weight, n: usize) -> Result<(), BackendError>;
+    /// RMS norm of each `w.len()`-wide row of `x` in place, times `w`.
+    fn rms_norm(&self, x: &mut Self::Buf, w: &Self::Weight, eps: f32) -> Result<(), BackendError>;
+    /// RoPE on `x` (`[positions.len(), n_heads * head_dim]`) in place.
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        positions: &[u32],
+        n_heads: usize,
+        head_dim: usize,
+        p: &RopeParams,
+        factors: Option<&Self::Weight>,
+    ) -> Result<(), BackendError>;
+    /// Stores `k`/`v` of the batch in layer `layer` of the cache, then writes
+    /// causal attention of `q` over each token's own sequence into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        batch: &Batch,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        out: &mut Self::Buf,
+        p: &AttnParams,
+    ) -> Result<(), BackendError>;
+    /// `out = act(gate) * up`, element-wise over `[n, width]`.
+    fn glu(&self, act: crate::arch::Activation, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<(), BackendError>;
+    /// Splits each `2 * width` row of `fused` into gate then up: `out = act(gate) * up`.
+    fn glu_fused(&self, act: crate::arch::Activation, fused: &Self::Buf, out: &mut Self::Buf, width: usize) -> Result<(), BackendError>;
+    /// `dst = src` (same length).
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf) -> Result<(), BackendError>;
+    /// `a += b`.
+    fn add(&self, a: &mut Self::Buf, b: &Self::Buf) -> Result<(), BackendError>;
+    /// `x *= s`.
+    fn scale(&self, x: &mut Self::Buf, s: f32) -> Result<(), BackendError>;
+    /// `x = cap * tanh(x / cap)`.
+    fn softcap(&self, x: &mut Self::Buf, cap: f32) -> Result<(), BackendError>;
+    /// Copies rows `rows` of `src` (`[_, width]`) into `dst` in order.
+    fn gather_rows(&self, src: &Self::Buf, rows: &[usize], width: usize, dst: &mut Self::Buf) -> Result<(), BackendError>;
+    /// Copies a column range `[c0, c0 + dst_width)` of each row of `src`
+    /// (`[n, src_width]`) into `dst` (`[n, dst_width]`) — splits a fused QKV.
+    fn split_cols(&self, src: &Self::Buf, src_width: usize, c0: usize, dst: &mut Self::Buf, dst_width: usize) -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The environment decides before the probe is consulted: a forced-off
+    /// build must never open a device.
+    #[test]
+    fn env_decides_before_the_probe_is_consulted() {
+        for off in ["0", "false", "off", "cpu"] {
+            assert!(!env_or_probe(Some(off), "cuda", || panic!("probed after {off}")));
+        }
+        for on in ["1", "true", "on", "cuda"] {
+            assert!(env_or_probe(Some(on), "cuda", || panic!("probed after {on}")));
+        }
+    }
+
+    /// Another backend's alias is not a value this one understands.
+    #[test]
+    fn the_alias_is_per_backend() {
+        assert!(!env_or_probe(Some("metal"), "cuda", || false));
+        assert!(env_or_probe(Some("metal"), "metal", || false));
+    }
+
+    /// Unset or unrecognised values defer to the probe.
+    #[test]
+    fn an_unrecognised_value_defers_to_the_probe() {
+        assert!(env_or_probe(None, "cuda", || true));
+        assert!(!env_or_probe(None, "cuda", || false));
+        assert!(env_or_probe(Some("auto"), "cuda", || true));
+    }
+
+    /// Every registry variant but the CPU is claimed by exactly one
+    /// accelerator with its own identity (vacuous for the table's
+    /// accelerators until one lands, but the count check is not: a registry
+    /// variant with no backend behind it fails here).
+    #[test]
+    fn every_backend_id_is_distinct_and_an_accelerator() {
+        #[allow(unused_mut)]
+        let mut ids: Vec<(Backend, &str)> = Vec::new();
+        #[allow(unused_macros)]
+        macro_rules! collect {
+            ($b:ty) => {
+                assert!(<$b as BackendCaps>::ID.is_accelerator());
+                ids.push((<$b as BackendCaps>::ID, <$b as BackendCaps>::NAME));
+            };
+        }
+        with_gpu_backend_caps!(collect);
+        for (i, (id, name)) in ids.iter().enumerate() {
+            for (other, other_name) in &ids[i + 1..] {
+                assert_ne!(id, other, "{name} and {other_name} report as one backend");
+            }
+        }
+        assert_eq!(ids.len() + 1, Backend::ALL.len(), "registry variants without a backend: {:?}", Backend::ALL);
+    }
+
+    /// A claimed matvec kernel is named after its kind on every backend.
+    #[test]
+    fn a_claimed_matvec_kernel_is_named_after_its_kind() {
+        #[allow(unused_macros)]
+        macro_rules! check {
+            ($b:ty) => {
+                for &k in QuantKind::ALL {
+                    if let Some(name) = <$b as BackendCaps>::matvec_kernel(k) {
+                        assert!(name.contains(k.name()), "{} names {k:?} {name:?}", <$b as BackendCaps>::NAME);
+                    }
+                }
+            };
+        }
+        with_gpu_backend_caps!(check);
+    }
+}

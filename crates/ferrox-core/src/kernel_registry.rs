@@ -1,0 +1,174 @@
+//! The kernel registry: which backend each weight is placed on and which
+//! kernel really runs for it, decided once at load.
+//!
+//! The decision: the plan is *data* computed from the same capability
+//! tables dispatch reads ([`crate::backend::BackendCaps`], the CPU's
+//! `ferrox_quant::cpu::select`), so `ferrox kernels` cannot report a kernel
+//! that is not the one a forward pass calls. A fallback is named, never
+//! silent, and the per-token totals (bytes read, host↔device crossings) come
+//! from the same plan.
+
+use ferrox_quant::QuantKind;
+use serde::Serialize;
+
+use crate::arch::{Feeds, Role};
+use crate::backend::gpu_backend_table;
+
+macro_rules! registry_backend_enum {
+    ([$($extra:tt),*] $(($variant:ident, $feature:literal, $ty:ident)),* $(,)?) => {
+        /// Where a kernel runs: the CPU, then every accelerator of the
+        /// backend table, generated from it so the two cannot disagree.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum Backend {
+            /// The host CPU (the reference backend).
+            Cpu,
+            $(#[doc = $feature] $variant,)*
+        }
+
+        impl Backend {
+            /// Every backend: the CPU, then the table's rows in order.
+            pub const ALL: &'static [Backend] = &[Backend::Cpu, $(Backend::$variant),*];
+
+            /// The name users type (`--backend cpu`) and `FERROX_<NAME>` uses.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    Backend::Cpu => "cpu",
+                    $(Backend::$variant => $feature,)*
+                }
+            }
+        }
+    };
+}
+gpu_backend_table!(registry_backend_enum);
+
+impl Backend {
+    /// Whether this is an accelerator (anything but the CPU).
+    pub const fn is_accelerator(self) -> bool {
+        !matches!(self, Backend::Cpu)
+    }
+
+    /// The backend a user named, if it exists in this build's table.
+    pub fn from_name(name: &str) -> Option<Backend> {
+        Backend::ALL.iter().copied().find(|b| b.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One weight tensor's placement and kernels.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Placement {
+    /// GGUF name.
+    pub name: String,
+    /// Its role (`None`: a tensor the architecture does not use).
+    pub role: Option<String>,
+    /// Storage kind.
+    pub kind: String,
+    /// Dimensions, ggml order.
+    pub dims: Vec<u64>,
+    /// Bytes in the file.
+    pub bytes: u64,
+    /// Where it lives.
+    pub backend: Backend,
+    /// What a decode step (one token) runs for it.
+    pub decode: String,
+    /// What a prefill (many tokens) runs for it.
+    pub prefill: String,
+    /// A fallback, by name, when the best path for this kind does not exist.
+    pub fallback: Option<String>,
+    /// Bytes a decode step reads from it.
+    pub bytes_per_token: u64,
+}
+
+/// The whole placement plan of a loaded model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelPlan {
+    /// The backend the forward pass runs on.
+    pub backend: Backend,
+    /// Instruction set (CPU) or device name.
+    pub device: String,
+    /// Every tensor of the file, in file order.
+    pub tensors: Vec<Placement>,
+    /// Weight bytes read per decoded token.
+    pub bytes_per_token: u64,
+    /// Host↔device copies per decoded token (ids in, logits out).
+    pub crossings_per_token: u32,
+    /// File tensors the model does not use (reported, never silently dropped).
+    pub unused: Vec<String>,
+}
+
+/// What a tensor of `role` (or no role) costs and runs on the CPU.
+pub(crate) fn cpu_placement(
+    name: &str,
+    role: Option<Role>,
+    kind: QuantKind,
+    dims: &[u64],
+    bytes: u64,
+) -> Placement {
+    let feeds = role.map(Role::feeds);
+    let (decode, prefill, fallback, per_token) = match feeds {
+        Some(Feeds::Matmul) => {
+            let k = crate::backend::cpu::kernel_for(kind);
+            match k {
+                Some(k) => (
+                    format!("cpu matvec: {} (act {})", k.name, k.act),
+                    format!("cpu matmul: act quantized once per batch, {} per (row, token)", k.name),
+                    k.fallback,
+                    bytes,
+                ),
+                None => ("none".into(), "none".into(), Some(format!("{kind} has no dot product")), bytes),
+            }
+        }
+        Some(Feeds::Embedding) => {
+            let row = dims.first().copied().unwrap_or(0);
+            let row_bytes = ferrox_quant::row_bytes(kind, row as usize).unwrap_or(0) as u64;
+            (format!("cpu get_rows: dequantize one {kind} row"), "cpu get_rows".into(), None, row_bytes)
+        }
+        Some(Feeds::Norm | Feeds::Bias | Feeds::RopeFactors) => {
+            ("cpu f32 element-wise (converted at load)".into(), "cpu f32 element-wise".into(), None, bytes)
+        }
+        None => ("unused".into(), "unused".into(), None, 0),
+    };
+    Placement {
+        name: name.to_string(),
+        role: role.map(|r| r.suffix().to_string()),
+        kind: kind.name().to_string(),
+        dims: dims.to_vec(),
+        bytes,
+        backend: Backend::Cpu,
+        decode,
+        prefill,
+        fallback,
+        bytes_per_token: per_token,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_is_first_and_every_backend_name_parses() {
+        assert_eq!(Backend::ALL[0], Backend::Cpu);
+        assert!(!Backend::Cpu.is_accelerator());
+        for &b in Backend::ALL {
+            assert_eq!(Backend::from_name(b.name()), Some(b));
+        }
+        assert_eq!(Backend::from_name("tpu"), None);
+    }
+
+    #[test]
+    fn a_matmul_weight_names_the_kernel_the_cpu_selects() {
+        let p = cpu_placement("blk.0.attn_q.weight", Some(Role::AttnQ), QuantKind::Q4K, &[256, 4], 576);
+        let k = ferrox_quant::cpu::select(QuantKind::Q4K, ferrox_quant::cpu::Isa::active()).unwrap();
+        assert!(p.decode.contains(k.name), "{} vs {}", p.decode, k.name);
+        assert_eq!(p.bytes_per_token, 576);
+        let e = cpu_placement("token_embd.weight", Some(Role::TokenEmbd), QuantKind::Q8_0, &[64, 100], 6800);
+        assert_eq!(e.bytes_per_token, 68, "one 64-wide Q8_0 row per token");
+    }
+}

@@ -1,0 +1,229 @@
+//! Hyper-parameters read from a file's metadata through its [`ArchSpec`].
+
+use ferrox_gguf::{GgufFile, Value};
+
+use super::ModelError;
+use crate::arch::{Arch, ArchSpec, AttnScale, SlidingWindow};
+
+/// Everything the decoder needs to know about a model's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The architecture.
+    pub arch: Arch,
+    /// `general.name`, if any.
+    pub name: Option<String>,
+    /// Context the model was trained for.
+    pub n_ctx_train: usize,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Feed-forward width.
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Key (and query) head size.
+    pub head_dim: usize,
+    /// Value head size.
+    pub head_dim_v: usize,
+    /// Dimensions RoPE rotates.
+    pub n_rot: usize,
+    /// RMS norm epsilon.
+    pub rms_eps: f32,
+    /// RoPE base of global layers.
+    pub rope_base: f32,
+    /// RoPE base of sliding-window layers.
+    pub rope_base_local: f32,
+    /// Linear RoPE position scale of global layers (`1 / factor`).
+    pub rope_freq_scale: f32,
+    /// RoPE cos/sin magnitude factor.
+    pub rope_attn_factor: f32,
+    /// Context the RoPE factors were made for (Phi-3 long/short choice).
+    pub n_ctx_orig: usize,
+    /// Sliding window size, if the model has local layers.
+    pub window: Option<u32>,
+    /// Per layer: whether it uses the sliding window.
+    pub local_layers: Vec<bool>,
+    /// Multiplier of `q·k`.
+    pub attn_scale: f32,
+    /// Attention logit softcap.
+    pub attn_softcap: Option<f32>,
+    /// Final logit softcap.
+    pub final_softcap: Option<f32>,
+}
+
+struct Meta<'a> {
+    file: &'a GgufFile,
+    arch: &'static str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn uint(&self, k: &str) -> Result<Option<usize>, ModelError> {
+        let key = self.key(k);
+        match self.file.get(&key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_uint()
+                .and_then(|x| usize::try_from(x).ok())
+                .map(Some)
+                .ok_or_else(|| ModelError::BadMetadata { key, why: format!("expected a non-negative integer, got {:?}", v.value_type()) }),
+        }
+    }
+
+    fn req_uint(&self, k: &str) -> Result<usize, ModelError> {
+        self.uint(k)?.ok_or_else(|| ModelError::MissingMetadata { key: self.key(k) })
+    }
+
+    fn float(&self, k: &str) -> Result<Option<f32>, ModelError> {
+        let key = self.key(k);
+        match self.file.get(&key) {
+            None => Ok(None),
+            Some(Value::F32(x)) => Ok(Some(*x)),
+            Some(Value::F64(x)) => Ok(Some(*x as f32)),
+            Some(v) => Err(ModelError::BadMetadata { key, why: format!("expected a float, got {:?}", v.value_type()) }),
+        }
+    }
+
+    fn string(&self, k: &str) -> Option<&str> {
+        self.file.get_str(&self.key(k)).ok()
+    }
+}
+
+/// Largest value any shape parameter may take: far above real models, low
+/// enough that products of a few of them cannot overflow or allocate wildly.
+const MAX_DIM: usize = 1 << 20;
+
+impl ModelConfig {
+    /// Reads the configuration of `arch` from `file`'s metadata.
+    pub fn from_gguf(file: &GgufFile, arch: Arch) -> Result<ModelConfig, ModelError> {
+        let spec: &ArchSpec = arch.spec();
+        let m = Meta { file, arch: spec.name };
+        if matches!(file.get(&m.key("attention.head_count")), Some(Value::Array(_))) {
+            return Err(ModelError::Unsupported { what: "per-layer head counts".into() });
+        }
+        let n_embd = m.req_uint("embedding_length")?;
+        let n_layer = m.req_uint("block_count")?;
+        let n_ff = m.req_uint("feed_forward_length")?;
+        let n_head = m.req_uint("attention.head_count")?;
+        let n_head_kv = m.uint("attention.head_count_kv")?.unwrap_or(n_head);
+        for (key, v) in [
+            ("embedding_length", n_embd),
+            ("block_count", n_layer),
+            ("feed_forward_length", n_ff),
+            ("attention.head_count", n_head),
+            ("attention.head_count_kv", n_head_kv),
+        ] {
+            if v == 0 || v > MAX_DIM {
+                return Err(ModelError::BadMetadata { key: m.key(key), why: format!("{v} is out of range 1..={MAX_DIM}") });
+            }
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(ModelError::BadMetadata {
+                key: m.key("attention.head_count_kv"),
+                why: format!("{n_head} query heads cannot be grouped over {n_head_kv} KV heads"),
+            });
+        }
+        let head_dim = m.uint("attention.key_length")?.unwrap_or(n_embd / n_head);
+        let head_dim_v = m.uint("attention.value_length")?.unwrap_or(n_embd / n_head);
+        let n_rot = m.uint("rope.dimension_count")?.unwrap_or(head_dim);
+        if head_dim == 0 || head_dim > MAX_DIM || head_dim_v == 0 || head_dim_v > MAX_DIM || n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::BadMetadata {
+                key: m.key("attention.key_length"),
+                why: format!("head sizes {head_dim}/{head_dim_v} with {n_rot} rotated dimensions"),
+            });
+        }
+        let rms_eps = m
+            .float("attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| ModelError::MissingMetadata { key: m.key("attention.layer_norm_rms_epsilon") })?;
+        let rope_base = m.float("rope.freq_base")?.unwrap_or(10_000.0);
+        match m.string("rope.scaling.type") {
+            None | Some("none" | "linear") => {}
+            Some(other) => return Err(ModelError::Unsupported { what: format!("RoPE scaling {other:?}") }),
+        }
+        let factor = match m.float("rope.scaling.factor")? {
+            Some(f) => Some(f),
+            None => m.float("rope.scale_linear")?,
+        };
+        let rope_freq_scale = match factor {
+            Some(f) if f != 0.0 => 1.0 / f,
+            _ => 1.0,
+        };
+        let rope_attn_factor = m.float("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        let n_ctx_train = m.uint("context_length")?.unwrap_or(2048);
+        let n_ctx_orig = m.uint("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train);
+
+        let (window, local_layers, rope_base_local) = match spec.sliding_window {
+            SlidingWindow::None => (None, vec![false; n_layer], rope_base),
+            SlidingWindow::Pattern { pattern, default_window, default_local_base } => {
+                let window = m.uint("attention.sliding_window")?.map(|w| w as u32).or(default_window).filter(|&w| w > 0);
+                let local_base = m.float("rope.freq_base_swa")?.or(default_local_base).unwrap_or(rope_base);
+                match window {
+                    None => (None, vec![false; n_layer], rope_base),
+                    Some(w) => {
+                        let local = match file.get(&m.key("attention.sliding_window_pattern")) {
+                            Some(Value::Array(ferrox_gguf::Array::Bool(v))) => {
+                                if v.len() != n_layer {
+                                    return Err(ModelError::BadMetadata {
+                                        key: m.key("attention.sliding_window_pattern"),
+                                        why: format!("{} entries for {n_layer} layers", v.len()),
+                                    });
+                                }
+                                v.clone()
+                            }
+                            Some(Value::Array(_)) => {
+                                return Err(ModelError::BadMetadata {
+                                    key: m.key("attention.sliding_window_pattern"),
+                                    why: "expected an integer or an array of bools".into(),
+                                })
+                            }
+                            _ => {
+                                let pat = m.uint("attention.sliding_window_pattern")?.unwrap_or(pattern as usize);
+                                (0..n_layer).map(|l| pat == 0 || l % pat < pat - 1).collect()
+                            }
+                        };
+                        (Some(w), local, local_base)
+                    }
+                }
+            }
+        };
+        let attn_scale = match spec.attn_scale {
+            AttnScale::HeadDim => 1.0 / (head_dim as f32).sqrt(),
+            AttnScale::GemmaQueryPreAttn { embd_based_layers } if n_layer == embd_based_layers as usize => {
+                1.0 / ((n_embd / n_head) as f32).sqrt()
+            }
+            AttnScale::GemmaQueryPreAttn { .. } => 1.0 / (head_dim as f32).sqrt(),
+        };
+        let attn_softcap = m.float("attn_logit_softcapping")?.or(spec.default_attn_softcap).filter(|&c| c != 0.0);
+        let final_softcap = m.float("final_logit_softcapping")?.or(spec.default_final_softcap).filter(|&c| c != 0.0);
+        Ok(ModelConfig {
+            arch,
+            name: file.get_str("general.name").ok().map(str::to_string),
+            n_ctx_train,
+            n_embd,
+            n_layer,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            n_rot,
+            rms_eps,
+            rope_base,
+            rope_base_local,
+            rope_freq_scale,
+            rope_attn_factor,
+            n_ctx_orig,
+            window,
+            local_layers,
+            attn_scale,
+            attn_softcap,
+            final_softcap,
+        })
+    }
+}

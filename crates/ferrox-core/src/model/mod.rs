@@ -1,0 +1,532 @@
+//! Loading a model onto a backend, and the one generic decoder.
+//!
+//! The decision: loading is *total* and happens once. Every tensor the
+//! architecture needs is found, shape-checked against the metadata and
+//! placed on the backend before the first token; every file tensor the
+//! architecture does not use is reported in the plan, not dropped silently.
+//! [`Model::forward`] is written once, over [`DeviceBackend`], and reads the
+//! architecture's [`ArchSpec`](crate::arch::ArchSpec) for everything that
+//! differs between families.
+
+mod config;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use config::ModelConfig;
+use ferrox_gguf::{GgufError, GgufModel, ModelTensor};
+
+use crate::arch::{Arch, FfnLayout, Role};
+use crate::backend::{AttnParams, Batch, BackendError, DeviceBackend, HostTensor, RopeParams};
+use crate::kernel_registry::{KernelPlan, Placement};
+
+/// Why a model cannot be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The container is unreadable.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// `general.architecture` names a family ferrox does not run.
+    #[error("unsupported architecture {name:?} (supported: {supported})")]
+    UnsupportedArch {
+        /// What the file says.
+        name: String,
+        /// What ferrox runs.
+        supported: String,
+    },
+    /// A feature of this file that ferrox does not implement.
+    #[error("unsupported model feature: {what}")]
+    Unsupported {
+        /// The feature.
+        what: String,
+    },
+    /// A required metadata key is absent.
+    #[error("missing metadata key {key:?}")]
+    MissingMetadata {
+        /// The key.
+        key: String,
+    },
+    /// A metadata value that cannot be right.
+    #[error("bad metadata {key:?}: {why}")]
+    BadMetadata {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A tensor the architecture needs is absent.
+    #[error("missing tensor {name:?} (needed by {arch})")]
+    MissingTensor {
+        /// Its name.
+        name: String,
+        /// The architecture.
+        arch: Arch,
+    },
+    /// A tensor whose shape disagrees with the metadata.
+    #[error("tensor {name:?} has shape {got:?}, expected {expected:?}")]
+    TensorShape {
+        /// Its name.
+        name: String,
+        /// Dimensions from the metadata.
+        expected: Vec<u64>,
+        /// Dimensions in the file.
+        got: Vec<u64>,
+    },
+    /// A batch the model cannot run (bad ids, positions, sizes).
+    #[error("invalid batch: {0}")]
+    Batch(String),
+    /// A backend failure.
+    #[error("backend: {0}")]
+    Backend(#[from] BackendError),
+}
+
+/// One block's weights. `None` for roles this architecture or file lacks.
+struct LayerWeights<W> {
+    attn_norm: W,
+    q: Option<W>,
+    k: Option<W>,
+    v: Option<W>,
+    qkv: Option<W>,
+    q_bias: Option<W>,
+    k_bias: Option<W>,
+    v_bias: Option<W>,
+    qkv_bias: Option<W>,
+    q_norm: Option<W>,
+    k_norm: Option<W>,
+    out: W,
+    out_bias: Option<W>,
+    post_attn_norm: Option<W>,
+    ffn_norm: W,
+    gate: Option<W>,
+    up: W,
+    down: W,
+    post_ffn_norm: Option<W>,
+}
+
+/// A loaded model: configuration, placed weights, and the placement plan.
+pub struct Model<B: DeviceBackend> {
+    config: ModelConfig,
+    file: Arc<GgufModel>,
+    backend: B,
+    n_vocab: usize,
+    embd: B::Weight,
+    output: Option<B::Weight>,
+    output_norm: B::Weight,
+    rope_freqs: Option<B::Weight>,
+    rope_long: Option<B::Weight>,
+    rope_short: Option<B::Weight>,
+    layers: Vec<LayerWeights<B::Weight>>,
+    plan: KernelPlan,
+}
+
+/// Per-sequence state on the backend: the KV cache and its size.
+pub struct Context<B: DeviceBackend> {
+    kv: B::Kv,
+    n_ctx: usize,
+    n_slots: usize,
+}
+
+impl<B: DeviceBackend> Context<B> {
+    /// Positions per sequence slot.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Sequence slots.
+    pub fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+}
+
+/// The architecture a file declares, or a clear error naming it.
+pub fn arch_of(file: &ferrox_gguf::GgufFile) -> Result<Arch, ModelError> {
+    let name = file.get_str("general.architecture")?;
+    Arch::from_name(name).ok_or_else(|| ModelError::UnsupportedArch {
+        name: name.to_string(),
+        supported: Arch::ALL.iter().map(|a| a.spec().name).collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// The dimensions `role` must have (ggml order), from the configuration.
+fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
+    let (e, q, kv, kvv) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
+    let d = |v: &[usize]| v.iter().map(|&x| x as u64).collect();
+    match role {
+        Role::TokenEmbd | Role::Output => d(&[e, n_vocab]),
+        Role::OutputNorm | Role::AttnNorm | Role::FfnNorm | Role::AttnPostNorm | Role::FfnPostNorm => d(&[e]),
+        Role::RopeFreqs | Role::RopeFactorsLong | Role::RopeFactorsShort => d(&[c.n_rot / 2]),
+        Role::AttnQ => d(&[e, q]),
+        Role::AttnK => d(&[e, kv]),
+        Role::AttnV => d(&[e, kvv]),
+        Role::AttnQkv => d(&[e, q + kv + kvv]),
+        Role::AttnQBias => d(&[q]),
+        Role::AttnKBias => d(&[kv]),
+        Role::AttnVBias => d(&[kvv]),
+        Role::AttnQkvBias => d(&[q + kv + kvv]),
+        Role::AttnQNorm | Role::AttnKNorm => d(&[c.head_dim]),
+        Role::AttnOut => d(&[c.n_head * c.head_dim_v, e]),
+        Role::AttnOutBias => d(&[e]),
+        Role::FfnGate | Role::FfnUp if c.arch.spec().ffn == FfnLayout::FusedGateUp => d(&[e, 2 * c.n_ff]),
+        Role::FfnGate | Role::FfnUp => d(&[e, c.n_ff]),
+        Role::FfnDown => d(&[c.n_ff, e]),
+    }
+}
+
+impl<B: DeviceBackend> Model<B> {
+    /// Opens `path` (a file or any part of a split) and loads it onto `backend`.
+    pub fn open(path: impl AsRef<Path>, backend: B) -> Result<Model<B>, ModelError> {
+        Model::load(Arc::new(GgufModel::open(path)?), backend)
+    }
+
+    /// Loads an opened model onto `backend`: every needed tensor checked and
+    /// placed, every unused one reported in [`Model::plan`].
+    pub fn load(file: Arc<GgufModel>, backend: B) -> Result<Model<B>, ModelError> {
+        let meta = file.metadata_file();
+        let arch = arch_of(meta)?;
+        let config = ModelConfig::from_gguf(meta, arch)?;
+        let mut found: BTreeMap<(Role, usize), &ModelTensor> = BTreeMap::new();
+        let mut unused = Vec::new();
+        for t in file.tensors() {
+            match Role::parse(&t.info.name) {
+                Some((role, layer)) if arch.accepts(role) && layer.is_none_or(|l| l < config.n_layer) => {
+                    found.insert((role, layer.unwrap_or(0)), t);
+                }
+                _ => unused.push(t.info.name.clone()),
+            }
+        }
+        let embd_t = *found
+            .get(&(Role::TokenEmbd, 0))
+            .ok_or_else(|| ModelError::MissingTensor { name: Role::TokenEmbd.gguf_name(0), arch })?;
+        let n_vocab = embd_t.info.dims.get(1).copied().unwrap_or(0) as usize;
+        if n_vocab == 0 {
+            return Err(ModelError::TensorShape {
+                name: embd_t.info.name.clone(),
+                expected: vec![config.n_embd as u64, 0],
+                got: embd_t.info.dims.clone(),
+            });
+        }
+
+        let mut placements = Vec::new();
+        let mut get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Weight>, ModelError> {
+            let Some(t) = found.get(&(role, layer)) else {
+                return if required {
+                    Err(ModelError::MissingTensor { name: role.gguf_name(layer), arch })
+                } else {
+                    Ok(None)
+                };
+            };
+            let want = expected_dims(&config, role, n_vocab);
+            if t.info.dims != want {
+                return Err(ModelError::TensorShape { name: t.info.name.clone(), expected: want, got: t.info.dims.clone() });
+            }
+            let bytes = file.tensor_data(t)?;
+            let (cols, rows) = (want[0] as usize, want.get(1).copied().unwrap_or(1) as usize);
+            let w = backend
+                .place(&HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file })
+                .map_err(|e| ModelError::Backend(BackendError(format!("placing {}: {e}", t.info.name))))?;
+            placements.push(crate::kernel_registry::cpu_placement(
+                &t.info.name,
+                Some(role),
+                t.info.kind,
+                &t.info.dims,
+                t.info.n_bytes,
+            ));
+            Ok(Some(w))
+        };
+        // `get(.., true)` never returns `Ok(None)`; this keeps that a typed
+        // error rather than an `expect` should it ever change.
+        let must = |w: Option<B::Weight>| w.ok_or(ModelError::Unsupported { what: "a required tensor was not placed".into() });
+
+        let embd = must(get(Role::TokenEmbd, 0, true)?)?;
+        let output_norm = must(get(Role::OutputNorm, 0, true)?)?;
+        let output = get(Role::Output, 0, false)?;
+        let rope_freqs = get(Role::RopeFreqs, 0, false)?;
+        let rope_long = get(Role::RopeFactorsLong, 0, false)?;
+        let rope_short = get(Role::RopeFactorsShort, 0, false)?;
+        let spec = arch.spec();
+        let mut layers = Vec::with_capacity(config.n_layer);
+        for l in 0..config.n_layer {
+            let req = |r: Role| arch.required_block_roles().any(|x| x == r);
+            // Phi-3 stores QKV fused or separate; everyone else as the spec says.
+            let fused_qkv = found.contains_key(&(Role::AttnQkv, l));
+            let sep = !fused_qkv;
+            layers.push(LayerWeights {
+                attn_norm: must(get(Role::AttnNorm, l, true)?)?,
+                q: get(Role::AttnQ, l, req(Role::AttnQ) || sep)?,
+                k: get(Role::AttnK, l, req(Role::AttnK) || sep)?,
+                v: get(Role::AttnV, l, req(Role::AttnV) || sep)?,
+                qkv: get(Role::AttnQkv, l, false)?,
+                q_bias: get(Role::AttnQBias, l, req(Role::AttnQBias))?,
+                k_bias: get(Role::AttnKBias, l, req(Role::AttnKBias))?,
+                v_bias: get(Role::AttnVBias, l, req(Role::AttnVBias))?,
+                qkv_bias: get(Role::AttnQkvBias, l, false)?,
+                q_norm: get(Role::AttnQNorm, l, spec.qk_norm)?,
+                k_norm: get(Role::AttnKNorm, l, spec.qk_norm)?,
+                out: must(get(Role::AttnOut, l, true)?)?,
+                out_bias: get(Role::AttnOutBias, l, false)?,
+                post_attn_norm: get(Role::AttnPostNorm, l, spec.post_norms)?,
+                ffn_norm: must(get(Role::FfnNorm, l, true)?)?,
+                gate: get(Role::FfnGate, l, spec.ffn == FfnLayout::Separate)?,
+                up: must(get(Role::FfnUp, l, true)?)?,
+                down: must(get(Role::FfnDown, l, true)?)?,
+                post_ffn_norm: get(Role::FfnPostNorm, l, spec.post_norms)?,
+            });
+        }
+        for name in &unused {
+            if let Some(t) = file.tensor(name) {
+                placements.push(crate::kernel_registry::cpu_placement(name, None, t.info.kind, &t.info.dims, t.info.n_bytes));
+            }
+        }
+        // The tied head reads the embedding matrix as a matmul: report that too.
+        if output.is_none() {
+            let mut p = crate::kernel_registry::cpu_placement(
+                "output (tied: token_embd.weight)",
+                Some(Role::Output),
+                embd_t.info.kind,
+                &embd_t.info.dims,
+                embd_t.info.n_bytes,
+            );
+            p.bytes = 0;
+            placements.push(p);
+        }
+        let order: BTreeMap<&str, usize> =
+            file.tensors().iter().enumerate().map(|(i, t)| (t.info.name.as_str(), i)).collect();
+        placements.sort_by_key(|p: &Placement| order.get(p.name.as_str()).copied().unwrap_or(usize::MAX));
+        let bytes_per_token = placements.iter().map(|p| p.bytes_per_token).sum();
+        let plan = KernelPlan {
+            backend: backend.id(),
+            device: describe_device(&backend),
+            tensors: placements,
+            bytes_per_token,
+            crossings_per_token: if backend.id().is_accelerator() { 2 } else { 0 },
+            unused,
+        };
+        Ok(Model {
+            config,
+            file,
+            backend,
+            n_vocab,
+            embd,
+            output,
+            output_norm,
+            rope_freqs,
+            rope_long,
+            rope_short,
+            layers,
+            plan,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Vocabulary size (rows of the embedding and of the logits).
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// The file it was loaded from.
+    pub fn file(&self) -> &Arc<GgufModel> {
+        &self.file
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Where every tensor lives and which kernel runs for it.
+    pub fn plan(&self) -> &KernelPlan {
+        &self.plan
+    }
+
+    /// A KV cache of `n_slots` sequences of `n_ctx` positions.
+    pub fn new_context(&self, n_ctx: usize, n_slots: usize) -> Result<Context<B>, ModelError> {
+        if n_ctx == 0 || n_slots == 0 {
+            return Err(ModelError::Batch(format!("a context needs positions and slots (got {n_ctx} x {n_slots})")));
+        }
+        let c = &self.config;
+        let k = vec![c.n_head_kv * c.head_dim; c.n_layer];
+        let v = vec![c.n_head_kv * c.head_dim_v; c.n_layer];
+        let kv = self.backend.kv_cache(n_slots, n_ctx, &k, &v)?;
+        Ok(Context { kv, n_ctx, n_slots })
+    }
+
+    fn rope_params(&self, layer: usize) -> RopeParams {
+        let c = &self.config;
+        let local = c.local_layers.get(layer).copied().unwrap_or(false);
+        let spec = c.arch.spec();
+        let local_scale = match spec.sliding_window {
+            crate::arch::SlidingWindow::Pattern { default_local_base: None, .. } => c.rope_freq_scale,
+            _ => 1.0,
+        };
+        RopeParams {
+            style: spec.rope,
+            n_rot: c.n_rot,
+            base: if local { c.rope_base_local } else { c.rope_base },
+            freq_scale: if local { local_scale } else { c.rope_freq_scale },
+            attn_factor: c.rope_attn_factor,
+        }
+    }
+
+    fn rope_factors(&self, n_ctx: usize) -> Option<&B::Weight> {
+        if self.rope_long.is_some() || self.rope_short.is_some() {
+            if n_ctx > self.config.n_ctx_orig {
+                self.rope_long.as_ref().or(self.rope_short.as_ref())
+            } else {
+                self.rope_short.as_ref().or(self.rope_long.as_ref())
+            }
+        } else {
+            self.rope_freqs.as_ref()
+        }
+    }
+
+    /// Runs `batch` through the model, filling the KV cache of each token's
+    /// slot, and returns the logits of the tokens flagged in `batch.logits`,
+    /// in batch order (`n_flagged x n_vocab`).
+    pub fn forward(&self, ctx: &mut Context<B>, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        let n = batch.len();
+        if n == 0 || batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
+            return Err(ModelError::Batch("empty batch or columns of different lengths".into()));
+        }
+        if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(ModelError::Batch(format!("token id {t} is outside the vocabulary ({})", self.n_vocab)));
+        }
+        if let Some(i) = (0..n).find(|&i| batch.pos[i] as usize >= ctx.n_ctx || batch.seq[i] as usize >= ctx.n_slots) {
+            return Err(ModelError::Batch(format!(
+                "token {i} at position {} of slot {} does not fit a context of {} positions x {} slots",
+                batch.pos[i], batch.seq[i], ctx.n_ctx, ctx.n_slots
+            )));
+        }
+        let c = &self.config;
+        let be = &self.backend;
+        let spec = c.arch.spec();
+        let (qd, kd, vd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
+        let factors = self.rope_factors(ctx.n_ctx);
+
+        let mut x = be.alloc(n * c.n_embd)?;
+        be.get_rows(&self.embd, &batch.tokens, &mut x)?;
+        if spec.scale_embeddings {
+            be.scale(&mut x, (c.n_embd as f32).sqrt())?;
+        }
+        let mut cur = be.alloc(n * c.n_embd)?;
+        let mut q = be.alloc(n * qd)?;
+        let mut k = be.alloc(n * kd)?;
+        let mut v = be.alloc(n * vd)?;
+        let mut attn = be.alloc(n * c.n_head * c.head_dim_v)?;
+        let mut o = be.alloc(n * c.n_embd)?;
+        let ff_width = if spec.ffn == FfnLayout::FusedGateUp { 2 * c.n_ff } else { c.n_ff };
+        let mut gate = be.alloc(n * c.n_ff)?;
+        let mut up = be.alloc(n * ff_width)?;
+        let mut h = be.alloc(n * c.n_ff)?;
+        let mut qkv = match self.layers.iter().any(|l| l.qkv.is_some()) {
+            true => Some(be.alloc(n * (qd + kd + vd))?),
+            false => None,
+        };
+
+        for (l, w) in self.layers.iter().enumerate() {
+            be.copy(&x, &mut cur)?;
+            be.rms_norm(&mut cur, &w.attn_norm, c.rms_eps)?;
+            match (&w.qkv, &mut qkv) {
+                (Some(wqkv), Some(buf)) => {
+                    be.matmul(wqkv, &cur, buf, n)?;
+                    if let Some(b) = &w.qkv_bias {
+                        be.add_bias(buf, b, n)?;
+                    }
+                    let width = qd + kd + vd;
+                    be.split_cols(buf, width, 0, &mut q, qd)?;
+                    be.split_cols(buf, width, qd, &mut k, kd)?;
+                    be.split_cols(buf, width, qd + kd, &mut v, vd)?;
+                }
+                _ => {
+                    let (wq, wk, wv) = match (&w.q, &w.k, &w.v) {
+                        (Some(a), Some(b), Some(c)) => (a, b, c),
+                        _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither fused nor separate QKV") }),
+                    };
+                    be.matmul(wq, &cur, &mut q, n)?;
+                    be.matmul(wk, &cur, &mut k, n)?;
+                    be.matmul(wv, &cur, &mut v, n)?;
+                    for (buf, b) in [(&mut q, &w.q_bias), (&mut k, &w.k_bias), (&mut v, &w.v_bias)] {
+                        if let Some(b) = b {
+                            be.add_bias(buf, b, n)?;
+                        }
+                    }
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+                be.rms_norm(&mut q, qn, c.rms_eps)?;
+                be.rms_norm(&mut k, kn, c.rms_eps)?;
+            }
+            let rp = self.rope_params(l);
+            be.rope(&mut q, &batch.pos, c.n_head, c.head_dim, &rp, factors)?;
+            be.rope(&mut k, &batch.pos, c.n_head_kv, c.head_dim, &rp, factors)?;
+            let local = c.local_layers.get(l).copied().unwrap_or(false);
+            let ap = AttnParams {
+                n_head: c.n_head,
+                n_head_kv: c.n_head_kv,
+                head_dim: c.head_dim,
+                head_dim_v: c.head_dim_v,
+                scale: c.attn_scale,
+                softcap: c.attn_softcap,
+                window: if local { c.window } else { None },
+            };
+            be.attention(&mut ctx.kv, l, batch, &q, &k, &v, &mut attn, &ap)?;
+            be.matmul(&w.out, &attn, &mut o, n)?;
+            if let Some(b) = &w.out_bias {
+                be.add_bias(&mut o, b, n)?;
+            }
+            if let Some(pn) = &w.post_attn_norm {
+                be.rms_norm(&mut o, pn, c.rms_eps)?;
+            }
+            be.add(&mut x, &o)?;
+
+            be.copy(&x, &mut cur)?;
+            be.rms_norm(&mut cur, &w.ffn_norm, c.rms_eps)?;
+            match &w.gate {
+                Some(wg) => {
+                    be.matmul(wg, &cur, &mut gate, n)?;
+                    be.matmul(&w.up, &cur, &mut up, n)?;
+                    be.glu(spec.activation, &gate, &up, &mut h)?;
+                }
+                None => {
+                    be.matmul(&w.up, &cur, &mut up, n)?;
+                    be.glu_fused(spec.activation, &up, &mut h, c.n_ff)?;
+                }
+            }
+            be.matmul(&w.down, &h, &mut o, n)?;
+            if let Some(pn) = &w.post_ffn_norm {
+                be.rms_norm(&mut o, pn, c.rms_eps)?;
+            }
+            be.add(&mut x, &o)?;
+        }
+
+        let rows: Vec<usize> = (0..n).filter(|&i| batch.logits[i]).collect();
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut xo = be.alloc(rows.len() * c.n_embd)?;
+        be.gather_rows(&x, &rows, c.n_embd, &mut xo)?;
+        be.rms_norm(&mut xo, &self.output_norm, c.rms_eps)?;
+        let mut logits = be.alloc(rows.len() * self.n_vocab)?;
+        be.matmul(self.output.as_ref().unwrap_or(&self.embd), &xo, &mut logits, rows.len())?;
+        if let Some(cap) = c.final_softcap {
+            be.softcap(&mut logits, cap)?;
+        }
+        let mut host = vec![0.0f32; rows.len() * self.n_vocab];
+        be.read(&logits, &mut host)?;
+        Ok(host)
+    }
+}
+
+fn describe_device<B: DeviceBackend>(backend: &B) -> String {
+    match backend.id() {
+        crate::kernel_registry::Backend::Cpu => {
+            format!("cpu ({}, {} threads)", ferrox_quant::cpu::Isa::active(), backend.threads())
+        }
+        #[allow(unreachable_patterns)] // accelerators join the registry with their crates
+        other => other.name().to_string(),
+    }
+}

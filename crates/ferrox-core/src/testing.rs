@@ -1,0 +1,206 @@
+//! Tiny random-weight models of every architecture, written with ferrox's
+//! own GGUF writer, for tests that compare the decoder with llama.cpp.
+//!
+//! The decision: the models are *regenerated* from a seed, never
+//! committed. The writer, the quantizers and the PRNG are deterministic, so
+//! the same seed gives the same bytes; the reference logits llama.cpp
+//! produced from those bytes are committed together with the file's
+//! SHA-256 (`testdata/llama_ref/tiny/`), and a test that regenerates a file
+//! with another hash fails before comparing anything.
+//!
+//! Each architecture gets its own weight kind, so that together they run the
+//! decoder over several kernels, plus the features that distinguish the
+//! family (GQA everywhere, biases for Qwen2, QK-norm for Qwen3 and Gemma 3,
+//! fused QKV and gate/up for Phi-3, softcaps and sliding windows for
+//! Gemma 2/3, a separate output head where the family has one).
+
+use ferrox_gguf::testing::SplitMix64;
+use ferrox_gguf::{Array, GgufWriter, Value};
+use ferrox_quant::QuantKind;
+
+use crate::arch::{Arch, FfnLayout, Role};
+
+/// The shape and kinds of one tiny model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TinyShape {
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Feed-forward width.
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Kind of the matrices.
+    pub kind: QuantKind,
+    /// Kind of the embedding (and separate output head).
+    pub embd_kind: QuantKind,
+    /// A separate output head (else tied).
+    pub own_output: bool,
+}
+
+/// Vocabulary of every tiny model: 3 specials, 256 byte tokens, 61 words.
+pub const TINY_VOCAB: usize = 320;
+
+/// The tiny model of `arch`: a shape that exercises what the family has.
+pub fn tiny_shape(arch: Arch) -> TinyShape {
+    let base = TinyShape {
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+        n_layer: 2,
+        kind: QuantKind::Q8_0,
+        embd_kind: QuantKind::Q8_0,
+        own_output: true,
+    };
+    match arch {
+        Arch::Llama => TinyShape { n_embd: 256, n_ff: 256, head_dim: 64, kind: QuantKind::Q4K, embd_kind: QuantKind::Q6K, ..base },
+        Arch::Qwen2 => TinyShape { kind: QuantKind::Q8_0, ..base },
+        Arch::Qwen3 => TinyShape { kind: QuantKind::F16, embd_kind: QuantKind::F16, head_dim: 32, ..base },
+        Arch::Phi3 => TinyShape { kind: QuantKind::Q5_0, n_head_kv: 4, ..base },
+        Arch::Gemma2 => TinyShape { kind: QuantKind::F32, embd_kind: QuantKind::F32, n_layer: 3, own_output: false, ..base },
+        Arch::Gemma3 => TinyShape { kind: QuantKind::Q4_0, n_layer: 3, head_dim: 32, own_output: false, ..base },
+    }
+}
+
+fn vocab() -> (Vec<String>, Vec<f32>, Vec<i32>) {
+    let mut tokens = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
+    let mut types = vec![2, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    let words = "the of and to in is was he for it with as his on be at by had are but from or she an which \
+                 you one we all were her would there their will when who him been has more if no out do so can \
+                 what up said about other into than its time only could new them man some these then two first";
+    for w in words.split_whitespace().take(TINY_VOCAB - tokens.len()) {
+        tokens.push(format!("\u{2581}{w}"));
+        types.push(1);
+    }
+    while tokens.len() < TINY_VOCAB {
+        tokens.push(format!("\u{2581}w{}", tokens.len()));
+        types.push(1);
+    }
+    let scores = (0..tokens.len()).map(|i| -(i as f32)).collect();
+    (tokens, scores, types)
+}
+
+/// Writes the tiny model of `arch` from `seed`.
+pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
+    let s = tiny_shape(arch);
+    let spec = arch.spec();
+    let name = spec.name;
+    let mut w = GgufWriter::new();
+    let key = |k: &str| format!("{name}.{k}");
+    w.set("general.architecture", Value::from(name))?;
+    w.set("general.name", Value::from(format!("tiny {name}")))?;
+    w.set(key("context_length"), Value::U32(256))?;
+    w.set(key("embedding_length"), Value::U32(s.n_embd as u32))?;
+    w.set(key("block_count"), Value::U32(s.n_layer as u32))?;
+    w.set(key("feed_forward_length"), Value::U32(s.n_ff as u32))?;
+    w.set(key("attention.head_count"), Value::U32(s.n_head as u32))?;
+    w.set(key("attention.head_count_kv"), Value::U32(s.n_head_kv as u32))?;
+    w.set(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6))?;
+    w.set(key("rope.freq_base"), Value::F32(10_000.0))?;
+    if s.head_dim != s.n_embd / s.n_head {
+        w.set(key("attention.key_length"), Value::U32(s.head_dim as u32))?;
+        w.set(key("attention.value_length"), Value::U32(s.head_dim as u32))?;
+    }
+    if arch == Arch::Llama {
+        w.set(key("rope.dimension_count"), Value::U32(s.head_dim as u32))?;
+    }
+    if matches!(arch, Arch::Gemma2 | Arch::Gemma3) {
+        // A window shorter than the test sequence, and local/global layers
+        // alternating, so both masks are exercised.
+        w.set(key("attention.sliding_window"), Value::U32(5))?;
+        w.set(key("attention.sliding_window_pattern"), Value::U32(2))?;
+    }
+    if arch == Arch::Gemma2 {
+        w.set(key("attn_logit_softcapping"), Value::F32(10.0))?;
+        w.set(key("final_logit_softcapping"), Value::F32(5.0))?;
+    }
+    let (tokens, scores, types) = vocab();
+    w.set("tokenizer.ggml.model", Value::from("llama"))?;
+    w.set("tokenizer.ggml.pre", Value::from("default"))?;
+    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens.into_iter().map(Into::into).collect())))?;
+    w.set("tokenizer.ggml.scores", Value::Array(Array::F32(scores)))?;
+    w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))?;
+    w.set("tokenizer.ggml.unknown_token_id", Value::U32(0))?;
+    w.set("tokenizer.ggml.bos_token_id", Value::U32(1))?;
+    w.set("tokenizer.ggml.eos_token_id", Value::U32(2))?;
+    w.set("tokenizer.ggml.add_bos_token", Value::Bool(true))?;
+    w.set("tokenizer.ggml.add_eos_token", Value::Bool(false))?;
+
+    let mut rng = SplitMix64(seed);
+    let (e, hd, ff) = (s.n_embd as u64, s.head_dim as u64, s.n_ff as u64);
+    let (q, kv) = (s.n_head as u64 * hd, s.n_head_kv as u64 * hd);
+    let v = TINY_VOCAB as u64;
+    let mut add = |w: &mut GgufWriter<'static>, name: String, kind: QuantKind, dims: &[u64], norm: bool| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let n: u64 = dims.iter().product();
+        let scale = if norm { 0.2 } else { 1.0 / (dims[0] as f32).sqrt() };
+        let vals: Vec<f32> = (0..n).map(|_| rng.next_f32() * scale + if norm { 1.0 } else { 0.0 }).collect();
+        let data = ferrox_quant::quantize_to_vec(kind, &vals)
+            .map_err(|err| format!("{name}: {err}"))?;
+        Ok(w.add_tensor(name, kind, dims, data)?)
+    };
+    add(&mut w, Role::TokenEmbd.gguf_name(0), s.embd_kind, &[e, v], false)?;
+    add(&mut w, Role::OutputNorm.gguf_name(0), QuantKind::F32, &[e], true)?;
+    if s.own_output {
+        add(&mut w, Role::Output.gguf_name(0), s.embd_kind, &[e, v], false)?;
+    }
+    for l in 0..s.n_layer {
+        let mut t = |w: &mut GgufWriter<'static>, role: Role, dims: &[u64]| {
+            let norm = matches!(role.feeds(), crate::arch::Feeds::Norm | crate::arch::Feeds::Bias);
+            let kind = if dims.len() == 1 { QuantKind::F32 } else { s.kind };
+            add(w, role.gguf_name(l), kind, dims, norm)
+        };
+        t(&mut w, Role::AttnNorm, &[e])?;
+        if arch == Arch::Phi3 {
+            t(&mut w, Role::AttnQkv, &[e, q + 2 * kv])?;
+        } else {
+            t(&mut w, Role::AttnQ, &[e, q])?;
+            t(&mut w, Role::AttnK, &[e, kv])?;
+            t(&mut w, Role::AttnV, &[e, kv])?;
+        }
+        if arch == Arch::Qwen2 {
+            t(&mut w, Role::AttnQBias, &[q])?;
+            t(&mut w, Role::AttnKBias, &[kv])?;
+            t(&mut w, Role::AttnVBias, &[kv])?;
+        }
+        if spec.qk_norm {
+            t(&mut w, Role::AttnQNorm, &[hd])?;
+            t(&mut w, Role::AttnKNorm, &[hd])?;
+        }
+        t(&mut w, Role::AttnOut, &[q, e])?;
+        if spec.post_norms {
+            t(&mut w, Role::AttnPostNorm, &[e])?;
+        }
+        t(&mut w, Role::FfnNorm, &[e])?;
+        match spec.ffn {
+            FfnLayout::Separate => {
+                t(&mut w, Role::FfnGate, &[e, ff])?;
+                t(&mut w, Role::FfnUp, &[e, ff])?;
+            }
+            FfnLayout::FusedGateUp => t(&mut w, Role::FfnUp, &[e, 2 * ff])?,
+        }
+        t(&mut w, Role::FfnDown, &[ff, e])?;
+        if spec.post_norms {
+            t(&mut w, Role::FfnPostNorm, &[e])?;
+        }
+    }
+    Ok(w)
+}
+
+/// The token ids every tiny-model reference run feeds (BOS, then a walk
+/// over the vocabulary that repeats, so attention has something to find).
+pub fn tiny_tokens() -> Vec<u32> {
+    let mut v = vec![1u32];
+    v.extend([259, 260, 261, 300, 45, 260, 262, 263, 120, 259, 260, 264]);
+    v
+}

@@ -1,0 +1,70 @@
+//! `ferrox kernels MODEL [--backend B] [--json]`: where every weight is
+//! placed and which kernel runs for it, decode and prefill, with fallbacks
+//! named and per-token totals.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use ferrox_core::kernel_registry::Backend;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model file.
+    model: Option<PathBuf>,
+    /// The model file (instead of the positional argument).
+    #[arg(short = 'm', long = "model")]
+    model_flag: Option<PathBuf>,
+    /// The backend to plan for.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Threads (recorded in the device line).
+    #[arg(short = 't', long, default_value_t = 0)]
+    threads: usize,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let backend = crate::load::parse_backend(&a.backend)?;
+    if backend != Backend::Cpu {
+        bail!("backend {backend} is not compiled into this build");
+    }
+    let path = crate::load::resolve_model(a.model, a.model_flag)?;
+    let (model, _) = crate::load::load_cpu(&path, a.threads, true)?;
+    let plan = model.plan();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(plan)?);
+        return Ok(());
+    }
+    println!("backend: {}  device: {}", plan.backend, plan.device);
+    println!("{:<34} {:<7} {:<16} {:<8} {:<44} {}", "tensor", "kind", "shape", "on", "decode kernel", "fallback");
+    for t in &plan.tensors {
+        let shape: Vec<String> = t.dims.iter().map(u64::to_string).collect();
+        println!(
+            "{:<34} {:<7} {:<16} {:<8} {:<44} {}",
+            t.name,
+            t.kind,
+            shape.join("x"),
+            t.backend,
+            t.decode,
+            t.fallback.as_deref().unwrap_or("-")
+        );
+    }
+    let prefill: std::collections::BTreeSet<&str> = plan.tensors.iter().map(|t| t.prefill.as_str()).collect();
+    println!("\nprefill kernels:");
+    for p in prefill {
+        println!("  {p}");
+    }
+    println!(
+        "\nper decoded token: {:.1} MiB of weights read, {} host<->device crossings",
+        plan.bytes_per_token as f64 / (1 << 20) as f64,
+        plan.crossings_per_token
+    );
+    let fallbacks = plan.tensors.iter().filter(|t| t.fallback.is_some()).count();
+    println!("fallbacks: {fallbacks}; unused file tensors: {}", plan.unused.len());
+    for u in &plan.unused {
+        println!("  unused: {u}");
+    }
+    Ok(())
+}

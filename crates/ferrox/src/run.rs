@@ -1,0 +1,180 @@
+//! `ferrox run [MODEL] -p PROMPT`: stream a continuation of a prompt.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use ferrox_core::generate::{GenerateOptions, Session, StreamEvent};
+use ferrox_core::sampling::SamplingParams;
+
+/// Sampling flags, llama.cpp's names and defaults.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Locally typical sampling (1 = off).
+    #[arg(long = "typical", default_value_t = 1.0)]
+    pub typical_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens of history the penalties look at.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Presence penalty.
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Frequency penalty.
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Logit bias, `ID=BIAS` (`ID=-inf` bans a token); repeatable.
+    #[arg(long = "logit-bias", value_parser = parse_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Seed (same seed, same output); random if not given.
+    #[arg(short = 's', long)]
+    pub seed: Option<u64>,
+}
+
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, b) = s.split_once('=').ok_or("expected ID=BIAS")?;
+    let id = id.trim().parse().map_err(|e| format!("token id {id:?}: {e}"))?;
+    let b = match b.trim() {
+        "-inf" => f32::NEG_INFINITY,
+        v => v.parse().map_err(|e| format!("bias {v:?}: {e}"))?,
+    };
+    Ok((id, b))
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            typical_p: self.typical_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
+            seed: self.seed,
+            top_logprobs: 0,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The model file; the default model (Gemma 3 270M) when omitted.
+    model: Option<PathBuf>,
+    /// The model file (instead of the positional argument).
+    #[arg(short = 'm', long = "model")]
+    model_flag: Option<PathBuf>,
+    /// The prompt.
+    #[arg(short = 'p', long)]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long, conflicts_with = "prompt")]
+    file: Option<PathBuf>,
+    /// Tokens to generate (-1: until end of text or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Context size (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Threads (0: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    threads: usize,
+    /// Stop before this string; repeatable.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep generating past end-of-text tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Do not add the BOS token the model asks for.
+    #[arg(long)]
+    no_bos: bool,
+    /// Do not echo the prompt before the continuation.
+    #[arg(long)]
+    no_echo: bool,
+    /// Print timings to stderr at the end.
+    #[arg(long, short = 'v')]
+    verbose: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+/// A flag set by Ctrl-C, so a generation stops cleanly with what it has.
+pub fn cancel_on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&flag)).context("cannot install the Ctrl-C handler")?;
+    Ok(flag)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let prompt = match (&a.prompt, &a.file) {
+        (Some(p), None) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file {}", f.display()))?,
+        _ => bail!("give a prompt with -p PROMPT or -f FILE"),
+    };
+    let path = crate::load::resolve_model(a.model, a.model_flag)?;
+    let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
+    let n_ctx = crate::load::context_size(a.ctx_size, &model);
+    let ids = tok.encode(prompt.as_bytes(), !a.no_bos, true)?;
+    let mut session = Session::new(&model, &tok, n_ctx)?;
+    let opts = GenerateOptions {
+        max_tokens: usize::try_from(a.n_predict).ok(),
+        stop: a.stop.clone(),
+        sampling: a.sampling.params(),
+        ignore_eos: a.ignore_eos,
+        ..GenerateOptions::default()
+    };
+    let cancel = cancel_on_ctrl_c()?;
+    let mut out = std::io::stdout().lock();
+    if !a.no_echo {
+        write!(out, "{prompt}")?;
+        out.flush()?;
+    }
+    let mut write_err = None;
+    let done = session.generate(&ids, &opts, &cancel, &mut |e| {
+        let text = match e {
+            StreamEvent::Token(t) => t.text.as_str(),
+            StreamEvent::Tail(s) => s,
+        };
+        if let Err(err) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+            write_err.get_or_insert(err);
+        }
+    })?;
+    writeln!(out)?;
+    if let Some(e) = write_err {
+        return Err(e).context("cannot write to stdout");
+    }
+    if a.verbose {
+        let t = done.timings;
+        let n = done.tokens.len();
+        eprintln!(
+            "ferrox: prompt {} tokens ({} cached) in {:.3}s ({:.1} t/s); generated {n} tokens in {:.3}s ({:.1} t/s); finish: {:?}",
+            done.n_prompt,
+            done.n_cached,
+            t.prefill.as_secs_f64(),
+            (done.n_prompt - done.n_cached) as f64 / t.prefill.as_secs_f64().max(1e-9),
+            t.decode.as_secs_f64(),
+            n as f64 / t.decode.as_secs_f64().max(1e-9),
+            done.finish
+        );
+    }
+    Ok(())
+}
