@@ -209,7 +209,8 @@ def write_json(path, doc, line_keys=("steps", "all_logits")):
     assert json.loads(text) == doc
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"wrote {os.path.relpath(path, ROOT)} ({len(text)} bytes)")
+    shown = os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+    print(f"wrote {shown} ({len(text)} bytes)")
 
 
 def case_doc(name, run):

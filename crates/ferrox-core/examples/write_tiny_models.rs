@@ -2,7 +2,7 @@
 //! (`tiny-<arch>.gguf`), for `tools/refllama/gen.py tiny DIR`.
 use ferrox_core::arch::Arch;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let dir = std::env::args().nth(1).ok_or("usage: write_tiny_models DIR")?;
     std::fs::create_dir_all(&dir)?;
     for &a in Arch::ALL {

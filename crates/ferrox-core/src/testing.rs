@@ -99,7 +99,9 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
     let mut w = GgufWriter::new();
     let key = |k: &str| format!("{name}.{k}");
     w.set("general.architecture", Value::from(name))?;
-    w.set("general.name", Value::from(format!("tiny {name}")))?;
+    // Not the family name: llama.cpp keys vocab quirks on `general.name` (a
+    // name containing "phi3" makes it look up Phi-3-only tokens).
+    w.set("general.name", Value::from("tiny random model"))?;
     w.set(key("context_length"), Value::U32(256))?;
     w.set(key("embedding_length"), Value::U32(s.n_embd as u32))?;
     w.set(key("block_count"), Value::U32(s.n_layer as u32))?;

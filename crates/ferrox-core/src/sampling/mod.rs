@@ -330,11 +330,17 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     // ln 2 split so that `n * LN2_HI` is exact for |n| < 2^9.
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding then subtracting 1.5 * 2^23 rounds to the nearest integer
-    // without `round()`, which is a libm call on baseline x86-64.
+    // Adding 1.5 * 2^23 rounds to an integer without `round()` (a libm
+    // call on baseline x86-64) and leaves that integer in the low mantissa
+    // bits, from which 2^n is built with integer ops that vectorize.
     const ROUNDER: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.0, 88.0);
-    let n = (xc * LOG2E + ROUNDER) - ROUNDER;
+    const ROUNDER_BITS: u32 = 0x4b40_0000;
+    // Comparisons rather than `f32::clamp`/`max`: selects, not branches or
+    // NaN handling (callers never pass NaN), so the loops calling this vectorize.
+    let lo = if x > -87.0 { x } else { -87.0 };
+    let xc = if lo < 88.0 { lo } else { 88.0 };
+    let t = xc * LOG2E + ROUNDER;
+    let n = t - ROUNDER;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let mut poly = 1.0 / 5040.0;
     poly = poly * r + 1.0 / 720.0;
@@ -344,30 +350,62 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     poly = poly * r + 0.5;
     poly = poly * r + 1.0;
     poly = poly * r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if x < -87.0 {
-        0.0
-    } else {
-        poly * scale
-    }
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(ROUNDER_BITS).wrapping_add(127) << 23);
+    let keep = ((x >= -87.0) as u32).wrapping_neg();
+    f32::from_bits((poly * scale).to_bits() & keep)
 }
 
-/// `Σ e^(l - max)` over `logits` (which hold no NaN), in eight fixed lanes
-/// so the sum is vectorized and its rounding is the same everywhere.
+/// `Σ e^(l - max)` over `logits` (which hold no NaN). The exponentials go
+/// through a small block so that loop is a pure map the compiler vectorizes,
+/// and the sum runs in eight fixed lanes so its rounding is the same everywhere.
 fn sum_exp(logits: &[f32], max: f32) -> f32 {
+    const BLOCK: usize = 256;
+    let mut buf = [0.0f32; BLOCK];
     let mut lanes = [0.0f32; 8];
-    let chunks = logits.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for j in 0..8 {
-            lanes[j] += exp_fast(c[j] - max);
+    let mut rest = 0.0f32;
+    for block in logits.chunks(BLOCK) {
+        let out = &mut buf[..block.len()];
+        for (o, &l) in out.iter_mut().zip(block) {
+            *o = exp_fast(l - max);
+        }
+        let chunks = out.chunks_exact(8);
+        rest += chunks.remainder().iter().sum::<f32>();
+        for c in chunks {
+            for j in 0..8 {
+                lanes[j] += c[j];
+            }
         }
     }
-    let mut sum = lanes.iter().sum::<f32>();
-    for &l in tail {
-        sum += exp_fast(l - max);
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// [`canon`] over `logits` in place; returns the maximum.
+fn canon_max(logits: &mut [f32]) -> f32 {
+    for l in logits.iter_mut() {
+        *l = canon(*l);
     }
-    sum
+    lane_max(logits)
+}
+
+/// The maximum of NaN-free `values`, in eight lanes so it vectorizes (a
+/// running `f32::max` is a serial dependency chain).
+fn lane_max(values: &[f32]) -> f32 {
+    let larger = |a: f32, b: f32| if b > a { b } else { a };
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = values.chunks_exact(8);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| larger(m, v));
+    for c in chunks {
+        for j in 0..8 {
+            lanes[j] = larger(lanes[j], c[j]);
+        }
+    }
+    for l in lanes {
+        max = larger(max, l);
+    }
+    max
 }
 
 /// Samples tokens for one sequence with fixed parameters; owns the random
@@ -429,11 +467,7 @@ impl Sampler {
         }
         let window_start = self.check_window(history)?;
 
-        let mut max = f32::NEG_INFINITY;
-        for l in logits.iter_mut() {
-            *l = canon(*l);
-            max = max.max(*l);
-        }
+        let max = canon_max(logits);
         // Bias and penalties never raise a -inf logit, so nothing can be sampled.
         if max == f32::NEG_INFINITY {
             return Err(SamplingError::NoCandidates);
@@ -548,22 +582,27 @@ impl Sampler {
         let k = p.top_k;
         if k > 0 && k <= HEAP_TOP_K_MAX && k < logits.len() {
             let mut heap = BinaryHeap::from(std::mem::take(&mut self.heap));
+            // Ids arrive ascending, so a token whose logit only ties the
+            // worst kept one ranks below it: `<=` rejects almost every token
+            // with one comparison (and -inf ones before the heap fills).
+            let mut floor = f32::NEG_INFINITY;
             for (id, &l) in logits.iter().enumerate() {
-                if l == f32::NEG_INFINITY {
+                if l <= floor {
                     continue;
                 }
-                let c = Cand {
+                let c = Worst(Cand {
                     id: id as u32,
                     logit: canon(l),
                     p: 0.0,
                     s: 0.0,
-                };
+                });
                 if heap.len() < k {
-                    heap.push(Worst(c));
+                    heap.push(c);
                 } else if let Some(mut worst) = heap.peek_mut() {
-                    if by_rank(&c, &worst.0) == Ordering::Less {
-                        *worst = Worst(c);
-                    }
+                    *worst = c;
+                }
+                if heap.len() == k {
+                    floor = heap.peek().map_or(floor, |w| w.0.logit);
                 }
             }
             self.cands.extend(heap.drain().map(|w| w.0));
@@ -675,18 +714,14 @@ fn top_p(cands: &mut Vec<Cand>, mass: f32) {
     cands.truncate(keep);
 }
 
-/// Argmax, ties to the lowest id; logits hold no NaN.
+/// Argmax, ties to the lowest id; logits hold no NaN. The maximum first,
+/// then its first position: two vectorizable passes beat one serial scan.
 fn argmax(logits: &[f32]) -> Result<u32, SamplingError> {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
+    let max = lane_max(logits);
+    match logits.iter().position(|&l| l == max) {
+        Some(i) if max != f32::NEG_INFINITY => Ok(i as u32),
+        _ => Err(SamplingError::NoCandidates),
     }
-    if logits[best] == f32::NEG_INFINITY {
-        return Err(SamplingError::NoCandidates);
-    }
-    Ok(best as u32)
 }
 
 /// The `n` highest raw logits as log-probabilities, best first, ties to the

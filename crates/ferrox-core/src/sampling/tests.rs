@@ -88,6 +88,11 @@ fn greedy_takes_the_argmax_and_the_lowest_id_on_a_tie() {
         1
     );
     assert_eq!(sample_once(g.clone(), &[-2.0, -2.0], &[]).unwrap().token, 0);
+    // Long enough for the vectorized paths: maximum tied at ids 517 and 903.
+    let mut long: Vec<f32> = (0..1000).map(|i| ((i * 31) % 97) as f32 * 0.01).collect();
+    long[517] = 5.0;
+    long[903] = 5.0;
+    assert_eq!(sample_once(g.clone(), &long, &[]).unwrap().token, 517);
     // A negative temperature means greedy, as in llama.cpp.
     let neg = SamplingParams {
         temperature: -1.0,
