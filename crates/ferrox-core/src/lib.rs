@@ -5,6 +5,7 @@
 //! the backend seam and the kernel registry join it with the engine.
 #![deny(missing_docs)]
 
+pub mod chat_template;
 pub mod requantize;
 pub mod sampling;
 pub mod tokenizer;
