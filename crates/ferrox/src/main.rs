@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+mod chat;
 mod info;
 mod kernels;
 mod load;
@@ -31,6 +32,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Generate a continuation of a prompt, streamed.
     Run(run::Args),
+    /// Talk to a model, multi-turn, with its chat template.
+    Chat(chat::Args),
     /// Where every weight is placed and which kernel runs for it.
     Kernels(kernels::Args),
 }
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Command::Quantize(a) => quantize::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Kernels(a) => kernels::run(a),
     };
     match result {

@@ -144,3 +144,35 @@ fn the_same_seed_gives_the_same_text_and_another_seed_another() {
     assert_eq!(a, run("7"), "one seed, two texts");
     assert_ne!(a, run("8"), "two seeds gave the same 24 tokens");
 }
+
+#[test]
+fn chat_renders_turns_with_the_template_and_reuses_the_cache_across_turns() {
+    let path = scratch("tiny-qwen3-chat.gguf");
+    ferrox_core::testing::tiny_arch_model(Arch::Qwen3, 5).unwrap().write_to(&path).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(["chat", path.to_str().unwrap(), "--temp", "0", "-n", "6", "-v", "--system", "be brief"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"the of and\nto in is\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let turns: Vec<(usize, usize)> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("ferrox: turn: prompt "))
+        .map(|l| {
+            let n: Vec<usize> = l.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+            (n[0], n[1])
+        })
+        .collect();
+    assert_eq!(turns.len(), 2, "two user lines, two turns: {err}");
+    assert!(err.contains("built-in"), "a file without a template gets the family's built-in one: {err}");
+    let (first_prompt, first_cached) = turns[0];
+    let (second_prompt, second_cached) = turns[1];
+    assert_eq!(first_cached, 0);
+    assert!(second_prompt > first_prompt, "the second turn carries the first: {turns:?}");
+    assert!(second_cached >= first_prompt, "the first turn's prompt must be reused from the cache: {turns:?}");
+}
