@@ -124,7 +124,7 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
         w.set(key("attention.sliding_window_pattern"), Value::U32(2))?;
     }
     if arch == Arch::Gemma2 {
-        w.set(key("attn_logit_softcapping"), Value::F32(10.0))?;
+        w.set(key("attn_logit_softcapping"), Value::F32(0.5))?;
         w.set(key("final_logit_softcapping"), Value::F32(5.0))?;
     }
     let (tokens, scores, types) = vocab();

@@ -13,11 +13,11 @@ use ferrox_core::tokenizer::Tokenizer;
 /// The default model's file name (Gemma 3 270M, Q4_K_M).
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 
-/// Where the default model lives: `$FERROX_MODELS/…`, else
-/// `$HOME/.cache/ferrox/models/…` (where `scripts/get-model.sh` puts it).
+/// Where the default model lives: `$FERROX_MODEL`, else
+/// `$HOME/.cache/ferrox/models/…` — where `scripts/get-model.sh` puts it.
 pub fn default_model_path() -> PathBuf {
-    if let Some(dir) = std::env::var_os("FERROX_MODELS") {
-        return PathBuf::from(dir).join(DEFAULT_MODEL_FILE);
+    if let Some(file) = std::env::var_os("FERROX_MODEL") {
+        return PathBuf::from(file);
     }
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache/ferrox/models").join(DEFAULT_MODEL_FILE)

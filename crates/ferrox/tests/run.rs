@@ -124,7 +124,7 @@ fn run_without_a_model_says_where_the_default_model_goes_and_how_to_get_it() {
     let o = Command::new(env!("CARGO_BIN_EXE_ferrox"))
         .args(["run", "-p", "hi"])
         .env("HOME", &empty)
-        .env_remove("FERROX_MODELS")
+        .env_remove("FERROX_MODEL")
         .output()
         .unwrap();
     assert_clean_error(&o, "get-model.sh");
