@@ -154,7 +154,7 @@ fn held_back(text: &str, stops: &[String]) -> usize {
             if k <= hold {
                 break;
             }
-            if text.ends_with(&s[..k]) && s.is_char_boundary(k) {
+            if s.is_char_boundary(k) && text.ends_with(&s[..k]) {
                 hold = k;
                 break;
             }
@@ -301,5 +301,9 @@ mod tests {
         assert_eq!(held_back("hello\n", &stops), 1);
         assert_eq!(held_back("hello", &stops), 0);
         assert_eq!(held_back("a <", &stops), 1);
+        // A multi-byte stop string is only cut at character boundaries.
+        let stops = vec!["é<9".to_string()];
+        assert_eq!(held_back("abc\u{e9}", &stops), 2);
+        assert_eq!(held_back("abc\u{e9}<", &stops), 3);
     }
 }

@@ -176,3 +176,24 @@ fn chat_renders_turns_with_the_template_and_reuses_the_cache_across_turns() {
     assert!(second_prompt > first_prompt, "the second turn carries the first: {turns:?}");
     assert!(second_cached >= first_prompt, "the first turn's prompt must be reused from the cache: {turns:?}");
 }
+
+#[test]
+fn a_stop_string_ends_the_text_just_before_it() {
+    let path = scratch("tiny-phi3-stop.gguf");
+    ferrox_core::testing::tiny_arch_model(Arch::Phi3, 9).unwrap().write_to(&path).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", path.to_str().unwrap(), "-p", "the of", "-n", "40", "--temp", "0", "--no-echo", "--ignore-eos"];
+        args.extend_from_slice(extra);
+        let o = ferrox(&args);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout).trim_end_matches('\n').to_string()
+    };
+    let full = run(&[]);
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 12, "need a longer greedy text: {full:?}");
+    // A stop string from the middle of the greedy text (its first occurrence).
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+    let at = full.find(&stop).unwrap();
+    let cut = run(&["--stop", &stop]);
+    assert_eq!(cut, full[..at], "stop {stop:?} in {full:?}");
+}
