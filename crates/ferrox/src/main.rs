@@ -7,9 +7,11 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod info;
 mod kernels;
 mod load;
+mod perplexity;
 mod quantize;
 mod run;
 mod tokenize;
@@ -33,6 +35,10 @@ enum Command {
     Run(run::Args),
     /// Where every weight is placed and which kernel runs for it.
     Kernels(kernels::Args),
+    /// Prompt and generation throughput, like llama-bench.
+    Bench(bench::Args),
+    /// Perplexity of a text (and KL divergence from a base run), like llama-perplexity.
+    Perplexity(perplexity::Args),
 }
 
 /// The model path, given either as the first positional argument or as `-m`.
@@ -57,6 +63,8 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
         Command::Kernels(a) => kernels::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
