@@ -242,7 +242,7 @@ fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> 
     for (n_prompt, n_gen) in tests {
         let test_time = rfc3339_now();
         let mut ctx = model.new_context(n_prompt + n_gen, 1)?;
-        let mut rng = SplitMix(0x5eed ^ (n_prompt as u64) << 20 ^ n_gen as u64);
+        let mut rng = SplitMix(0x5eed ^ ((n_prompt as u64) << 20) ^ (n_gen as u64));
         let mut run_once = |n_prompt: usize, n_gen: usize| -> Result<u64, ModelError> {
             let t = Instant::now();
             if n_prompt > 0 {
