@@ -144,34 +144,29 @@ pub fn evaluate<B: DeviceBackend>(
     // One cache for all chunks: positions refill from 0 and attention reads
     // only 0..=pos of the slot, so an old chunk's keys are never seen.
     let mut ctx = model.new_context(n_ctx, 1)?;
-    // The last position's logits predict past the chunk; not asked for.
-    let last_scored = n_ctx - 2;
+    // The last position's logits would predict past the chunk and nothing
+    // after it attends to it, so it is not evaluated at all.
+    let end = n_ctx - 1;
     for chunk in 0..n_chunk {
         let start = chunk * n_ctx;
         let mut b0 = 0;
-        while b0 < n_ctx {
+        while b0 < end {
             if cancel.load(Ordering::Relaxed) {
                 return Err(PerplexityError::Cancelled);
             }
-            let b1 = (b0 + n_batch).min(n_ctx);
+            let b1 = (b0 + n_batch).min(end);
             let mut batch = Batch::default();
             for pos in b0..b1 {
                 let tok = match (pos, opts.bos) {
                     (0, Some(bos)) => bos,
                     _ => tokens[start + pos],
                 };
-                batch.push(tok, pos as u32, 0, (first..=last_scored).contains(&pos));
+                batch.push(tok, pos as u32, 0, pos >= first);
             }
             let logits = model.forward(&mut ctx, &batch)?;
             let lo = b0.max(first);
-            let hi = (b1 - 1).min(last_scored);
-            if lo <= hi {
-                score(Scored {
-                    chunk,
-                    logits: &logits,
-                    targets: &tokens[start + lo + 1..=start + hi + 1],
-                    end_of_chunk: b1 == n_ctx,
-                })?;
+            if lo < b1 {
+                score(Scored { chunk, logits: &logits, targets: &tokens[start + lo + 1..start + b1 + 1], end_of_chunk: b1 == end })?;
             }
             b0 = b1;
         }

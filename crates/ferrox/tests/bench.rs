@@ -195,7 +195,8 @@ fn reference_ppl(model_path: &PathBuf, text: &str, n_ctx: usize) -> (f64, f64) {
     let mean = nlls.iter().sum::<f64>() / n;
     let var = nlls.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
     let ppl = mean.exp();
-    (ppl, ppl * (var * n / (n - 1.0) / (n - 1.0)).sqrt())
+    // llama-perplexity: the population variance over (n - 1).
+    (ppl, ppl * (var / (n - 1.0)).sqrt())
 }
 
 fn final_estimate(out: &str) -> (f64, f64) {
@@ -307,9 +308,16 @@ fn perplexity_bad_input_is_a_clean_error() {
     let model = tiny(Arch::Llama, 1);
     let m = model.to_str().unwrap();
     let short = write_text("short.txt", 20);
+    let n_short = {
+        let f = ferrox_gguf::GgufModel::open(&model).unwrap();
+        Tokenizer::from_gguf(f.metadata_file()).unwrap().encode(words_text(20).as_bytes(), true, false).unwrap().len()
+    };
+    // A context just over half the text: one chunk short of the two needed.
+    let c = (n_short / 2 + 1).to_string();
     let ok = write_text("ok.txt", 80);
     assert_clean_error(&ferrox(&["perplexity", "-m", m, "-f", "/nonexistent/text.txt", "-c", "16"]), "cannot read text file");
-    assert_clean_error(&ferrox(&["perplexity", "-m", m, "-f", short.to_str().unwrap(), "-c", "16"]), "needs at least 32");
+    let need = format!("needs at least {}", 2 * (n_short / 2 + 1));
+    assert_clean_error(&ferrox(&["perplexity", "-m", m, "-f", short.to_str().unwrap(), "-c", &c]), &need);
     assert_clean_error(&ferrox(&["perplexity", "-m", m, "-f", ok.to_str().unwrap(), "-c", "0"]), "must be positive");
     assert_clean_error(&ferrox(&["perplexity", "-m", "/nonexistent/model.gguf", "-f", ok.to_str().unwrap()]), "cannot load model");
     let junk = scratch("junk.kl");
