@@ -109,7 +109,10 @@ impl PerplexityOptions {
             return Err(PerplexityError::ZeroBatch);
         }
         if n_tokens < 2 * self.n_ctx {
-            return Err(PerplexityError::TooFewTokens { n_tokens, n_ctx: self.n_ctx });
+            return Err(PerplexityError::TooFewTokens {
+                n_tokens,
+                n_ctx: self.n_ctx,
+            });
         }
         let n = n_tokens / self.n_ctx;
         Ok(self.max_chunks.map_or(n, |m| m.min(n)))
@@ -166,7 +169,12 @@ pub fn evaluate<B: DeviceBackend>(
             let logits = model.forward(&mut ctx, &batch)?;
             let lo = b0.max(first);
             if lo < b1 {
-                score(Scored { chunk, logits: &logits, targets: &tokens[start + lo + 1..start + b1 + 1], end_of_chunk: b1 == end })?;
+                score(Scored {
+                    chunk,
+                    logits: &logits,
+                    targets: &tokens[start + lo + 1..start + b1 + 1],
+                    end_of_chunk: b1 == end,
+                })?;
             }
             b0 = b1;
         }
@@ -274,7 +282,11 @@ impl BasePosition {
         let lse = log_sum_exp(logits);
         let k = k.min(logits.len());
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        let by_logit = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
         if k < idx.len() {
             idx.select_nth_unstable_by(k, by_logit);
             idx.truncate(k);
@@ -282,7 +294,10 @@ impl BasePosition {
         idx.sort_unstable_by(by_logit);
         BasePosition {
             target_logprob: (f64::from(logits[target as usize]) - lse) as f32,
-            logprobs: idx.iter().map(|&i| (f64::from(logits[i as usize]) - lse) as f32).collect(),
+            logprobs: idx
+                .iter()
+                .map(|&i| (f64::from(logits[i as usize]) - lse) as f32)
+                .collect(),
             ids: idx,
         }
     }
@@ -336,13 +351,22 @@ impl<W: Write> BaseLogitsWriter<W> {
     /// Writes the header.
     pub fn new(mut out: W, h: &BaseHeader) -> Result<Self, PerplexityError> {
         out.write_all(BASE_MAGIC)?;
-        for v in [BASE_VERSION as usize, h.n_ctx, h.n_vocab, h.n_chunk, h.top_k] {
+        for v in [
+            BASE_VERSION as usize,
+            h.n_ctx,
+            h.n_vocab,
+            h.n_chunk,
+            h.top_k,
+        ] {
             out.write_all(&u32_of(v)?.to_le_bytes())?;
         }
         for &t in &h.tokens {
             out.write_all(&t.to_le_bytes())?;
         }
-        Ok(BaseLogitsWriter { out, top_k: h.top_k })
+        Ok(BaseLogitsWriter {
+            out,
+            top_k: h.top_k,
+        })
     }
 
     /// Appends every scored position of a pass.
@@ -367,7 +391,10 @@ impl<W: Write> BaseLogitsWriter<W> {
 }
 
 fn u32_of(v: usize) -> Result<u32, PerplexityError> {
-    u32::try_from(v).map_err(|_| PerplexityError::BadBase { offset: 0, why: format!("{v} does not fit the file's u32 fields") })
+    u32::try_from(v).map_err(|_| PerplexityError::BadBase {
+        offset: 0,
+        why: format!("{v} does not fit the file's u32 fields"),
+    })
 }
 
 /// Reads a base-logits file written by [`BaseLogitsWriter`].
@@ -385,7 +412,10 @@ impl<R: Read> BaseLogitsReader<R> {
         let mut magic = [0u8; 8];
         read_exact(&mut input, &mut magic, &mut offset)?;
         if &magic != BASE_MAGIC {
-            return Err(PerplexityError::BadBase { offset: 0, why: "not a ferrox base-logits file (bad magic)".into() });
+            return Err(PerplexityError::BadBase {
+                offset: 0,
+                why: "not a ferrox base-logits file (bad magic)".into(),
+            });
         }
         let mut f = [0usize; 5];
         for v in &mut f {
@@ -395,9 +425,17 @@ impl<R: Read> BaseLogitsReader<R> {
         }
         let [version, n_ctx, n_vocab, n_chunk, top_k] = f;
         if version != BASE_VERSION as usize {
-            return Err(PerplexityError::BadBase { offset: 8, why: format!("version {version}, this build reads {BASE_VERSION}") });
+            return Err(PerplexityError::BadBase {
+                offset: 8,
+                why: format!("version {version}, this build reads {BASE_VERSION}"),
+            });
         }
-        let opts = PerplexityOptions { n_ctx, n_batch: 1, max_chunks: None, bos: None };
+        let opts = PerplexityOptions {
+            n_ctx,
+            n_batch: 1,
+            max_chunks: None,
+            bos: None,
+        };
         if opts.scored_per_chunk() == 0 || n_chunk == 0 || top_k == 0 || n_vocab == 0 {
             return Err(PerplexityError::BadBase {
                 offset: 12,
@@ -408,12 +446,28 @@ impl<R: Read> BaseLogitsReader<R> {
         let per_pos = 4 + 8 * top_k as u64;
         let need = 28 + 4 * n_tokens + n_chunk as u64 * opts.scored_per_chunk() as u64 * per_pos;
         if need != file_len {
-            return Err(PerplexityError::BadBase { offset: 28, why: format!("the header implies {need} bytes, the file has {file_len}") });
+            return Err(PerplexityError::BadBase {
+                offset: 28,
+                why: format!("the header implies {need} bytes, the file has {file_len}"),
+            });
         }
         let mut raw = vec![0u8; 4 * n_tokens as usize];
         read_exact(&mut input, &mut raw, &mut offset)?;
-        let tokens = raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        Ok(BaseLogitsReader { input, offset, header: BaseHeader { n_ctx, n_vocab, n_chunk, top_k, tokens } })
+        let tokens = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(BaseLogitsReader {
+            input,
+            offset,
+            header: BaseHeader {
+                n_ctx,
+                n_vocab,
+                n_chunk,
+                top_k,
+                tokens,
+            },
+        })
     }
 
     /// What the file was made from.
@@ -434,18 +488,31 @@ impl<R: Read> BaseLogitsReader<R> {
         for j in 0..k {
             let id = u32::from_le_bytes(f(4 + 8 * j));
             if id as usize >= self.header.n_vocab {
-                return Err(PerplexityError::BadBase { offset: at, why: format!("token id {id} outside the vocabulary ({})", self.header.n_vocab) });
+                return Err(PerplexityError::BadBase {
+                    offset: at,
+                    why: format!(
+                        "token id {id} outside the vocabulary ({})",
+                        self.header.n_vocab
+                    ),
+                });
             }
             ids.push(id);
             logprobs.push(f32::from_le_bytes(f(8 + 8 * j)));
         }
-        Ok(BasePosition { target_logprob, ids, logprobs })
+        Ok(BasePosition {
+            target_logprob,
+            ids,
+            logprobs,
+        })
     }
 }
 
 fn read_exact(r: &mut impl Read, buf: &mut [u8], offset: &mut u64) -> Result<(), PerplexityError> {
     r.read_exact(buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => PerplexityError::BadBase { offset: *offset, why: "truncated".into() },
+        std::io::ErrorKind::UnexpectedEof => PerplexityError::BadBase {
+            offset: *offset,
+            why: "truncated".into(),
+        },
         _ => PerplexityError::Io(e),
     })?;
     *offset += buf.len() as u64;
@@ -489,7 +556,10 @@ impl KlStats {
             kl += p_rest * (p_rest.ln() - q_rest.ln());
         }
         self.kld.add(kl.max(0.0));
-        let top = logits.iter().enumerate().fold(0, |best, (i, &l)| if l > logits[best] { i } else { best });
+        let top = logits
+            .iter()
+            .enumerate()
+            .fold(0, |best, (i, &l)| if l > logits[best] { i } else { best });
         if base.ids.first().is_some_and(|&b| b as usize == top) {
             self.same_top += 1;
         }

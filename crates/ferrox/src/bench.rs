@@ -44,16 +44,31 @@ pub struct Args {
     #[arg(long, conflicts_with = "models")]
     suite: Option<PathBuf>,
     /// Prompt lengths, one pp test each (comma-separated; 0 for none).
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
     n_prompt: Vec<usize>,
     /// Generation lengths, one tg test each (comma-separated; 0 for none).
-    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
     n_gen: Vec<usize>,
     /// Tokens per forward pass in pp tests.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
     /// Thread counts (comma-separated; 0: all cores).
-    #[arg(short = 't', long = "threads", value_delimiter = ',', default_value = "0")]
+    #[arg(
+        short = 't',
+        long = "threads",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
     threads: Vec<usize>,
     /// Timed repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
@@ -149,7 +164,10 @@ struct Checkpoint {
 
 /// Where suite files live: `$FERROX_MODELS`, else `~/.cache/ferrox/models`.
 fn models_dir() -> PathBuf {
-    crate::load::default_model_path().parent().map(Path::to_path_buf).unwrap_or_default()
+    crate::load::default_model_path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -165,10 +183,16 @@ pub fn run(a: Args) -> Result<()> {
     }
     let targets: Vec<(PathBuf, Option<String>)> = match &a.suite {
         Some(s) => {
-            let text = std::fs::read_to_string(s).with_context(|| format!("cannot read suite {}", s.display()))?;
-            let suite: Suite = serde_json::from_str(&text).with_context(|| format!("bad suite file {}", s.display()))?;
+            let text = std::fs::read_to_string(s)
+                .with_context(|| format!("cannot read suite {}", s.display()))?;
+            let suite: Suite = serde_json::from_str(&text)
+                .with_context(|| format!("bad suite file {}", s.display()))?;
             let dir = models_dir();
-            suite.checkpoints.into_iter().map(|c| (dir.join(&c.file), c.skip)).collect()
+            suite
+                .checkpoints
+                .into_iter()
+                .map(|c| (dir.join(&c.file), c.skip))
+                .collect()
         }
         None if a.models.is_empty() => vec![(crate::load::resolve_model(None, None)?, None)],
         None => a.models.iter().map(|m| (m.clone(), None)).collect(),
@@ -177,7 +201,10 @@ pub fn run(a: Args) -> Result<()> {
     for (path, skip) in &targets {
         let name = path.display().to_string();
         if let Some(why) = skip {
-            printer.row(&Row::Skipped { model_filename: name, skipped: why.clone() });
+            printer.row(&Row::Skipped {
+                model_filename: name,
+                skipped: why.clone(),
+            });
             continue;
         }
         if !path.exists() {
@@ -185,14 +212,20 @@ pub fn run(a: Args) -> Result<()> {
             if a.suite.is_none() {
                 bail!("model file {name} not found");
             }
-            printer.row(&Row::Skipped { model_filename: name, skipped: "file not found".into() });
+            printer.row(&Row::Skipped {
+                model_filename: name,
+                skipped: "file not found".into(),
+            });
             continue;
         }
         for &t in &a.threads {
             match bench_model(path, t, &a, &mut printer) {
                 Ok(()) => {}
                 Err(e) if a.suite.is_some() => {
-                    printer.row(&Row::Skipped { model_filename: name.clone(), skipped: format!("{e:#}") });
+                    printer.row(&Row::Skipped {
+                        model_filename: name.clone(),
+                        skipped: format!("{e:#}"),
+                    });
                 }
                 Err(e) => return Err(e),
             }
@@ -203,10 +236,17 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> Result<()> {
-    let n_threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+    let n_threads = if threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        threads
+    };
     reset_peak_rss();
     let t0 = Instant::now();
-    let model = Model::open(path, Cpu::new(n_threads)).with_context(|| format!("cannot load model {}", path.display()))?;
+    let model = Model::open(path, Cpu::new(n_threads))
+        .with_context(|| format!("cannot load model {}", path.display()))?;
     let tok = Tokenizer::from_gguf(model.file().metadata_file())
         .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
     let load_time_ns = t0.elapsed().as_nanos() as u64;
@@ -238,7 +278,12 @@ fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> 
         peak_rss_bytes: 0,
     };
     let first = tok.add_bos().then(|| tok.bos()).flatten();
-    let tests = a.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (n, 0)).chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
+    let tests = a
+        .n_prompt
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| (n, 0))
+        .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
     for (n_prompt, n_gen) in tests {
         let test_time = rfc3339_now();
         let mut ctx = model.new_context(n_prompt + n_gen, 1)?;
@@ -255,9 +300,14 @@ fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> 
         };
         // Warmup as llama-bench does it: the whole prompt, one generated token.
         run_once(n_prompt, n_gen.min(1))?;
-        let samples_ns: Vec<u64> = (0..a.repetitions).map(|_| run_once(n_prompt, n_gen)).collect::<Result<_, _>>()?;
+        let samples_ns: Vec<u64> = (0..a.repetitions)
+            .map(|_| run_once(n_prompt, n_gen))
+            .collect::<Result<_, _>>()?;
         let n_tok = (n_prompt + n_gen) as f64;
-        let samples_ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tok * 1e9 / ns.max(1) as f64).collect();
+        let samples_ts: Vec<f64> = samples_ns
+            .iter()
+            .map(|&ns| n_tok * 1e9 / ns.max(1) as f64)
+            .collect();
         let ns_f: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
         let row = TestResult {
             n_prompt,
@@ -403,14 +453,21 @@ fn model_type(meta: &ferrox_gguf::GgufFile, n_params: u64) -> String {
         None => format!("{}M", (n_params as f64 / 1e6).round()),
     };
     let ft = meta.get("general.file_type").and_then(|v| v.as_uint());
-    let ftype = ft.and_then(ftype_name).map_or_else(|| "unknown file type".to_string(), str::to_string);
+    let ftype = ft
+        .and_then(ftype_name)
+        .map_or_else(|| "unknown file type".to_string(), str::to_string);
     format!("{arch} {size} {ftype}")
 }
 
 fn cpu_info() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
@@ -431,7 +488,9 @@ fn peak_rss() -> u64 {
 }
 
 fn rfc3339_now() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -443,7 +502,12 @@ fn rfc3339_now() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 /// Prints rows as they come (a long suite shows progress), closing the
@@ -470,7 +534,11 @@ impl Printer {
             Format::Json => {
                 let text = serde_json::to_string_pretty(r).unwrap_or_default();
                 let indented: Vec<String> = text.lines().map(|l| format!("  {l}")).collect();
-                println!("{}{}", if self.n == 0 { "[\n" } else { ",\n" }, indented.join("\n"));
+                println!(
+                    "{}{}",
+                    if self.n == 0 { "[\n" } else { ",\n" },
+                    indented.join("\n")
+                );
             }
             Format::Jsonl => println!("{}", serde_json::to_string(r).unwrap_or_default()),
         }
@@ -515,8 +583,14 @@ fn md_row(r: &Row) -> String {
                 t.peak_rss_bytes as f64 / (1u64 << 20) as f64
             )
         }
-        Row::Skipped { model_filename, skipped } => {
-            format!("| {model_filename} | | | | | | skipped: {} | | |", skipped.replace('|', "\\|").replace('\n', " "))
+        Row::Skipped {
+            model_filename,
+            skipped,
+        } => {
+            format!(
+                "| {model_filename} | | | | | | skipped: {} | | |",
+                skipped.replace('|', "\\|").replace('\n', " ")
+            )
         }
     }
 }

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use ferrox_core::perplexity::{
-    evaluate, BaseHeader, BaseLogitsReader, BaseLogitsWriter, KlStats, NllStats, PerplexityError, PerplexityOptions,
+    evaluate, BaseHeader, BaseLogitsReader, BaseLogitsWriter, KlStats, NllStats, PerplexityError,
+    PerplexityOptions,
 };
 
 #[derive(clap::Args)]
@@ -55,13 +56,18 @@ pub fn run(a: Args) -> Result<()> {
     if a.kl {
         return run_kl(a);
     }
-    let Some(file) = &a.file else { bail!("give the text to score with -f FILE") };
-    let text = std::fs::read(file).with_context(|| format!("cannot read text file {}", file.display()))?;
+    let Some(file) = &a.file else {
+        bail!("give the text to score with -f FILE")
+    };
+    let text =
+        std::fs::read(file).with_context(|| format!("cannot read text file {}", file.display()))?;
     let path = crate::load::resolve_model(a.model.clone(), a.model_flag.clone())?;
     let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
     // llama-perplexity tokenizes with BOS (when the vocabulary adds one) and
     // without parsing special tokens in the text.
-    let tokens = tok.encode(&text, true, false).with_context(|| format!("cannot tokenize {}", file.display()))?;
+    let tokens = tok
+        .encode(&text, true, false)
+        .with_context(|| format!("cannot tokenize {}", file.display()))?;
     let opts = PerplexityOptions {
         n_ctx: a.ctx_size,
         n_batch: a.batch_size,
@@ -77,7 +83,8 @@ pub fn run(a: Args) -> Result<()> {
     );
     let mut writer = match &a.kl_base {
         Some(p) => {
-            let f = std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+            let f = std::fs::File::create(p)
+                .with_context(|| format!("cannot create {}", p.display()))?;
             let header = BaseHeader {
                 n_ctx: opts.n_ctx,
                 n_vocab: model.n_vocab(),
@@ -98,7 +105,9 @@ pub fn run(a: Args) -> Result<()> {
             w.write_scored(&s)?;
         }
         if s.end_of_chunk {
-            write!(out, "[{}]{:.4},", s.chunk + 1, stats.ppl()).and_then(|()| out.flush()).map_err(PerplexityError::Io)?;
+            write!(out, "[{}]{:.4},", s.chunk + 1, stats.ppl())
+                .and_then(|()| out.flush())
+                .map_err(PerplexityError::Io)?;
         }
         Ok(())
     })?;
@@ -108,14 +117,21 @@ pub fn run(a: Args) -> Result<()> {
     }
     match stats.ppl_error() {
         Some(e) => writeln!(out, "Final estimate: PPL = {:.4} +/- {:.5}", stats.ppl(), e)?,
-        None => writeln!(out, "Final estimate: PPL = {:.4} (no error estimate: no spread)", stats.ppl())?,
+        None => writeln!(
+            out,
+            "Final estimate: PPL = {:.4} (no error estimate: no spread)",
+            stats.ppl()
+        )?,
     }
     Ok(())
 }
 
 fn run_kl(a: Args) -> Result<()> {
-    let Some(base_path) = &a.kl_base else { bail!("--kl-divergence needs --kl-divergence-base FILE") };
-    let f = std::fs::File::open(base_path).with_context(|| format!("cannot open base logits {}", base_path.display()))?;
+    let Some(base_path) = &a.kl_base else {
+        bail!("--kl-divergence needs --kl-divergence-base FILE")
+    };
+    let f = std::fs::File::open(base_path)
+        .with_context(|| format!("cannot open base logits {}", base_path.display()))?;
     let len = f.metadata()?.len();
     let mut base = BaseLogitsReader::new(std::io::BufReader::new(f), len)
         .with_context(|| format!("cannot read base logits {}", base_path.display()))?;
@@ -123,7 +139,12 @@ fn run_kl(a: Args) -> Result<()> {
     let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
     let h = base.header().clone();
     if h.n_vocab != model.n_vocab() {
-        return Err(PerplexityError::BaseMismatch { what: "n_vocab", file: h.n_vocab, run: model.n_vocab() }.into());
+        return Err(PerplexityError::BaseMismatch {
+            what: "n_vocab",
+            file: h.n_vocab,
+            run: model.n_vocab(),
+        }
+        .into());
     }
     let opts = PerplexityOptions {
         n_ctx: h.n_ctx,
@@ -131,7 +152,13 @@ fn run_kl(a: Args) -> Result<()> {
         max_chunks: Some(h.n_chunk),
         bos: tok.add_bos().then(|| tok.bos()).flatten(),
     };
-    eprintln!("ferrox: comparing with {} ({} chunks of {}, top-{})", base_path.display(), h.n_chunk, h.n_ctx, h.top_k);
+    eprintln!(
+        "ferrox: comparing with {} ({} chunks of {}, top-{})",
+        base_path.display(),
+        h.n_chunk,
+        h.n_ctx,
+        h.top_k
+    );
     let cancel = crate::run::cancel_on_ctrl_c()?;
     let mut kl = KlStats::default();
     let mut out = std::io::stdout().lock();
@@ -155,10 +182,30 @@ fn run_kl(a: Args) -> Result<()> {
         }
         Ok(())
     })?;
-    let pm = |s: &NllStats| s.mean_error().map_or(String::from("n/a"), |e| format!("{e:.6}"));
-    writeln!(out, "Mean PPL(Q)    : {:.6} +/- {}", kl.nll.ppl(), kl.nll.ppl_error().map_or("n/a".into(), |e| format!("{e:.6}")))?;
+    let pm = |s: &NllStats| {
+        s.mean_error()
+            .map_or(String::from("n/a"), |e| format!("{e:.6}"))
+    };
+    writeln!(
+        out,
+        "Mean PPL(Q)    : {:.6} +/- {}",
+        kl.nll.ppl(),
+        kl.nll
+            .ppl_error()
+            .map_or("n/a".into(), |e| format!("{e:.6}"))
+    )?;
     writeln!(out, "Mean PPL(base) : {:.6}", kl.nll_base.ppl())?;
-    writeln!(out, "Mean KLD       : {:.6} +/- {} (top-{} + rest; a lower bound of the full KLD)", kl.kld.mean(), pm(&kl.kld), h.top_k)?;
-    writeln!(out, "Same top p     : {:.3}%", 100.0 * kl.same_top_fraction())?;
+    writeln!(
+        out,
+        "Mean KLD       : {:.6} +/- {} (top-{} + rest; a lower bound of the full KLD)",
+        kl.kld.mean(),
+        pm(&kl.kld),
+        h.top_k
+    )?;
+    writeln!(
+        out,
+        "Same top p     : {:.3}%",
+        100.0 * kl.same_top_fraction()
+    )?;
     Ok(())
 }
