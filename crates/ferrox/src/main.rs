@@ -7,10 +7,12 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod chat;
 mod info;
 mod kernels;
 mod load;
+mod perplexity;
 mod quantize;
 mod run;
 mod tokenize;
@@ -36,6 +38,10 @@ enum Command {
     Chat(chat::Args),
     /// Where every weight is placed and which kernel runs for it.
     Kernels(kernels::Args),
+    /// Prompt and generation throughput, like llama-bench.
+    Bench(bench::Args),
+    /// Perplexity of a text (and KL divergence from a base run), like llama-perplexity.
+    Perplexity(perplexity::Args),
 }
 
 /// The model path, given either as the first positional argument or as `-m`.
@@ -61,6 +67,8 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Kernels(a) => kernels::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

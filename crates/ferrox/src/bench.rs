@@ -1,0 +1,596 @@
+//! `ferrox bench`: prompt-processing and generation throughput, measured as
+//! llama-bench measures it and reported under llama-bench's field names, so
+//! a row of ours can sit beside a row of theirs.
+//!
+//! The decision: copy llama-bench's protocol, not just its output. A `ppN`
+//! test evaluates N random tokens (BOS first when the model adds one) in
+//! batches of `-b`, asking for the logits of each batch's last token only; a
+//! `tgN` test decodes N tokens one at a time from an empty cache, each a
+//! forward pass with its logits read back. Each test runs once as a warmup
+//! (`pp`: the whole prompt; `tg`: one token), then `-r` timed repetitions;
+//! t/s is tokens over wall time per repetition, reported as mean and sample
+//! standard deviation. We add what llama-bench lacks: the load time
+//! (`Model::open` + tokenizer) and the process's peak RSS (`VmHWM`, reset
+//! before each model where the kernel allows it).
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use ferrox_core::backend::cpu::Cpu;
+use ferrox_core::backend::Batch;
+use ferrox_core::kernel_registry::Backend;
+use ferrox_core::model::{Model, ModelError};
+use ferrox_core::tokenizer::Tokenizer;
+use serde::{Deserialize, Serialize};
+
+/// Output formats, llama-bench's names.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// A markdown table.
+    Md,
+    /// One JSON array of rows.
+    Json,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model files; repeat -m for several.
+    #[arg(short = 'm', long = "model")]
+    models: Vec<PathBuf>,
+    /// The checkpoints of a suite file (benchmarks/suite.json) instead of -m.
+    #[arg(long, conflicts_with = "models")]
+    suite: Option<PathBuf>,
+    /// Prompt lengths, one pp test each (comma-separated; 0 for none).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Generation lengths, one tg test each (comma-separated; 0 for none).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+    /// Tokens per forward pass in pp tests.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// Thread counts (comma-separated; 0: all cores).
+    #[arg(
+        short = 't',
+        long = "threads",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    threads: Vec<usize>,
+    /// Timed repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    repetitions: usize,
+    /// The backend to run on.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "md")]
+    output: Format,
+}
+
+/// One test's result, llama-bench's field names where the meaning is the
+/// same (`model_type`, `model_size`, `model_n_params`, `backends`,
+/// `n_threads`, `n_prompt`, `n_gen`, `avg_ts`, `stddev_ts`, `samples_ts` …).
+#[derive(Serialize, Debug, Clone)]
+pub struct TestResult {
+    /// ferrox's version.
+    pub ferrox_version: String,
+    /// The CPU's model name.
+    pub cpu_info: String,
+    /// Backends used.
+    pub backends: String,
+    /// The instruction-set level the CPU kernels run at.
+    pub cpu_isa: String,
+    /// The model file.
+    pub model_filename: String,
+    /// Architecture, size label and file type, as llama's model description.
+    pub model_type: String,
+    /// Bytes of tensor data.
+    pub model_size: u64,
+    /// Parameters (tensor elements).
+    pub model_n_params: u64,
+    /// Tokens per forward pass in pp tests.
+    pub n_batch: usize,
+    /// Threads.
+    pub n_threads: usize,
+    /// Prompt tokens.
+    pub n_prompt: usize,
+    /// Generated tokens.
+    pub n_gen: usize,
+    /// Tokens in the cache before the test (always 0 here).
+    pub n_depth: usize,
+    /// When the test ran (RFC 3339, UTC).
+    pub test_time: String,
+    /// Mean time per repetition.
+    pub avg_ns: u64,
+    /// Its sample standard deviation.
+    pub stddev_ns: u64,
+    /// Mean tokens per second.
+    pub avg_ts: f64,
+    /// Its sample standard deviation.
+    pub stddev_ts: f64,
+    /// Each repetition's time.
+    pub samples_ns: Vec<u64>,
+    /// Each repetition's tokens per second.
+    pub samples_ts: Vec<f64>,
+    /// Wall time of `Model::open` and the tokenizer.
+    pub load_time_ns: u64,
+    /// Peak resident set size (VmHWM) after the test.
+    pub peak_rss_bytes: u64,
+}
+
+/// A row of the report: a result, or a checkpoint that could not be run.
+#[derive(Serialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Row {
+    /// A test that ran.
+    Ran(Box<TestResult>),
+    /// A checkpoint that could not be run, and why.
+    Skipped {
+        /// The model file.
+        model_filename: String,
+        /// Why it did not run.
+        skipped: String,
+    },
+}
+
+/// `benchmarks/suite.json`: the checkpoints a full run covers.
+#[derive(Deserialize, Debug)]
+struct Suite {
+    checkpoints: Vec<Checkpoint>,
+}
+
+#[derive(Deserialize, Debug)]
+struct Checkpoint {
+    /// A path, absolute or relative to the models directory.
+    file: String,
+    /// Set when the checkpoint is listed but known not to run, saying why.
+    #[serde(default)]
+    skip: Option<String>,
+}
+
+/// Where suite files live: `$FERROX_MODELS`, else `~/.cache/ferrox/models`.
+fn models_dir() -> PathBuf {
+    crate::load::default_model_path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let backend = crate::load::parse_backend(&a.backend)?;
+    if backend != Backend::Cpu {
+        bail!("backend {backend} is not compiled into this build");
+    }
+    if a.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
+    if a.batch_size == 0 {
+        bail!("-b must be at least 1");
+    }
+    let targets: Vec<(PathBuf, Option<String>)> = match &a.suite {
+        Some(s) => {
+            let text = std::fs::read_to_string(s)
+                .with_context(|| format!("cannot read suite {}", s.display()))?;
+            let suite: Suite = serde_json::from_str(&text)
+                .with_context(|| format!("bad suite file {}", s.display()))?;
+            let dir = models_dir();
+            suite
+                .checkpoints
+                .into_iter()
+                .map(|c| (dir.join(&c.file), c.skip))
+                .collect()
+        }
+        None if a.models.is_empty() => vec![(crate::load::resolve_model(None, None)?, None)],
+        None => a.models.iter().map(|m| (m.clone(), None)).collect(),
+    };
+    let mut printer = Printer::new(a.output);
+    for (path, skip) in &targets {
+        let name = path.display().to_string();
+        if let Some(why) = skip {
+            printer.row(&Row::Skipped {
+                model_filename: name,
+                skipped: why.clone(),
+            });
+            continue;
+        }
+        if !path.exists() {
+            // A missing checkpoint of a suite is a row; a missing -m is an error.
+            if a.suite.is_none() {
+                bail!("model file {name} not found");
+            }
+            printer.row(&Row::Skipped {
+                model_filename: name,
+                skipped: "file not found".into(),
+            });
+            continue;
+        }
+        for &t in &a.threads {
+            match bench_model(path, t, &a, &mut printer) {
+                Ok(()) => {}
+                Err(e) if a.suite.is_some() => {
+                    printer.row(&Row::Skipped {
+                        model_filename: name.clone(),
+                        skipped: format!("{e:#}"),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    printer.finish();
+    Ok(())
+}
+
+fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> Result<()> {
+    let n_threads = if threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        threads
+    };
+    reset_peak_rss();
+    let t0 = Instant::now();
+    let model = Model::open(path, Cpu::new(n_threads))
+        .with_context(|| format!("cannot load model {}", path.display()))?;
+    let tok = Tokenizer::from_gguf(model.file().metadata_file())
+        .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
+    let load_time_ns = t0.elapsed().as_nanos() as u64;
+    let file = model.file();
+    let model_size = file.tensors().iter().map(|t| t.info.n_bytes).sum();
+    let model_n_params = file.tensors().iter().map(|t| t.info.n_elements()).sum();
+    let base = TestResult {
+        ferrox_version: env!("CARGO_PKG_VERSION").to_string(),
+        cpu_info: cpu_info(),
+        backends: "CPU".into(),
+        cpu_isa: model.backend().isa().to_string(),
+        model_filename: path.display().to_string(),
+        model_type: model_type(file.metadata_file(), model_n_params),
+        model_size,
+        model_n_params,
+        n_batch: a.batch_size,
+        n_threads,
+        n_prompt: 0,
+        n_gen: 0,
+        n_depth: 0,
+        test_time: String::new(),
+        avg_ns: 0,
+        stddev_ns: 0,
+        avg_ts: 0.0,
+        stddev_ts: 0.0,
+        samples_ns: vec![],
+        samples_ts: vec![],
+        load_time_ns,
+        peak_rss_bytes: 0,
+    };
+    let first = tok.add_bos().then(|| tok.bos()).flatten();
+    let tests = a
+        .n_prompt
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| (n, 0))
+        .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
+    for (n_prompt, n_gen) in tests {
+        let test_time = rfc3339_now();
+        let mut ctx = model.new_context(n_prompt + n_gen, 1)?;
+        let mut rng = SplitMix(0x5eed ^ ((n_prompt as u64) << 20) ^ (n_gen as u64));
+        let mut run_once = |n_prompt: usize, n_gen: usize| -> Result<u64, ModelError> {
+            let t = Instant::now();
+            if n_prompt > 0 {
+                prompt_pass(&model, &mut ctx, n_prompt, a.batch_size, first, &mut rng)?;
+            }
+            if n_gen > 0 {
+                gen_pass(&model, &mut ctx, n_gen, first, &mut rng)?;
+            }
+            Ok(t.elapsed().as_nanos() as u64)
+        };
+        // Warmup as llama-bench does it: the whole prompt, one generated token.
+        run_once(n_prompt, n_gen.min(1))?;
+        let samples_ns: Vec<u64> = (0..a.repetitions)
+            .map(|_| run_once(n_prompt, n_gen))
+            .collect::<Result<_, _>>()?;
+        let n_tok = (n_prompt + n_gen) as f64;
+        let samples_ts: Vec<f64> = samples_ns
+            .iter()
+            .map(|&ns| n_tok * 1e9 / ns.max(1) as f64)
+            .collect();
+        let ns_f: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
+        let row = TestResult {
+            n_prompt,
+            n_gen,
+            test_time,
+            avg_ns: mean(&ns_f) as u64,
+            stddev_ns: stddev(&ns_f) as u64,
+            avg_ts: mean(&samples_ts),
+            stddev_ts: stddev(&samples_ts),
+            samples_ns,
+            samples_ts,
+            peak_rss_bytes: peak_rss(),
+            ..base.clone()
+        };
+        printer.row(&Row::Ran(Box::new(row)));
+    }
+    Ok(())
+}
+
+/// `n` random tokens (the first is BOS when the model adds one) in batches,
+/// each asking for its last token's logits, as llama-bench's prompt test.
+fn prompt_pass(
+    model: &Model<Cpu>,
+    ctx: &mut ferrox_core::model::Context<Cpu>,
+    n: usize,
+    n_batch: usize,
+    bos: Option<u32>,
+    rng: &mut SplitMix,
+) -> Result<(), ModelError> {
+    let n_vocab = model.n_vocab() as u64;
+    let mut done = 0;
+    while done < n {
+        let len = n_batch.min(n - done);
+        let mut b = Batch::default();
+        for i in 0..len {
+            let pos = done + i;
+            let tok = match (pos, bos) {
+                (0, Some(t)) => t,
+                _ => (rng.next() % n_vocab) as u32,
+            };
+            b.push(tok, pos as u32, 0, i + 1 == len);
+        }
+        model.forward(ctx, &b)?;
+        done += len;
+    }
+    Ok(())
+}
+
+/// `n` single-token forward passes from position 0, as llama-bench's
+/// generation test (random tokens stand in for sampled ones).
+fn gen_pass(
+    model: &Model<Cpu>,
+    ctx: &mut ferrox_core::model::Context<Cpu>,
+    n: usize,
+    bos: Option<u32>,
+    rng: &mut SplitMix,
+) -> Result<(), ModelError> {
+    let n_vocab = model.n_vocab() as u64;
+    let mut tok = bos.unwrap_or_else(|| (rng.next() % n_vocab) as u32);
+    for pos in 0..n {
+        let mut b = Batch::default();
+        b.push(tok, pos as u32, 0, true);
+        model.forward(ctx, &b)?;
+        tok = (rng.next() % n_vocab) as u32;
+    }
+    Ok(())
+}
+
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Sample standard deviation; 0 for fewer than two samples (llama-bench's).
+fn stddev(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(v);
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
+}
+
+/// llama.cpp's name of a `general.file_type` (its `llama_ftype_name`).
+fn ftype_name(ft: u64) -> Option<&'static str> {
+    Some(match ft {
+        0 => "all F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K - Medium",
+        11 => "Q3_K - Small",
+        12 => "Q3_K - Medium",
+        13 => "Q3_K - Large",
+        14 => "Q4_K - Small",
+        15 => "Q4_K - Medium",
+        16 => "Q5_K - Small",
+        17 => "Q5_K - Medium",
+        18 => "Q6_K",
+        19 => "IQ2_XXS - 2.0625 bpw",
+        20 => "IQ2_XS - 2.3125 bpw",
+        21 => "Q2_K - Small",
+        22 => "IQ3_XS - 3.3 bpw",
+        23 => "IQ3_XXS - 3.0625 bpw",
+        24 => "IQ1_S - 1.5625 bpw",
+        25 => "IQ4_NL - 4.5 bpw",
+        26 => "IQ3_S - 3.4375 bpw",
+        27 => "IQ3_S mix - 3.66 bpw",
+        28 => "IQ2_S - 2.5 bpw",
+        29 => "IQ2_M - 2.7 bpw",
+        30 => "IQ4_XS - 4.25 bpw",
+        31 => "IQ1_M - 1.75 bpw",
+        32 => "BF16",
+        36 => "TQ1_0 - 1.69 bpw ternary",
+        37 => "TQ2_0 - 2.06 bpw ternary",
+        38 => "MXFP4 MoE",
+        40 => "Q1_0",
+        41 => "Q2_0",
+        _ => return None,
+    })
+}
+
+/// "ARCH SIZE FTYPE", the shape of llama's model description: the size
+/// label from the file when it has one, else the parameter count rounded.
+fn model_type(meta: &ferrox_gguf::GgufFile, n_params: u64) -> String {
+    let arch = meta.get_str("general.architecture").unwrap_or("?");
+    let size = match meta.get_str("general.size_label").ok() {
+        Some(s) => s.to_string(),
+        None if n_params >= 1_000_000_000 => format!("{:.1}B", n_params as f64 / 1e9),
+        None => format!("{}M", (n_params as f64 / 1e6).round()),
+    };
+    let ft = meta.get("general.file_type").and_then(|v| v.as_uint());
+    let ftype = ft
+        .and_then(ftype_name)
+        .map_or_else(|| "unknown file type".to_string(), str::to_string);
+    format!("{arch} {size} {ftype}")
+}
+
+fn cpu_info() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Resets VmHWM to the current RSS (Linux: writing 5 to clear_refs), so each
+/// model's peak is its own; where that is refused the peak is the process's.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// VmHWM in bytes, 0 where /proc is not there.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn rfc3339_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Prints rows as they come (a long suite shows progress), closing the
+/// JSON array at the end.
+struct Printer {
+    format: Format,
+    n: usize,
+}
+
+impl Printer {
+    fn new(format: Format) -> Printer {
+        Printer { format, n: 0 }
+    }
+
+    fn row(&mut self, r: &Row) {
+        match self.format {
+            Format::Md => {
+                if self.n == 0 {
+                    println!("| model | size | params | backend | threads | test | t/s | load s | peak RSS |");
+                    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+                }
+                println!("{}", md_row(r));
+            }
+            Format::Json => {
+                let text = serde_json::to_string_pretty(r).unwrap_or_default();
+                let indented: Vec<String> = text.lines().map(|l| format!("  {l}")).collect();
+                println!(
+                    "{}{}",
+                    if self.n == 0 { "[\n" } else { ",\n" },
+                    indented.join("\n")
+                );
+            }
+            Format::Jsonl => println!("{}", serde_json::to_string(r).unwrap_or_default()),
+        }
+        self.n += 1;
+    }
+
+    fn finish(&self) {
+        match self.format {
+            Format::Json if self.n == 0 => println!("[]"),
+            Format::Json => println!("\n]"),
+            Format::Md | Format::Jsonl => {}
+        }
+    }
+}
+
+fn md_row(r: &Row) -> String {
+    match r {
+        Row::Ran(t) => {
+            let size = if t.model_size < 1 << 30 {
+                format!("{:.2} MiB", t.model_size as f64 / (1u64 << 20) as f64)
+            } else {
+                format!("{:.2} GiB", t.model_size as f64 / (1u64 << 30) as f64)
+            };
+            let params = if t.model_n_params < 1_000_000_000 {
+                format!("{:.2} M", t.model_n_params as f64 / 1e6)
+            } else {
+                format!("{:.2} B", t.model_n_params as f64 / 1e9)
+            };
+            let test = match (t.n_prompt, t.n_gen) {
+                (p, 0) => format!("pp{p}"),
+                (0, g) => format!("tg{g}"),
+                (p, g) => format!("pp{p}+tg{g}"),
+            };
+            format!(
+                "| {} | {size} | {params} | {} | {} | {test} | {:.2} ± {:.2} | {:.2} | {:.0} MiB |",
+                t.model_type,
+                t.backends,
+                t.n_threads,
+                t.avg_ts,
+                t.stddev_ts,
+                t.load_time_ns as f64 / 1e9,
+                t.peak_rss_bytes as f64 / (1u64 << 20) as f64
+            )
+        }
+        Row::Skipped {
+            model_filename,
+            skipped,
+        } => {
+            format!(
+                "| {model_filename} | | | | | | skipped: {} | | |",
+                skipped.replace('|', "\\|").replace('\n', " ")
+            )
+        }
+    }
+}
