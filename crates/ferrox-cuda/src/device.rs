@@ -33,6 +33,57 @@ impl Buf {
     }
 }
 
+/// Indices on the device (token ids, positions, slots, rows).
+pub struct Indices {
+    s: CudaSlice<u32>,
+    len: usize,
+}
+
+impl Indices {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// All of them, as a kernel argument.
+    pub fn all(&self) -> IndexView<'_> {
+        IndexView { ptr: self.s.device_ptr(self.s.stream()).0, len: self.len, _of: std::marker::PhantomData }
+    }
+
+    /// `[start, start + len)` of them, or `None` outside.
+    pub fn part(&self, start: usize, len: usize) -> Option<IndexView<'_>> {
+        (start.checked_add(len)? <= self.len).then(|| {
+            let all = self.all();
+            IndexView { ptr: all.ptr + 4 * start as u64, len, _of: std::marker::PhantomData }
+        })
+    }
+}
+
+/// A borrowed run of [`Indices`].
+#[derive(Clone, Copy)]
+pub struct IndexView<'a> {
+    ptr: u64,
+    len: usize,
+    _of: std::marker::PhantomData<&'a Indices>,
+}
+
+impl IndexView<'_> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// A weight matrix resident on the device, in its file's block format.
 pub struct Matrix {
     /// Storage kind.
@@ -313,11 +364,13 @@ impl Device {
     }
 
     /// Uploads indices (token ids, positions, slots, rows).
-    pub fn upload_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, CudaError> {
-        if v.is_empty() {
-            return self.stream.alloc_zeros(1).map_err(drv("allocating indices"));
-        }
-        self.stream.clone_htod(v).map_err(drv("uploading indices"))
+    pub fn upload_u32(&self, v: &[u32]) -> Result<Indices, CudaError> {
+        let s = if v.is_empty() {
+            self.stream.alloc_zeros(1).map_err(drv("allocating indices"))?
+        } else {
+            self.stream.clone_htod(v).map_err(drv("uploading indices"))?
+        };
+        Ok(Indices { s, len: v.len() })
     }
 
     /// A zeroed buffer of `len` floats.
@@ -367,18 +420,19 @@ impl Device {
         self.fns.kinds.get(&kind).ok_or(CudaError::NoKernel { op, kind })
     }
 
-    /// `out[i] = table[ids[i]]`, dequantized; `ids` holds `n` rows, each
+    /// `out[i] = table[ids[i]]`, dequantized; each id
     /// checked by the caller to be inside the table.
-    pub fn get_rows(&self, table: &Matrix, ids: &CudaSlice<u32>, n: usize, out: &mut Buf) -> Result<(), CudaError> {
+    pub fn get_rows(&self, table: &Matrix, ids: IndexView<'_>, out: &mut Buf) -> Result<(), CudaError> {
         let f = &self.kind_fns(table.kind, "get_rows")?.get_rows;
-        if out.len != n * table.cols || ids.len() < n {
+        let n = ids.len;
+        if out.len != n * table.cols {
             return Err(shape("get_rows", format!("{n} ids of {} into {} floats", table.cols, out.len)));
         }
         if n == 0 {
             return Ok(());
         }
         let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let (w, i, o) = (self.ptr(&table.data), self.ptr(ids), self.ptr(&out.s));
+        let (w, i, o) = (self.ptr(&table.data), ids.ptr, self.ptr(&out.s));
         self.launch(f, cfg, "get_rows", &[&w, &i, &o, &int("get_rows", table.cols)?, &(table.row_bytes as i64)])
     }
 
@@ -511,10 +565,10 @@ impl Device {
         self.launch(&self.fns.rms_norm, cfg, "rms_norm", &[&self.ptr(&x.s), &self.ptr(&w.s), &int("rms_norm", w.len)?, &eps])
     }
 
-    /// RoPE on `x` (`[n_tok, n_heads * head_dim]`) in place; `pos` holds
-    /// `n_tok` positions.
-    pub fn rope(&self, x: &mut Buf, pos: &CudaSlice<u32>, n_tok: usize, r: &RopeShape, factors: Option<&Buf>) -> Result<(), CudaError> {
-        if x.len != n_tok * r.n_heads * r.head_dim || pos.len() < n_tok {
+    /// RoPE on `x` (`[pos.len(), n_heads * head_dim]`) in place.
+    pub fn rope(&self, x: &mut Buf, pos: IndexView<'_>, r: &RopeShape, factors: Option<&Buf>) -> Result<(), CudaError> {
+        let n_tok = pos.len;
+        if x.len != n_tok * r.n_heads * r.head_dim {
             return Err(shape("rope", format!("{n_tok} tokens of {}x{} in {} floats", r.n_heads, r.head_dim, x.len)));
         }
         if r.n_rot > r.head_dim || r.n_rot % 2 != 0 {
@@ -536,7 +590,7 @@ impl Device {
             "rope",
             &[
                 &self.ptr(&x.s),
-                &self.ptr(pos),
+                &pos.ptr,
                 &int("rope", n_tok)?,
                 &int("rope", r.n_heads)?,
                 &int("rope", r.head_dim)?,
@@ -550,23 +604,23 @@ impl Device {
         )
     }
 
-    /// Stores `k`/`v` of `n` tokens at their (slot, position) of layer
-    /// `layer`, then writes causal attention of `q` into `out`. `seq`/`pos`
-    /// hold `n` entries, each checked by the caller to be inside the cache.
+    /// Stores `k`/`v` of the `seq.len()` tokens at their (slot, position) of
+    /// layer `layer`, then writes causal attention of `q` into `out`. Each
+    /// slot and position is checked by the caller to be inside the cache.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         kv: &mut Kv,
         layer: usize,
-        seq: &CudaSlice<u32>,
-        pos: &CudaSlice<u32>,
-        n: usize,
+        seq: IndexView<'_>,
+        pos: IndexView<'_>,
         q: &Buf,
         k: &Buf,
         v: &Buf,
         out: &mut Buf,
         a: &AttnShape,
     ) -> Result<(), CudaError> {
+        let n = seq.len;
         let (hd, hdv) = (a.head_dim, a.head_dim_v);
         let (kd, vd) = (a.n_head_kv * hd, a.n_head_kv * hdv);
         if a.n_head_kv == 0 || a.n_head % a.n_head_kv != 0 {
@@ -581,14 +635,14 @@ impl Device {
         if q.len != n * a.n_head * hd || k.len != n * kd || v.len != n * vd || out.len != n * a.n_head * hdv {
             return Err(shape("attention", format!("q/k/v/out of {}/{}/{}/{} floats for {n} tokens", q.len, k.len, v.len, out.len)));
         }
-        if seq.len() < n || pos.len() < n {
-            return Err(shape("attention", format!("{n} tokens but {} slots and {} positions", seq.len(), pos.len())));
+        if pos.len != n {
+            return Err(shape("attention", format!("{n} slots but {} positions", pos.len)));
         }
         if n == 0 {
             return Ok(());
         }
         let n_ctx = int("attention", kv.n_ctx)?;
-        let (sp, pp) = (self.ptr(seq), self.ptr(pos));
+        let (sp, pp) = (seq.ptr, pos.ptr);
         for (src, cache, dim) in [(k, &kv.k[layer], kd), (v, &kv.v[layer], vd)] {
             let cfg = LaunchConfig { grid_dim: (dim.div_ceil(128) as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             self.launch(&self.fns.kv_store, cfg, "kv_store", &[&self.ptr(&src.s), &self.ptr(cache), &sp, &pp, &int("kv_store", dim)?, &n_ctx])?;
@@ -681,13 +735,14 @@ impl Device {
         self.launch(&self.fns.softcap, grid(x.len, 256), "softcap", &[&self.ptr(&x.s), &cap, &n])
     }
 
-    /// `dst[r] = src[rows[r]]` for `n_rows` rows of `width`; each row index
+    /// `dst[r] = src[rows[r]]` for rows of `width`; each row index
     /// checked by the caller to be inside `src`.
-    pub fn gather_rows(&self, src: &Buf, rows: &CudaSlice<u32>, n_rows: usize, width: usize, dst: &mut Buf) -> Result<(), CudaError> {
-        if dst.len != n_rows * width || rows.len() < n_rows {
+    pub fn gather_rows(&self, src: &Buf, rows: IndexView<'_>, width: usize, dst: &mut Buf) -> Result<(), CudaError> {
+        let n_rows = rows.len;
+        if dst.len != n_rows * width {
             return Err(shape("gather_rows", format!("{n_rows} rows of {width} into {} floats", dst.len)));
         }
-        self.copy_cols(self.ptr(rows), src, n_rows, width, 0, dst, width)
+        self.copy_cols(rows.ptr, src, n_rows, width, 0, dst, width)
     }
 
     /// Columns `[c0, c0 + dst_width)` of each `src_width`-wide row of `src`.

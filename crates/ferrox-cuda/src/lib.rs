@@ -20,7 +20,7 @@ mod compile;
 mod device;
 
 pub use compile::{compile_check, kernel_source, nvrtc_present};
-pub use device::{Buf, Device, Kv, Matrix};
+pub use device::{Act, AttnShape, Buf, Device, IndexView, Indices, Kv, MatmulPath, Matrix, RopeShape, GEMM_MIN_TOKENS};
 use ferrox_quant::QuantKind;
 
 /// Everything that can go wrong on the CUDA side, naming what was attempted.
