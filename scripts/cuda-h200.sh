@@ -2,11 +2,12 @@
 # One device-tool call on the H200 (kind nvidia-h200): the CUDA tests, then
 # the decode/prefill benchmark of a synthetic llama-1b. Everything it needs is
 # built here and carried in devbin/ (see benchmarks/cuda.md):
-#   devbin/ferrox                   cargo build --release -p ferrox --features cuda
-#   devbin/tests/*                  cargo test -p ferrox-core --features cuda --no-run, cargo test -p ferrox-cuda --no-run
+#   $D/ferrox                   cargo build --release -p ferrox --features cuda
+#   $D/tests/*                  cargo test -p ferrox-core --features cuda --no-run, cargo test -p ferrox-cuda --no-run
 #   devbin/gguf/ + make_synthetic_gguf.py   LLAMA/gguf-py/gguf and ../shared/tools/make_synthetic_gguf.py
 # Logs go to $OUT; the last lines printed are the summary.
 set -u
+D=${D:-devbin}   # where the carried binaries are
 OUT=${OUT:-/tmp/ferrox-out}
 mkdir -p "$OUT"
 export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root}
@@ -14,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 summary=()
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  for t in devbin/tests/*; do
+  for t in $D/tests/*; do
     name=$(basename "$t")
     filter=""
     [ "$name" = ferrox_core ] && filter="backend::"   # the CPU-only tests ran in CI already
@@ -27,20 +28,20 @@ fi
 
 M=/tmp/models
 mkdir -p $M
-export PYTHONPATH=$PWD/devbin
+export PYTHONPATH=$PWD/$D
 t0=$(date +%s)
-python3 devbin/make_synthetic_gguf.py --shape llama-1b --out $M/llama-1b-f16.gguf --seed 0 --jobs 16 --sha256 >"$OUT/synth.log" 2>&1
+python3 $D/make_synthetic_gguf.py --shape llama-1b --out $M/llama-1b-f16.gguf --seed 0 --jobs 16 --sha256 >"$OUT/synth.log" 2>&1
 summary+=("synthetic llama-1b f16: rc=$? in $(( $(date +%s) - t0 ))s $(grep -i sha256 "$OUT/synth.log" | tail -1)")
 for k in ${KINDS:-Q4_0 Q8_0}; do
-  devbin/ferrox quantize $M/llama-1b-f16.gguf $M/llama-1b-$k.gguf $k -f >>"$OUT/quantize.log" 2>&1
+  $D/ferrox quantize $M/llama-1b-f16.gguf $M/llama-1b-$k.gguf $k -f >>"$OUT/quantize.log" 2>&1
 done
 # A prompt of ~512 tokens (the synthetic vocabulary has one token per "tokN").
 prompt=$(for i in $(seq 1 511); do printf 'tok%d ' $(( (i * 37) % 5000 + 10 )); done)
 for k in F16 ${KINDS:-Q4_0 Q8_0}; do
   f=$M/llama-1b-$( [ $k = F16 ] && echo f16 || echo $k ).gguf
-  devbin/ferrox kernels "$f" 2>/dev/null | grep "per decoded token" | sed "s/^/  $k: /" >>"$OUT/bytes.txt"
+  $D/ferrox kernels "$f" 2>/dev/null | grep "per decoded token" | sed "s/^/  $k: /" >>"$OUT/bytes.txt"
   for rep in 1 2; do
-    devbin/ferrox run --backend cuda "$f" -p "$prompt" -n 128 --ignore-eos --temp 0 --no-echo -c 1024 -v \
+    $D/ferrox run --backend cuda "$f" -p "$prompt" -n 128 --ignore-eos --temp 0 --no-echo -c 1024 -v \
       >"$OUT/run-$k-$rep.out" 2>"$OUT/run-$k-$rep.err"
     summary+=("llama-1b $k run $rep rc=$?: $(grep 'generated' "$OUT/run-$k-$rep.err" | sed 's/^ferrox: //')")
   done
