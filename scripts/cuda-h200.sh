@@ -32,12 +32,13 @@ export PYTHONPATH=$PWD/$D
 t0=$(date +%s)
 python3 $D/make_synthetic_gguf.py --shape llama-1b --out $M/llama-1b-f16.gguf --seed 0 --jobs 16 --sha256 >"$OUT/synth.log" 2>&1
 summary+=("synthetic llama-1b f16: rc=$? in $(( $(date +%s) - t0 ))s $(grep -i sha256 "$OUT/synth.log" | tail -1)")
-for k in ${KINDS:-Q4_0 Q8_0}; do
+for k in ${KINDS:-Q4_0 Q8_0 Q4_K}; do
   $D/ferrox quantize $M/llama-1b-f16.gguf $M/llama-1b-$k.gguf $k -f >>"$OUT/quantize.log" 2>&1
 done
-# A prompt of ~512 tokens (the synthetic vocabulary has one token per "tokN").
-prompt=$(for i in $(seq 1 511); do printf 'tok%d ' $(( (i * 37) % 5000 + 10 )); done)
-for k in F16 ${KINDS:-Q4_0 Q8_0}; do
+# A 512-token prompt: the synthetic vocabulary has no merges, so every byte is
+# one token (BOS + 3 bytes of the SentencePiece space + 508 letters).
+prompt=$(printf 'a%.0s' $(seq 1 508))
+for k in F16 ${KINDS:-Q4_0 Q8_0 Q4_K}; do
   f=$M/llama-1b-$( [ $k = F16 ] && echo f16 || echo $k ).gguf
   $D/ferrox kernels "$f" 2>/dev/null | grep "per decoded token" | sed "s/^/  $k: /" >>"$OUT/bytes.txt"
   for rep in 1 2; do
@@ -46,5 +47,13 @@ for k in F16 ${KINDS:-Q4_0 Q8_0}; do
     summary+=("llama-1b $k run $rep rc=$?: $(grep 'generated' "$OUT/run-$k-$rep.err" | sed 's/^ferrox: //')")
   done
 done
+if [ -x $D/kernel_bench ]; then
+  timeout 200 $D/kernel_bench >"$OUT/kernel_bench.txt" 2>&1
+  summary+=("kernel_bench rc=$?")
+fi
 cat "$OUT/bytes.txt" 2>/dev/null
+cat "$OUT/kernel_bench.txt" 2>/dev/null
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+# One file back (the tool returns a few files per call).
+mkdir -p /tmp/logs && mv "$OUT"/*.log "$OUT"/*.out "$OUT"/*.err /tmp/logs/ 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp/logs .
