@@ -27,14 +27,27 @@ fn main() {
         eprintln!("NOT RUN: no CUDA device here");
         return;
     }
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (rows, cols) = (args.first().copied().unwrap_or(16384), args.get(1).copied().unwrap_or(8192));
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (rows, cols) = (
+        args.first().copied().unwrap_or(16384),
+        args.get(1).copied().unwrap_or(8192),
+    );
     let dev = Device::open(0).unwrap();
-    println!("device {} ({}), cuBLAS {}", dev.name(), dev.arch(), dev.has_blas());
+    println!(
+        "device {} ({}), cuBLAS {}",
+        dev.name(),
+        dev.arch(),
+        dev.has_blas()
+    );
     let mut seed = 0x1234_5678_9abc_def0u64;
     let src: Vec<f32> = (0..rows * cols)
         .map(|_| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 23) as f32) - 1.0
         })
         .collect();
@@ -44,8 +57,14 @@ fn main() {
         }
         let mut ms = Vec::new();
         for _ in 0..20 {
-            let a = dev.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
-            let b = dev.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+            let a = dev
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .unwrap();
+            let b = dev
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .unwrap();
             a.record(dev.stream()).unwrap();
             f();
             b.record(dev.stream()).unwrap();
@@ -55,7 +74,10 @@ fn main() {
         ms.sort_by(f64::total_cmp);
         ms[ms.len() / 2]
     };
-    println!("{:<6} {:>10} {:>12} {:>10} {:>14} {:>12}", "kind", "MiB", "matvec us", "GB/s", "gemm512 ms", "TFLOP/s");
+    println!(
+        "{:<6} {:>10} {:>12} {:>10} {:>14} {:>12}",
+        "kind", "MiB", "matvec us", "GB/s", "gemm512 ms", "TFLOP/s"
+    );
     for &kind in QuantKind::ALL {
         if ferrox_cuda::kernel_suffix(kind).is_none() {
             continue;
@@ -72,11 +94,13 @@ fn main() {
         let mut y = dev.alloc(512 * rows).unwrap();
         let mut i = 0;
         let mv = time(&mut || {
-            dev.matmul_with(MatmulPath::Matvec, &w[i % 2], &x, &mut y, 1).unwrap();
+            dev.matmul_with(MatmulPath::Matvec, &w[i % 2], &x, &mut y, 1)
+                .unwrap();
             i += 1;
         });
         let gm = time(&mut || {
-            dev.matmul_with(MatmulPath::Gemm, &w[i % 2], &x, &mut y, 512).unwrap();
+            dev.matmul_with(MatmulPath::Gemm, &w[i % 2], &x, &mut y, 512)
+                .unwrap();
             i += 1;
         });
         let gb = bytes.len() as f64 / (mv * 1e-3) / 1e9;

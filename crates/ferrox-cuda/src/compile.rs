@@ -80,7 +80,12 @@ pub(crate) fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
     h.update(SOURCE.as_bytes());
     h.update(arch.as_bytes());
     h.update(nvrtc_version().as_bytes());
-    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let key: String = h
+        .finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let path = cache_dir().map(|d| d.join(format!("{key}.ptx")));
     if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(Ptx::from_src(text));

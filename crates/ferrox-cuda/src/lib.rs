@@ -20,7 +20,10 @@ mod compile;
 mod device;
 
 pub use compile::{compile_check, kernel_source, nvrtc_present};
-pub use device::{Act, AttnShape, Buf, Device, IndexView, Indices, Kv, MatmulPath, Matrix, RopeShape, GEMM_MIN_TOKENS};
+pub use device::{
+    Act, AttnShape, Buf, Device, IndexView, Indices, Kv, MatmulPath, Matrix, RopeShape,
+    GEMM_MIN_TOKENS,
+};
 use ferrox_quant::QuantKind;
 
 /// Everything that can go wrong on the CUDA side, naming what was attempted.
@@ -82,7 +85,9 @@ pub enum CudaError {
     },
 }
 
-pub(crate) fn drv(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
+pub(crate) fn drv(
+    what: impl Into<String>,
+) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
     let what = what.into();
     move |source| CudaError::Driver { what, source }
 }

@@ -22,8 +22,15 @@ fn every_kind_in_the_launch_table_has_its_three_kernels_in_the_source() {
     let mut n = 0;
     for &k in QuantKind::ALL {
         if let Some(s) = ferrox_cuda::kernel_suffix(k) {
-            assert!(src.contains(&format!("DEFINE_KIND({s})")), "{k}: no DEFINE_KIND({s}) in kernels.cu");
-            assert!(src.contains(&format!("deq_{s}(")), "{k}: no deq_{s} in kernels.cu");
+            let line = format!("DEFINE_KIND({s})");
+            assert!(
+                src.lines().any(|l| l.trim() == line),
+                "{k}: no {line} line in kernels.cu"
+            );
+            assert!(
+                src.contains(&format!("deq_{s}(")),
+                "{k}: no deq_{s} in kernels.cu"
+            );
             n += 1;
         }
     }

@@ -62,7 +62,9 @@ mod dispatch {
 
     use super::Cuda;
     use crate::arch::{Activation, RopeStyle};
-    use crate::backend::{AttnParams, Batch, BackendError, BackendLaunch, DeviceBackend, HostTensor, RopeParams};
+    use crate::backend::{
+        AttnParams, BackendError, BackendLaunch, Batch, DeviceBackend, HostTensor, RopeParams,
+    };
     use crate::kernel_registry::Backend;
 
     /// A weight on the GPU.
@@ -77,16 +79,20 @@ mod dispatch {
         fn matrix(&self, op: &str) -> Result<&Matrix, BackendError> {
             match self {
                 CudaWeight::Matrix(m) => Ok(m),
-                CudaWeight::Vector(v) => Err(BackendError(format!("{op} needs a matrix, got a vector of {}", v.len()))),
+                CudaWeight::Vector(v) => Err(BackendError(format!(
+                    "{op} needs a matrix, got a vector of {}",
+                    v.len()
+                ))),
             }
         }
 
         fn vector(&self, op: &str) -> Result<&Buf, BackendError> {
             match self {
                 CudaWeight::Vector(v) => Ok(v),
-                CudaWeight::Matrix(m) => {
-                    Err(BackendError(format!("{op} needs a vector, got a {}x{} {} matrix", m.rows, m.cols, m.kind)))
-                }
+                CudaWeight::Matrix(m) => Err(BackendError(format!(
+                    "{op} needs a vector, got a {}x{} {} matrix",
+                    m.rows, m.cols, m.kind
+                ))),
             }
         }
     }
@@ -102,7 +108,11 @@ mod dispatch {
         /// Whether this process should use CUDA: `FERROX_CUDA` decides
         /// (`0|off|cpu` no, `1|on|cuda` yes), else a device must be present.
         pub fn enabled() -> bool {
-            crate::backend::env_or_probe(std::env::var("FERROX_CUDA").ok().as_deref(), "cuda", Device::probe)
+            crate::backend::env_or_probe(
+                std::env::var("FERROX_CUDA").ok().as_deref(),
+                "cuda",
+                Device::probe,
+            )
         }
 
         /// Opens GPU 0, unless `FERROX_CUDA` turned CUDA off.
@@ -112,12 +122,18 @@ mod dispatch {
                     "CUDA is off (FERROX_CUDA=0) or no CUDA device with a loadable driver was found".into(),
                 ));
             }
-            Ok(Cuda { dev: std::sync::Arc::new(Device::open(0).map_err(be)?), indices: std::sync::Mutex::new(Vec::new()) })
+            Ok(Cuda {
+                dev: std::sync::Arc::new(Device::open(0).map_err(be)?),
+                indices: std::sync::Mutex::new(Vec::new()),
+            })
         }
 
         /// Another handle on the same device (one more model on it).
         pub fn share(&self) -> Cuda {
-            Cuda { dev: std::sync::Arc::clone(&self.dev), indices: std::sync::Mutex::new(Vec::new()) }
+            Cuda {
+                dev: std::sync::Arc::clone(&self.dev),
+                indices: std::sync::Mutex::new(Vec::new()),
+            }
         }
 
         /// The opened device.
@@ -133,7 +149,10 @@ mod dispatch {
             v: &[u32],
             f: impl FnOnce(&ferrox_cuda::Indices) -> Result<R, BackendError>,
         ) -> Result<R, BackendError> {
-            let mut cache = self.indices.lock().map_err(|_| BackendError("index cache lock poisoned".into()))?;
+            let mut cache = self
+                .indices
+                .lock()
+                .map_err(|_| BackendError("index cache lock poisoned".into()))?;
             let at = match cache.iter().position(|(k, _)| k.as_slice() == v) {
                 Some(i) => i,
                 None => {
@@ -177,13 +196,20 @@ mod dispatch {
         fn place(&self, t: &HostTensor<'_>) -> Result<CudaWeight, BackendError> {
             if t.rows <= 1 {
                 let mut v = vec![0.0f32; t.cols];
-                ferrox_quant::dequantize(t.kind, t.bytes, &mut v).map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+                ferrox_quant::dequantize(t.kind, t.bytes, &mut v)
+                    .map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
                 return Ok(CudaWeight::Vector(self.dev.upload_f32(&v).map_err(be)?));
             }
             if ferrox_cuda::kernel_suffix(t.kind).is_none() {
-                return Err(BackendError(format!("{}: no CUDA kernel for {} matrices", t.name, t.kind)));
+                return Err(BackendError(format!(
+                    "{}: no CUDA kernel for {} matrices",
+                    t.name, t.kind
+                )));
             }
-            let m = self.dev.upload_matrix(t.kind, t.bytes, t.rows, t.cols).map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+            let m = self
+                .dev
+                .upload_matrix(t.kind, t.bytes, t.rows, t.cols)
+                .map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
             Ok(CudaWeight::Matrix(m))
         }
 
@@ -195,19 +221,41 @@ mod dispatch {
             self.dev.read(src, dst).map_err(be)
         }
 
-        fn kv_cache(&self, n_slots: usize, n_ctx: usize, k_dims: &[usize], v_dims: &[usize]) -> Result<Kv, BackendError> {
-            self.dev.kv_cache(n_slots, n_ctx, k_dims, v_dims).map_err(be)
+        fn kv_cache(
+            &self,
+            n_slots: usize,
+            n_ctx: usize,
+            k_dims: &[usize],
+            v_dims: &[usize],
+        ) -> Result<Kv, BackendError> {
+            self.dev
+                .kv_cache(n_slots, n_ctx, k_dims, v_dims)
+                .map_err(be)
         }
 
-        fn get_rows(&self, table: &CudaWeight, ids: &[u32], out: &mut Buf) -> Result<(), BackendError> {
+        fn get_rows(
+            &self,
+            table: &CudaWeight,
+            ids: &[u32],
+            out: &mut Buf,
+        ) -> Result<(), BackendError> {
             let m = table.matrix("get_rows")?;
             if let Some(&id) = ids.iter().find(|&&id| id as usize >= m.rows) {
-                return Err(BackendError(format!("token id {id} outside the embedding table ({} rows)", m.rows)));
+                return Err(BackendError(format!(
+                    "token id {id} outside the embedding table ({} rows)",
+                    m.rows
+                )));
             }
             self.with_indices(ids, |d| self.dev.get_rows(m, d.all(), out).map_err(be))
         }
 
-        fn matmul(&self, w: &CudaWeight, x: &Buf, y: &mut Buf, n: usize) -> Result<(), BackendError> {
+        fn matmul(
+            &self,
+            w: &CudaWeight,
+            x: &Buf,
+            y: &mut Buf,
+            n: usize,
+        ) -> Result<(), BackendError> {
             self.dev.matmul(w.matrix("matmul")?, x, y, n).map_err(be)
         }
 
@@ -238,7 +286,9 @@ mod dispatch {
                 freq_scale: p.freq_scale,
                 attn_factor: p.attn_factor,
             };
-            self.with_indices(positions, |d| self.dev.rope(x, d.all(), &r, factors).map_err(be))
+            self.with_indices(positions, |d| {
+                self.dev.rope(x, d.all(), &r, factors).map_err(be)
+            })
         }
 
         fn attention(
@@ -281,16 +331,31 @@ mod dispatch {
             both.extend_from_slice(&batch.pos);
             self.with_indices(&both, |d| {
                 let parts = d.part(0, n).zip(d.part(n, n));
-                let (seq, pos) = parts.ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
-                self.dev.attention(kv, layer, seq, pos, q, k, v, out, &a).map_err(be)
+                let (seq, pos) = parts
+                    .ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
+                self.dev
+                    .attention(kv, layer, seq, pos, q, k, v, out, &a)
+                    .map_err(be)
             })
         }
 
-        fn glu(&self, a: Activation, gate: &Buf, up: &Buf, out: &mut Buf) -> Result<(), BackendError> {
+        fn glu(
+            &self,
+            a: Activation,
+            gate: &Buf,
+            up: &Buf,
+            out: &mut Buf,
+        ) -> Result<(), BackendError> {
             self.dev.glu(act(a), gate, up, out).map_err(be)
         }
 
-        fn glu_fused(&self, a: Activation, fused: &Buf, out: &mut Buf, width: usize) -> Result<(), BackendError> {
+        fn glu_fused(
+            &self,
+            a: Activation,
+            fused: &Buf,
+            out: &mut Buf,
+            width: usize,
+        ) -> Result<(), BackendError> {
             self.dev.glu_fused(act(a), fused, out, width).map_err(be)
         }
 
@@ -310,20 +375,39 @@ mod dispatch {
             self.dev.softcap(x, cap).map_err(be)
         }
 
-        fn gather_rows(&self, src: &Buf, rows: &[usize], width: usize, dst: &mut Buf) -> Result<(), BackendError> {
-            let n_src = if width == 0 { 0 } else { src.len() / width };
+        fn gather_rows(
+            &self,
+            src: &Buf,
+            rows: &[usize],
+            width: usize,
+            dst: &mut Buf,
+        ) -> Result<(), BackendError> {
+            let n_src = src.len().checked_div(width).unwrap_or(0);
             let mut idx = Vec::with_capacity(rows.len());
             for &r in rows {
                 if r >= n_src {
-                    return Err(BackendError(format!("gather row {r} outside a buffer of {n_src} rows")));
+                    return Err(BackendError(format!(
+                        "gather row {r} outside a buffer of {n_src} rows"
+                    )));
                 }
                 idx.push(r as u32);
             }
-            self.with_indices(&idx, |d| self.dev.gather_rows(src, d.all(), width, dst).map_err(be))
+            self.with_indices(&idx, |d| {
+                self.dev.gather_rows(src, d.all(), width, dst).map_err(be)
+            })
         }
 
-        fn split_cols(&self, src: &Buf, src_width: usize, c0: usize, dst: &mut Buf, dst_width: usize) -> Result<(), BackendError> {
-            self.dev.split_cols(src, src_width, c0, dst, dst_width).map_err(be)
+        fn split_cols(
+            &self,
+            src: &Buf,
+            src_width: usize,
+            c0: usize,
+            dst: &mut Buf,
+            dst_width: usize,
+        ) -> Result<(), BackendError> {
+            self.dev
+                .split_cols(src, src_width, c0, dst, dst_width)
+                .map_err(be)
         }
     }
 }
@@ -346,7 +430,7 @@ mod tests {
     use super::{Cuda, CudaWeight};
     use crate::arch::{Activation, Arch, RopeStyle};
     use crate::backend::cpu::{Cpu, CpuWeight};
-    use crate::backend::{AttnParams, Batch, BackendCaps, DeviceBackend, RopeParams};
+    use crate::backend::{AttnParams, BackendCaps, Batch, DeviceBackend, RopeParams};
     use crate::model::Model;
 
     /// One device for every test of the process (opening compiles or loads
@@ -367,7 +451,9 @@ mod tests {
     }
 
     fn rng() -> SplitMix64 {
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
         eprintln!("seed {seed}");
         SplitMix64(seed)
     }
@@ -399,11 +485,20 @@ mod tests {
     }
 
     fn claimed() -> Vec<QuantKind> {
-        QuantKind::ALL.iter().copied().filter(|&k| Cuda::matvec_kernel(k).is_some()).collect()
+        QuantKind::ALL
+            .iter()
+            .copied()
+            .filter(|&k| Cuda::matvec_kernel(k).is_some())
+            .collect()
     }
 
     /// A random `rows x cols` matrix of `kind` and its dequantized values.
-    fn matrix(r: &mut SplitMix64, kind: QuantKind, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+    fn matrix(
+        r: &mut SplitMix64,
+        kind: QuantKind,
+        rows: usize,
+        cols: usize,
+    ) -> (Vec<u8>, Vec<f32>) {
         let src = rand_vec(r, rows * cols, 1.0);
         let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
         let mut bytes = vec![0u8; rb * rows];
@@ -422,7 +517,9 @@ mod tests {
 
     #[test]
     fn every_claimed_kind_matvec_and_gemm_match_the_scalar_twin() {
-        let Some(c) = gpu("CUDA matvec and GEMM vs the scalar twin, every claimed kind") else { return };
+        let Some(c) = gpu("CUDA matvec and GEMM vs the scalar twin, every claimed kind") else {
+            return;
+        };
         let mut r = rng();
         for kind in claimed() {
             let (rows, cols) = odd_shape(kind);
@@ -433,7 +530,9 @@ mod tests {
                 let mut want = vec![0.0f32; n * rows];
                 for t in 0..n {
                     for o in 0..rows {
-                        let d: f64 = (0..cols).map(|i| deq[o * cols + i] as f64 * x[t * cols + i] as f64).sum();
+                        let d: f64 = (0..cols)
+                            .map(|i| deq[o * cols + i] as f64 * x[t * cols + i] as f64)
+                            .sum();
                         want[t * rows + o] = d as f32;
                     }
                 }
@@ -442,14 +541,19 @@ mod tests {
                 c.device().matmul_with(path, &w, &xb, &mut y, n).unwrap();
                 let got = read(c, &y);
                 let e = rel(&got, &want);
-                assert!(e < tol, "{kind} {path:?} {rows}x{cols} n={n}: relative error {e:e} (bound {tol:e})");
+                assert!(
+                    e < tol,
+                    "{kind} {path:?} {rows}x{cols} n={n}: relative error {e:e} (bound {tol:e})"
+                );
             }
         }
     }
 
     #[test]
     fn every_claimed_kind_get_rows_matches_the_scalar_twin() {
-        let Some(c) = gpu("CUDA get_rows vs the scalar twin, every claimed kind") else { return };
+        let Some(c) = gpu("CUDA get_rows vs the scalar twin, every claimed kind") else {
+            return;
+        };
         let mut r = rng();
         for kind in claimed() {
             let (rows, cols) = odd_shape(kind);
@@ -457,12 +561,25 @@ mod tests {
             let m = c.device().upload_matrix(kind, &bytes, rows, cols).unwrap();
             let w = CudaWeight::Matrix(m);
             let ids = [5u32, 0, 36, 5, 17];
-            let mut out = c.device().upload_f32(&vec![f32::NAN; ids.len() * cols]).unwrap();
+            let mut out = c
+                .device()
+                .upload_f32(&vec![f32::NAN; ids.len() * cols])
+                .unwrap();
             c.get_rows(&w, &ids, &mut out).unwrap();
             let got = read(c, &out);
-            let want: Vec<f32> = ids.iter().flat_map(|&i| deq[i as usize * cols..][..cols].to_vec()).collect();
-            assert!(rel(&got, &want) < 1e-6, "{kind}: get_rows differs ({:e})", rel(&got, &want));
-            assert!(c.get_rows(&w, &[37], &mut out).is_err(), "an id outside the table must be an error");
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| deq[i as usize * cols..][..cols].to_vec())
+                .collect();
+            assert!(
+                rel(&got, &want) < 1e-6,
+                "{kind}: get_rows differs ({:e})",
+                rel(&got, &want)
+            );
+            assert!(
+                c.get_rows(&w, &[37], &mut out).is_err(),
+                "an id outside the table must be an error"
+            );
         }
     }
 
@@ -487,13 +604,25 @@ mod tests {
         };
 
         let (mut hc, mut dc) = pair(c, &x);
-        cpu.rms_norm(&mut hc, &CpuWeight::Vector(g.clone()), 1e-6).unwrap();
-        c.rms_norm(&mut dc, &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()), 1e-6).unwrap();
+        cpu.rms_norm(&mut hc, &CpuWeight::Vector(g.clone()), 1e-6)
+            .unwrap();
+        c.rms_norm(
+            &mut dc,
+            &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()),
+            1e-6,
+        )
+        .unwrap();
         check("rms_norm", read(c, &dc), &hc, 1e-5);
 
         let (mut hc, mut dc) = pair(c, &x);
-        cpu.add_bias(&mut hc, &CpuWeight::Vector(g.clone()), n).unwrap();
-        c.add_bias(&mut dc, &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()), n).unwrap();
+        cpu.add_bias(&mut hc, &CpuWeight::Vector(g.clone()), n)
+            .unwrap();
+        c.add_bias(
+            &mut dc,
+            &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()),
+            n,
+        )
+        .unwrap();
         check("add_bias", read(c, &dc), &hc, 1e-6);
 
         let y = rand_vec(&mut r, n * w, 2.0);
@@ -520,7 +649,9 @@ mod tests {
             c.glu(act, &dg, &du, &mut dout).unwrap();
             check(&format!("glu {act:?}"), read(c, &dout), &ho, tol);
             // The fused form: each row is [gate | up].
-            let fused: Vec<f32> = (0..n).flat_map(|t| [&x[t * w..][..w], &y[t * w..][..w]].concat()).collect();
+            let fused: Vec<f32> = (0..n)
+                .flat_map(|t| [&x[t * w..][..w], &y[t * w..][..w]].concat())
+                .collect();
             let (hf, df) = pair(c, &fused);
             let (mut ho2, mut do2) = pair(c, &vec![f32::NAN; n * w]);
             cpu.glu_fused(act, &hf, &mut ho2, w).unwrap();
@@ -539,7 +670,10 @@ mod tests {
         cpu.gather_rows(&hx, &rows, w, &mut hd).unwrap();
         c.gather_rows(&dx, &rows, w, &mut dd).unwrap();
         check("gather_rows", read(c, &dd), &hd, 1e-12);
-        assert!(c.gather_rows(&dx, &[7], w, &mut dd).is_err(), "a row outside the buffer must be an error");
+        assert!(
+            c.gather_rows(&dx, &[7], w, &mut dd).is_err(),
+            "a row outside the buffer must be an error"
+        );
 
         let (c0, dw) = (11, 29);
         let (mut hd, mut dd) = pair(c, &vec![f32::NAN; n * dw]);
@@ -550,7 +684,9 @@ mod tests {
 
     #[test]
     fn rope_matches_the_cpu_backend_in_both_styles_with_and_without_factors() {
-        let Some(c) = gpu("CUDA RoPE vs the CPU (both styles, frequency factors)") else { return };
+        let Some(c) = gpu("CUDA RoPE vs the CPU (both styles, frequency factors)") else {
+            return;
+        };
         let cpu = Cpu::new(1);
         let mut r = rng();
         let (heads, hd) = (3, 64);
@@ -559,7 +695,13 @@ mod tests {
         let ff: Vec<f32> = (0..24).map(|i| 1.0 + i as f32 * 0.5).collect();
         for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
             for (n_rot, factors) in [(64, false), (48, true)] {
-                let p = RopeParams { style, n_rot, base: 10000.0, freq_scale: 0.5, attn_factor: 1.2 };
+                let p = RopeParams {
+                    style,
+                    n_rot,
+                    base: 10000.0,
+                    freq_scale: 0.5,
+                    attn_factor: 1.2,
+                };
                 let (mut hc, mut dc) = pair(c, &x);
                 let hf = factors.then(|| CpuWeight::Vector(ff.clone()));
                 let df = factors.then(|| CudaWeight::Vector(c.device().upload_f32(&ff).unwrap()));
@@ -567,7 +709,10 @@ mod tests {
                 c.rope(&mut dc, &pos, heads, hd, &p, df.as_ref()).unwrap();
                 // Angles up to ~4000 rad: f32 argument reduction differs by ~1e-4.
                 let e = rel(&read(c, &dc), &hc);
-                assert!(e < 1e-3, "rope {style:?} n_rot {n_rot} factors {factors}: relative error {e:e}");
+                assert!(
+                    e < 1e-3,
+                    "rope {style:?} n_rot {n_rot} factors {factors}: relative error {e:e}"
+                );
             }
         }
     }
@@ -580,8 +725,20 @@ mod tests {
         };
         let cpu = Cpu::new(2);
         let mut r = rng();
-        for (hd, window, softcap) in [(64, None, None), (256, Some(5u32), Some(50.0f32)), (40, Some(300), None)] {
-            let p = AttnParams { n_head: 4, n_head_kv: 2, head_dim: hd, head_dim_v: hd, scale: 1.0 / (hd as f32).sqrt(), softcap, window };
+        for (hd, window, softcap) in [
+            (64, None, None),
+            (256, Some(5u32), Some(50.0f32)),
+            (40, Some(300), None),
+        ] {
+            let p = AttnParams {
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: hd,
+                head_dim_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap,
+                window,
+            };
             let (kd, qd) = (p.n_head_kv * hd, p.n_head * hd);
             let n_ctx = 700;
             let mut hkv = cpu.kv_cache(2, n_ctx, &[kd, kd], &[kd, kd]).unwrap();
@@ -612,22 +769,39 @@ mod tests {
                 let v = rand_vec(&mut r, n * kd, 1.0);
                 let ((hq, dq), (hk, dk), (hv, dv)) = (pair(c, &q), pair(c, &k), pair(c, &v));
                 let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * qd]);
-                cpu.attention(&mut hkv, 1, b, &hq, &hk, &hv, &mut ho, &p).unwrap();
-                c.attention(&mut dkv, 1, b, &dq, &dk, &dv, &mut dout, &p).unwrap();
+                cpu.attention(&mut hkv, 1, b, &hq, &hk, &hv, &mut ho, &p)
+                    .unwrap();
+                c.attention(&mut dkv, 1, b, &dq, &dk, &dv, &mut dout, &p)
+                    .unwrap();
                 let e = rel(&read(c, &dout), &ho);
                 assert!(e < 1e-4, "attention hd {hd} window {window:?} softcap {softcap:?}, batch of {n}: relative error {e:e}");
             }
             let mut far = Batch::default();
             far.push(0, n_ctx as u32, 0, true);
-            let (dq, dk, dv) = (pair(c, &vec![0.5; qd]).1, pair(c, &vec![0.5; kd]).1, pair(c, &vec![0.5; kd]).1);
+            let (dq, dk, dv) = (
+                pair(c, &vec![0.5; qd]).1,
+                pair(c, &vec![0.5; kd]).1,
+                pair(c, &vec![0.5; kd]).1,
+            );
             let mut dout = pair(c, &vec![0.0; qd]).1;
-            assert!(c.attention(&mut dkv, 1, &far, &dq, &dk, &dv, &mut dout, &p).is_err(), "a position outside the cache must be an error");
+            assert!(
+                c.attention(&mut dkv, 1, &far, &dq, &dk, &dv, &mut dout, &p)
+                    .is_err(),
+                "a position outside the cache must be an error"
+            );
         }
     }
 
     fn tiny(arch: Arch) -> std::path::PathBuf {
-        let path = std::env::temp_dir().join(format!("ferrox-cuda-tiny-{}-{}.gguf", arch.spec().name, std::process::id()));
-        crate::testing::tiny_arch_model(arch, 11).unwrap().write_to(&path).unwrap();
+        let path = std::env::temp_dir().join(format!(
+            "ferrox-cuda-tiny-{}-{}.gguf",
+            arch.spec().name,
+            std::process::id()
+        ));
+        crate::testing::tiny_arch_model(arch, 11)
+            .unwrap()
+            .write_to(&path)
+            .unwrap();
         path
     }
 
@@ -657,21 +831,32 @@ mod tests {
             let ((tg, _), (th, margin)) = (argmax(g), argmax(h));
             let scale = h.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
             if margin > 2e-2 * scale {
-                assert_eq!(tg, th, "{what}: position {i} top-1 {tg} on the GPU, {th} on the CPU (margin {margin})");
+                assert_eq!(
+                    tg, th,
+                    "{what}: position {i} top-1 {tg} on the GPU, {th} on the CPU (margin {margin})"
+                );
             }
         }
     }
 
     #[test]
     fn every_architecture_runs_on_the_gpu_as_on_the_cpu() {
-        let Some(c) = gpu("whole forward pass GPU vs CPU on the tiny model of every architecture") else { return };
+        let Some(c) = gpu("whole forward pass GPU vs CPU on the tiny model of every architecture")
+        else {
+            return;
+        };
         let tokens = crate::testing::tiny_tokens();
         for &arch in Arch::ALL {
             let path = tiny(arch);
             let cpu = Model::open(&path, Cpu::new(2)).unwrap();
             let gm = Model::open(&path, c.share()).unwrap();
             let _ = std::fs::remove_file(&path);
-            agree(&format!("{arch:?}"), &all_logits(&gm, &tokens), &all_logits(&cpu, &tokens), cpu.n_vocab());
+            agree(
+                &format!("{arch:?}"),
+                &all_logits(&gm, &tokens),
+                &all_logits(&cpu, &tokens),
+                cpu.n_vocab(),
+            );
         }
     }
 
@@ -681,18 +866,26 @@ mod tests {
     /// does, through the GPU's matvec path.
     #[test]
     fn gemma3_greedy_32_tokens_on_the_gpu_follow_the_cpu() {
-        let Some(c) = gpu("32 greedy Gemma 3 steps GPU vs CPU") else { return };
+        let Some(c) = gpu("32 greedy Gemma 3 steps GPU vs CPU") else {
+            return;
+        };
         let path = tiny(Arch::Gemma3);
         let cpu = Model::open(&path, Cpu::new(2)).unwrap();
         let gm = Model::open(&path, c.share()).unwrap();
         let _ = std::fs::remove_file(&path);
         let prompt = crate::testing::tiny_tokens();
-        let (mut hctx, mut dctx) = (cpu.new_context(128, 1).unwrap(), gm.new_context(128, 1).unwrap());
+        let (mut hctx, mut dctx) = (
+            cpu.new_context(128, 1).unwrap(),
+            gm.new_context(128, 1).unwrap(),
+        );
         let mut b = Batch::default();
         for (i, &t) in prompt.iter().enumerate() {
             b.push(t, i as u32, 0, i + 1 == prompt.len());
         }
-        let (mut h, mut d) = (cpu.forward(&mut hctx, &b).unwrap(), gm.forward(&mut dctx, &b).unwrap());
+        let (mut h, mut d) = (
+            cpu.forward(&mut hctx, &b).unwrap(),
+            gm.forward(&mut dctx, &b).unwrap(),
+        );
         let mut pos = prompt.len() as u32;
         for step in 0..32 {
             agree(&format!("gemma3 step {step}"), &d, &h, cpu.n_vocab());
