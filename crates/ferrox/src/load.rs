@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ferrox_core::backend::cpu::Cpu;
+use ferrox_core::backend::DeviceBackend;
 use ferrox_core::kernel_registry::Backend;
 use ferrox_core::model::Model;
 use ferrox_core::tokenizer::Tokenizer;
@@ -53,11 +54,16 @@ pub fn parse_backend(name: &str) -> Result<Backend> {
 
 /// A model loaded on the CPU with its tokenizer, reporting progress on stderr.
 pub fn load_cpu(path: &Path, threads: usize, quiet: bool) -> Result<(Model<Cpu>, Tokenizer)> {
+    load_on(path, Cpu::new(threads), quiet)
+}
+
+/// A model loaded on `backend` with its tokenizer, reporting progress on stderr.
+pub fn load_on<B: DeviceBackend>(path: &Path, backend: B, quiet: bool) -> Result<(Model<B>, Tokenizer)> {
     let t0 = Instant::now();
     if !quiet {
         eprint!("ferrox: loading {} ... ", path.display());
     }
-    let model = Model::open(path, Cpu::new(threads)).with_context(|| format!("cannot load model {}", path.display()))?;
+    let model = Model::open(path, backend).with_context(|| format!("cannot load model {}", path.display()))?;
     let tok = Tokenizer::from_gguf(model.file().metadata_file())
         .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
     if !quiet {
@@ -77,6 +83,6 @@ pub fn load_cpu(path: &Path, threads: usize, quiet: bool) -> Result<(Model<Cpu>,
 }
 
 /// The context size: the flag, else the model's training context capped at 4096.
-pub fn context_size(flag: Option<usize>, model: &Model<Cpu>) -> usize {
+pub fn context_size<B: DeviceBackend>(flag: Option<usize>, model: &Model<B>) -> usize {
     flag.unwrap_or_else(|| model.config().n_ctx_train.clamp(1, 4096))
 }

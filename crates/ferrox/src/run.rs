@@ -6,7 +6,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use ferrox_core::backend::DeviceBackend;
 use ferrox_core::generate::{GenerateOptions, Session, StreamEvent};
+use ferrox_core::kernel_registry::Backend;
+use ferrox_core::model::Model;
+use ferrox_core::tokenizer::Tokenizer;
 use ferrox_core::sampling::SamplingParams;
 
 /// Sampling flags, llama.cpp's names and defaults.
@@ -98,6 +102,9 @@ pub struct Args {
     /// Threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs: `cpu`, or `cuda` in a build with that feature.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
     /// Stop before this string; repeatable.
     #[arg(long)]
     stop: Vec<String>,
@@ -130,8 +137,24 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file {}", f.display()))?,
         _ => bail!("give a prompt with -p PROMPT or -f FILE"),
     };
-    let path = crate::load::resolve_model(a.model, a.model_flag)?;
-    let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
+    let path = crate::load::resolve_model(a.model.clone(), a.model_flag.clone())?;
+    match crate::load::parse_backend(&a.backend)? {
+        Backend::Cpu => {
+            let loaded = crate::load::load_cpu(&path, a.threads, false)?;
+            generate(a, prompt, loaded)
+        }
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => {
+            let dev = ferrox_core::backend::Cuda::open().context("cannot open the CUDA device")?;
+            let loaded = crate::load::load_on(&path, dev, false)?;
+            generate(a, prompt, loaded)
+        }
+        #[allow(unreachable_patterns)]
+        other => bail!("backend {other} is not compiled into this build (rebuild with --features {other})"),
+    }
+}
+
+fn generate<B: DeviceBackend>(a: Args, prompt: String, (model, tok): (Model<B>, Tokenizer)) -> Result<()> {
     let n_ctx = crate::load::context_size(a.ctx_size, &model);
     let ids = tok.encode(prompt.as_bytes(), !a.no_bos, true)?;
     let mut session = Session::new(&model, &tok, n_ctx)?;

@@ -17,11 +17,12 @@
 //! pass, and only token ids go in and logits come out. The CPU is the first
 //! `DeviceBackend` and the reference every other one is tested against.
 //!
-//! Only backends that exist are in the table; CUDA, Vulkan and Metal join it
-//! with their crates. Until then the table is empty and the walks expand to
-//! nothing, which the macros are written to allow.
+//! Only backends that exist are in the table; CUDA is the first accelerator,
+//! Vulkan and Metal join it with their crates.
 
 pub mod cpu;
+pub mod cuda;
+pub use cuda::Cuda;
 
 use ferrox_quant::QuantKind;
 
@@ -62,12 +63,13 @@ pub trait BackendCaps {
 /// after it. Expanded once with every row (and `$extra` ahead of them), so
 /// a consumer can build one item such as an `enum` from it.
 ///
-/// Empty until the first accelerator crate lands: a row here without a
-/// crate behind it would be a backend that claims kernels nothing runs.
+/// A row here needs a crate behind it: otherwise it is a backend that
+/// claims kernels nothing runs.
 macro_rules! gpu_backend_table {
     ($mac:path $(, $extra:tt)*) => {
         $mac! {
             [$($extra),*]
+            (Cuda, "cuda", Cuda),
         }
     };
 }
@@ -117,6 +119,16 @@ macro_rules! gpu_backend_caps_rows {
 }
 #[allow(unused_imports)]
 pub(crate) use gpu_backend_caps_rows;
+
+/// What a **compiled-in** accelerator can actually launch, asked without a
+/// device. It must agree with its [`BackendCaps`] claim for every kind;
+/// `every_kind_a_compiled_backend_claims_can_actually_be_launched` checks
+/// that over all kinds for every backend [`with_gpu_backends!`] expands.
+pub trait BackendLaunch: BackendCaps {
+    /// Whether a matvec (and the GEMM built on the same decoder) kernel
+    /// exists for `kind` in the backend crate's launch table.
+    fn has_launch(kind: QuantKind) -> bool;
+}
 
 /// The `FERROX_<BACKEND>` grammar every accelerator's enable probe shares:
 /// `0|false|off|cpu` forces the CPU, `1|true|on|<alias>` forces the
@@ -346,6 +358,34 @@ mod tests {
             }
         }
         assert_eq!(ids.len() + 1, Backend::ALL.len(), "registry variants without a backend: {:?}", Backend::ALL);
+    }
+
+    /// The seed's guard: a kind claimed in a backend's capability table has
+    /// a launchable kernel in its crate, and a kernel the crate has is
+    /// claimed (else it would never be planned). Over every kind, for every
+    /// compiled-in backend; a build without accelerators checks none.
+    #[test]
+    fn every_kind_a_compiled_backend_claims_can_actually_be_launched() {
+        #[allow(unused_mut)]
+        let mut checked: Vec<&str> = Vec::new();
+        #[allow(unused_macros)]
+        macro_rules! check {
+            ($b:ty) => {
+                for &k in QuantKind::ALL {
+                    let claimed = <$b as BackendCaps>::matvec_kernel(k).is_some();
+                    let launchable = <$b as BackendLaunch>::has_launch(k);
+                    assert_eq!(claimed, launchable, "{}: {k} claimed {claimed}, launchable {launchable}", <$b as BackendCaps>::NAME);
+                    if <$b as BackendCaps>::gemm_supported(k) {
+                        assert!(launchable, "{}: a GEMM is claimed for {k} without a kernel", <$b as BackendCaps>::NAME);
+                    }
+                }
+                checked.push(<$b as BackendCaps>::NAME);
+            };
+        }
+        with_gpu_backends!(check);
+        if checked.is_empty() {
+            eprintln!("NOT CHECKED: no accelerator is compiled into this build (enable a feature such as `cuda`)");
+        }
     }
 
     /// A claimed matvec kernel is named after its kind on every backend.

@@ -1,0 +1,900 @@
+//! The CUDA backend at the seam: its capability table (compiled on every
+//! build) and, with the `cuda` feature, the [`DeviceBackend`] over
+//! `ferrox-cuda`'s device.
+//!
+//! The decision: the whole model is resident. Weights are uploaded once in
+//! their file's block format, activations and the f16 KV cache never leave
+//! the device, and the small index vectors a forward pass hands the seam as
+//! host slices (token ids, positions, slots, output rows) are uploaded once
+//! per distinct content and reused, so a decode step crosses the bus for the
+//! token id, its position and the logits only.
+
+use ferrox_quant::QuantKind;
+
+use super::BackendCaps;
+use crate::kernel_registry::Backend;
+
+/// The CUDA backend (`ferrox-cuda`). Without the `cuda` feature it is only a
+/// capability table.
+pub struct Cuda {
+    #[cfg(feature = "cuda")]
+    dev: std::sync::Arc<ferrox_cuda::Device>,
+    #[cfg(feature = "cuda")]
+    indices: std::sync::Mutex<Vec<(Vec<u32>, ferrox_cuda::Indices)>>,
+}
+
+impl BackendCaps for Cuda {
+    const ID: Backend = Backend::Cuda;
+    const NAME: &'static str = "CUDA";
+    const GEMM_FALLBACK: &'static str = "CUDA matvec per token (cuBLAS not found)";
+
+    /// Each kind with a 32-element unit decoder in `kernels.cu`; the launch
+    /// table (`ferrox_cuda::kernel_suffix`) is tied to this by
+    /// `every_kind_a_compiled_backend_claims_can_actually_be_launched`.
+    fn matvec_kernel(kind: QuantKind) -> Option<&'static str> {
+        Some(match kind {
+            QuantKind::F32 => "cuda matvec F32",
+            QuantKind::F16 => "cuda matvec F16",
+            QuantKind::BF16 => "cuda matvec BF16",
+            QuantKind::Q4_0 => "cuda matvec Q4_0",
+            QuantKind::Q4_1 => "cuda matvec Q4_1",
+            QuantKind::Q5_0 => "cuda matvec Q5_0",
+            QuantKind::Q5_1 => "cuda matvec Q5_1",
+            QuantKind::Q8_0 => "cuda matvec Q8_0",
+            QuantKind::Q4K => "cuda matvec Q4_K",
+            QuantKind::Q5K => "cuda matvec Q5_K",
+            QuantKind::Q6K => "cuda matvec Q6_K",
+            _ => return None, // capability table: no CUDA unit decoder yet
+        })
+    }
+
+    /// Dequantize-to-f16 + cuBLAS GEMM exists for every kind with a matvec
+    /// (it is built on the same unit decoder).
+    fn gemm_supported(kind: QuantKind) -> bool {
+        Self::matvec_kernel(kind).is_some()
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod dispatch {
+    use ferrox_cuda::{Act, AttnShape, Buf, Device, Kv, Matrix, RopeShape};
+    use ferrox_quant::QuantKind;
+
+    use super::Cuda;
+    use crate::arch::{Activation, RopeStyle};
+    use crate::backend::{
+        AttnParams, BackendError, BackendLaunch, Batch, DeviceBackend, HostTensor, RopeParams,
+    };
+    use crate::kernel_registry::Backend;
+
+    /// A weight on the GPU.
+    pub enum CudaWeight {
+        /// A matrix in its block format.
+        Matrix(Matrix),
+        /// A vector converted to f32 at load (norms, biases, RoPE factors).
+        Vector(Buf),
+    }
+
+    impl CudaWeight {
+        fn matrix(&self, op: &str) -> Result<&Matrix, BackendError> {
+            match self {
+                CudaWeight::Matrix(m) => Ok(m),
+                CudaWeight::Vector(v) => Err(BackendError(format!(
+                    "{op} needs a matrix, got a vector of {}",
+                    v.len()
+                ))),
+            }
+        }
+
+        fn vector(&self, op: &str) -> Result<&Buf, BackendError> {
+            match self {
+                CudaWeight::Vector(v) => Ok(v),
+                CudaWeight::Matrix(m) => Err(BackendError(format!(
+                    "{op} needs a vector, got a {}x{} {} matrix",
+                    m.rows, m.cols, m.kind
+                ))),
+            }
+        }
+    }
+
+    fn be(e: ferrox_cuda::CudaError) -> BackendError {
+        BackendError::new(e)
+    }
+
+    /// Index vectors kept on the device, most recent last.
+    const INDEX_CACHE: usize = 8;
+
+    impl Cuda {
+        /// Whether this process should use CUDA: `FERROX_CUDA` decides
+        /// (`0|off|cpu` no, `1|on|cuda` yes), else a device must be present.
+        pub fn enabled() -> bool {
+            crate::backend::env_or_probe(
+                std::env::var("FERROX_CUDA").ok().as_deref(),
+                "cuda",
+                Device::probe,
+            )
+        }
+
+        /// Opens GPU 0, unless `FERROX_CUDA` turned CUDA off.
+        pub fn open() -> Result<Cuda, BackendError> {
+            if !Cuda::enabled() {
+                return Err(BackendError(
+                    "CUDA is off (FERROX_CUDA=0) or no CUDA device with a loadable driver was found".into(),
+                ));
+            }
+            Ok(Cuda {
+                dev: std::sync::Arc::new(Device::open(0).map_err(be)?),
+                indices: std::sync::Mutex::new(Vec::new()),
+            })
+        }
+
+        /// Another handle on the same device (one more model on it).
+        pub fn share(&self) -> Cuda {
+            Cuda {
+                dev: std::sync::Arc::clone(&self.dev),
+                indices: std::sync::Mutex::new(Vec::new()),
+            }
+        }
+
+        /// The opened device.
+        pub fn device(&self) -> &Device {
+            &self.dev
+        }
+
+        /// Runs `f` with `v` on the device, uploading it only if the same
+        /// contents are not already there (a forward pass passes the same
+        /// positions and slots to every layer).
+        fn with_indices<R>(
+            &self,
+            v: &[u32],
+            f: impl FnOnce(&ferrox_cuda::Indices) -> Result<R, BackendError>,
+        ) -> Result<R, BackendError> {
+            let mut cache = self
+                .indices
+                .lock()
+                .map_err(|_| BackendError("index cache lock poisoned".into()))?;
+            let at = match cache.iter().position(|(k, _)| k.as_slice() == v) {
+                Some(i) => i,
+                None => {
+                    if cache.len() == INDEX_CACHE {
+                        cache.remove(0);
+                    }
+                    cache.push((v.to_vec(), self.dev.upload_u32(v).map_err(be)?));
+                    cache.len() - 1
+                }
+            };
+            f(&cache[at].1)
+        }
+    }
+
+    impl BackendLaunch for Cuda {
+        fn has_launch(kind: QuantKind) -> bool {
+            ferrox_cuda::kernel_suffix(kind).is_some()
+        }
+    }
+
+    fn act(a: Activation) -> Act {
+        match a {
+            Activation::SiluGated => Act::Silu,
+            Activation::GeluGated => Act::Gelu,
+        }
+    }
+
+    impl DeviceBackend for Cuda {
+        type Weight = CudaWeight;
+        type Buf = Buf;
+        type Kv = Kv;
+
+        fn id(&self) -> Backend {
+            Backend::Cuda
+        }
+
+        fn threads(&self) -> usize {
+            1
+        }
+
+        fn place(&self, t: &HostTensor<'_>) -> Result<CudaWeight, BackendError> {
+            if t.rows <= 1 {
+                let mut v = vec![0.0f32; t.cols];
+                ferrox_quant::dequantize(t.kind, t.bytes, &mut v)
+                    .map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+                return Ok(CudaWeight::Vector(self.dev.upload_f32(&v).map_err(be)?));
+            }
+            if ferrox_cuda::kernel_suffix(t.kind).is_none() {
+                return Err(BackendError(format!(
+                    "{}: no CUDA kernel for {} matrices",
+                    t.name, t.kind
+                )));
+            }
+            let m = self
+                .dev
+                .upload_matrix(t.kind, t.bytes, t.rows, t.cols)
+                .map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+            Ok(CudaWeight::Matrix(m))
+        }
+
+        fn alloc(&self, len: usize) -> Result<Buf, BackendError> {
+            self.dev.alloc(len).map_err(be)
+        }
+
+        fn read(&self, src: &Buf, dst: &mut [f32]) -> Result<(), BackendError> {
+            self.dev.read(src, dst).map_err(be)
+        }
+
+        fn kv_cache(
+            &self,
+            n_slots: usize,
+            n_ctx: usize,
+            k_dims: &[usize],
+            v_dims: &[usize],
+        ) -> Result<Kv, BackendError> {
+            self.dev
+                .kv_cache(n_slots, n_ctx, k_dims, v_dims)
+                .map_err(be)
+        }
+
+        fn get_rows(
+            &self,
+            table: &CudaWeight,
+            ids: &[u32],
+            out: &mut Buf,
+        ) -> Result<(), BackendError> {
+            let m = table.matrix("get_rows")?;
+            if let Some(&id) = ids.iter().find(|&&id| id as usize >= m.rows) {
+                return Err(BackendError(format!(
+                    "token id {id} outside the embedding table ({} rows)",
+                    m.rows
+                )));
+            }
+            self.with_indices(ids, |d| self.dev.get_rows(m, d.all(), out).map_err(be))
+        }
+
+        fn matmul(
+            &self,
+            w: &CudaWeight,
+            x: &Buf,
+            y: &mut Buf,
+            n: usize,
+        ) -> Result<(), BackendError> {
+            self.dev.matmul(w.matrix("matmul")?, x, y, n).map_err(be)
+        }
+
+        fn add_bias(&self, y: &mut Buf, b: &CudaWeight, n: usize) -> Result<(), BackendError> {
+            self.dev.add_bias(y, b.vector("add_bias")?, n).map_err(be)
+        }
+
+        fn rms_norm(&self, x: &mut Buf, w: &CudaWeight, eps: f32) -> Result<(), BackendError> {
+            self.dev.rms_norm(x, w.vector("rms_norm")?, eps).map_err(be)
+        }
+
+        fn rope(
+            &self,
+            x: &mut Buf,
+            positions: &[u32],
+            n_heads: usize,
+            head_dim: usize,
+            p: &RopeParams,
+            factors: Option<&CudaWeight>,
+        ) -> Result<(), BackendError> {
+            let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
+            let r = RopeShape {
+                n_heads,
+                head_dim,
+                n_rot: p.n_rot,
+                halves: p.style == RopeStyle::Halves,
+                base: p.base,
+                freq_scale: p.freq_scale,
+                attn_factor: p.attn_factor,
+            };
+            self.with_indices(positions, |d| {
+                self.dev.rope(x, d.all(), &r, factors).map_err(be)
+            })
+        }
+
+        fn attention(
+            &self,
+            kv: &mut Kv,
+            layer: usize,
+            batch: &Batch,
+            q: &Buf,
+            k: &Buf,
+            v: &Buf,
+            out: &mut Buf,
+            p: &AttnParams,
+        ) -> Result<(), BackendError> {
+            let n = batch.len();
+            if batch.seq.len() != n || batch.pos.len() != n {
+                return Err(BackendError("batch columns of different lengths".into()));
+            }
+            for t in 0..n {
+                let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
+                if s >= kv.n_slots() || pos >= kv.n_ctx() {
+                    return Err(BackendError(format!(
+                        "token {t}: slot {s} position {pos} outside the KV cache ({} slots x {})",
+                        kv.n_slots(),
+                        kv.n_ctx()
+                    )));
+                }
+            }
+            let a = AttnShape {
+                n_head: p.n_head,
+                n_head_kv: p.n_head_kv,
+                head_dim: p.head_dim,
+                head_dim_v: p.head_dim_v,
+                scale: p.scale,
+                softcap: p.softcap,
+                window: p.window,
+            };
+            // Both index vectors must be resident at once: upload them as one.
+            let mut both = Vec::with_capacity(2 * n);
+            both.extend_from_slice(&batch.seq);
+            both.extend_from_slice(&batch.pos);
+            self.with_indices(&both, |d| {
+                let parts = d.part(0, n).zip(d.part(n, n));
+                let (seq, pos) = parts
+                    .ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
+                self.dev
+                    .attention(kv, layer, seq, pos, q, k, v, out, &a)
+                    .map_err(be)
+            })
+        }
+
+        fn glu(
+            &self,
+            a: Activation,
+            gate: &Buf,
+            up: &Buf,
+            out: &mut Buf,
+        ) -> Result<(), BackendError> {
+            self.dev.glu(act(a), gate, up, out).map_err(be)
+        }
+
+        fn glu_fused(
+            &self,
+            a: Activation,
+            fused: &Buf,
+            out: &mut Buf,
+            width: usize,
+        ) -> Result<(), BackendError> {
+            self.dev.glu_fused(act(a), fused, out, width).map_err(be)
+        }
+
+        fn copy(&self, src: &Buf, dst: &mut Buf) -> Result<(), BackendError> {
+            self.dev.copy(src, dst).map_err(be)
+        }
+
+        fn add(&self, a: &mut Buf, b: &Buf) -> Result<(), BackendError> {
+            self.dev.add(a, b).map_err(be)
+        }
+
+        fn scale(&self, x: &mut Buf, s: f32) -> Result<(), BackendError> {
+            self.dev.scale(x, s).map_err(be)
+        }
+
+        fn softcap(&self, x: &mut Buf, cap: f32) -> Result<(), BackendError> {
+            self.dev.softcap(x, cap).map_err(be)
+        }
+
+        fn gather_rows(
+            &self,
+            src: &Buf,
+            rows: &[usize],
+            width: usize,
+            dst: &mut Buf,
+        ) -> Result<(), BackendError> {
+            let n_src = src.len().checked_div(width).unwrap_or(0);
+            let mut idx = Vec::with_capacity(rows.len());
+            for &r in rows {
+                if r >= n_src {
+                    return Err(BackendError(format!(
+                        "gather row {r} outside a buffer of {n_src} rows"
+                    )));
+                }
+                idx.push(r as u32);
+            }
+            self.with_indices(&idx, |d| {
+                self.dev.gather_rows(src, d.all(), width, dst).map_err(be)
+            })
+        }
+
+        fn split_cols(
+            &self,
+            src: &Buf,
+            src_width: usize,
+            c0: usize,
+            dst: &mut Buf,
+            dst_width: usize,
+        ) -> Result<(), BackendError> {
+            self.dev
+                .split_cols(src, src_width, c0, dst, dst_width)
+                .map_err(be)
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use dispatch::CudaWeight;
+
+/// Every CUDA kernel against the CPU: the weight kernels against the scalar
+/// twin (`ferrox_quant::dequantize`, summed in f64), the other operations
+/// against the CPU backend, the whole forward pass against `Model<Cpu>`.
+/// On a machine without a GPU each test says what it did not check.
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use std::sync::OnceLock;
+
+    use ferrox_cuda::MatmulPath;
+    use ferrox_gguf::testing::SplitMix64;
+    use ferrox_quant::QuantKind;
+
+    use super::{Cuda, CudaWeight};
+    use crate::arch::{Activation, Arch, RopeStyle};
+    use crate::backend::cpu::{Cpu, CpuWeight};
+    use crate::backend::{AttnParams, BackendCaps, Batch, DeviceBackend, RopeParams};
+    use crate::model::Model;
+
+    /// One device for every test of the process (opening compiles or loads
+    /// the kernels); `None`, loudly, without one.
+    fn gpu(what: &str) -> Option<&'static Cuda> {
+        static DEV: OnceLock<Option<Cuda>> = OnceLock::new();
+        let dev = DEV.get_or_init(|| match Cuda::open() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("no CUDA device: {e}");
+                None
+            }
+        });
+        if dev.is_none() {
+            eprintln!("NOT CHECKED (no CUDA device here): {what}");
+        }
+        dev.as_ref()
+    }
+
+    fn rng() -> SplitMix64 {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
+        eprintln!("seed {seed}");
+        SplitMix64(seed)
+    }
+
+    fn rand_vec(r: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| r.next_f32() * scale).collect()
+    }
+
+    /// ‖a − b‖ / ‖b‖, NaN never passing.
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for (&x, &y) in a.iter().zip(b) {
+            num += (x as f64 - y as f64).powi(2);
+            den += (y as f64).powi(2);
+        }
+        let e = (num / den.max(1e-30)).sqrt();
+        if e.is_nan() {
+            f64::INFINITY
+        } else {
+            e
+        }
+    }
+
+    fn read(c: &Cuda, b: &ferrox_cuda::Buf) -> Vec<f32> {
+        let mut v = vec![f32::NAN; b.len()];
+        c.read(b, &mut v).unwrap();
+        v
+    }
+
+    fn claimed() -> Vec<QuantKind> {
+        QuantKind::ALL
+            .iter()
+            .copied()
+            .filter(|&k| Cuda::matvec_kernel(k).is_some())
+            .collect()
+    }
+
+    /// A random `rows x cols` matrix of `kind` and its dequantized values.
+    fn matrix(
+        r: &mut SplitMix64,
+        kind: QuantKind,
+        rows: usize,
+        cols: usize,
+    ) -> (Vec<u8>, Vec<f32>) {
+        let src = rand_vec(r, rows * cols, 1.0);
+        let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
+        let mut bytes = vec![0u8; rb * rows];
+        ferrox_quant::quantize(kind, &src, &mut bytes).unwrap();
+        let mut deq = vec![0.0f32; rows * cols];
+        ferrox_quant::dequantize(kind, &bytes, &mut deq).unwrap();
+        (bytes, deq)
+    }
+
+    /// An odd number of rows, and columns that are an odd number of blocks
+    /// (for the float kinds an odd number of elements: no tail is whole).
+    fn odd_shape(kind: QuantKind) -> (usize, usize) {
+        let be = kind.block_elems();
+        (37, if be == 1 { 97 } else { be * 3 })
+    }
+
+    #[test]
+    fn every_claimed_kind_matvec_and_gemm_match_the_scalar_twin() {
+        let Some(c) = gpu("CUDA matvec and GEMM vs the scalar twin, every claimed kind") else {
+            return;
+        };
+        let mut r = rng();
+        for kind in claimed() {
+            let (rows, cols) = odd_shape(kind);
+            let (bytes, deq) = matrix(&mut r, kind, rows, cols);
+            let w = c.device().upload_matrix(kind, &bytes, rows, cols).unwrap();
+            for (path, n, tol) in [(MatmulPath::Matvec, 3, 1e-5), (MatmulPath::Gemm, 11, 4e-3)] {
+                let x = rand_vec(&mut r, n * cols, 1.0);
+                let mut want = vec![0.0f32; n * rows];
+                for t in 0..n {
+                    for o in 0..rows {
+                        let d: f64 = (0..cols)
+                            .map(|i| deq[o * cols + i] as f64 * x[t * cols + i] as f64)
+                            .sum();
+                        want[t * rows + o] = d as f32;
+                    }
+                }
+                let xb = c.device().upload_f32(&x).unwrap();
+                let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                c.device().matmul_with(path, &w, &xb, &mut y, n).unwrap();
+                let got = read(c, &y);
+                let e = rel(&got, &want);
+                assert!(
+                    e < tol,
+                    "{kind} {path:?} {rows}x{cols} n={n}: relative error {e:e} (bound {tol:e})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_claimed_kind_get_rows_matches_the_scalar_twin() {
+        let Some(c) = gpu("CUDA get_rows vs the scalar twin, every claimed kind") else {
+            return;
+        };
+        let mut r = rng();
+        for kind in claimed() {
+            let (rows, cols) = odd_shape(kind);
+            let (bytes, deq) = matrix(&mut r, kind, rows, cols);
+            let m = c.device().upload_matrix(kind, &bytes, rows, cols).unwrap();
+            let w = CudaWeight::Matrix(m);
+            let ids = [5u32, 0, 36, 5, 17];
+            let mut out = c
+                .device()
+                .upload_f32(&vec![f32::NAN; ids.len() * cols])
+                .unwrap();
+            c.get_rows(&w, &ids, &mut out).unwrap();
+            let got = read(c, &out);
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| deq[i as usize * cols..][..cols].to_vec())
+                .collect();
+            assert!(
+                rel(&got, &want) < 1e-6,
+                "{kind}: get_rows differs ({:e})",
+                rel(&got, &want)
+            );
+            assert!(
+                c.get_rows(&w, &[37], &mut out).is_err(),
+                "an id outside the table must be an error"
+            );
+        }
+    }
+
+    /// The pair of backends for the element-wise tests.
+    fn pair(c: &Cuda, v: &[f32]) -> (Vec<f32>, ferrox_cuda::Buf) {
+        (v.to_vec(), c.device().upload_f32(v).unwrap())
+    }
+
+    #[test]
+    fn element_wise_ops_match_the_cpu_backend() {
+        let Some(c) = gpu("CUDA rms_norm, add_bias, add, scale, softcap, glu, copy, gather_rows, split_cols vs the CPU") else {
+            return;
+        };
+        let cpu = Cpu::new(1);
+        let mut r = rng();
+        let (n, w) = (7, 83);
+        let x = rand_vec(&mut r, n * w, 3.0);
+        let g = rand_vec(&mut r, w, 1.5);
+        let check = |name: &str, got: Vec<f32>, want: &[f32], tol: f64| {
+            let e = rel(&got, want);
+            assert!(e < tol, "{name}: relative error {e:e} (bound {tol:e})");
+        };
+
+        let (mut hc, mut dc) = pair(c, &x);
+        cpu.rms_norm(&mut hc, &CpuWeight::Vector(g.clone()), 1e-6)
+            .unwrap();
+        c.rms_norm(
+            &mut dc,
+            &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()),
+            1e-6,
+        )
+        .unwrap();
+        check("rms_norm", read(c, &dc), &hc, 1e-5);
+
+        let (mut hc, mut dc) = pair(c, &x);
+        cpu.add_bias(&mut hc, &CpuWeight::Vector(g.clone()), n)
+            .unwrap();
+        c.add_bias(
+            &mut dc,
+            &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()),
+            n,
+        )
+        .unwrap();
+        check("add_bias", read(c, &dc), &hc, 1e-6);
+
+        let y = rand_vec(&mut r, n * w, 2.0);
+        let ((mut hc, mut dc), (hy, dy)) = (pair(c, &x), pair(c, &y));
+        cpu.add(&mut hc, &hy).unwrap();
+        c.add(&mut dc, &dy).unwrap();
+        check("add", read(c, &dc), &hc, 1e-6);
+
+        let (mut hc, mut dc) = pair(c, &x);
+        cpu.scale(&mut hc, 0.37).unwrap();
+        c.scale(&mut dc, 0.37).unwrap();
+        check("scale", read(c, &dc), &hc, 1e-6);
+
+        let big = rand_vec(&mut r, n * w, 80.0);
+        let (mut hc, mut dc) = pair(c, &big);
+        cpu.softcap(&mut hc, 30.0).unwrap();
+        c.softcap(&mut dc, 30.0).unwrap();
+        check("softcap", read(c, &dc), &hc, 1e-5);
+
+        for (act, tol) in [(Activation::SiluGated, 1e-5), (Activation::GeluGated, 2e-3)] {
+            let ((hg, dg), (hu, du)) = (pair(c, &x), pair(c, &y));
+            let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * w]);
+            cpu.glu(act, &hg, &hu, &mut ho).unwrap();
+            c.glu(act, &dg, &du, &mut dout).unwrap();
+            check(&format!("glu {act:?}"), read(c, &dout), &ho, tol);
+            // The fused form: each row is [gate | up].
+            let fused: Vec<f32> = (0..n)
+                .flat_map(|t| [&x[t * w..][..w], &y[t * w..][..w]].concat())
+                .collect();
+            let (hf, df) = pair(c, &fused);
+            let (mut ho2, mut do2) = pair(c, &vec![f32::NAN; n * w]);
+            cpu.glu_fused(act, &hf, &mut ho2, w).unwrap();
+            c.glu_fused(act, &df, &mut do2, w).unwrap();
+            check(&format!("glu_fused {act:?}"), read(c, &do2), &ho2, tol);
+        }
+
+        let (hx, dx) = pair(c, &x);
+        let (mut hd, mut dd) = pair(c, &vec![f32::NAN; n * w]);
+        cpu.copy(&hx, &mut hd).unwrap();
+        c.copy(&dx, &mut dd).unwrap();
+        check("copy", read(c, &dd), &hd, 0.0 + 1e-12);
+
+        let rows = [6usize, 0, 3];
+        let (mut hd, mut dd) = pair(c, &vec![f32::NAN; rows.len() * w]);
+        cpu.gather_rows(&hx, &rows, w, &mut hd).unwrap();
+        c.gather_rows(&dx, &rows, w, &mut dd).unwrap();
+        check("gather_rows", read(c, &dd), &hd, 1e-12);
+        assert!(
+            c.gather_rows(&dx, &[7], w, &mut dd).is_err(),
+            "a row outside the buffer must be an error"
+        );
+
+        let (c0, dw) = (11, 29);
+        let (mut hd, mut dd) = pair(c, &vec![f32::NAN; n * dw]);
+        cpu.split_cols(&hx, w, c0, &mut hd, dw).unwrap();
+        c.split_cols(&dx, w, c0, &mut dd, dw).unwrap();
+        check("split_cols", read(c, &dd), &hd, 1e-12);
+    }
+
+    #[test]
+    fn rope_matches_the_cpu_backend_in_both_styles_with_and_without_factors() {
+        let Some(c) = gpu("CUDA RoPE vs the CPU (both styles, frequency factors)") else {
+            return;
+        };
+        let cpu = Cpu::new(1);
+        let mut r = rng();
+        let (heads, hd) = (3, 64);
+        let pos = [0u32, 1, 7, 300, 4095];
+        let x = rand_vec(&mut r, pos.len() * heads * hd, 2.0);
+        let ff: Vec<f32> = (0..24).map(|i| 1.0 + i as f32 * 0.5).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
+            for (n_rot, factors) in [(64, false), (48, true)] {
+                let p = RopeParams {
+                    style,
+                    n_rot,
+                    base: 10000.0,
+                    freq_scale: 0.5,
+                    attn_factor: 1.2,
+                };
+                let (mut hc, mut dc) = pair(c, &x);
+                let hf = factors.then(|| CpuWeight::Vector(ff.clone()));
+                let df = factors.then(|| CudaWeight::Vector(c.device().upload_f32(&ff).unwrap()));
+                cpu.rope(&mut hc, &pos, heads, hd, &p, hf.as_ref()).unwrap();
+                c.rope(&mut dc, &pos, heads, hd, &p, df.as_ref()).unwrap();
+                // Angles up to ~4000 rad: f32 argument reduction differs by ~1e-4.
+                let e = rel(&read(c, &dc), &hc);
+                assert!(
+                    e < 1e-3,
+                    "rope {style:?} n_rot {n_rot} factors {factors}: relative error {e:e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn attention_matches_the_cpu_backend_over_slots_windows_and_softcaps() {
+        let Some(c) = gpu("CUDA attention over the f16 KV cache vs the CPU (GQA, slots, windows, softcaps, >256 keys)")
+        else {
+            return;
+        };
+        let cpu = Cpu::new(2);
+        let mut r = rng();
+        for (hd, window, softcap) in [
+            (64, None, None),
+            (256, Some(5u32), Some(50.0f32)),
+            (40, Some(300), None),
+        ] {
+            let p = AttnParams {
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: hd,
+                head_dim_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap,
+                window,
+            };
+            let (kd, qd) = (p.n_head_kv * hd, p.n_head * hd);
+            let n_ctx = 700;
+            let mut hkv = cpu.kv_cache(2, n_ctx, &[kd, kd], &[kd, kd]).unwrap();
+            let mut dkv = c.kv_cache(2, n_ctx, &[kd, kd], &[kd, kd]).unwrap();
+            // A long prefill of slot 1 in chunks (crosses the 256-key chunk of
+            // the kernel), a short one of slot 0, then mixed decode steps.
+            let mut batches = Vec::new();
+            for chunk in 0..3 {
+                let mut b = Batch::default();
+                for i in 0..200 {
+                    b.push(0, chunk * 200 + i, 1, true);
+                }
+                batches.push(b);
+            }
+            let mut b = Batch::default();
+            for i in 0..9 {
+                b.push(0, i, 0, true);
+            }
+            batches.push(b);
+            let mut b = Batch::default();
+            b.push(0, 9, 0, true);
+            b.push(0, 600, 1, true);
+            batches.push(b);
+            for b in &batches {
+                let n = b.len();
+                let q = rand_vec(&mut r, n * qd, 2.0);
+                let k = rand_vec(&mut r, n * kd, 2.0);
+                let v = rand_vec(&mut r, n * kd, 1.0);
+                let ((hq, dq), (hk, dk), (hv, dv)) = (pair(c, &q), pair(c, &k), pair(c, &v));
+                let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * qd]);
+                cpu.attention(&mut hkv, 1, b, &hq, &hk, &hv, &mut ho, &p)
+                    .unwrap();
+                c.attention(&mut dkv, 1, b, &dq, &dk, &dv, &mut dout, &p)
+                    .unwrap();
+                let e = rel(&read(c, &dout), &ho);
+                assert!(e < 1e-4, "attention hd {hd} window {window:?} softcap {softcap:?}, batch of {n}: relative error {e:e}");
+            }
+            let mut far = Batch::default();
+            far.push(0, n_ctx as u32, 0, true);
+            let (dq, dk, dv) = (
+                pair(c, &vec![0.5; qd]).1,
+                pair(c, &vec![0.5; kd]).1,
+                pair(c, &vec![0.5; kd]).1,
+            );
+            let mut dout = pair(c, &vec![0.0; qd]).1;
+            assert!(
+                c.attention(&mut dkv, 1, &far, &dq, &dk, &dv, &mut dout, &p)
+                    .is_err(),
+                "a position outside the cache must be an error"
+            );
+        }
+    }
+
+    fn tiny(arch: Arch) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "ferrox-cuda-tiny-{}-{}.gguf",
+            arch.spec().name,
+            std::process::id()
+        ));
+        crate::testing::tiny_arch_model(arch, 11)
+            .unwrap()
+            .write_to(&path)
+            .unwrap();
+        path
+    }
+
+    /// Logits of every position of `tokens` (one prefill batch).
+    fn all_logits<B: DeviceBackend>(m: &Model<B>, tokens: &[u32]) -> Vec<f32> {
+        let mut ctx = m.new_context(64, 1).unwrap();
+        let mut b = Batch::default();
+        for (i, &t) in tokens.iter().enumerate() {
+            b.push(t, i as u32, 0, true);
+        }
+        m.forward(&mut ctx, &b).unwrap()
+    }
+
+    fn argmax(v: &[f32]) -> (usize, f32) {
+        let mut s: Vec<(usize, f32)> = v.iter().copied().enumerate().collect();
+        s.sort_by(|a, b| b.1.total_cmp(&a.1));
+        (s[0].0, s[0].1 - s[1].1)
+    }
+
+    /// Top-1 agrees wherever the CPU's top two are not a near tie, and the
+    /// logits are close. The CPU quantizes activations to 8 bits for its
+    /// dot products and the GPU does not, so "close" is percent-level.
+    fn agree(what: &str, gpu: &[f32], cpu: &[f32], n_vocab: usize) {
+        let e = rel(gpu, cpu);
+        assert!(e < 3e-2, "{what}: logits differ by {e:e} relative");
+        for (i, (g, h)) in gpu.chunks(n_vocab).zip(cpu.chunks(n_vocab)).enumerate() {
+            let ((tg, _), (th, margin)) = (argmax(g), argmax(h));
+            let scale = h.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
+            if margin > 2e-2 * scale {
+                assert_eq!(
+                    tg, th,
+                    "{what}: position {i} top-1 {tg} on the GPU, {th} on the CPU (margin {margin})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_architecture_runs_on_the_gpu_as_on_the_cpu() {
+        let Some(c) = gpu("whole forward pass GPU vs CPU on the tiny model of every architecture")
+        else {
+            return;
+        };
+        let tokens = crate::testing::tiny_tokens();
+        for &arch in Arch::ALL {
+            let path = tiny(arch);
+            let cpu = Model::open(&path, Cpu::new(2)).unwrap();
+            let gm = Model::open(&path, c.share()).unwrap();
+            let _ = std::fs::remove_file(&path);
+            agree(
+                &format!("{arch:?}"),
+                &all_logits(&gm, &tokens),
+                &all_logits(&cpu, &tokens),
+                cpu.n_vocab(),
+            );
+        }
+    }
+
+    /// Gemma 3 (tiny: the real file is too big to carry to the GPU machine),
+    /// 32 greedy steps, teacher-forced on the CPU's tokens so one near tie
+    /// cannot cascade; decode goes one token a forward pass, as generation
+    /// does, through the GPU's matvec path.
+    #[test]
+    fn gemma3_greedy_32_tokens_on_the_gpu_follow_the_cpu() {
+        let Some(c) = gpu("32 greedy Gemma 3 steps GPU vs CPU") else {
+            return;
+        };
+        let path = tiny(Arch::Gemma3);
+        let cpu = Model::open(&path, Cpu::new(2)).unwrap();
+        let gm = Model::open(&path, c.share()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let prompt = crate::testing::tiny_tokens();
+        let (mut hctx, mut dctx) = (
+            cpu.new_context(128, 1).unwrap(),
+            gm.new_context(128, 1).unwrap(),
+        );
+        let mut b = Batch::default();
+        for (i, &t) in prompt.iter().enumerate() {
+            b.push(t, i as u32, 0, i + 1 == prompt.len());
+        }
+        let (mut h, mut d) = (
+            cpu.forward(&mut hctx, &b).unwrap(),
+            gm.forward(&mut dctx, &b).unwrap(),
+        );
+        let mut pos = prompt.len() as u32;
+        for step in 0..32 {
+            agree(&format!("gemma3 step {step}"), &d, &h, cpu.n_vocab());
+            let next = argmax(&h).0 as u32;
+            let mut b = Batch::default();
+            b.push(next, pos, 0, true);
+            pos += 1;
+            h = cpu.forward(&mut hctx, &b).unwrap();
+            d = gm.forward(&mut dctx, &b).unwrap();
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Matvec and GEMM throughput of every kind in the launch table, timed with
+//! CUDA events on the device's stream (median of repeats after a warm-up).
+//! `cargo run --release -p ferrox-cuda --example kernel_bench [ROWS COLS]`;
+//! the H200 figures and command are in `benchmarks/cuda.md`.
+
+use std::time::Instant;
+
+use cudarc::driver::sys::CUevent_flags;
+use ferrox_cuda::{Device, MatmulPath};
+use ferrox_quant::QuantKind;
+
+fn quantize_par(kind: QuantKind, src: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
+    let mut out = vec![0u8; rb * rows];
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let per = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (o, i) in out.chunks_mut(per * rb).zip(src.chunks(per * cols)) {
+            s.spawn(move || ferrox_quant::quantize(kind, i, o).unwrap());
+        }
+    });
+    out
+}
+
+fn main() {
+    if !Device::probe() {
+        eprintln!("NOT RUN: no CUDA device here");
+        return;
+    }
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (rows, cols) = (
+        args.first().copied().unwrap_or(16384),
+        args.get(1).copied().unwrap_or(8192),
+    );
+    let dev = Device::open(0).unwrap();
+    println!(
+        "device {} ({}), cuBLAS {}",
+        dev.name(),
+        dev.arch(),
+        dev.has_blas()
+    );
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    let src: Vec<f32> = (0..rows * cols)
+        .map(|_| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect();
+    let time = |f: &mut dyn FnMut()| -> f64 {
+        for _ in 0..3 {
+            f();
+        }
+        let mut ms = Vec::new();
+        for _ in 0..20 {
+            let a = dev
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .unwrap();
+            let b = dev
+                .context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .unwrap();
+            a.record(dev.stream()).unwrap();
+            f();
+            b.record(dev.stream()).unwrap();
+            b.synchronize().unwrap();
+            ms.push(a.elapsed_ms(&b).unwrap() as f64);
+        }
+        ms.sort_by(f64::total_cmp);
+        ms[ms.len() / 2]
+    };
+    println!(
+        "{:<6} {:>10} {:>12} {:>10} {:>14} {:>12}",
+        "kind", "MiB", "matvec us", "GB/s", "gemm512 ms", "TFLOP/s"
+    );
+    for &kind in QuantKind::ALL {
+        if ferrox_cuda::kernel_suffix(kind).is_none() {
+            continue;
+        }
+        let t0 = Instant::now();
+        let bytes = quantize_par(kind, &src, rows, cols);
+        let q_s = t0.elapsed().as_secs_f64();
+        // Two copies, alternated, so the 60 MB L2 does not hold the weights.
+        let w = [
+            dev.upload_matrix(kind, &bytes, rows, cols).unwrap(),
+            dev.upload_matrix(kind, &bytes, rows, cols).unwrap(),
+        ];
+        let x = dev.upload_f32(&src[..512 * cols]).unwrap();
+        let mut y = dev.alloc(512 * rows).unwrap();
+        let mut i = 0;
+        let mv = time(&mut || {
+            dev.matmul_with(MatmulPath::Matvec, &w[i % 2], &x, &mut y, 1)
+                .unwrap();
+            i += 1;
+        });
+        let gm = time(&mut || {
+            dev.matmul_with(MatmulPath::Gemm, &w[i % 2], &x, &mut y, 512)
+                .unwrap();
+            i += 1;
+        });
+        let gb = bytes.len() as f64 / (mv * 1e-3) / 1e9;
+        let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (gm * 1e-3) / 1e12;
+        println!(
+            "{:<6} {:>10.1} {:>12.1} {:>10.0} {:>14.3} {:>12.1}   (quantized in {q_s:.1}s)",
+            kind.name(),
+            bytes.len() as f64 / (1 << 20) as f64,
+            mv * 1e3,
+            gb,
+            gm,
+            tflops
+        );
+    }
+}

@@ -1,0 +1,1147 @@
+//! One opened GPU: its stream, its compiled kernels, cuBLAS if present,
+//! and every operation a forward pass needs, on device buffers.
+//!
+//! The decision: kernels take raw device pointers and the context's event
+//! tracking is off. With a single stream the stream itself orders every
+//! launch, copy and cuBLAS call, so per-argument events would only add
+//! driver calls to a decode step that is already launch-bound.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::{sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use ferrox_quant::QuantKind;
+
+use crate::{drv, kernel_suffix, CudaError};
+
+/// An f32 activation buffer on the device.
+pub struct Buf {
+    s: CudaSlice<f32>,
+    len: usize,
+}
+
+impl Buf {
+    /// Floats it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Indices on the device (token ids, positions, slots, rows).
+pub struct Indices {
+    s: CudaSlice<u32>,
+    len: usize,
+}
+
+impl Indices {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// All of them, as a kernel argument.
+    pub fn all(&self) -> IndexView<'_> {
+        IndexView {
+            ptr: self.s.device_ptr(self.s.stream()).0,
+            len: self.len,
+            _of: std::marker::PhantomData,
+        }
+    }
+
+    /// `[start, start + len)` of them, or `None` outside.
+    pub fn part(&self, start: usize, len: usize) -> Option<IndexView<'_>> {
+        (start.checked_add(len)? <= self.len).then(|| {
+            let all = self.all();
+            IndexView {
+                ptr: all.ptr + 4 * start as u64,
+                len,
+                _of: std::marker::PhantomData,
+            }
+        })
+    }
+}
+
+/// A borrowed run of [`Indices`].
+#[derive(Clone, Copy)]
+pub struct IndexView<'a> {
+    ptr: u64,
+    len: usize,
+    _of: std::marker::PhantomData<&'a Indices>,
+}
+
+impl IndexView<'_> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A weight matrix resident on the device, in its file's block format.
+pub struct Matrix {
+    /// Storage kind.
+    pub kind: QuantKind,
+    /// Rows (outputs).
+    pub rows: usize,
+    /// Columns (inputs, the contiguous dimension).
+    pub cols: usize,
+    row_bytes: usize,
+    data: CudaSlice<u8>,
+}
+
+/// The KV cache: per layer, `n_slots * n_ctx` positions of f16 keys and
+/// values, slot-major (as the CPU's).
+pub struct Kv {
+    n_slots: usize,
+    n_ctx: usize,
+    k_dims: Vec<usize>,
+    v_dims: Vec<usize>,
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+}
+
+impl Kv {
+    /// Positions per slot.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Sequence slots.
+    pub fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+}
+
+/// How a matmul of `n` tokens runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// The per-kind matvec kernel, once per token (decode, small batches).
+    Matvec,
+    /// Weights dequantized to f16, activations converted to f16, cuBLAS
+    /// GEMM with f32 accumulation and output (prefill).
+    Gemm,
+}
+
+/// Batches above this many tokens use the GEMM (when cuBLAS is present).
+pub const GEMM_MIN_TOKENS: usize = 8;
+
+/// The gated activation of a GLU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// GELU, tanh form.
+    Gelu,
+}
+
+/// How one attention call is shaped (see `ferrox_core::backend::AttnParams`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// Key/query head size.
+    pub head_dim: usize,
+    /// Value head size.
+    pub head_dim_v: usize,
+    /// Multiplier of `q·k`.
+    pub scale: f32,
+    /// Softcap of the scaled logits.
+    pub softcap: Option<f32>,
+    /// Sliding window.
+    pub window: Option<u32>,
+}
+
+/// How one RoPE call is shaped (see `ferrox_core::backend::RopeParams`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeShape {
+    /// Heads per token.
+    pub n_heads: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// Rotated dimensions.
+    pub n_rot: usize,
+    /// NeoX pairing (`i` with `i + n_rot/2`) rather than adjacent pairs.
+    pub halves: bool,
+    /// Frequency base.
+    pub base: f32,
+    /// Linear position scale.
+    pub freq_scale: f32,
+    /// Magnitude scale of cos/sin.
+    pub attn_factor: f32,
+}
+
+struct KindFns {
+    matvec: CudaFunction,
+    get_rows: CudaFunction,
+    dequant: CudaFunction,
+}
+
+struct Fns {
+    kinds: HashMap<QuantKind, KindFns>,
+    f32_to_f16: CudaFunction,
+    rms_norm: CudaFunction,
+    rope: CudaFunction,
+    kv_store: CudaFunction,
+    attention: CudaFunction,
+    glu: CudaFunction,
+    add: CudaFunction,
+    add_bias: CudaFunction,
+    scale: CudaFunction,
+    softcap: CudaFunction,
+    copy_cols: CudaFunction,
+}
+
+#[derive(Default)]
+struct Scratch {
+    w16: Option<CudaSlice<u16>>,
+    x16: Option<CudaSlice<u16>>,
+}
+
+/// One opened GPU with one stream. Opened once and passed around; dropping
+/// it releases everything it allocated.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    fns: Fns,
+    blas: Option<CudaBlas>,
+    name: String,
+    arch: String,
+    scratch: Mutex<Scratch>,
+}
+
+fn shape(op: &'static str, why: String) -> CudaError {
+    CudaError::Shape { op, why }
+}
+
+fn int(op: &'static str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| shape(op, format!("{v} does not fit a 32-bit kernel argument")))
+}
+
+fn grid(n: usize, block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(block as usize).max(1) as u32, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Device {
+    /// Whether the driver library loads and sees at least one device. Never
+    /// panics (cudarc does, on a missing library, so this probes first).
+    pub fn probe() -> bool {
+        // SAFETY: only tries to dlopen libcuda by its candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return false;
+        }
+        CudaContext::device_count().is_ok_and(|n| n > 0)
+    }
+
+    /// Opens device `ordinal`: a context, one stream, the kernels compiled
+    /// (or loaded from the disk cache) for its architecture, and cuBLAS when
+    /// the library is there (without it prefill runs the matvec kernels).
+    pub fn open(ordinal: usize) -> Result<Device, CudaError> {
+        // SAFETY: only tries to dlopen libcuda by its candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::MissingLibrary { lib: "libcuda" });
+        }
+        let count = CudaContext::device_count().map_err(drv("counting devices"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("creating a context"))?;
+        // SAFETY: called before any buffer or stream of this context exists,
+        // and everything this Device does runs on its one stream, which
+        // orders it without events.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(drv("reading the compute capability"))?;
+        let arch = format!("compute_{major}{minor}");
+        let name = ctx.name().map_err(drv("reading the device name"))?;
+        let ptx = crate::compile::ptx_for(&arch)?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(drv(format!("loading the kernels for {arch}")))?;
+        let f = |n: &str| {
+            module
+                .load_function(n)
+                .map_err(drv(format!("finding kernel {n}")))
+        };
+        let mut kinds = HashMap::new();
+        for &k in QuantKind::ALL {
+            if let Some(s) = kernel_suffix(k) {
+                kinds.insert(
+                    k,
+                    KindFns {
+                        matvec: f(&format!("matvec_{s}"))?,
+                        get_rows: f(&format!("get_rows_{s}"))?,
+                        dequant: f(&format!("dequant_f16_{s}"))?,
+                    },
+                );
+            }
+        }
+        let fns = Fns {
+            kinds,
+            f32_to_f16: f("f32_to_f16")?,
+            rms_norm: f("rms_norm")?,
+            rope: f("rope")?,
+            kv_store: f("kv_store")?,
+            attention: f("attention")?,
+            glu: f("glu")?,
+            add: f("add")?,
+            add_bias: f("add_bias")?,
+            scale: f("scale")?,
+            softcap: f("softcap")?,
+            copy_cols: f("copy_cols")?,
+        };
+        // SAFETY: only tries to dlopen libcublas by its candidate names.
+        let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
+            Some(
+                CudaBlas::new(Arc::clone(&stream)).map_err(|source| CudaError::Blas {
+                    what: "creating a handle",
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
+        Ok(Device {
+            ctx,
+            stream,
+            fns,
+            blas,
+            name,
+            arch,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// The device's name (`NVIDIA H200`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The architecture the kernels were compiled for (`compute_90`).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// Whether cuBLAS was found (the GEMM prefill path).
+    pub fn has_blas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    /// Waits for everything enqueued so far.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(drv("synchronizing the stream"))
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        // Event tracking is off, so the guard this returns does nothing.
+        s.device_ptr(&self.stream).0
+    }
+
+    fn launch<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        cfg: LaunchConfig,
+        what: &'static str,
+        args: &'a [&'a dyn Arg],
+    ) -> Result<(), CudaError> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            a.push(&mut b);
+        }
+        // SAFETY: every caller passes the argument list its kernel in
+        // `kernels.cu` declares, in order and with the C types the `Arg`
+        // impls produce, and has checked that each pointer's buffer is large
+        // enough for the grid it launches.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {what}")))?;
+        Ok(())
+    }
+
+    // ---- memory
+
+    /// Uploads one weight matrix in its block format.
+    pub fn upload_matrix(
+        &self,
+        kind: QuantKind,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, CudaError> {
+        let row_bytes =
+            ferrox_quant::row_bytes(kind, cols).map_err(|e| shape("upload", e.to_string()))?;
+        if Some(bytes.len()) != row_bytes.checked_mul(rows) {
+            return Err(shape(
+                "upload",
+                format!("{} bytes for {rows}x{cols} {kind}", bytes.len()),
+            ));
+        }
+        if bytes.is_empty() {
+            return Err(shape(
+                "upload",
+                format!("an empty {rows}x{cols} {kind} matrix"),
+            ));
+        }
+        let data = self
+            .stream
+            .clone_htod(bytes)
+            .map_err(drv(format!("uploading {} bytes", bytes.len())))?;
+        Ok(Matrix {
+            kind,
+            rows,
+            cols,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// Uploads floats (norm weights, biases, test inputs).
+    pub fn upload_f32(&self, v: &[f32]) -> Result<Buf, CudaError> {
+        if v.is_empty() {
+            return self.alloc(0);
+        }
+        let s = self.stream.clone_htod(v).map_err(drv("uploading floats"))?;
+        Ok(Buf { s, len: v.len() })
+    }
+
+    /// Uploads indices (token ids, positions, slots, rows).
+    pub fn upload_u32(&self, v: &[u32]) -> Result<Indices, CudaError> {
+        let s = if v.is_empty() {
+            self.stream
+                .alloc_zeros(1)
+                .map_err(drv("allocating indices"))?
+        } else {
+            self.stream
+                .clone_htod(v)
+                .map_err(drv("uploading indices"))?
+        };
+        Ok(Indices { s, len: v.len() })
+    }
+
+    /// A zeroed buffer of `len` floats.
+    pub fn alloc(&self, len: usize) -> Result<Buf, CudaError> {
+        let s = self
+            .stream
+            .alloc_zeros(len.max(1))
+            .map_err(drv(format!("allocating {len} floats")))?;
+        Ok(Buf { s, len })
+    }
+
+    /// Copies the first `dst.len()` floats of `src` to the host, waiting for
+    /// the work that produces them.
+    pub fn read(&self, src: &Buf, dst: &mut [f32]) -> Result<(), CudaError> {
+        if dst.len() > src.len {
+            return Err(shape(
+                "read",
+                format!("{} floats from a buffer of {}", dst.len(), src.len),
+            ));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_dtoh(&src.s.slice(..dst.len()), dst)
+            .map_err(drv("reading back"))?;
+        self.synchronize()
+    }
+
+    /// A zeroed f16 KV cache.
+    pub fn kv_cache(
+        &self,
+        n_slots: usize,
+        n_ctx: usize,
+        k_dims: &[usize],
+        v_dims: &[usize],
+    ) -> Result<Kv, CudaError> {
+        if k_dims.len() != v_dims.len() {
+            return Err(shape(
+                "kv cache",
+                format!("{} key layers, {} value layers", k_dims.len(), v_dims.len()),
+            ));
+        }
+        let alloc = |d: usize| -> Result<CudaSlice<u16>, CudaError> {
+            let n = n_slots
+                .checked_mul(n_ctx)
+                .and_then(|x| x.checked_mul(d))
+                .ok_or_else(|| shape("kv cache", "size overflows".into()))?;
+            self.stream
+                .alloc_zeros(n.max(1))
+                .map_err(drv(format!("allocating a KV cache of {} MiB", (n * 2) >> 20)))
+        };
+        Ok(Kv {
+            n_slots,
+            n_ctx,
+            k_dims: k_dims.to_vec(),
+            v_dims: v_dims.to_vec(),
+            k: k_dims.iter().map(|&d| alloc(d)).collect::<Result<_, _>>()?,
+            v: v_dims.iter().map(|&d| alloc(d)).collect::<Result<_, _>>()?,
+        })
+    }
+
+    // ---- weights
+
+    fn kind_fns(&self, kind: QuantKind, op: &'static str) -> Result<&KindFns, CudaError> {
+        self.fns
+            .kinds
+            .get(&kind)
+            .ok_or(CudaError::NoKernel { op, kind })
+    }
+
+    /// `out[i] = table[ids[i]]`, dequantized; each id
+    /// checked by the caller to be inside the table.
+    pub fn get_rows(
+        &self,
+        table: &Matrix,
+        ids: IndexView<'_>,
+        out: &mut Buf,
+    ) -> Result<(), CudaError> {
+        let f = &self.kind_fns(table.kind, "get_rows")?.get_rows;
+        let n = ids.len;
+        if out.len != n * table.cols {
+            return Err(shape(
+                "get_rows",
+                format!("{n} ids of {} into {} floats", table.cols, out.len),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (w, i, o) = (self.ptr(&table.data), ids.ptr, self.ptr(&out.s));
+        self.launch(
+            f,
+            cfg,
+            "get_rows",
+            &[
+                &w,
+                &i,
+                &o,
+                &int("get_rows", table.cols)?,
+                &(table.row_bytes as i64),
+            ],
+        )
+    }
+
+    /// Which path [`Device::matmul`] takes for `n` tokens.
+    pub fn matmul_path(&self, n: usize) -> MatmulPath {
+        if n > GEMM_MIN_TOKENS && self.blas.is_some() {
+            MatmulPath::Gemm
+        } else {
+            MatmulPath::Matvec
+        }
+    }
+
+    /// `y = x W^T` for `n` rows of `x` (`[n, cols]` into `[n, rows]`).
+    pub fn matmul(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
+        self.matmul_with(self.matmul_path(n), w, x, y, n)
+    }
+
+    /// [`Device::matmul`] on a chosen path (tests check both).
+    pub fn matmul_with(
+        &self,
+        path: MatmulPath,
+        w: &Matrix,
+        x: &Buf,
+        y: &mut Buf,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        if x.len < n * w.cols || y.len < n * w.rows {
+            return Err(shape(
+                "matmul",
+                format!(
+                    "{n} tokens through {}x{}: input {} floats, output {}",
+                    w.rows, w.cols, x.len, y.len
+                ),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        match path {
+            MatmulPath::Matvec => {
+                let f = &self.kind_fns(w.kind, "matvec")?.matvec;
+                if n > 65535 {
+                    return Err(shape("matvec", format!("{n} tokens in one launch")));
+                }
+                let rows_per_block = 4;
+                let cfg = LaunchConfig {
+                    grid_dim: (w.rows.div_ceil(rows_per_block) as u32, n as u32, 1),
+                    block_dim: (32 * rows_per_block as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
+                self.launch(
+                    f,
+                    cfg,
+                    "matvec",
+                    &[
+                        &wp,
+                        &xp,
+                        &yp,
+                        &int("matvec", w.rows)?,
+                        &int("matvec", w.cols)?,
+                        &(w.row_bytes as i64),
+                    ],
+                )
+            }
+            MatmulPath::Gemm => self.gemm(w, x, y, n),
+        }
+    }
+
+    fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
+        let blas = self
+            .blas
+            .as_ref()
+            .ok_or(CudaError::MissingLibrary { lib: "libcublas" })?;
+        let f = &self.kind_fns(w.kind, "dequantize")?.dequant;
+        let (m, k) = (int("gemm", w.rows)?, int("gemm", w.cols)?);
+        let nn = int("gemm", n)?;
+        let mut sc = self
+            .scratch
+            .lock()
+            .map_err(|_| shape("gemm", "scratch lock poisoned".into()))?;
+        let grow = |slot: &mut Option<CudaSlice<u16>>, need: usize| -> Result<(), CudaError> {
+            if slot.as_ref().is_none_or(|s| s.len() < need) {
+                *slot = None;
+                *slot = Some(
+                    self.stream
+                        .alloc_zeros(need)
+                        .map_err(drv(format!("allocating {need} halves of GEMM scratch")))?,
+                );
+            }
+            Ok(())
+        };
+        grow(&mut sc.w16, w.rows * w.cols)?;
+        grow(&mut sc.x16, n * w.cols)?;
+        let (w16, x16) = match (&sc.w16, &sc.x16) {
+            (Some(a), Some(b)) => (self.ptr(a), self.ptr(b)),
+            _ => return Err(shape("gemm", "scratch not allocated".into())),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (w.rows as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            f,
+            cfg,
+            "dequantize to f16",
+            &[&self.ptr(&w.data), &w16, &k, &(w.row_bytes as i64)],
+        )?;
+        let nx = (n * w.cols) as i64;
+        self.launch(
+            &self.fns.f32_to_f16,
+            grid(n * w.cols, 256),
+            "f32 to f16",
+            &[&self.ptr(&x.s), &x16, &nx],
+        )?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let yp = self.ptr(&y.s);
+        // SAFETY: A is the rows x cols f16 copy of W (row-major, so column-
+        // major cols x rows, transposed), B the n x cols f16 activations
+        // (column-major cols x n), C the n x rows f32 output (column-major
+        // rows x n); all three were sized above for these dimensions, and
+        // the handle is bound to this device's stream.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m,
+                nn,
+                k,
+                (&alpha as *const f32).cast(),
+                w16 as *const std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                k,
+                x16 as *const std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                k,
+                (&beta as *const f32).cast(),
+                yp as *mut std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                m,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|source| CudaError::Blas {
+            what: "GemmEx",
+            source,
+        })
+    }
+
+    // ---- element-wise and row operations
+
+    /// `y[t] += b` for each of `n` rows.
+    pub fn add_bias(&self, y: &mut Buf, b: &Buf, n: usize) -> Result<(), CudaError> {
+        if b.len == 0 || y.len != n * b.len {
+            return Err(shape(
+                "add_bias",
+                format!("{n} rows of {} in {} floats", b.len, y.len),
+            ));
+        }
+        let total = y.len as i64;
+        self.launch(
+            &self.fns.add_bias,
+            grid(y.len, 256),
+            "add_bias",
+            &[
+                &self.ptr(&y.s),
+                &self.ptr(&b.s),
+                &total,
+                &int("add_bias", b.len)?,
+            ],
+        )
+    }
+
+    /// RMS norm of each `w.len()`-wide row of `x`, times `w`, in place.
+    pub fn rms_norm(&self, x: &mut Buf, w: &Buf, eps: f32) -> Result<(), CudaError> {
+        if w.len == 0 || !x.len.is_multiple_of(w.len) {
+            return Err(shape(
+                "rms_norm",
+                format!("rows of {} in {} floats", w.len, x.len),
+            ));
+        }
+        let rows = x.len / w.len;
+        if rows == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            &self.fns.rms_norm,
+            cfg,
+            "rms_norm",
+            &[
+                &self.ptr(&x.s),
+                &self.ptr(&w.s),
+                &int("rms_norm", w.len)?,
+                &eps,
+            ],
+        )
+    }
+
+    /// RoPE on `x` (`[pos.len(), n_heads * head_dim]`) in place.
+    pub fn rope(
+        &self,
+        x: &mut Buf,
+        pos: IndexView<'_>,
+        r: &RopeShape,
+        factors: Option<&Buf>,
+    ) -> Result<(), CudaError> {
+        let n_tok = pos.len;
+        if x.len != n_tok * r.n_heads * r.head_dim {
+            return Err(shape(
+                "rope",
+                format!(
+                    "{n_tok} tokens of {}x{} in {} floats",
+                    r.n_heads, r.head_dim, x.len
+                ),
+            ));
+        }
+        if r.n_rot > r.head_dim || !r.n_rot.is_multiple_of(2) {
+            return Err(shape(
+                "rope",
+                format!("n_rot {} does not fit head size {}", r.n_rot, r.head_dim),
+            ));
+        }
+        if let Some(f) = factors {
+            if f.len < r.n_rot / 2 {
+                return Err(shape(
+                    "rope",
+                    format!("{} frequency factors for {} pairs", f.len, r.n_rot / 2),
+                ));
+            }
+        }
+        let total = n_tok * r.n_heads * (r.n_rot / 2);
+        if total == 0 {
+            return Ok(());
+        }
+        let fp = factors.map_or(0u64, |f| self.ptr(&f.s));
+        self.launch(
+            &self.fns.rope,
+            grid(total, 256),
+            "rope",
+            &[
+                &self.ptr(&x.s),
+                &pos.ptr,
+                &int("rope", n_tok)?,
+                &int("rope", r.n_heads)?,
+                &int("rope", r.head_dim)?,
+                &int("rope", r.n_rot)?,
+                &i32::from(r.halves),
+                &r.base,
+                &r.freq_scale,
+                &r.attn_factor,
+                &fp,
+            ],
+        )
+    }
+
+    /// Stores `k`/`v` of the `seq.len()` tokens at their (slot, position) of
+    /// layer `layer`, then writes causal attention of `q` into `out`. Each
+    /// slot and position is checked by the caller to be inside the cache.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        kv: &mut Kv,
+        layer: usize,
+        seq: IndexView<'_>,
+        pos: IndexView<'_>,
+        q: &Buf,
+        k: &Buf,
+        v: &Buf,
+        out: &mut Buf,
+        a: &AttnShape,
+    ) -> Result<(), CudaError> {
+        let n = seq.len;
+        let (hd, hdv) = (a.head_dim, a.head_dim_v);
+        let (kd, vd) = (a.n_head_kv * hd, a.n_head_kv * hdv);
+        if a.n_head_kv == 0 || !a.n_head.is_multiple_of(a.n_head_kv) {
+            return Err(shape(
+                "attention",
+                format!("{} heads cannot share {} KV heads", a.n_head, a.n_head_kv),
+            ));
+        }
+        if hd > 256 || hdv > 256 || hd == 0 || hdv == 0 {
+            return Err(shape(
+                "attention",
+                format!("head sizes {hd}/{hdv} (the kernel takes 1..=256)"),
+            ));
+        }
+        if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
+            return Err(shape(
+                "attention",
+                format!("layer {layer}: KV cache not shaped for {kd}/{vd}"),
+            ));
+        }
+        if q.len != n * a.n_head * hd
+            || k.len != n * kd
+            || v.len != n * vd
+            || out.len != n * a.n_head * hdv
+        {
+            return Err(shape(
+                "attention",
+                format!(
+                    "q/k/v/out of {}/{}/{}/{} floats for {n} tokens",
+                    q.len, k.len, v.len, out.len
+                ),
+            ));
+        }
+        if pos.len != n {
+            return Err(shape(
+                "attention",
+                format!("{n} slots but {} positions", pos.len),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let n_ctx = int("attention", kv.n_ctx)?;
+        let (sp, pp) = (seq.ptr, pos.ptr);
+        for (src, cache, dim) in [(k, &kv.k[layer], kd), (v, &kv.v[layer], vd)] {
+            let cfg = LaunchConfig {
+                grid_dim: (dim.div_ceil(128) as u32, n as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            self.launch(
+                &self.fns.kv_store,
+                cfg,
+                "kv_store",
+                &[
+                    &self.ptr(&src.s),
+                    &self.ptr(cache),
+                    &sp,
+                    &pp,
+                    &int("kv_store", dim)?,
+                    &n_ctx,
+                ],
+            )?;
+        }
+        let blocks = n * a.n_head;
+        let cfg = LaunchConfig {
+            grid_dim: (int("attention", blocks)? as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            &self.fns.attention,
+            cfg,
+            "attention",
+            &[
+                &self.ptr(&q.s),
+                &self.ptr(&kv.k[layer]),
+                &self.ptr(&kv.v[layer]),
+                &self.ptr(&out.s),
+                &sp,
+                &pp,
+                &int("attention", a.n_head)?,
+                &int("attention", a.n_head_kv)?,
+                &int("attention", hd)?,
+                &int("attention", hdv)?,
+                &n_ctx,
+                &a.scale,
+                &a.softcap.unwrap_or(0.0),
+                &(a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32),
+            ],
+        )
+    }
+
+    /// `out = act(gate) * up` element-wise.
+    pub fn glu(&self, act: Act, gate: &Buf, up: &Buf, out: &mut Buf) -> Result<(), CudaError> {
+        if up.len != gate.len || out.len != gate.len {
+            return Err(shape(
+                "glu",
+                format!("gate {}, up {}, out {}", gate.len, up.len, out.len),
+            ));
+        }
+        let w = int("glu", gate.len.max(1))?;
+        self.glu_launch(act, self.ptr(&gate.s), self.ptr(&up.s), out, w, w)
+    }
+
+    /// Each `2 * width` row of `fused` is `[gate | up]`: `out = act(gate) * up`.
+    pub fn glu_fused(
+        &self,
+        act: Act,
+        fused: &Buf,
+        out: &mut Buf,
+        width: usize,
+    ) -> Result<(), CudaError> {
+        if width == 0 || !fused.len.is_multiple_of(2 * width) || out.len != fused.len / 2 {
+            return Err(shape(
+                "glu_fused",
+                format!("rows of 2x{width} in {} floats into {}", fused.len, out.len),
+            ));
+        }
+        let g = self.ptr(&fused.s);
+        let up = g + (width * 4) as u64;
+        self.glu_launch(
+            act,
+            g,
+            up,
+            out,
+            int("glu_fused", width)?,
+            int("glu_fused", 2 * width)?,
+        )
+    }
+
+    fn glu_launch(
+        &self,
+        act: Act,
+        gate: u64,
+        up: u64,
+        out: &mut Buf,
+        width: i32,
+        stride: i32,
+    ) -> Result<(), CudaError> {
+        if out.len == 0 {
+            return Ok(());
+        }
+        let n = out.len as i64;
+        let a = match act {
+            Act::Silu => 0i32,
+            Act::Gelu => 1,
+        };
+        self.launch(
+            &self.fns.glu,
+            grid(out.len, 256),
+            "glu",
+            &[&gate, &up, &self.ptr(&out.s), &n, &width, &stride, &a],
+        )
+    }
+
+    /// `dst = src`.
+    pub fn copy(&self, src: &Buf, dst: &mut Buf) -> Result<(), CudaError> {
+        if src.len != dst.len {
+            return Err(shape(
+                "copy",
+                format!("{} floats into {}", src.len, dst.len),
+            ));
+        }
+        if src.len == 0 {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_dtod(&src.s.slice(..src.len), &mut dst.s.slice_mut(..src.len))
+            .map_err(drv("copying"))
+    }
+
+    /// `a += b`.
+    pub fn add(&self, a: &mut Buf, b: &Buf) -> Result<(), CudaError> {
+        if a.len != b.len {
+            return Err(shape("add", format!("{} floats plus {}", a.len, b.len)));
+        }
+        let n = a.len as i64;
+        self.launch(
+            &self.fns.add,
+            grid(a.len, 256),
+            "add",
+            &[&self.ptr(&a.s), &self.ptr(&b.s), &n],
+        )
+    }
+
+    /// `x *= s`.
+    pub fn scale(&self, x: &mut Buf, s: f32) -> Result<(), CudaError> {
+        let n = x.len as i64;
+        self.launch(
+            &self.fns.scale,
+            grid(x.len, 256),
+            "scale",
+            &[&self.ptr(&x.s), &s, &n],
+        )
+    }
+
+    /// `x = cap * tanh(x / cap)`.
+    pub fn softcap(&self, x: &mut Buf, cap: f32) -> Result<(), CudaError> {
+        let n = x.len as i64;
+        self.launch(
+            &self.fns.softcap,
+            grid(x.len, 256),
+            "softcap",
+            &[&self.ptr(&x.s), &cap, &n],
+        )
+    }
+
+    /// `dst[r] = src[rows[r]]` for rows of `width`; each row index
+    /// checked by the caller to be inside `src`.
+    pub fn gather_rows(
+        &self,
+        src: &Buf,
+        rows: IndexView<'_>,
+        width: usize,
+        dst: &mut Buf,
+    ) -> Result<(), CudaError> {
+        let n_rows = rows.len;
+        if dst.len != n_rows * width {
+            return Err(shape(
+                "gather_rows",
+                format!("{n_rows} rows of {width} into {} floats", dst.len),
+            ));
+        }
+        self.copy_cols(rows.ptr, src, n_rows, width, 0, dst, width)
+    }
+
+    /// Columns `[c0, c0 + dst_width)` of each `src_width`-wide row of `src`.
+    pub fn split_cols(
+        &self,
+        src: &Buf,
+        src_width: usize,
+        c0: usize,
+        dst: &mut Buf,
+        dst_width: usize,
+    ) -> Result<(), CudaError> {
+        if src_width == 0
+            || c0 + dst_width > src_width
+            || !src.len.is_multiple_of(src_width)
+            || dst.len != src.len / src_width * dst_width
+        {
+            return Err(shape(
+                "split_cols",
+                format!(
+                    "columns {c0}..{} of rows of {src_width} ({} floats) into {}",
+                    c0 + dst_width,
+                    src.len,
+                    dst.len
+                ),
+            ));
+        }
+        self.copy_cols(0, src, src.len / src_width, src_width, c0, dst, dst_width)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_cols(
+        &self,
+        rows: u64,
+        src: &Buf,
+        n_rows: usize,
+        src_width: usize,
+        c0: usize,
+        dst: &mut Buf,
+        width: usize,
+    ) -> Result<(), CudaError> {
+        if n_rows == 0 || width == 0 {
+            return Ok(());
+        }
+        if n_rows > 65535 {
+            return Err(shape("copy_cols", format!("{n_rows} rows in one launch")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (width.div_ceil(128) as u32, n_rows as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            &self.fns.copy_cols,
+            cfg,
+            "copy_cols",
+            &[
+                &self.ptr(&src.s),
+                &rows,
+                &self.ptr(&dst.s),
+                &int("copy_cols", n_rows)?,
+                &int("copy_cols", src_width)?,
+                &int("copy_cols", c0)?,
+                &int("copy_cols", width)?,
+            ],
+        )
+    }
+
+    /// The context this device runs in (for tests that time with events).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every operation is enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+/// A kernel argument by value: the C types `kernels.cu` declares.
+trait Arg {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+
+macro_rules! arg {
+    ($($t:ty),*) => {$(
+        impl Arg for $t {
+            fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+                b.arg(self);
+            }
+        }
+    )*};
+}
+arg!(u64, i64, i32, f32);
