@@ -102,6 +102,54 @@ pub struct KernelPlan {
     pub unused: Vec<String>,
 }
 
+/// What a tensor of `role` (or no role) costs and runs on `backend`: the
+/// CPU's kernel selection, or an accelerator's capability table.
+pub(crate) fn placement(
+    backend: Backend,
+    name: &str,
+    role: Option<Role>,
+    kind: QuantKind,
+    dims: &[u64],
+    bytes: u64,
+) -> Placement {
+    let mut p = cpu_placement(name, role, kind, dims, bytes);
+    if backend == Backend::Cpu {
+        return p;
+    }
+    #[allow(unused_macros)]
+    macro_rules! accel {
+        ($b:ty) => {
+            if <$b as crate::backend::BackendCaps>::ID == backend {
+                let caps_name = <$b as crate::backend::BackendCaps>::NAME;
+                p.backend = backend;
+                match role.map(Role::feeds) {
+                    Some(Feeds::Matmul) => {
+                        let k = <$b as crate::backend::BackendCaps>::matvec_kernel(kind);
+                        p.decode = k.map_or_else(|| "none".to_string(), str::to_string);
+                        p.prefill = if <$b as crate::backend::BackendCaps>::gemm_supported(kind) {
+                            format!("{caps_name} GEMM ({kind})")
+                        } else {
+                            <$b as crate::backend::BackendCaps>::GEMM_FALLBACK.to_string()
+                        };
+                        p.fallback = k.is_none().then(|| format!("no {caps_name} kernel for {kind}: the model cannot load on {backend}"));
+                    }
+                    Some(Feeds::Embedding) => {
+                        p.decode = format!("{caps_name} get_rows ({kind})");
+                        p.prefill = p.decode.clone();
+                    }
+                    Some(Feeds::Norm | Feeds::Bias | Feeds::RopeFactors) => {
+                        p.decode = format!("{caps_name} f32 element-wise");
+                        p.prefill = p.decode.clone();
+                    }
+                    None => {}
+                }
+            }
+        };
+    }
+    crate::backend::with_gpu_backend_caps!(accel);
+    p
+}
+
 /// What a tensor of `role` (or no role) costs and runs on the CPU.
 pub(crate) fn cpu_placement(
     name: &str,
@@ -170,5 +218,18 @@ mod tests {
         assert_eq!(p.bytes_per_token, 576);
         let e = cpu_placement("token_embd.weight", Some(Role::TokenEmbd), QuantKind::Q8_0, &[64, 100], 6800);
         assert_eq!(e.bytes_per_token, 68, "one 64-wide Q8_0 row per token");
+    }
+
+    /// An accelerator's plan comes from its own capability table (ungated:
+    /// answerable on a build without it), never from the CPU's.
+    #[test]
+    fn an_accelerator_placement_names_its_own_kernel_or_the_missing_one() {
+        for &b in Backend::ALL.iter().filter(|b| b.is_accelerator()) {
+            let p = placement(b, "blk.0.attn_q.weight", Some(Role::AttnQ), QuantKind::Q8_0, &[256, 4], 1088);
+            assert_eq!(p.backend, b);
+            assert!(!p.decode.contains("avx") && !p.decode.starts_with("cpu"), "{b}: {}", p.decode);
+            let none = placement(b, "blk.0.attn_q.weight", Some(Role::AttnQ), QuantKind::IQ1S, &[256, 4], 200);
+            assert!(none.fallback.is_some(), "{b}: a kind without a kernel must be named: {none:?}");
+        }
     }
 }

@@ -198,6 +198,10 @@ impl DeviceBackend for Cpu {
         self.threads
     }
 
+    fn crossings_per_token(&self) -> u32 {
+        0
+    }
+
     fn place(&self, t: &HostTensor<'_>) -> Result<CpuWeight, BackendError> {
         if t.rows <= 1 {
             let n = t.cols;

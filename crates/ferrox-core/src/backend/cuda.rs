@@ -193,6 +193,12 @@ mod dispatch {
             1
         }
 
+        /// Token ids, positions, the slot/position index of the KV store in;
+        /// logits out (sampling on the device is not built yet).
+        fn crossings_per_token(&self) -> u32 {
+            4
+        }
+
         fn place(&self, t: &HostTensor<'_>) -> Result<CudaWeight, BackendError> {
             if t.rows <= 1 {
                 let mut v = vec![0.0f32; t.cols];

@@ -244,6 +244,9 @@ pub trait DeviceBackend: Send + Sync {
     fn id(&self) -> Backend;
     /// Threads (CPU) or streams the backend uses; reported, not tuned here.
     fn threads(&self) -> usize;
+    /// Host↔device copies a decode step makes (ids and positions in,
+    /// logits out); reported by `ferrox kernels`, 0 for the CPU.
+    fn crossings_per_token(&self) -> u32;
     /// Places one weight for its whole lifetime (upload, repack, or borrow).
     fn place(&self, t: &HostTensor<'_>) -> Result<Self::Weight, BackendError>;
     /// A zeroed activation buffer of `len` floats.

@@ -225,7 +225,8 @@ impl<B: DeviceBackend> Model<B> {
             let w = backend
                 .place(&HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file })
                 .map_err(|e| ModelError::Backend(BackendError(format!("placing {}: {e}", t.info.name))))?;
-            placements.push(crate::kernel_registry::cpu_placement(
+            placements.push(crate::kernel_registry::placement(
+                backend.id(),
                 &t.info.name,
                 Some(role),
                 t.info.kind,
@@ -275,12 +276,13 @@ impl<B: DeviceBackend> Model<B> {
         }
         for name in &unused {
             if let Some(t) = file.tensor(name) {
-                placements.push(crate::kernel_registry::cpu_placement(name, None, t.info.kind, &t.info.dims, t.info.n_bytes));
+                placements.push(crate::kernel_registry::placement(backend.id(), name, None, t.info.kind, &t.info.dims, t.info.n_bytes));
             }
         }
         // The tied head reads the embedding matrix as a matmul: report that too.
         if output.is_none() {
-            let mut p = crate::kernel_registry::cpu_placement(
+            let mut p = crate::kernel_registry::placement(
+                backend.id(),
                 "output (tied: token_embd.weight)",
                 Some(Role::Output),
                 embd_t.info.kind,
@@ -299,7 +301,7 @@ impl<B: DeviceBackend> Model<B> {
             device: describe_device(&backend),
             tensors: placements,
             bytes_per_token,
-            crossings_per_token: if backend.id().is_accelerator() { 2 } else { 0 },
+            crossings_per_token: backend.crossings_per_token(),
             unused,
         };
         Ok(Model {
