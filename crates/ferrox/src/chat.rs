@@ -4,7 +4,6 @@
 //! last reply, so only the new turn is evaluated.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
@@ -13,16 +12,18 @@ use ferrox_core::generate::{GenerateOptions, Session, StreamEvent};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model file; the default model (Gemma 3 270M) when omitted.
-    model: Option<PathBuf>,
-    /// The model file (instead of the positional argument).
-    #[arg(short = 'm', long = "model")]
-    model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    model: crate::load::ModelArg,
     /// A system message for the conversation.
     #[arg(long)]
     system: Option<String>,
     /// Most tokens per reply (-1: until end of turn or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 512, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
     n_predict: i64,
     /// Context size (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
@@ -38,15 +39,23 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = crate::load::resolve_model(a.model, a.model_flag)?;
+    let path = a.model.or_default()?;
     let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
-    let template = ChatTemplate::from_gguf(model.file().metadata_file()).context("no usable chat template")?;
+    let template =
+        ChatTemplate::from_gguf(model.file().metadata_file()).context("no usable chat template")?;
     if template.is_builtin() {
-        eprintln!("ferrox: the model has no chat template; using the built-in {:?} one", template.builtin_family());
+        eprintln!(
+            "ferrox: the model has no chat template; using the built-in {:?} one",
+            template.builtin_family()
+        );
     }
     let n_ctx = crate::load::context_size(a.ctx_size, &model);
     let mut session = Session::new(&model, &tok, n_ctx)?;
-    let mut messages: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
+    let mut messages: Vec<ChatMessage> = a
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s.as_str()))
+        .collect();
     let opts = GenerateOptions {
         max_tokens: usize::try_from(a.n_predict).ok(),
         sampling: a.sampling.params(),
@@ -90,7 +99,11 @@ pub fn run(a: Args) -> Result<()> {
                 StreamEvent::Tail(s) => s,
             };
             // A closed stdout ends the reply at the next token check.
-            if out.write_all(t.as_bytes()).and_then(|()| out.flush()).is_err() {
+            if out
+                .write_all(t.as_bytes())
+                .and_then(|()| out.flush())
+                .is_err()
+            {
                 cancel.store(true, Ordering::Relaxed);
             }
         }) {

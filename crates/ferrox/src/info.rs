@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use anyhow::Result;
 use ferrox_gguf::{Array, GgufModel, Value};
@@ -11,11 +10,8 @@ use serde_json::{json, Value as Json};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model file (the first part, for a split model).
-    model: Option<PathBuf>,
-    /// The model file (instead of the positional argument).
-    #[arg(short = 'm', long = "model")]
-    model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    model: crate::load::ModelArg,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -25,10 +21,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = crate::model_path(a.model, a.model_flag)?;
+    let path = a.model.required()?;
     let model = crate::open_model(&path)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&model, a.array_items))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&model, a.array_items))?
+        );
     } else {
         print!("{}", to_text(&model, a.array_items));
     }
@@ -78,7 +77,11 @@ fn array_elems(a: &Array, items: usize) -> Vec<String> {
         Array::F32(v) => nums(v, items),
         Array::F64(v) => nums(v, items),
         Array::Bool(v) => nums(v, items),
-        Array::String(v) => v.iter().take(items).map(|s| short_str(s.as_bytes(), 40)).collect(),
+        Array::String(v) => v
+            .iter()
+            .take(items)
+            .map(|s| short_str(s.as_bytes(), 40))
+            .collect(),
         Array::Array(v) => v.iter().take(items).map(|x| array_text(x, items)).collect(),
     }
 }
@@ -86,7 +89,12 @@ fn array_elems(a: &Array, items: usize) -> Vec<String> {
 fn array_text(a: &Array, items: usize) -> String {
     let elems = array_elems(a, items);
     let more = if a.len() > elems.len() { ", …" } else { "" };
-    format!("[{}; {}] [{}{more}]", a.elem_type(), a.len(), elems.join(", "))
+    format!(
+        "[{}; {}] [{}{more}]",
+        a.elem_type(),
+        a.len(),
+        elems.join(", ")
+    )
 }
 
 fn value_json(v: &Value, items: usize) -> Json {
@@ -126,7 +134,11 @@ fn array_json(a: &Array, items: usize) -> Json {
         Array::F32(v) => nums(v, items),
         Array::F64(v) => nums(v, items),
         Array::Bool(v) => nums(v, items),
-        Array::String(v) => v.iter().take(items).map(|s| json!(String::from_utf8_lossy(s.as_bytes()))).collect(),
+        Array::String(v) => v
+            .iter()
+            .take(items)
+            .map(|s| json!(String::from_utf8_lossy(s.as_bytes())))
+            .collect(),
         Array::Array(v) => v.iter().take(items).map(|x| array_json(x, items)).collect(),
     };
     json!({ "type": a.elem_type().to_string(), "len": a.len(), "head": head })
@@ -141,7 +153,11 @@ struct Totals {
 fn totals(model: &GgufModel) -> BTreeMap<QuantKind, Totals> {
     let mut by_kind: BTreeMap<QuantKind, Totals> = BTreeMap::new();
     for t in model.tensors() {
-        let e = by_kind.entry(t.info.kind).or_insert(Totals { tensors: 0, elements: 0, bytes: 0 });
+        let e = by_kind.entry(t.info.kind).or_insert(Totals {
+            tensors: 0,
+            elements: 0,
+            bytes: 0,
+        });
         e.tensors += 1;
         e.elements += t.info.n_elements();
         e.bytes += t.info.n_bytes;
@@ -154,7 +170,10 @@ fn to_text(model: &GgufModel, items: usize) -> String {
     let parts = model.parts();
     let meta = model.metadata_file();
     for (i, p) in parts.iter().enumerate() {
-        let path = p.path().map(|p| p.display().to_string()).unwrap_or_default();
+        let path = p
+            .path()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
         let _ = writeln!(
             s,
             "part {}/{}: {path}  (GGUF v{}, alignment {}, {} tensors, data at byte {})",
@@ -167,14 +186,29 @@ fn to_text(model: &GgufModel, items: usize) -> String {
         );
     }
     let _ = writeln!(s, "\nmetadata: {} keys", meta.metadata().len());
-    let kw = meta.metadata().iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let kw = meta
+        .metadata()
+        .iter()
+        .map(|(k, _)| k.len())
+        .max()
+        .unwrap_or(0);
     for (k, v) in meta.metadata() {
         let ty = v.value_type().to_string();
         let _ = writeln!(s, "  {k:<kw$}  {ty:<6}  {}", value_text(v, items));
     }
     let _ = writeln!(s, "\ntensors: {}", model.tensors().len());
-    let nw = model.tensors().iter().map(|t| t.info.name.len()).max().unwrap_or(4).max(4);
-    let _ = writeln!(s, "  {:>4}  {:<nw$}  {:<7}  {:<20}  {:>12}", "#", "name", "kind", "shape", "bytes");
+    let nw = model
+        .tensors()
+        .iter()
+        .map(|t| t.info.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(
+        s,
+        "  {:>4}  {:<nw$}  {:<7}  {:<20}  {:>12}",
+        "#", "name", "kind", "shape", "bytes"
+    );
     for (i, t) in model.tensors().iter().enumerate() {
         let dims: Vec<String> = t.info.dims.iter().map(u64::to_string).collect();
         let _ = writeln!(
@@ -187,17 +221,32 @@ fn to_text(model: &GgufModel, items: usize) -> String {
         );
     }
     let _ = writeln!(s, "\ntotals per kind:");
-    let _ = writeln!(s, "  {:<7}  {:>7}  {:>14}  {:>14}  {:>6}", "kind", "tensors", "elements", "bytes", "bpw");
+    let _ = writeln!(
+        s,
+        "  {:<7}  {:>7}  {:>14}  {:>14}  {:>6}",
+        "kind", "tensors", "elements", "bytes", "bpw"
+    );
     let (mut te, mut tb, mut tt) = (0u64, 0u64, 0usize);
     for (k, t) in totals(model) {
         let bpw = t.bytes as f64 * 8.0 / t.elements.max(1) as f64;
-        let _ = writeln!(s, "  {:<7}  {:>7}  {:>14}  {:>14}  {bpw:>6.2}", k.name(), t.tensors, t.elements, t.bytes);
+        let _ = writeln!(
+            s,
+            "  {:<7}  {:>7}  {:>14}  {:>14}  {bpw:>6.2}",
+            k.name(),
+            t.tensors,
+            t.elements,
+            t.bytes
+        );
         te += t.elements;
         tb += t.bytes;
         tt += t.tensors;
     }
     let bpw = tb as f64 * 8.0 / te.max(1) as f64;
-    let _ = writeln!(s, "  {:<7}  {tt:>7}  {te:>14}  {tb:>14}  {bpw:>6.2}", "total");
+    let _ = writeln!(
+        s,
+        "  {:<7}  {tt:>7}  {te:>14}  {tb:>14}  {bpw:>6.2}",
+        "total"
+    );
     s
 }
 

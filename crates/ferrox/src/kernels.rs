@@ -2,18 +2,13 @@
 //! placed and which kernel runs for it, decode and prefill, with fallbacks
 //! named and per-token totals.
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Result};
 use ferrox_core::kernel_registry::Backend;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model file.
-    model: Option<PathBuf>,
-    /// The model file (instead of the positional argument).
-    #[arg(short = 'm', long = "model")]
-    model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    model: crate::load::ModelArg,
     /// The backend to plan for.
     #[arg(long, default_value = "cpu")]
     backend: String,
@@ -30,7 +25,7 @@ pub fn run(a: Args) -> Result<()> {
     if backend != Backend::Cpu {
         bail!("backend {backend} is not compiled into this build");
     }
-    let path = crate::load::resolve_model(a.model, a.model_flag)?;
+    let path = a.model.or_default()?;
     let (model, _) = crate::load::load_cpu(&path, a.threads, true)?;
     let plan = model.plan();
     if a.json {
@@ -38,7 +33,10 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     println!("backend: {}  device: {}", plan.backend, plan.device);
-    println!("{:<34} {:<7} {:<16} {:<8} {:<44} {}", "tensor", "kind", "shape", "on", "decode kernel", "fallback");
+    println!(
+        "{:<34} {:<7} {:<16} {:<8} {:<44} {}",
+        "tensor", "kind", "shape", "on", "decode kernel", "fallback"
+    );
     for t in &plan.tensors {
         let shape: Vec<String> = t.dims.iter().map(u64::to_string).collect();
         println!(
@@ -51,7 +49,8 @@ pub fn run(a: Args) -> Result<()> {
             t.fallback.as_deref().unwrap_or("-")
         );
     }
-    let prefill: std::collections::BTreeSet<&str> = plan.tensors.iter().map(|t| t.prefill.as_str()).collect();
+    let prefill: std::collections::BTreeSet<&str> =
+        plan.tensors.iter().map(|t| t.prefill.as_str()).collect();
     println!("\nprefill kernels:");
     for p in prefill {
         println!("  {p}");
@@ -62,7 +61,10 @@ pub fn run(a: Args) -> Result<()> {
         plan.crossings_per_token
     );
     let fallbacks = plan.tensors.iter().filter(|t| t.fallback.is_some()).count();
-    println!("fallbacks: {fallbacks}; unused file tensors: {}", plan.unused.len());
+    println!(
+        "fallbacks: {fallbacks}; unused file tensors: {}",
+        plan.unused.len()
+    );
     for u in &plan.unused {
         println!("  unused: {u}");
     }

@@ -20,8 +20,34 @@ pub fn default_model_path() -> PathBuf {
     if let Some(file) = std::env::var_os("FERROX_MODEL") {
         return PathBuf::from(file);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache/ferrox/models").join(DEFAULT_MODEL_FILE)
+}
+
+/// `MODEL` as the first positional argument or as `-m MODEL` — every
+/// subcommand that takes one flattens this.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArg {
+    /// The model file (any part of a split model); for run/chat/bench/perplexity/kernels, the
+    /// default model (Gemma 3 270M) when omitted.
+    model: Option<PathBuf>,
+    /// The model file (instead of the positional argument).
+    #[arg(short = 'm', long = "model")]
+    model_flag: Option<PathBuf>,
+}
+
+impl ModelArg {
+    /// The model given, or the default model when none was.
+    pub fn or_default(&self) -> Result<PathBuf> {
+        resolve_model(self.model.clone(), self.model_flag.clone())
+    }
+
+    /// The model given; an error when none was.
+    pub fn required(&self) -> Result<PathBuf> {
+        crate::model_path(self.model.clone(), self.model_flag.clone())
+    }
 }
 
 /// The model to run: the one given, or the default if it is there.
@@ -47,7 +73,10 @@ pub fn resolve_model(positional: Option<PathBuf>, flag: Option<PathBuf>) -> Resu
 pub fn parse_backend(name: &str) -> Result<Backend> {
     let b = Backend::from_name(name).with_context(|| {
         let known: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
-        format!("unknown backend {name:?} (this build has: {})", known.join(", "))
+        format!(
+            "unknown backend {name:?} (this build has: {})",
+            known.join(", ")
+        )
     })?;
     Ok(b)
 }
@@ -58,12 +87,17 @@ pub fn load_cpu(path: &Path, threads: usize, quiet: bool) -> Result<(Model<Cpu>,
 }
 
 /// A model loaded on `backend` with its tokenizer, reporting progress on stderr.
-pub fn load_on<B: DeviceBackend>(path: &Path, backend: B, quiet: bool) -> Result<(Model<B>, Tokenizer)> {
+pub fn load_on<B: DeviceBackend>(
+    path: &Path,
+    backend: B,
+    quiet: bool,
+) -> Result<(Model<B>, Tokenizer)> {
     let t0 = Instant::now();
     if !quiet {
         eprint!("ferrox: loading {} ... ", path.display());
     }
-    let model = Model::open(path, backend).with_context(|| format!("cannot load model {}", path.display()))?;
+    let model = Model::open(path, backend)
+        .with_context(|| format!("cannot load model {}", path.display()))?;
     let tok = Tokenizer::from_gguf(model.file().metadata_file())
         .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
     if !quiet {

@@ -48,14 +48,19 @@ enum Command {
 pub(crate) fn model_path(positional: Option<PathBuf>, flag: Option<PathBuf>) -> Result<PathBuf> {
     match (positional, flag) {
         (Some(p), None) | (None, Some(p)) => Ok(p),
-        (Some(a), Some(b)) => bail!("two models given ({} and -m {}); give one", a.display(), b.display()),
+        (Some(a), Some(b)) => bail!(
+            "two models given ({} and -m {}); give one",
+            a.display(),
+            b.display()
+        ),
         (None, None) => bail!("no model given: pass MODEL or -m MODEL"),
     }
 }
 
 /// Opens a (possibly split) model with the path in the error.
 pub(crate) fn open_model(path: &std::path::Path) -> Result<ferrox_gguf::GgufModel> {
-    ferrox_gguf::GgufModel::open(path).with_context(|| format!("cannot load model {}", path.display()))
+    ferrox_gguf::GgufModel::open(path)
+        .with_context(|| format!("cannot load model {}", path.display()))
 }
 
 fn main() -> ExitCode {

@@ -18,11 +18,8 @@ use ferrox_core::perplexity::{
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model file; the default model (Gemma 3 270M) when omitted.
-    model: Option<PathBuf>,
-    /// The model file (instead of the positional argument).
-    #[arg(short = 'm', long = "model")]
-    model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    model: crate::load::ModelArg,
     /// The text to score.
     #[arg(short = 'f', long = "file")]
     file: Option<PathBuf>,
@@ -61,7 +58,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let text =
         std::fs::read(file).with_context(|| format!("cannot read text file {}", file.display()))?;
-    let path = crate::load::resolve_model(a.model.clone(), a.model_flag.clone())?;
+    let path = a.model.or_default()?;
     let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
     // llama-perplexity tokenizes with BOS (when the vocabulary adds one) and
     // without parsing special tokens in the text.
@@ -135,7 +132,7 @@ fn run_kl(a: Args) -> Result<()> {
     let len = f.metadata()?.len();
     let mut base = BaseLogitsReader::new(std::io::BufReader::new(f), len)
         .with_context(|| format!("cannot read base logits {}", base_path.display()))?;
-    let path = crate::load::resolve_model(a.model.clone(), a.model_flag.clone())?;
+    let path = a.model.or_default()?;
     let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
     let h = base.header().clone();
     if h.n_vocab != model.n_vocab() {

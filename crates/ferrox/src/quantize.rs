@@ -41,7 +41,10 @@ pub fn run(a: Args) -> Result<()> {
     if input.canonicalize().ok() == out.canonicalize().ok() {
         bail!("the output would overwrite the input {}", input.display());
     }
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
 
     let model = crate::open_model(&input)?;
     let mut fallbacks = 0usize;
@@ -52,25 +55,43 @@ pub fn run(a: Args) -> Result<()> {
             TensorPlan::Convert(k) => format!("{} -> {k}", p.from),
             TensorPlan::Fallback { wanted, got } => {
                 fallbacks += 1;
-                format!("{} -> {got} (fallback: row of {} is not whole {wanted} blocks)", p.from, p.dims[0])
+                format!(
+                    "{} -> {got} (fallback: row of {} is not whole {wanted} blocks)",
+                    p.from, p.dims[0]
+                )
             }
         };
         let dims: Vec<String> = p.dims.iter().map(u64::to_string).collect();
-        let _ = writeln!(stderr.lock(), "[{:>4}/{}] {:<40} {:<16} {}", p.index, p.count, p.name, dims.join("x"), what);
+        let _ = writeln!(
+            stderr.lock(),
+            "[{:>4}/{}] {:<40} {:<16} {}",
+            p.index,
+            p.count,
+            p.name,
+            dims.join("x"),
+            what
+        );
     })
     .with_context(|| format!("cannot quantize {} to {target}", input.display()))?;
 
     // Write to a temporary name and rename, so an interrupted run never
     // leaves a truncated file under the output name.
     let tmp = out.with_extension("gguf.partial");
-    writer.write_to(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &out).with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    writer
+        .write_to(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &out)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
     let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "wrote {} ({:.1} MiB, {target}){}",
         out.display(),
         size as f64 / (1u64 << 20) as f64,
-        if fallbacks > 0 { format!("; {fallbacks} tensor(s) used a fallback kind") } else { String::new() }
+        if fallbacks > 0 {
+            format!("; {fallbacks} tensor(s) used a fallback kind")
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }

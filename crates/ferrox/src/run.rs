@@ -10,8 +10,8 @@ use ferrox_core::backend::DeviceBackend;
 use ferrox_core::generate::{GenerateOptions, Session, StreamEvent};
 use ferrox_core::kernel_registry::Backend;
 use ferrox_core::model::Model;
-use ferrox_core::tokenizer::Tokenizer;
 use ferrox_core::sampling::SamplingParams;
+use ferrox_core::tokenizer::Tokenizer;
 
 /// Sampling flags, llama.cpp's names and defaults.
 #[derive(clap::Args, Debug, Clone)]
@@ -53,7 +53,10 @@ pub struct SamplingArgs {
 
 fn parse_bias(s: &str) -> Result<(u32, f32), String> {
     let (id, b) = s.split_once('=').ok_or("expected ID=BIAS")?;
-    let id = id.trim().parse().map_err(|e| format!("token id {id:?}: {e}"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|e| format!("token id {id:?}: {e}"))?;
     let b = match b.trim() {
         "-inf" => f32::NEG_INFINITY,
         v => v.parse().map_err(|e| format!("bias {v:?}: {e}"))?,
@@ -82,11 +85,8 @@ impl SamplingArgs {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The model file; the default model (Gemma 3 270M) when omitted.
-    model: Option<PathBuf>,
-    /// The model file (instead of the positional argument).
-    #[arg(short = 'm', long = "model")]
-    model_flag: Option<PathBuf>,
+    #[command(flatten)]
+    model: crate::load::ModelArg,
     /// The prompt.
     #[arg(short = 'p', long)]
     prompt: Option<String>,
@@ -94,7 +94,12 @@ pub struct Args {
     #[arg(short = 'f', long, conflicts_with = "prompt")]
     file: Option<PathBuf>,
     /// Tokens to generate (-1: until end of text or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
     n_predict: i64,
     /// Context size (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
@@ -127,17 +132,19 @@ pub struct Args {
 /// A flag set by Ctrl-C, so a generation stops cleanly with what it has.
 pub fn cancel_on_ctrl_c() -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&flag)).context("cannot install the Ctrl-C handler")?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&flag))
+        .context("cannot install the Ctrl-C handler")?;
     Ok(flag)
 }
 
 pub fn run(a: Args) -> Result<()> {
     let prompt = match (&a.prompt, &a.file) {
         (Some(p), None) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read prompt file {}", f.display()))?,
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read prompt file {}", f.display()))?,
         _ => bail!("give a prompt with -p PROMPT or -f FILE"),
     };
-    let path = crate::load::resolve_model(a.model.clone(), a.model_flag.clone())?;
+    let path = a.model.or_default()?;
     match crate::load::parse_backend(&a.backend)? {
         Backend::Cpu => {
             let loaded = crate::load::load_cpu(&path, a.threads, false)?;
@@ -150,11 +157,17 @@ pub fn run(a: Args) -> Result<()> {
             generate(a, prompt, loaded)
         }
         #[allow(unreachable_patterns)]
-        other => bail!("backend {other} is not compiled into this build (rebuild with --features {other})"),
+        other => bail!(
+            "backend {other} is not compiled into this build (rebuild with --features {other})"
+        ),
     }
 }
 
-fn generate<B: DeviceBackend>(a: Args, prompt: String, (model, tok): (Model<B>, Tokenizer)) -> Result<()> {
+fn generate<B: DeviceBackend>(
+    a: Args,
+    prompt: String,
+    (model, tok): (Model<B>, Tokenizer),
+) -> Result<()> {
     let n_ctx = crate::load::context_size(a.ctx_size, &model);
     let ids = tok.encode(prompt.as_bytes(), !a.no_bos, true)?;
     let mut session = Session::new(&model, &tok, n_ctx)?;

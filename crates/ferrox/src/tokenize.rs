@@ -29,7 +29,9 @@ pub fn run(a: Args) -> Result<()> {
     let (model, text) = match (a.positional.as_slice(), a.model_flag) {
         ([m, t], None) => (PathBuf::from(m), t.clone()),
         ([t], Some(m)) => (m, t.clone()),
-        ([m, _], Some(f)) => anyhow::bail!("two models given ({m} and -m {}); give one", f.display()),
+        ([m, _], Some(f)) => {
+            anyhow::bail!("two models given ({m} and -m {}); give one", f.display())
+        }
         _ => anyhow::bail!("give MODEL and TEXT (or -m MODEL TEXT)"),
     };
     let model = crate::open_model(&model)?;

@@ -424,11 +424,7 @@ fn kl_line(out: &str, key: &str) -> f64 {
         .find(|l| l.starts_with(key))
         .unwrap_or_else(|| panic!("no {key}: {out}"));
     let v = l.split(':').nth(1).unwrap().trim();
-    v.split([' ', '%'])
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    v.split([' ', '%']).next().unwrap().parse().unwrap()
 }
 
 #[test]

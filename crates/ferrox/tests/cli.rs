@@ -11,7 +11,10 @@ use ferrox_gguf::{GgufModel, Value};
 use ferrox_quant::QuantKind::{self, *};
 
 fn ferrox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrox")).args(args).output().expect("run ferrox")
+    Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(args)
+        .output()
+        .expect("run ferrox")
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -41,7 +44,10 @@ fn write_tiny(path: &Path) {
         ("general.architecture".to_string(), Value::from("llama")),
         ("general.file_type".to_string(), Value::U32(0)),
     ];
-    tiny_model(7, meta, &tensors, Fill::Quantize).unwrap().write_to(path).unwrap();
+    tiny_model(7, meta, &tensors, Fill::Quantize)
+        .unwrap()
+        .write_to(path)
+        .unwrap();
 }
 
 fn tensor_f32(m: &GgufModel, name: &str) -> Vec<f32> {
@@ -55,23 +61,64 @@ fn quantize_follows_llama_quantizes_plan_and_keeps_values_close() {
     let input = scratch("plan-in.gguf");
     let output = scratch("plan-out.gguf");
     write_tiny(&input);
-    let o = ferrox(&["quantize", input.to_str().unwrap(), output.to_str().unwrap(), "q4_k", "-f"]);
+    let o = ferrox(&[
+        "quantize",
+        input.to_str().unwrap(),
+        output.to_str().unwrap(),
+        "q4_k",
+        "-f",
+    ]);
     assert!(o.status.success(), "quantize failed: {}", stderr(&o));
-    assert!(stderr(&o).contains("fallback"), "the fallbacks must be reported: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("fallback"),
+        "the fallbacks must be reported: {}",
+        stderr(&o)
+    );
 
-    let (src, out) = (GgufModel::open(&input).unwrap(), GgufModel::open(&output).unwrap());
+    let (src, out) = (
+        GgufModel::open(&input).unwrap(),
+        GgufModel::open(&output).unwrap(),
+    );
     let kind = |name: &str| out.tensor(name).unwrap().info.kind;
     assert_eq!(kind("token_embd.weight"), Q4K);
     assert_eq!(kind("blk.0.attn_q.weight"), Q4K);
-    assert_eq!(kind("blk.0.ffn_down.weight"), Q5_0, "96 columns: Q4_K falls back to Q5_0");
-    assert_eq!(kind("blk.0.odd.weight"), F16, "100 columns: nothing but F16 fits");
+    assert_eq!(
+        kind("blk.0.ffn_down.weight"),
+        Q5_0,
+        "96 columns: Q4_K falls back to Q5_0"
+    );
+    assert_eq!(
+        kind("blk.0.odd.weight"),
+        F16,
+        "100 columns: nothing but F16 fits"
+    );
     assert_eq!(kind("blk.0.attn_norm.weight"), F32);
-    assert_eq!(kind("blk.0.ffn_norm.weight"), F32, "1-D float tensors become F32");
+    assert_eq!(
+        kind("blk.0.ffn_norm.weight"),
+        F32,
+        "1-D float tensors become F32"
+    );
     assert_eq!(kind("rope_freqs"), I32);
-    let rope = |m: &GgufModel| m.tensor_data(m.tensor("rope_freqs").unwrap()).unwrap().to_vec();
-    assert_eq!(rope(&src), rope(&out), "integer tensors are copied byte for byte");
-    assert_eq!(out.metadata_file().get_uint("general.file_type").unwrap(), 15);
-    assert_eq!(out.metadata_file().get_uint("general.quantization_version").unwrap(), 2);
+    let rope = |m: &GgufModel| {
+        m.tensor_data(m.tensor("rope_freqs").unwrap())
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(
+        rope(&src),
+        rope(&out),
+        "integer tensors are copied byte for byte"
+    );
+    assert_eq!(
+        out.metadata_file().get_uint("general.file_type").unwrap(),
+        15
+    );
+    assert_eq!(
+        out.metadata_file()
+            .get_uint("general.quantization_version")
+            .unwrap(),
+        2
+    );
 
     for (name, tol) in [
         ("token_embd.weight", 0.1),
@@ -81,13 +128,20 @@ fn quantize_follows_llama_quantizes_plan_and_keeps_values_close() {
         ("blk.0.ffn_norm.weight", 0.0),
     ] {
         let (a, b) = (tensor_f32(&src, name), tensor_f32(&out, name));
-        let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let err = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
         assert!(err <= tol, "{name}: max abs error {err} > {tol}");
     }
 }
 
 fn python_gguf_available() -> bool {
-    Command::new("python3").args(["-c", "import gguf, numpy"]).output().is_ok_and(|o| o.status.success())
+    Command::new("python3")
+        .args(["-c", "import gguf, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// gguf-py reads the file and dequantizes every tensor with its own numpy
@@ -106,10 +160,22 @@ for t in r.tensors:
 "#;
 
 fn check_with_gguf_py(path: &Path) {
-    let o = Command::new("python3").args(["-c", PY_READ, path.to_str().unwrap()]).output().unwrap();
-    assert!(o.status.success(), "gguf-py could not read {}: {}", path.display(), stderr(&o));
+    let o = Command::new("python3")
+        .args(["-c", PY_READ, path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gguf-py could not read {}: {}",
+        path.display(),
+        stderr(&o)
+    );
     let m = GgufModel::open(path).unwrap();
-    let lines: Vec<String> = String::from_utf8(o.stdout).unwrap().lines().map(String::from).collect();
+    let lines: Vec<String> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
     assert_eq!(lines.len(), m.tensors().len());
     for (line, t) in lines.iter().zip(m.tensors()) {
         let f: Vec<&str> = line.split(' ').collect();
@@ -118,8 +184,15 @@ fn check_with_gguf_py(path: &Path) {
         let dims: Vec<String> = t.info.dims.iter().map(u64::to_string).collect();
         assert_eq!(f[2], dims.join(","), "{}", t.info.name);
         let theirs: f64 = f[3].parse().unwrap();
-        let ours: f64 = tensor_f32(&m, &t.info.name).iter().map(|&x| f64::from(x).abs()).sum();
-        assert!((theirs - ours).abs() <= 1e-6 * theirs.abs().max(1.0), "{}: gguf-py {theirs} vs ferrox {ours}", t.info.name);
+        let ours: f64 = tensor_f32(&m, &t.info.name)
+            .iter()
+            .map(|&x| f64::from(x).abs())
+            .sum();
+        assert!(
+            (theirs - ours).abs() <= 1e-6 * theirs.abs().max(1.0),
+            "{}: gguf-py {theirs} vs ferrox {ours}",
+            t.info.name
+        );
     }
 }
 
@@ -133,7 +206,14 @@ fn the_python_gguf_package_reads_what_quantize_writes() {
     write_tiny(&input);
     for kind in ["Q8_0", "Q4_0", "Q6_K", "Q5_1"] {
         let output = scratch(&format!("py-out-{kind}.gguf"));
-        let o = ferrox(&["quantize", "-m", input.to_str().unwrap(), output.to_str().unwrap(), kind, "-f"]);
+        let o = ferrox(&[
+            "quantize",
+            "-m",
+            input.to_str().unwrap(),
+            output.to_str().unwrap(),
+            kind,
+            "-f",
+        ]);
         assert!(o.status.success(), "{kind}: {}", stderr(&o));
         check_with_gguf_py(&output);
     }
@@ -147,7 +227,10 @@ fn bad_requests_fail_with_a_clear_message_and_no_panic() {
     let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["quantize", i, o, "Q9_9", "-f"], "unknown kind"),
-        (vec!["quantize", i, o, "IQ2_XXS", "-f"], "cannot quantize to IQ2_XXS"),
+        (
+            vec!["quantize", i, o, "IQ2_XXS", "-f"],
+            "cannot quantize to IQ2_XXS",
+        ),
         (vec!["quantize", i, i, "Q8_0", "-f"], "overwrite the input"),
         (vec!["info"], "no model given"),
         (vec!["info", "/nonexistent/model.gguf"], "cannot load model"),
@@ -166,14 +249,20 @@ fn bad_requests_fail_with_a_clear_message_and_no_panic() {
         std::fs::write(&cut, &bytes[..len]).unwrap();
         let r = ferrox(&["info", cut.to_str().unwrap()]);
         let e = stderr(&r);
-        assert!(!r.status.success() && e.contains("truncated.gguf") && !e.contains("panicked"), "cut at {len}: {e}");
+        assert!(
+            !r.status.success() && e.contains("truncated.gguf") && !e.contains("panicked"),
+            "cut at {len}: {e}"
+        );
     }
 }
 
 fn real_model() -> Option<PathBuf> {
-    let p = std::env::var_os("FERROX_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf")
-    });
+    let p = std::env::var_os("FERROX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf")
+        });
     p.exists().then_some(p)
 }
 
@@ -184,7 +273,10 @@ fn gguf_py_directory() -> Vec<(String, String, String)> {
         .filter_map(|l| l.strip_prefix("tensor "))
         .map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
-            let kind = QuantKind::from_gguf_id(f[1].parse().unwrap()).unwrap().name().to_string();
+            let kind = QuantKind::from_gguf_id(f[1].parse().unwrap())
+                .unwrap()
+                .name()
+                .to_string();
             (f[0].to_string(), kind, f[2].to_string())
         })
         .collect()
@@ -205,8 +297,17 @@ fn info_on_gemma3_lists_every_tensor_and_key_as_gguf_py_does() {
         .unwrap()
         .iter()
         .map(|t| {
-            let dims: Vec<String> = t["shape"].as_array().unwrap().iter().map(|d| d.to_string()).collect();
-            (t["name"].as_str().unwrap().to_string(), t["kind"].as_str().unwrap().to_string(), dims.join(","))
+            let dims: Vec<String> = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.to_string())
+                .collect();
+            (
+                t["name"].as_str().unwrap().to_string(),
+                t["kind"].as_str().unwrap().to_string(),
+                dims.join(","),
+            )
         })
         .collect();
     assert_eq!(ours.len(), 236);
@@ -214,8 +315,14 @@ fn info_on_gemma3_lists_every_tensor_and_key_as_gguf_py_does() {
 
     let text = ferrox(&["info", "-m", model.to_str().unwrap()]);
     let text = String::from_utf8(text.stdout).unwrap();
-    assert!(text.contains("tokenizer.ggml.tokens") && text.contains("[string; 262144]"), "arrays are summarized");
-    assert!(text.lines().count() < 400, "long arrays must not be printed whole");
+    assert!(
+        text.contains("tokenizer.ggml.tokens") && text.contains("[string; 262144]"),
+        "arrays are summarized"
+    );
+    assert!(
+        text.lines().count() < 400,
+        "long arrays must not be printed whole"
+    );
 }
 
 #[test]
@@ -229,7 +336,13 @@ fn gemma3_requantized_to_q8_0_is_read_back_by_gguf_py() {
         return;
     }
     let out = scratch("gemma-q8_0.gguf");
-    let o = ferrox(&["quantize", model.to_str().unwrap(), out.to_str().unwrap(), "Q8_0", "-f"]);
+    let o = ferrox(&[
+        "quantize",
+        model.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "Q8_0",
+        "-f",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     check_with_gguf_py(&out);
     let m = GgufModel::open(&out).unwrap();
@@ -243,28 +356,60 @@ fn gemma3_requantized_to_q8_0_is_read_back_by_gguf_py() {
 /// (`crates/ferrox-core/testdata/tokenizer/gpt-2.jsonl`, case "leading_space").
 #[test]
 fn tokenize_prints_llama_tokenizes_ids() {
-    let vocab = concat!(env!("CARGO_MANIFEST_DIR"), "/../ferrox-core/testdata/tokenizer/ggml-vocab-gpt-2.gguf");
+    let vocab = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../ferrox-core/testdata/tokenizer/ggml-vocab-gpt-2.gguf"
+    );
     let o = ferrox(&["tokenize", vocab, " Hello world", "--ids"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[18435, 995]");
     let o = ferrox(&["tokenize", "-m", vocab, " Hello world"]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(out.contains("18435 ' Hello'") && out.contains("995 ' world'"), "{out}");
+    assert!(
+        out.contains("18435 ' Hello'") && out.contains("995 ' world'"),
+        "{out}"
+    );
     let o = ferrox(&["tokenize", "/nonexistent.gguf", "x"]);
-    assert!(!o.status.success() && stderr(&o).contains("cannot load model"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("cannot load model"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A split model is one model: naming any part lists every part's tensors.
 /// The parts were written by gguf-py (`ferrox-gguf/testdata/make_gguf_py_fixtures.py`).
 #[test]
 fn info_on_any_part_of_a_split_model_lists_the_whole_model() {
-    let part2 = concat!(env!("CARGO_MANIFEST_DIR"), "/../ferrox-gguf/testdata/gguf_py_split-00002-of-00003.gguf");
+    let part2 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../ferrox-gguf/testdata/gguf_py_split-00002-of-00003.gguf"
+    );
     let o = ferrox(&["info", part2, "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["parts"].as_array().unwrap().len(), 3);
-    let names: Vec<&str> = j["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["f32.weight", "f16.weight", "i32.weight", "q8_0.weight", "q4_k.weight"]);
-    let parts: Vec<u64> = j["tensors"].as_array().unwrap().iter().map(|t| t["part"].as_u64().unwrap()).collect();
+    let names: Vec<&str> = j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "f32.weight",
+            "f16.weight",
+            "i32.weight",
+            "q8_0.weight",
+            "q4_k.weight"
+        ]
+    );
+    let parts: Vec<u64> = j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["part"].as_u64().unwrap())
+        .collect();
     assert_eq!(parts, [0, 0, 1, 1, 2]);
 }

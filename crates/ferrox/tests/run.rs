@@ -10,7 +10,10 @@ use std::process::{Command, Output};
 use ferrox_core::arch::Arch;
 
 fn ferrox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrox")).args(args).output().expect("run ferrox")
+    Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(args)
+        .output()
+        .expect("run ferrox")
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -24,37 +27,74 @@ fn text(b: &[u8]) -> String {
 }
 
 fn gemma() -> PathBuf {
-    std::env::var_os("FERROX_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf")
-    })
+    std::env::var_os("FERROX_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf")
+        })
 }
 
 /// A failure that is a clean error: non-zero exit, the expected words, no panic.
 fn assert_clean_error(o: &Output, expect: &str) {
     let err = text(&o.stderr);
-    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
-    assert!(err.contains(expect), "stderr should mention {expect:?}: {err}");
-    assert!(!err.contains("panicked"), "a panic is not an error message: {err}");
+    assert!(
+        !o.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert!(
+        err.contains(expect),
+        "stderr should mention {expect:?}: {err}"
+    );
+    assert!(
+        !err.contains("panicked"),
+        "a panic is not an error message: {err}"
+    );
 }
 
 #[test]
 fn run_greedy_on_gemma_continues_as_llama_cpp_does() {
     let model = gemma();
     if !model.exists() {
-        eprintln!("SKIPPED: {} not found; `ferrox run` text was NOT checked against llama.cpp", model.display());
+        eprintln!(
+            "SKIPPED: {} not found; `ferrox run` text was NOT checked against llama.cpp",
+            model.display()
+        );
         return;
     }
-    let refdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ferrox-core/testdata/llama_ref/gemma3-270m-q4_k_m.json");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(refdata).unwrap()).unwrap();
+    let refdata = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../ferrox-core/testdata/llama_ref/gemma3-270m-q4_k_m.json");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(refdata).unwrap()).unwrap();
     // The `code` case: no near tie in its first 24 steps.
-    let case = r["cases"].as_array().unwrap().iter().find(|c| c["name"] == "code").unwrap();
+    let case = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "code")
+        .unwrap();
     let prompt = case["prompt"].as_str().unwrap();
-    let o = ferrox(&["run", model.to_str().unwrap(), "-p", prompt, "-n", "24", "--temp", "0", "--no-echo", "-t", "2"]);
+    let o = ferrox(&[
+        "run",
+        model.to_str().unwrap(),
+        "-p",
+        prompt,
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--no-echo",
+        "-t",
+        "2",
+    ]);
     assert!(o.status.success(), "run failed: {}", text(&o.stderr));
     let got = text(&o.stdout);
     let got = got.strip_suffix('\n').unwrap_or(&got);
     let want = case["completion"].as_str().unwrap();
-    assert!(!got.is_empty() && want.starts_with(got), "ferrox: {got:?}\nllama.cpp: {want:?}");
+    assert!(
+        !got.is_empty() && want.starts_with(got),
+        "ferrox: {got:?}\nllama.cpp: {want:?}"
+    );
     // 24 tokens of code are more than a few characters.
     assert!(got.len() > 40, "too short for 24 tokens: {got:?}");
 }
@@ -63,27 +103,53 @@ fn run_greedy_on_gemma_continues_as_llama_cpp_does() {
 fn kernels_lists_every_tensor_of_gemma_with_its_cpu_kernel() {
     let model = gemma();
     if !model.exists() {
-        eprintln!("SKIPPED: {} not found; `ferrox kernels` was NOT checked", model.display());
+        eprintln!(
+            "SKIPPED: {} not found; `ferrox kernels` was NOT checked",
+            model.display()
+        );
         return;
     }
     let o = ferrox(&["kernels", model.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "kernels failed: {}", text(&o.stderr));
     let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let file = ferrox_gguf::GgufModel::open(&model).unwrap();
-    let listed: Vec<&str> = plan["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let listed: Vec<&str> = plan["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
     for t in file.tensors() {
-        assert!(listed.contains(&t.info.name.as_str()), "{} is not in the plan", t.info.name);
+        assert!(
+            listed.contains(&t.info.name.as_str()),
+            "{} is not in the plan",
+            t.info.name
+        );
     }
-    assert!(listed.iter().any(|n| n.starts_with("output (tied")), "the tied output head must be listed");
+    assert!(
+        listed.iter().any(|n| n.starts_with("output (tied")),
+        "the tied output head must be listed"
+    );
     for t in plan["tensors"].as_array().unwrap() {
         assert_eq!(t["backend"], "cpu");
         let kind = t["kind"].as_str().unwrap();
-        if t["role"].as_str().is_some_and(|r| r.starts_with("attn_q.") || r.starts_with("ffn_")) && t["dims"].as_array().unwrap().len() == 2 {
+        if t["role"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("attn_q.") || r.starts_with("ffn_"))
+            && t["dims"].as_array().unwrap().len() == 2
+        {
             let decode = t["decode"].as_str().unwrap();
-            assert!(decode.contains(&kind.to_ascii_lowercase()) || decode.contains("scalar"), "{}: {decode}", t["name"]);
+            assert!(
+                decode.contains(&kind.to_ascii_lowercase()) || decode.contains("scalar"),
+                "{}: {decode}",
+                t["name"]
+            );
         }
     }
-    assert!(plan["bytes_per_token"].as_u64().unwrap() > 150 << 20, "the Q8_0 head alone is 170 MB per token");
+    assert!(
+        plan["bytes_per_token"].as_u64().unwrap() > 150 << 20,
+        "the Q8_0 head alone is 170 MB per token"
+    );
     assert_eq!(plan["crossings_per_token"], 0);
     assert_eq!(plan["unused"].as_array().unwrap().len(), 0);
 }
@@ -91,29 +157,67 @@ fn kernels_lists_every_tensor_of_gemma_with_its_cpu_kernel() {
 #[test]
 fn an_unsupported_architecture_is_named_in_a_clean_error() {
     let path = scratch("mamba.gguf");
-    let meta = vec![("general.architecture".to_string(), ferrox_gguf::Value::from("mamba"))];
-    let t = [ferrox_gguf::testing::TinyTensor::new("token_embd.weight", ferrox_quant::QuantKind::F32, &[8, 4])];
-    ferrox_gguf::testing::tiny_model(1, meta, &t, ferrox_gguf::testing::Fill::Quantize).unwrap().write_to(&path).unwrap();
-    assert_clean_error(&ferrox(&["run", path.to_str().unwrap(), "-p", "hi"]), "unsupported architecture \"mamba\"");
-    assert_clean_error(&ferrox(&["kernels", path.to_str().unwrap()]), "unsupported architecture \"mamba\"");
+    let meta = vec![(
+        "general.architecture".to_string(),
+        ferrox_gguf::Value::from("mamba"),
+    )];
+    let t = [ferrox_gguf::testing::TinyTensor::new(
+        "token_embd.weight",
+        ferrox_quant::QuantKind::F32,
+        &[8, 4],
+    )];
+    ferrox_gguf::testing::tiny_model(1, meta, &t, ferrox_gguf::testing::Fill::Quantize)
+        .unwrap()
+        .write_to(&path)
+        .unwrap();
+    assert_clean_error(
+        &ferrox(&["run", path.to_str().unwrap(), "-p", "hi"]),
+        "unsupported architecture \"mamba\"",
+    );
+    assert_clean_error(
+        &ferrox(&["kernels", path.to_str().unwrap()]),
+        "unsupported architecture \"mamba\"",
+    );
 }
 
 #[test]
 fn a_truncated_model_is_a_clean_error() {
     let path = scratch("truncated.gguf");
-    let bytes = ferrox_core::testing::tiny_arch_model(Arch::Qwen2, 1).unwrap().to_bytes();
+    let bytes = ferrox_core::testing::tiny_arch_model(Arch::Qwen2, 1)
+        .unwrap()
+        .to_bytes();
     std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
-    assert_clean_error(&ferrox(&["run", path.to_str().unwrap(), "-p", "hi"]), "cannot load model");
+    assert_clean_error(
+        &ferrox(&["run", path.to_str().unwrap(), "-p", "hi"]),
+        "cannot load model",
+    );
 }
 
 #[test]
 fn a_prompt_longer_than_the_context_is_a_clean_error() {
     let path = scratch("tiny-llama.gguf");
-    ferrox_core::testing::tiny_arch_model(Arch::Llama, 1).unwrap().write_to(&path).unwrap();
+    ferrox_core::testing::tiny_arch_model(Arch::Llama, 1)
+        .unwrap()
+        .write_to(&path)
+        .unwrap();
     let long = "the of and to in is ".repeat(2);
-    assert_clean_error(&ferrox(&["run", path.to_str().unwrap(), "-p", &long, "-c", "16"]), "but the context holds 16");
+    assert_clean_error(
+        &ferrox(&["run", path.to_str().unwrap(), "-p", &long, "-c", "16"]),
+        "but the context holds 16",
+    );
     // The same prompt fits a larger context and generates.
-    let o = ferrox(&["run", path.to_str().unwrap(), "-p", &long, "-c", "128", "-n", "4", "--seed", "1"]);
+    let o = ferrox(&[
+        "run",
+        path.to_str().unwrap(),
+        "-p",
+        &long,
+        "-c",
+        "128",
+        "-n",
+        "4",
+        "--seed",
+        "1",
+    ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
 }
 
@@ -128,15 +232,40 @@ fn run_without_a_model_says_where_the_default_model_goes_and_how_to_get_it() {
         .output()
         .unwrap();
     assert_clean_error(&o, "get-model.sh");
-    assert!(text(&o.stderr).contains(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 #[test]
 fn the_same_seed_gives_the_same_text_and_another_seed_another() {
     let path = scratch("tiny-gemma3.gguf");
-    ferrox_core::testing::tiny_arch_model(Arch::Gemma3, 3).unwrap().write_to(&path).unwrap();
+    ferrox_core::testing::tiny_arch_model(Arch::Gemma3, 3)
+        .unwrap()
+        .write_to(&path)
+        .unwrap();
     let run = |seed: &str| {
-        let o = ferrox(&["run", path.to_str().unwrap(), "-p", "the of", "-n", "24", "--seed", seed, "--temp", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--ignore-eos"]);
+        let o = ferrox(&[
+            "run",
+            path.to_str().unwrap(),
+            "-p",
+            "the of",
+            "-n",
+            "24",
+            "--seed",
+            seed,
+            "--temp",
+            "1.5",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--ignore-eos",
+        ]);
         assert!(o.status.success(), "{}", text(&o.stderr));
         text(&o.stdout)
     };
@@ -148,9 +277,22 @@ fn the_same_seed_gives_the_same_text_and_another_seed_another() {
 #[test]
 fn chat_renders_turns_with_the_template_and_reuses_the_cache_across_turns() {
     let path = scratch("tiny-qwen3-chat.gguf");
-    ferrox_core::testing::tiny_arch_model(Arch::Qwen3, 5).unwrap().write_to(&path).unwrap();
+    ferrox_core::testing::tiny_arch_model(Arch::Qwen3, 5)
+        .unwrap()
+        .write_to(&path)
+        .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ferrox"))
-        .args(["chat", path.to_str().unwrap(), "--temp", "0", "-n", "6", "-v", "--system", "be brief"])
+        .args([
+            "chat",
+            path.to_str().unwrap(),
+            "--temp",
+            "0",
+            "-n",
+            "6",
+            "-v",
+            "--system",
+            "be brief",
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -164,25 +306,51 @@ fn chat_renders_turns_with_the_template_and_reuses_the_cache_across_turns() {
         .lines()
         .filter_map(|l| l.strip_prefix("ferrox: turn: prompt "))
         .map(|l| {
-            let n: Vec<usize> = l.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+            let n: Vec<usize> = l
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|w| w.parse().ok())
+                .collect();
             (n[0], n[1])
         })
         .collect();
     assert_eq!(turns.len(), 2, "two user lines, two turns: {err}");
-    assert!(err.contains("built-in"), "a file without a template gets the family's built-in one: {err}");
+    assert!(
+        err.contains("built-in"),
+        "a file without a template gets the family's built-in one: {err}"
+    );
     let (first_prompt, first_cached) = turns[0];
     let (second_prompt, second_cached) = turns[1];
     assert_eq!(first_cached, 0);
-    assert!(second_prompt > first_prompt, "the second turn carries the first: {turns:?}");
-    assert!(second_cached >= first_prompt, "the first turn's prompt must be reused from the cache: {turns:?}");
+    assert!(
+        second_prompt > first_prompt,
+        "the second turn carries the first: {turns:?}"
+    );
+    assert!(
+        second_cached >= first_prompt,
+        "the first turn's prompt must be reused from the cache: {turns:?}"
+    );
 }
 
 #[test]
 fn a_stop_string_ends_the_text_just_before_it() {
     let path = scratch("tiny-phi3-stop.gguf");
-    ferrox_core::testing::tiny_arch_model(Arch::Phi3, 9).unwrap().write_to(&path).unwrap();
+    ferrox_core::testing::tiny_arch_model(Arch::Phi3, 9)
+        .unwrap()
+        .write_to(&path)
+        .unwrap();
     let run = |extra: &[&str]| {
-        let mut args = vec!["run", path.to_str().unwrap(), "-p", "the of", "-n", "40", "--temp", "0", "--no-echo", "--ignore-eos"];
+        let mut args = vec![
+            "run",
+            path.to_str().unwrap(),
+            "-p",
+            "the of",
+            "-n",
+            "40",
+            "--temp",
+            "0",
+            "--no-echo",
+            "--ignore-eos",
+        ];
         args.extend_from_slice(extra);
         let o = ferrox(&args);
         assert!(o.status.success(), "{}", text(&o.stderr));

@@ -5,14 +5,23 @@
 use std::path::{Path, PathBuf};
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let p = e.path();
-        let name = p.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let name = p
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         if p.is_dir() {
             if name != "target" && !name.starts_with('.') {
                 rust_files(&p, out);
@@ -28,7 +37,11 @@ fn sources() -> Vec<(PathBuf, String)> {
     let mut files = Vec::new();
     rust_files(&root.join("crates"), &mut files);
     rust_files(&root.join("fuzz"), &mut files);
-    assert!(files.len() > 5, "tidy found only {} files under {root:?}", files.len());
+    assert!(
+        files.len() > 5,
+        "tidy found only {} files under {root:?}",
+        files.len()
+    );
     files
         .into_iter()
         .map(|p| {
@@ -64,12 +77,16 @@ fn code(line: &str) -> &str {
 #[test]
 fn no_test_is_ignored() {
     let bad = violations(|l, i| l[i].trim_start().starts_with("#[ignore"));
-    assert!(bad.is_empty(), "#[ignore] hides a test that must run or be deleted: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "#[ignore] hides a test that must run or be deleted: {bad:?}"
+    );
 }
 
 #[test]
 fn no_stub_bodies_remain() {
-    let bad = violations(|l, i| code(l[i]).contains("todo!(") || code(l[i]).contains("unimplemented!("));
+    let bad =
+        violations(|l, i| code(l[i]).contains("todo!(") || code(l[i]).contains("unimplemented!("));
     assert!(bad.is_empty(), "a stub is not done: {bad:?}");
 }
 
@@ -78,9 +95,15 @@ fn every_unsafe_block_says_why_it_is_sound() {
     // `unsafe {` opens a block; `unsafe fn`/`unsafe impl` carry a `# Safety`
     // doc instead, and `unsafe extern` is a declaration.
     let bad = violations(|l, i| {
-        code(l[i]).contains("unsafe {") && !l[i.saturating_sub(6)..=i].iter().any(|w| w.contains("SAFETY:"))
+        code(l[i]).contains("unsafe {")
+            && !l[i.saturating_sub(6)..=i]
+                .iter()
+                .any(|w| w.contains("SAFETY:"))
     });
-    assert!(bad.is_empty(), "unsafe blocks without a `// SAFETY:` line: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "unsafe blocks without a `// SAFETY:` line: {bad:?}"
+    );
 }
 
 /// A `_ =>` in a match over `QuantKind` lets a new kind slip through
@@ -97,8 +120,11 @@ fn no_wildcard_arm_over_quant_kinds_outside_capability_tables() {
             .iter()
             .rev()
             .find(|a| a.contains("=>"))
-            .is_some_and(|a| a.contains("QuantKind::") || a.trim_start().starts_with("$(QuantKind::"));
-        let marked = l[i].contains("capability table") || l[i.saturating_sub(1)].contains("capability table");
+            .is_some_and(|a| {
+                a.contains("QuantKind::") || a.trim_start().starts_with("$(QuantKind::")
+            });
+        let marked = l[i].contains("capability table")
+            || l[i.saturating_sub(1)].contains("capability table");
         over_kinds && !marked
     });
     assert!(bad.is_empty(), "wildcard arms over QuantKind: {bad:?}");
