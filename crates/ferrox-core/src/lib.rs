@@ -14,4 +14,5 @@ pub mod backend;
 pub mod kernel_registry;
 pub mod model;
 pub mod generate;
+pub mod scheduler;
 pub mod testing;

@@ -12,6 +12,7 @@ mod kernels;
 mod load;
 mod quantize;
 mod run;
+mod serve;
 mod tokenize;
 
 #[derive(Parser)]
@@ -33,6 +34,8 @@ enum Command {
     Run(run::Args),
     /// Where every weight is placed and which kernel runs for it.
     Kernels(kernels::Args),
+    /// An OpenAI-compatible HTTP server with continuous batching.
+    Serve(serve::Args),
 }
 
 /// The model path, given either as the first positional argument or as `-m`.
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Run(a) => run::run(a),
         Command::Kernels(a) => kernels::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
