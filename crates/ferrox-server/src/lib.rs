@@ -18,7 +18,7 @@ mod openapi;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -74,6 +74,8 @@ pub struct AppState {
     opts: ServerOptions,
     metrics: HttpMetrics,
     shutting_down: AtomicBool,
+    /// Responses whose body is not yet complete.
+    open_responses: AtomicUsize,
     created: u64,
     next_id: AtomicU64,
 }
@@ -104,6 +106,7 @@ impl AppState {
             opts,
             metrics: HttpMetrics::default(),
             shutting_down: AtomicBool::new(false),
+            open_responses: AtomicUsize::new(0),
             created,
             next_id: AtomicU64::new(0),
         })
@@ -152,19 +155,25 @@ pub async fn serve(
     signal: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let st = Arc::clone(&state);
+    // Responses must be complete before axum's own graceful shutdown starts:
+    // it ends the runtime's connection tasks once it returns, cutting any
+    // stream still open. So new work is refused first, running responses
+    // get the grace period, then the engine cancels what is left.
     let shutdown = async move {
         signal.await;
         st.shutting_down.store(true, Ordering::SeqCst);
         st.sched.drain();
-        let grace = st.opts.shutdown_grace;
-        let st2 = Arc::clone(&st);
-        tokio::spawn(async move {
-            let t0 = tokio::time::Instant::now();
-            while st2.sched.in_flight() > 0 && t0.elapsed() < grace {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            st2.sched.shutdown();
-        });
+        let open = || st.open_responses.load(Ordering::SeqCst) > 0 || st.sched.in_flight() > 0;
+        let t0 = tokio::time::Instant::now();
+        while open() && t0.elapsed() < st.opts.shutdown_grace {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        st.sched.shutdown();
+        let t1 = tokio::time::Instant::now();
+        while st.open_responses.load(Ordering::SeqCst) > 0 && t1.elapsed() < Duration::from_secs(2)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     };
     axum::serve(listener, router(Arc::clone(&state)))
         .with_graceful_shutdown(shutdown)
@@ -685,6 +694,7 @@ async fn run_job(st: Arc<AppState>, job: Result<Job, ApiError>) -> Response {
         job,
         id,
         created: st.now(),
+        _open: OpenGuard::new(&st),
     };
     if out.job.v.stream {
         stream_response(out, rx).into_response()
@@ -703,12 +713,29 @@ fn count_error(st: &AppState, e: ApiError) -> ApiError {
     e
 }
 
+/// Counts a response as open until it is dropped (body sent or client gone).
+struct OpenGuard(Arc<AppState>);
+
+impl OpenGuard {
+    fn new(st: &Arc<AppState>) -> OpenGuard {
+        st.open_responses.fetch_add(1, Ordering::SeqCst);
+        OpenGuard(Arc::clone(st))
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open_responses.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Shapes engine events into OpenAI objects.
 struct Output {
     st: Arc<AppState>,
     job: Job,
     id: String,
     created: u64,
+    _open: OpenGuard,
 }
 
 #[derive(Default)]
