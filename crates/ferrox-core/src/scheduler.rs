@@ -542,6 +542,11 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 .store(self.n_active() as u64, Ordering::Relaxed);
             if self.n_active() > 0 {
                 self.step();
+                // The gauge must not show a finished sequence while the engine sleeps.
+                self.shared
+                    .stats
+                    .active
+                    .store(self.n_active() as u64, Ordering::Relaxed);
             }
         }
     }
