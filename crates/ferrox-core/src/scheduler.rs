@@ -412,7 +412,8 @@ fn held_back(text: &str, stops: &[String]) -> usize {
             if k <= hold {
                 break;
             }
-            if text.ends_with(&s[..k]) && s.is_char_boundary(k) {
+            // The boundary check comes first: slicing inside a character panics.
+            if s.is_char_boundary(k) && text.ends_with(&s[..k]) {
                 hold = k;
                 break;
             }
@@ -541,7 +542,12 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 .active
                 .store(self.n_active() as u64, Ordering::Relaxed);
             if self.n_active() > 0 {
-                self.step();
+                // A bug in one step must not take the server down: the
+                // sequences of that step fail, their slots forget their
+                // (possibly half-written) cache, and the engine goes on.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step())).is_err() {
+                    self.fail_all("the engine hit an internal error on this request (a panic; see the server log)");
+                }
                 // The gauge must not show a finished sequence while the engine sleeps.
                 self.shared
                     .stats
@@ -799,6 +805,19 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         }
     }
 
+    /// Fails every active sequence and clears its slot's history.
+    fn fail_all(&mut self, msg: &str) {
+        let stats = &self.shared.stats;
+        for slot in &mut self.slots {
+            if let Some(mut seq) = slot.seq.take() {
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+                stats.finished.fetch_add(1, Ordering::Relaxed);
+                seq.req.sink.send(SeqEvent::Failed(msg.to_string()));
+            }
+            slot.history.clear();
+        }
+    }
+
     /// Ends slot `i`'s sequence and frees the slot (its history stays cached).
     fn finish(&mut self, i: usize, finish: FinishReason) {
         let Some(mut seq) = self.slots[i].seq.take() else {
@@ -852,6 +871,14 @@ mod tests {
         assert_eq!(held_back("hello </e", &stops), 3);
         assert_eq!(held_back("hello\n", &stops), 1);
         assert_eq!(held_back("hello", &stops), 0);
+    }
+
+    #[test]
+    fn a_stop_string_of_multibyte_characters_is_held_back_without_panicking() {
+        let stops = vec!["é!".to_string(), "\u{1F600}x".to_string()];
+        assert_eq!(held_back("caf\u{e9}", &stops), 2);
+        assert_eq!(held_back("abc", &stops), 0);
+        assert_eq!(held_back("a\u{1F600}", &stops), 4);
     }
 
     /// A sink over a std channel whose receiver can be declared gone.

@@ -360,12 +360,7 @@ pub fn validate_sampling(
         ));
     }
     let stream = c.stream.unwrap_or(false);
-    if c.stream_options.is_some() && !stream {
-        return Err(ApiError::invalid(
-            Some("stream_options".into()),
-            "`stream_options` is only allowed with `stream: true`",
-        ));
-    }
+    // `stream_options` without streaming is ignored, as llama-server does.
     Ok(Validated {
         sampling: p,
         max_tokens: max,

@@ -26,7 +26,7 @@ fn common_props() -> Value {
         "top_p": {"type": "number", "minimum": 0, "maximum": 1},
         "top_k": {"type": "integer", "minimum": 0},
         "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "repeat_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 10},
+        "repeat_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 10},
         "seed": {"type": "integer"},
         "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 16}]},
         "n": {"type": "integer", "minimum": 1, "maximum": 16},
@@ -60,7 +60,7 @@ pub fn document() -> Value {
             "description": "The completion (JSON), or server-sent events ending with `data: [DONE]` when `stream` is true",
             "content": {
                 "application/json": {"schema": {"type": "object", "required": ["id", "object", "choices"]}},
-                "text/event-stream": {"schema": {"type": "string"}},
+                "text/event-stream": {"schema": {}},
             }
         });
         json!({"post": {
