@@ -498,7 +498,7 @@ impl JsonState {
                     let mut longer = text.clone();
                     longer.push(b);
                     if opts.iter().any(|o| o.starts_with(&longer)) {
-                        let complete = opts.iter().any(|o| *o == longer);
+                        let complete = opts.contains(&longer);
                         let extendable = opts
                             .iter()
                             .any(|o| o.len() > longer.len() && o.starts_with(&longer));

@@ -332,7 +332,7 @@ pub fn validate_sampling(
     p.seed = c.seed.map(|s| s as u64);
     let max = match c.max_completion_tokens.or(c.max_tokens) {
         None => default_max,
-        Some(m) if m >= 1 && m <= 1 << 20 => Some(m as usize),
+        Some(m) if (1..=1 << 20).contains(&m) => Some(m as usize),
         Some(m) => {
             let name = if c.max_completion_tokens.is_some() {
                 "max_completion_tokens"
