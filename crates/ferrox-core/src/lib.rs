@@ -15,4 +15,5 @@ pub mod kernel_registry;
 pub mod model;
 pub mod generate;
 pub mod perplexity;
+pub mod scheduler;
 pub mod testing;

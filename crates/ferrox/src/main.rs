@@ -15,6 +15,7 @@ mod load;
 mod perplexity;
 mod quantize;
 mod run;
+mod serve;
 mod tokenize;
 
 #[derive(Parser)]
@@ -42,6 +43,8 @@ enum Command {
     Bench(bench::Args),
     /// Perplexity of a text (and KL divergence from a base run), like llama-perplexity.
     Perplexity(perplexity::Args),
+    /// An OpenAI-compatible HTTP server with continuous batching.
+    Serve(serve::Args),
 }
 
 /// The model path, given either as the first positional argument or as `-m`.
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Kernels(a) => kernels::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

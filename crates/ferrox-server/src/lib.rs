@@ -1,0 +1,1035 @@
+//! `ferrox serve`: an OpenAI-compatible HTTP server over the continuous-batching
+//! engine.
+//!
+//! The decision: this crate is the only one that knows HTTP, JSON and the
+//! OpenAI schema, and it owns no model state. A handler validates and
+//! tokenizes a request, hands one [`SeqRequest`] per choice to the
+//! [`Scheduler`] (core's engine thread, which batches every sequence into one
+//! forward pass per step) and turns the events coming back over a channel
+//! into a JSON body or server-sent events. The channel *is* the cancellation:
+//! when a client disconnects, axum drops the response, the receiver goes with
+//! it, and the engine frees the slot at its next step.
+
+pub mod error;
+pub mod json_mode;
+pub mod openai;
+mod openapi;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferrox_core::chat_template::{ChatMessage, ChatTemplate};
+use ferrox_core::generate::{FinishReason, GeneratedToken};
+use ferrox_core::scheduler::{
+    EventSink, Scheduler, SchedulerStats, SeqEvent, SeqRequest, SeqSummary, SubmitError,
+    TTFT_BUCKETS_S,
+};
+use ferrox_core::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::json_mode::{JsonConstraint, Schema, TokenBytes};
+use crate::openai::{ChatRequest, CompletionRequest, Prompt, ResponseFormat, Validated};
+
+/// What the HTTP side needs besides the engine.
+pub struct ServerOptions {
+    /// The name `/v1/models` reports (any name is accepted in requests).
+    pub model_name: String,
+    /// Require `Authorization: Bearer <key>` on `/v1/*` and `/metrics`.
+    pub api_key: Option<String>,
+    /// After SIGTERM, how long running requests may finish before they are cancelled.
+    pub shutdown_grace: Duration,
+}
+
+/// Per-endpoint request counters for `/metrics`.
+#[derive(Default)]
+struct HttpMetrics {
+    chat: AtomicU64,
+    completions: AtomicU64,
+    errors_4xx: AtomicU64,
+    errors_5xx: AtomicU64,
+    rejected_busy: AtomicU64,
+}
+
+/// Everything a handler reads.
+pub struct AppState {
+    sched: Scheduler,
+    tok: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    template_error: Option<String>,
+    vocab: Arc<TokenBytes>,
+    opts: ServerOptions,
+    metrics: HttpMetrics,
+    shutting_down: AtomicBool,
+    /// Responses whose body is not yet complete.
+    open_responses: AtomicUsize,
+    created: u64,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    /// The state over a started engine. `template` is the model's chat
+    /// template, or why it has none (chat requests then fail with that).
+    pub fn new(
+        sched: Scheduler,
+        tok: Arc<Tokenizer>,
+        template: Result<ChatTemplate, String>,
+        opts: ServerOptions,
+    ) -> Arc<AppState> {
+        let vocab = Arc::new(TokenBytes::new(&tok));
+        let (template, template_error) = match template {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(e)),
+        };
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Arc::new(AppState {
+            sched,
+            tok,
+            template,
+            template_error,
+            vocab,
+            opts,
+            metrics: HttpMetrics::default(),
+            shutting_down: AtomicBool::new(false),
+            open_responses: AtomicUsize::new(0),
+            created,
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    /// The engine handle.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    fn new_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:06x}", self.created)
+    }
+
+    fn now(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(self.created, |d| d.as_secs())
+    }
+}
+
+/// The routes. `/health` and `/openapi.json` are open; the rest require the
+/// API key when one is set.
+pub fn router(state: Arc<AppState>) -> Router {
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    Router::new()
+        .route("/health", get(health))
+        .route("/openapi.json", get(openapi_doc))
+        .merge(protected)
+        .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .with_state(state)
+}
+
+/// Serves on `listener` until `signal` resolves, then stops taking requests,
+/// lets running ones finish for the grace period, cancels what is left, and
+/// returns once every connection is closed and the engine has stopped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    signal: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let st = Arc::clone(&state);
+    // Responses must be complete before axum's own graceful shutdown starts:
+    // it ends the runtime's connection tasks once it returns, cutting any
+    // stream still open. So new work is refused first, running responses
+    // get the grace period, then the engine cancels what is left.
+    let shutdown = async move {
+        signal.await;
+        st.shutting_down.store(true, Ordering::SeqCst);
+        st.sched.drain();
+        let open = || st.open_responses.load(Ordering::SeqCst) > 0 || st.sched.in_flight() > 0;
+        let t0 = tokio::time::Instant::now();
+        while open() && t0.elapsed() < st.opts.shutdown_grace {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        st.sched.shutdown();
+        let t1 = tokio::time::Instant::now();
+        while st.open_responses.load(Ordering::SeqCst) > 0 && t1.elapsed() < Duration::from_secs(2)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    axum::serve(listener, router(Arc::clone(&state)))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    state.sched.shutdown();
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn termination_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.opts.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given.map(str::trim) != Some(key.as_str()) {
+            st.metrics.errors_4xx.fetch_add(1, Ordering::Relaxed);
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.shutting_down.load(Ordering::Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting down"})),
+        )
+            .into_response();
+    }
+    Json(json!({"status": "ok"})).into_response()
+}
+
+async fn openapi_doc() -> Response {
+    Json(openapi::document()).into_response()
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let cfg = st.sched.config();
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.opts.model_name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "ferrox",
+            "meta": {"n_ctx_per_slot": cfg.n_ctx, "n_slots": cfg.n_slots, "n_vocab": st.tok.n_vocab()}
+        }]
+    }))
+    .into_response()
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let body = render_metrics(&st);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+fn render_metrics(st: &AppState) -> String {
+    use std::fmt::Write;
+    let s: &SchedulerStats = st.sched.stats();
+    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut o = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(
+            o,
+            "# HELP ferrox_{name} {help}\n# TYPE ferrox_{name} {kind}\nferrox_{name} {v}"
+        );
+    };
+    metric(
+        "requests_chat_total",
+        "counter",
+        "Chat completion requests received.",
+        l(&st.metrics.chat) as f64,
+    );
+    metric(
+        "requests_completions_total",
+        "counter",
+        "Completion requests received.",
+        l(&st.metrics.completions) as f64,
+    );
+    metric(
+        "requests_rejected_busy_total",
+        "counter",
+        "Requests refused because the queue was full.",
+        l(&st.metrics.rejected_busy) as f64,
+    );
+    metric(
+        "responses_4xx_total",
+        "counter",
+        "Requests answered with a client error.",
+        l(&st.metrics.errors_4xx) as f64,
+    );
+    metric(
+        "responses_5xx_total",
+        "counter",
+        "Requests answered with a server error.",
+        l(&st.metrics.errors_5xx) as f64,
+    );
+    metric(
+        "sequences_submitted_total",
+        "counter",
+        "Sequences (choices) accepted by the engine.",
+        l(&s.submitted) as f64,
+    );
+    metric(
+        "sequences_finished_total",
+        "counter",
+        "Sequences that ended.",
+        l(&s.finished) as f64,
+    );
+    metric(
+        "sequences_cancelled_total",
+        "counter",
+        "Sequences cancelled (client gone or shutdown).",
+        l(&s.cancelled) as f64,
+    );
+    metric(
+        "sequences_failed_total",
+        "counter",
+        "Sequences the engine failed on.",
+        l(&s.failed) as f64,
+    );
+    metric(
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens of started sequences.",
+        l(&s.prompt_tokens) as f64,
+    );
+    metric(
+        "prompt_tokens_cached_total",
+        "counter",
+        "Prompt tokens reused from a slot's cache.",
+        l(&s.cached_prompt_tokens) as f64,
+    );
+    metric(
+        "generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+        l(&s.generated_tokens) as f64,
+    );
+    metric(
+        "engine_steps_total",
+        "counter",
+        "Forward passes.",
+        l(&s.steps) as f64,
+    );
+    metric(
+        "engine_batch_tokens_total",
+        "counter",
+        "Tokens evaluated in all forward passes.",
+        l(&s.batch_tokens) as f64,
+    );
+    metric(
+        "engine_busy_seconds_total",
+        "counter",
+        "Time the engine spent in forward passes and sampling.",
+        l(&s.busy_us) as f64 / 1e6,
+    );
+    let busy = l(&s.busy_us) as f64 / 1e6;
+    metric(
+        "generation_tokens_per_second",
+        "gauge",
+        "Generated tokens per second of engine busy time, since start.",
+        if busy > 0.0 {
+            l(&s.generated_tokens) as f64 / busy
+        } else {
+            0.0
+        },
+    );
+    metric(
+        "queue_depth",
+        "gauge",
+        "Sequences waiting for a slot.",
+        l(&s.waiting) as f64,
+    );
+    metric(
+        "slots_active",
+        "gauge",
+        "Sequences holding a KV slot.",
+        l(&s.active) as f64,
+    );
+    metric(
+        "slots_total",
+        "gauge",
+        "KV slots.",
+        st.sched.config().n_slots as f64,
+    );
+    let _ = writeln!(
+        o,
+        "# HELP ferrox_time_to_first_token_seconds From submission to the first generated token."
+    );
+    let _ = writeln!(o, "# TYPE ferrox_time_to_first_token_seconds histogram");
+    for (b, c) in TTFT_BUCKETS_S.iter().zip(&s.ttft_buckets) {
+        let _ = writeln!(
+            o,
+            "ferrox_time_to_first_token_seconds_bucket{{le=\"{b}\"}} {}",
+            l(c)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "ferrox_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}",
+        l(&s.ttft_count)
+    );
+    let _ = writeln!(
+        o,
+        "ferrox_time_to_first_token_seconds_sum {}",
+        l(&s.ttft_us_sum) as f64 / 1e6
+    );
+    let _ = writeln!(
+        o,
+        "ferrox_time_to_first_token_seconds_count {}",
+        l(&s.ttft_count)
+    );
+    o
+}
+
+/// Events of one request's choices, tagged with the choice index.
+type Tagged = (usize, SeqEvent);
+
+struct ChannelSink {
+    index: usize,
+    tx: mpsc::UnboundedSender<Tagged>,
+}
+
+impl EventSink for ChannelSink {
+    fn send(&mut self, event: SeqEvent) -> bool {
+        self.tx.send((self.index, event)).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// Parses a JSON body into `T`, every failure a 400 naming the problem.
+fn parse_body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<T, ApiError> {
+    if let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        if !ct.starts_with("application/json") {
+            return Err(ApiError::invalid(
+                None,
+                format!("the body must be JSON (Content-Type: application/json), got {ct:?}"),
+            ));
+        }
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                "the body is not valid JSON"
+            }
+            serde_json::error::Category::Data => {
+                "a field has the wrong type or a required field is missing"
+            }
+            serde_json::error::Category::Io => "the body could not be read",
+        };
+        ApiError::invalid(None, format!("{what}: {e}"))
+    })
+}
+
+/// What kind of endpoint a generation answers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Completion,
+}
+
+/// A request turned into engine terms.
+struct Job {
+    api: Api,
+    prompt: Vec<u32>,
+    v: Validated,
+    /// `top_logprobs` (chat) / `logprobs` (completions); `None`: no logprobs.
+    logprobs: Option<usize>,
+    schema: Option<Arc<Schema>>,
+    echo: Option<String>,
+}
+
+fn schema_of(rf: &Option<ResponseFormat>) -> Result<Option<Arc<Schema>>, ApiError> {
+    match rf {
+        None | Some(ResponseFormat::Text) => Ok(None),
+        Some(ResponseFormat::JsonObject) => Ok(Some(Arc::new(Schema::any_object()))),
+        Some(ResponseFormat::JsonSchema { json_schema }) => {
+            let s = match &json_schema.schema {
+                Some(s) => Schema::compile(s),
+                None => Ok(Schema::any_object()),
+            };
+            s.map(|s| Some(Arc::new(s)))
+                .map_err(|e| ApiError::invalid(Some("response_format".into()), e.to_string()))
+        }
+    }
+}
+
+async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    st.metrics.chat.fetch_add(1, Ordering::Relaxed);
+    let job = (|| {
+        let req: ChatRequest = parse_body(&headers, &body)?;
+        if req.messages.is_empty() {
+            return Err(ApiError::invalid(
+                Some("messages".into()),
+                "`messages` must not be empty",
+            ));
+        }
+        let mut msgs = Vec::with_capacity(req.messages.len());
+        for (i, m) in req.messages.iter().enumerate() {
+            let role = match m.role.as_str() {
+                "developer" => "system",
+                r @ ("system" | "user" | "assistant" | "tool") => r,
+                other => {
+                    return Err(ApiError::invalid(
+                        Some(format!("messages[{i}].role")),
+                        format!(
+                            "unknown role {other:?} (system, developer, user, assistant, tool)"
+                        ),
+                    ))
+                }
+            };
+            msgs.push(ChatMessage::new(role, openai::content_text(m, i)?));
+        }
+        let template = st.template.as_ref().ok_or_else(|| {
+            ApiError::invalid(
+                Some("messages".into()),
+                format!(
+                    "this model cannot chat: {}; use /v1/completions",
+                    st.template_error.as_deref().unwrap_or("no template")
+                ),
+            )
+        })?;
+        let text = template
+            .render(&msgs, true)
+            .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
+        let with_bos = !template.starts_with_bos(&text);
+        let prompt = st
+            .tok
+            .encode(text.as_bytes(), with_bos, true)
+            .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
+        let top = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+            (_, Some(t)) if !(0..=20).contains(&t) => {
+                return Err(ApiError::out_of_range("top_logprobs", t, "0..=20"))
+            }
+            (false, Some(t)) if t > 0 => {
+                return Err(ApiError::invalid(
+                    Some("top_logprobs".into()),
+                    "`top_logprobs` requires `logprobs: true`",
+                ))
+            }
+            (true, t) => Some(t.unwrap_or(0) as usize),
+            (false, _) => None,
+        };
+        let v = openai::validate_sampling(&req.common, top.unwrap_or(0), st.tok.n_vocab(), None)?;
+        Ok(Job {
+            api: Api::Chat,
+            prompt,
+            v,
+            logprobs: top,
+            schema: schema_of(&req.response_format)?,
+            echo: None,
+        })
+    })();
+    run_job(st, job).await
+}
+
+async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    st.metrics.completions.fetch_add(1, Ordering::Relaxed);
+    let job = (|| {
+        let req: CompletionRequest = parse_body(&headers, &body)?;
+        let one = |n: usize| {
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(ApiError::invalid(
+                    Some("prompt".into()),
+                    format!("one prompt per request is supported, got {n}"),
+                ))
+            }
+        };
+        let (text, ids) = match req.prompt {
+            Prompt::Text(t) => (Some(t), None),
+            Prompt::Texts(mut v) => {
+                one(v.len())?;
+                (v.pop(), None)
+            }
+            Prompt::Tokens(ids) => (None, Some(ids)),
+            Prompt::TokenLists(mut v) => {
+                one(v.len())?;
+                (None, v.pop())
+            }
+        };
+        let prompt = match (&text, ids) {
+            (Some(t), _) => st
+                .tok
+                .encode(t.as_bytes(), true, true)
+                .map_err(|e| ApiError::invalid(Some("prompt".into()), e.to_string()))?,
+            (None, Some(ids)) => ids,
+            (None, None) => Vec::new(),
+        };
+        let logprobs = match req.logprobs {
+            None => None,
+            Some(n) if (0..=20).contains(&n) => Some(n as usize),
+            Some(n) => return Err(ApiError::out_of_range("logprobs", n, "0..=20")),
+        };
+        let v = openai::validate_sampling(
+            &req.common,
+            logprobs.unwrap_or(0),
+            st.tok.n_vocab(),
+            Some(16),
+        )?;
+        let echo = match req.echo {
+            Some(true) => Some(text.unwrap_or_else(|| {
+                String::from_utf8_lossy(&st.tok.decode(&prompt, false).unwrap_or_default())
+                    .into_owned()
+            })),
+            _ => None,
+        };
+        Ok(Job {
+            api: Api::Completion,
+            prompt,
+            v,
+            logprobs,
+            schema: schema_of(&req.response_format)?,
+            echo,
+        })
+    })();
+    run_job(st, job).await
+}
+
+fn submit_error(st: &AppState, e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull { .. } => {
+            st.metrics.rejected_busy.fetch_add(1, Ordering::Relaxed);
+            ApiError::busy(e.to_string())
+        }
+        SubmitError::ShuttingDown => ApiError::unavailable(e.to_string()),
+        SubmitError::PromptTooLong { .. } => {
+            ApiError::invalid(Some("messages".into()), e.to_string())
+                .with_code("context_length_exceeded")
+        }
+        SubmitError::EmptyPrompt | SubmitError::BadToken { .. } => {
+            ApiError::invalid(Some("prompt".into()), e.to_string())
+        }
+        SubmitError::Sampling(_) => ApiError::invalid(None, e.to_string()),
+    }
+}
+
+async fn run_job(st: Arc<AppState>, job: Result<Job, ApiError>) -> Response {
+    let job = match job {
+        Ok(j) => j,
+        Err(e) => return count_error(&st, e).into_response(),
+    };
+    if st.shutting_down.load(Ordering::Relaxed) {
+        return count_error(
+            &st,
+            ApiError::unavailable("the server is shutting down".into()),
+        )
+        .into_response();
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut reqs = Vec::with_capacity(job.v.n);
+    for i in 0..job.v.n {
+        let mut sampling = job.v.sampling.clone();
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+        let constraint = job
+            .schema
+            .as_ref()
+            .map(|s| Box::new(JsonConstraint::new(Arc::clone(s), Arc::clone(&st.vocab))) as _);
+        reqs.push(SeqRequest {
+            prompt: job.prompt.clone(),
+            max_tokens: job.v.max_tokens,
+            stop: job.v.stop.clone(),
+            sampling,
+            ignore_eos: job.v.ignore_eos,
+            constraint,
+            sink: Box::new(ChannelSink {
+                index: i,
+                tx: tx.clone(),
+            }),
+        });
+    }
+    drop(tx);
+    if let Err(e) = st.sched.submit_all(reqs) {
+        let e = submit_error(&st, e);
+        return count_error(&st, e).into_response();
+    }
+    let id = st.new_id(if job.api == Api::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    });
+    let out = Output {
+        st: Arc::clone(&st),
+        job,
+        id,
+        created: st.now(),
+        _open: OpenGuard::new(&st),
+    };
+    if out.job.v.stream {
+        stream_response(out, rx).into_response()
+    } else {
+        whole_response(out, rx).await
+    }
+}
+
+fn count_error(st: &AppState, e: ApiError) -> ApiError {
+    let c = if e.status.is_server_error() {
+        &st.metrics.errors_5xx
+    } else {
+        &st.metrics.errors_4xx
+    };
+    c.fetch_add(1, Ordering::Relaxed);
+    e
+}
+
+/// Counts a response as open until it is dropped (body sent or client gone).
+struct OpenGuard(Arc<AppState>);
+
+impl OpenGuard {
+    fn new(st: &Arc<AppState>) -> OpenGuard {
+        st.open_responses.fetch_add(1, Ordering::SeqCst);
+        OpenGuard(Arc::clone(st))
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open_responses.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Shapes engine events into OpenAI objects.
+struct Output {
+    st: Arc<AppState>,
+    job: Job,
+    id: String,
+    created: u64,
+    _open: OpenGuard,
+}
+
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: Vec<GeneratedToken>,
+    summary: Option<SeqSummary>,
+    failed: Option<String>,
+    started: bool,
+}
+
+impl Output {
+    fn piece(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.st.tok.piece(id, true).unwrap_or_default()).into_owned()
+    }
+
+    fn chat_logprob(&self, t: &GeneratedToken) -> Value {
+        let entry = |id: u32, lp: f32| {
+            let s = self.piece(id);
+            json!({"token": s, "logprob": lp, "bytes": s.as_bytes()})
+        };
+        let mut e = entry(t.sampled.token, t.sampled.logprob);
+        e["top_logprobs"] = Value::Array(
+            t.sampled
+                .top
+                .iter()
+                .map(|&(id, lp)| entry(id, lp))
+                .collect(),
+        );
+        e
+    }
+
+    fn completion_logprobs(&self, tokens: &[GeneratedToken], offset0: usize) -> Value {
+        let mut offset = offset0;
+        let mut text_offset = Vec::new();
+        for t in tokens {
+            text_offset.push(offset);
+            offset += t.text.len();
+        }
+        json!({
+            "tokens": tokens.iter().map(|t| self.piece(t.sampled.token)).collect::<Vec<_>>(),
+            "token_logprobs": tokens.iter().map(|t| t.sampled.logprob).collect::<Vec<_>>(),
+            "top_logprobs": tokens.iter().map(|t| {
+                t.sampled.top.iter().map(|&(id, lp)| (self.piece(id), json!(lp))).collect::<serde_json::Map<_, _>>()
+            }).collect::<Vec<_>>(),
+            "text_offset": text_offset,
+        })
+    }
+
+    fn usage(&self, choices: &[Choice]) -> Value {
+        let prompt = self.job.prompt.len();
+        let cached = choices
+            .iter()
+            .filter_map(|c| c.summary.as_ref())
+            .map(|s| s.n_cached)
+            .max()
+            .unwrap_or(0);
+        let completion: usize = choices
+            .iter()
+            .map(|c| c.summary.as_ref().map_or(c.tokens.len(), |s| s.n_generated))
+            .sum();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        })
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.job.api, chunk) {
+            (Api::Chat, false) => "chat.completion",
+            (Api::Chat, true) => "chat.completion.chunk",
+            (Api::Completion, _) => "text_completion",
+        }
+    }
+}
+
+fn finish_reason(s: &SeqSummary) -> &'static str {
+    match s.finish {
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+        FinishReason::Length | FinishReason::ContextFull => "length",
+    }
+}
+
+async fn whole_response(out: Output, mut rx: mpsc::UnboundedReceiver<Tagged>) -> Response {
+    let n = out.job.v.n;
+    let mut choices: Vec<Choice> = (0..n).map(|_| Choice::default()).collect();
+    while let Some((i, ev)) = rx.recv().await {
+        let Some(c) = choices.get_mut(i) else {
+            continue;
+        };
+        match ev {
+            SeqEvent::Started { .. } => c.started = true,
+            SeqEvent::Token(t) => {
+                c.text.push_str(&t.text);
+                c.tokens.push(t);
+            }
+            SeqEvent::Done(s) => {
+                c.text.push_str(&s.tail);
+                c.summary = Some(s);
+            }
+            SeqEvent::Failed(e) => c.failed = Some(e),
+        }
+    }
+    if let Some(e) = choices.iter().find_map(|c| c.failed.clone()) {
+        return count_error(&out.st, ApiError::internal(e)).into_response();
+    }
+    if choices.iter().any(|c| c.summary.is_none()) {
+        return count_error(
+            &out.st,
+            ApiError::internal("the engine stopped before the request finished".into()),
+        )
+        .into_response();
+    }
+    let body_choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let fin = c.summary.as_ref().map_or("stop", finish_reason);
+            match out.job.api {
+                Api::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text, "refusal": null},
+                    "logprobs": out.job.logprobs.map(|_| json!({"content": c.tokens.iter().map(|t| out.chat_logprob(t)).collect::<Vec<_>>(), "refusal": null})),
+                    "finish_reason": fin,
+                }),
+                Api::Completion => {
+                    let echo = out.job.echo.clone().unwrap_or_default();
+                    json!({
+                        "index": i,
+                        "text": format!("{echo}{}", c.text),
+                        "logprobs": out.job.logprobs.map(|_| out.completion_logprobs(&c.tokens, echo.len())),
+                        "finish_reason": fin,
+                    })
+                }
+            }
+        })
+        .collect();
+    Json(json!({
+        "id": out.id,
+        "object": out.object(false),
+        "created": out.created,
+        "model": out.st.opts.model_name,
+        "system_fingerprint": "ferrox",
+        "choices": body_choices,
+        "usage": out.usage(&choices),
+    }))
+    .into_response()
+}
+
+/// The state of one SSE stream: pending lines, and what is left to say.
+struct StreamState {
+    out: Output,
+    rx: mpsc::UnboundedReceiver<Tagged>,
+    choices: Vec<Choice>,
+    queued: VecDeque<String>,
+    done: bool,
+}
+
+impl StreamState {
+    fn chunk(&self, choices: Vec<Value>) -> String {
+        json!({
+            "id": self.out.id,
+            "object": self.out.object(true),
+            "created": self.out.created,
+            "model": self.out.st.opts.model_name,
+            "system_fingerprint": "ferrox",
+            "choices": choices,
+        })
+        .to_string()
+    }
+
+    fn text_choice(
+        &self,
+        i: usize,
+        text: &str,
+        token: Option<&GeneratedToken>,
+        finish: Option<&str>,
+    ) -> Value {
+        match self.out.job.api {
+            Api::Chat => {
+                let delta = match (finish, text.is_empty()) {
+                    (Some(_), true) => json!({}),
+                    _ => json!({"content": text}),
+                };
+                json!({
+                    "index": i,
+                    "delta": delta,
+                    "logprobs": match (self.out.job.logprobs, token) {
+                        (Some(_), Some(t)) => json!({"content": [self.out.chat_logprob(t)], "refusal": null}),
+                        _ => Value::Null,
+                    },
+                    "finish_reason": finish,
+                })
+            }
+            Api::Completion => json!({
+                "index": i,
+                "text": text,
+                "logprobs": match (self.out.job.logprobs, token) {
+                    (Some(_), Some(t)) => self.out.completion_logprobs(std::slice::from_ref(t), 0),
+                    _ => Value::Null,
+                },
+                "finish_reason": finish,
+            }),
+        }
+    }
+
+    /// Turns one engine event into the SSE lines it causes.
+    fn on_event(&mut self, i: usize, ev: SeqEvent) {
+        if i >= self.choices.len() {
+            return;
+        }
+        match ev {
+            SeqEvent::Started { .. } => {
+                self.choices[i].started = true;
+                if self.out.job.api == Api::Chat {
+                    let c = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+                    let s = self.chunk(vec![c]);
+                    self.queued.push_back(s);
+                } else if let Some(echo) = self.out.job.echo.clone() {
+                    let c = self.text_choice(i, &echo, None, None);
+                    let s = self.chunk(vec![c]);
+                    self.queued.push_back(s);
+                }
+            }
+            SeqEvent::Token(t) => {
+                if !t.text.is_empty() || self.out.job.logprobs.is_some() {
+                    let c = self.text_choice(i, &t.text, Some(&t), None);
+                    let s = self.chunk(vec![c]);
+                    self.queued.push_back(s);
+                }
+                self.choices[i].tokens.push(t);
+            }
+            SeqEvent::Done(s) => {
+                if !s.tail.is_empty() {
+                    let c = self.text_choice(i, &s.tail, None, None);
+                    let line = self.chunk(vec![c]);
+                    self.queued.push_back(line);
+                }
+                let c = self.text_choice(i, "", None, Some(finish_reason(&s)));
+                let line = self.chunk(vec![c]);
+                self.queued.push_back(line);
+                self.choices[i].summary = Some(s);
+            }
+            SeqEvent::Failed(e) => {
+                self.choices[i].failed = Some(e.clone());
+                let err = ApiError::internal(e);
+                count_error(&self.out.st, err.clone());
+                self.queued.push_back(err.body().to_string());
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.out.job.v.include_usage {
+            let mut c = json!({
+                "id": self.out.id,
+                "object": self.out.object(true),
+                "created": self.out.created,
+                "model": self.out.st.opts.model_name,
+                "system_fingerprint": "ferrox",
+                "choices": [],
+            });
+            c["usage"] = self.out.usage(&self.choices);
+            self.queued.push_back(c.to_string());
+        }
+        self.queued.push_back("[DONE]".into());
+        self.done = true;
+    }
+}
+
+fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<Tagged>) -> impl IntoResponse {
+    let n = out.job.v.n;
+    let state = StreamState {
+        out,
+        rx,
+        choices: (0..n).map(|_| Choice::default()).collect(),
+        queued: VecDeque::new(),
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(line) = s.queued.pop_front() {
+                return Some((Ok::<Event, Infallible>(Event::default().data(line)), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some((i, ev)) => s.on_event(i, ev),
+                None => s.finish(),
+            }
+        }
+    });
+    Sse::new(stream)
+}

@@ -1,0 +1,400 @@
+//! The OpenAI request bodies ferrox accepts, and their validation into
+//! engine terms.
+//!
+//! The decision: bodies deserialize into typed structs where every field is
+//! optional and unknown fields are ignored (clients send fields we do not
+//! use), but a known field of the wrong type or out of range is a 400 naming
+//! the field — serde reports the type, [`validate_sampling`] the range.
+//! Defaults for what a request leaves out are llama-server's (temperature
+//! 0.8, top-k 40, top-p 0.95, min-p 0.05), so the two servers answer the same
+//! request alike.
+
+use std::collections::BTreeMap;
+
+use ferrox_core::sampling::{SamplingParams, MAX_TOP_LOGPROBS};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// A message's `content`: a string, or a list of parts of which the text
+/// parts are used.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts.
+    Parts(Vec<Part>),
+}
+
+/// One content part.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Part {
+    /// `text` (other kinds are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    /// `system`, `developer`, `user`, `assistant`, `tool`.
+    pub role: String,
+    /// The text (may be null for an assistant turn with tool calls).
+    pub content: Option<Content>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage.
+    pub include_usage: Option<bool>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The schema's name (unused).
+    pub name: Option<String>,
+    /// The schema.
+    pub schema: Option<serde_json::Value>,
+    /// Accepted; the subset that is enforced is always enforced strictly.
+    pub strict: Option<bool>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text.
+    Text,
+    /// One JSON object.
+    JsonObject,
+    /// JSON following a schema.
+    JsonSchema {
+        /// The schema.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// Fields chat and completions share.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Common {
+    /// The model name (any value is accepted: the server runs one model).
+    pub model: Option<String>,
+    /// Stream as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Token budget.
+    pub max_tokens: Option<i64>,
+    /// Token budget (chat's newer name; wins over `max_tokens`).
+    pub max_completion_tokens: Option<i64>,
+    /// Temperature (0..=2).
+    pub temperature: Option<f64>,
+    /// Nucleus (0..=1).
+    pub top_p: Option<f64>,
+    /// Top-k (llama-server extension; 0 = off).
+    pub top_k: Option<i64>,
+    /// Min-p (llama-server extension).
+    pub min_p: Option<f64>,
+    /// Repetition penalty (llama-server extension).
+    pub repeat_penalty: Option<f64>,
+    /// Seed; choice `i` of `n` uses `seed + i`.
+    pub seed: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Choices.
+    pub n: Option<i64>,
+    /// Presence penalty (-2..=2).
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty (-2..=2).
+    pub frequency_penalty: Option<f64>,
+    /// Token id (as a string) → bias (-100..=100; -100 bans).
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// Keep going past end-of-generation tokens (llama-server extension).
+    pub ignore_eos: Option<bool>,
+    /// Free-form end-user id (accepted, unused).
+    pub user: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation.
+    pub messages: Vec<Message>,
+    /// Return log-probabilities of the output tokens.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token (0..=20, with `logprobs`).
+    pub top_logprobs: Option<i64>,
+    /// Output format.
+    pub response_format: Option<ResponseFormat>,
+    /// The shared fields.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// `prompt`: text, token ids, or a one-element list of either.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// Several texts (only one is accepted).
+    Texts(Vec<String>),
+    /// Several token lists (only one is accepted).
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Alternatives per token (0..=5 as OpenAI; up to 20 here).
+    pub logprobs: Option<i64>,
+    /// Prepend the prompt to the output.
+    pub echo: Option<bool>,
+    /// Output format (extension: as chat's).
+    pub response_format: Option<ResponseFormat>,
+    /// The shared fields.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// The most choices one request may ask for.
+pub const MAX_N: usize = 16;
+/// The most stop strings.
+pub const MAX_STOP: usize = 16;
+
+/// What the engine needs from a request's shared fields.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    /// Sampling of choice 0 (choice `i` adds `i` to the seed).
+    pub sampling: SamplingParams,
+    /// Token budget.
+    pub max_tokens: Option<usize>,
+    /// Stop strings (empty ones dropped).
+    pub stop: Vec<String>,
+    /// Choices.
+    pub n: usize,
+    /// Streaming.
+    pub stream: bool,
+    /// A usage chunk at the end of the stream.
+    pub include_usage: bool,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+fn finite(param: &str, v: f64) -> Result<f64, ApiError> {
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(ApiError::out_of_range(param, v, "a finite number"))
+    }
+}
+
+/// Checks every shared field's range and builds the engine's parameters.
+/// `default_max` is the budget when the request gives none.
+pub fn validate_sampling(
+    c: &Common,
+    top_logprobs: usize,
+    n_vocab: usize,
+    default_max: Option<usize>,
+) -> Result<Validated, ApiError> {
+    let mut p = SamplingParams::default();
+    if let Some(t) = c.temperature {
+        let t = finite("temperature", t)?;
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::out_of_range("temperature", t, "0..=2"));
+        }
+        p.temperature = t as f32;
+    }
+    if let Some(v) = c.top_p {
+        let v = finite("top_p", v)?;
+        if !(0.0..=1.0).contains(&v) {
+            return Err(ApiError::out_of_range("top_p", v, "0..=1"));
+        }
+        // top_p = 0 keeps only the most likely token: greedy.
+        if v == 0.0 {
+            p.temperature = 0.0;
+        } else {
+            p.top_p = v as f32;
+        }
+    }
+    if let Some(k) = c.top_k {
+        if !(0..=n_vocab as i64).contains(&k) {
+            return Err(ApiError::out_of_range(
+                "top_k",
+                k,
+                "0 (off) up to the vocabulary size",
+            ));
+        }
+        p.top_k = k as usize;
+    }
+    if let Some(v) = c.min_p {
+        let v = finite("min_p", v)?;
+        if !(0.0..=1.0).contains(&v) {
+            return Err(ApiError::out_of_range("min_p", v, "0..=1"));
+        }
+        p.min_p = v as f32;
+    }
+    if let Some(v) = c.repeat_penalty {
+        let v = finite("repeat_penalty", v)?;
+        if !(v > 0.0 && v <= 10.0) {
+            return Err(ApiError::out_of_range(
+                "repeat_penalty",
+                v,
+                "(0, 10]; 1 = off",
+            ));
+        }
+        p.repeat_penalty = v as f32;
+    }
+    for (name, v, dst) in [
+        (
+            "presence_penalty",
+            c.presence_penalty,
+            &mut p.presence_penalty,
+        ),
+        (
+            "frequency_penalty",
+            c.frequency_penalty,
+            &mut p.frequency_penalty,
+        ),
+    ] {
+        if let Some(v) = v {
+            let v = finite(name, v)?;
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(ApiError::out_of_range(name, v, "-2..=2"));
+            }
+            *dst = v as f32;
+        }
+    }
+    if let Some(bias) = &c.logit_bias {
+        if bias.len() > 1024 {
+            return Err(ApiError::out_of_range(
+                "logit_bias",
+                format!("{} entries", bias.len()),
+                "at most 1024 entries",
+            ));
+        }
+        for (k, &v) in bias {
+            let id: u32 = k
+                .parse()
+                .ok()
+                .filter(|&id: &u32| (id as usize) < n_vocab)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        Some("logit_bias".into()),
+                        format!("logit_bias key {k:?} is not a token id below {n_vocab}"),
+                    )
+                })?;
+            let v = finite("logit_bias", v)?;
+            if !(-100.0..=100.0).contains(&v) {
+                return Err(ApiError::out_of_range(
+                    "logit_bias",
+                    format!("{v} for token {id}"),
+                    "-100..=100 (-100 bans the token)",
+                ));
+            }
+            p.logit_bias.push((
+                id,
+                if v <= -100.0 {
+                    f32::NEG_INFINITY
+                } else {
+                    v as f32
+                },
+            ));
+        }
+    }
+    if top_logprobs > MAX_TOP_LOGPROBS {
+        return Err(ApiError::out_of_range(
+            "top_logprobs",
+            top_logprobs,
+            "0..=20",
+        ));
+    }
+    p.top_logprobs = top_logprobs.min(n_vocab);
+    p.seed = c.seed.map(|s| s as u64);
+    let max = match c.max_completion_tokens.or(c.max_tokens) {
+        None => default_max,
+        Some(m) if (1..=1 << 20).contains(&m) => Some(m as usize),
+        Some(m) => {
+            let name = if c.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            return Err(ApiError::out_of_range(name, m, "1..=1048576"));
+        }
+    };
+    let n = match c.n {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::out_of_range("n", n, "1..=16")),
+    };
+    let stop: Vec<String> = match &c.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.len() > MAX_STOP {
+        return Err(ApiError::out_of_range(
+            "stop",
+            format!("{} strings", stop.len()),
+            "at most 16 strings",
+        ));
+    }
+    let stream = c.stream.unwrap_or(false);
+    // `stream_options` without streaming is ignored, as llama-server does.
+    Ok(Validated {
+        sampling: p,
+        max_tokens: max,
+        stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+        n,
+        stream,
+        include_usage: c
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        ignore_eos: c.ignore_eos.unwrap_or(false),
+    })
+}
+
+/// The text of a message's content.
+pub fn content_text(m: &Message, index: usize) -> Result<String, ApiError> {
+    match &m.content {
+        None => Ok(String::new()),
+        Some(Content::Text(s)) => Ok(s.clone()),
+        Some(Content::Parts(parts)) => {
+            let mut out = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => out.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::invalid(
+                            Some(format!("messages[{index}].content[{j}]")),
+                            format!("content part of type {kind:?} is not supported (only text parts with a `text` field)"),
+                        ))
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The OpenAPI 3.0 document served at `/openapi.json`: what the server
+//! accepts, field by field, with the ranges [`crate::openai`] enforces, so a
+//! schema-driven fuzzer (schemathesis) can check the two agree.
+
+use serde_json::{json, Value};
+
+fn error_responses() -> Value {
+    let err = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    json!({
+        "400": {"description": "Invalid request", "content": err["content"]},
+        "401": {"description": "Missing or wrong API key", "content": err["content"]},
+        "429": {"description": "Queue full; retry after Retry-After seconds", "content": err["content"]},
+        "503": {"description": "Shutting down", "content": err["content"]},
+        "500": {"description": "Engine failure", "content": err["content"]},
+    })
+}
+
+fn common_props() -> Value {
+    json!({
+        "model": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1048576},
+        "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 1048576},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 0},
+        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "repeat_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 10},
+        "seed": {"type": "integer"},
+        "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 16}]},
+        "n": {"type": "integer", "minimum": 1, "maximum": 16},
+        "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+        "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+        "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+        "ignore_eos": {"type": "boolean"},
+        "user": {"type": "string"},
+        "response_format": {"$ref": "#/components/schemas/ResponseFormat"},
+    })
+}
+
+/// The document.
+pub fn document() -> Value {
+    let mut chat_props = common_props();
+    chat_props["messages"] =
+        json!({"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Message"}});
+    chat_props["logprobs"] = json!({"type": "boolean"});
+    chat_props["top_logprobs"] = json!({"type": "integer", "minimum": 0, "maximum": 20});
+    let mut cmpl_props = common_props();
+    cmpl_props["prompt"] = json!({"oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+    ]});
+    cmpl_props["logprobs"] = json!({"type": "integer", "minimum": 0, "maximum": 20});
+    cmpl_props["echo"] = json!({"type": "boolean"});
+    let generation = |props: Value, required: Value, summary: &str| {
+        let mut responses = error_responses();
+        responses["200"] = json!({
+            "description": "The completion (JSON), or server-sent events ending with `data: [DONE]` when `stream` is true",
+            "content": {
+                "application/json": {"schema": {"type": "object", "required": ["id", "object", "choices"]}},
+                "text/event-stream": {"schema": {}},
+            }
+        });
+        json!({"post": {
+            "summary": summary,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": props, "required": required}}}},
+            "responses": responses,
+        }})
+    };
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "ferrox serve", "version": env!("CARGO_PKG_VERSION"), "description": "OpenAI-compatible API of ferrox"},
+        "paths": {
+            "/v1/chat/completions": generation(chat_props, json!(["messages"]), "Chat completion"),
+            "/v1/completions": generation(cmpl_props, json!(["prompt"]), "Text completion"),
+            "/v1/models": {"get": {"summary": "The served model", "responses": {
+                "200": {"description": "Model list", "content": {"application/json": {"schema": {"type": "object", "required": ["object", "data"]}}}},
+                "401": {"description": "Missing or wrong API key"},
+            }}},
+            "/health": {"get": {"summary": "Liveness", "responses": {
+                "200": {"description": "Serving", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "503": {"description": "Shutting down", "content": {"application/json": {"schema": {"type": "object"}}}},
+            }}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
+                "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                "401": {"description": "Missing or wrong API key"},
+            }}},
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+                "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": true}, "code": {"type": "string", "nullable": true},
+            }}}},
+            "Message": {"type": "object", "required": ["role"], "properties": {
+                "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+                "content": {"nullable": true, "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}},
+                ]},
+            }},
+            "ResponseFormat": {"oneOf": [
+                {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
+                {"type": "object", "required": ["type", "json_schema"], "properties": {
+                    "type": {"type": "string", "enum": ["json_schema"]},
+                    "json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "schema": {"type": "object"}, "strict": {"type": "boolean"}}},
+                }},
+            ]},
+        }},
+    })
+}

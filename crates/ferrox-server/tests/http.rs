@@ -1,0 +1,664 @@
+//! The server end to end over loopback HTTP, on a tiny random-weight model:
+//! response shapes, SSE, errors, auth, back-pressure, cancellation, shutdown.
+//! The client is a few lines of HTTP/1.1 over `TcpStream`, so what is tested
+//! is the bytes a real client receives.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrox_core::arch::Arch;
+use ferrox_core::backend::cpu::Cpu;
+use ferrox_core::chat_template::{ChatMessage, ChatTemplate};
+use ferrox_core::generate::{GenerateOptions, Session};
+use ferrox_core::model::Model;
+use ferrox_core::sampling::SamplingParams;
+use ferrox_core::scheduler::{Scheduler, SchedulerConfig};
+use ferrox_core::tokenizer::Tokenizer;
+use ferrox_server::{AppState, ServerOptions};
+use serde_json::{json, Value};
+
+fn tiny_path() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("serve-tiny-{}.gguf", std::process::id()));
+    if !path.exists() {
+        let tmp = dir.join(format!(
+            "serve-tiny-{}-{:?}.tmp",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        ferrox_core::testing::tiny_arch_model(Arch::Gemma3, 11)
+            .unwrap()
+            .write_to(&tmp)
+            .unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
+
+struct TestServer {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    fn start(cfg: SchedulerConfig, api_key: Option<&str>) -> TestServer {
+        let model = Model::open(tiny_path(), Cpu::new(2)).unwrap();
+        let tok = Arc::new(Tokenizer::from_gguf(model.file().metadata_file()).unwrap());
+        let template =
+            ChatTemplate::from_gguf(model.file().metadata_file()).map_err(|e| e.to_string());
+        let (sched, engine) = Scheduler::start(model, Arc::clone(&tok), cfg).unwrap();
+        let opts = ServerOptions {
+            model_name: "tiny".into(),
+            api_key: api_key.map(String::from),
+            shutdown_grace: Duration::from_secs(5),
+        };
+        let state = AppState::new(sched, tok, template, opts);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(listener).unwrap();
+                ferrox_server::serve(l, state, async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+            });
+            engine.join().unwrap();
+        });
+        TestServer {
+            addr,
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Sends SIGTERM's equivalent and waits for the server to end.
+    fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    s
+}
+
+fn read_reply(s: TcpStream) -> Reply {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let n = usize::from_str_radix(line.trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk).unwrap();
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        r.read_to_end(&mut body).unwrap();
+    }
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).unwrap(),
+    }
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
+    read_reply(send(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    ))
+}
+
+fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    read_reply(send(addr, "GET", path, headers, b""))
+}
+
+/// The `data:` payloads of an SSE body, in order.
+fn sse_events(body: &str) -> Vec<String> {
+    assert!(
+        body.ends_with("\n\n"),
+        "an SSE body ends with a blank line: {body:?}"
+    );
+    body.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("event without data: {e:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+fn cfg(n_slots: usize, queue: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        n_slots,
+        n_ctx: 256,
+        n_batch: 64,
+        queue_capacity: queue,
+    }
+}
+
+fn greedy_chat(max: u64) -> Value {
+    json!({"model": "tiny", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+           "temperature": 0, "max_tokens": max, "ignore_eos": true})
+}
+
+#[test]
+fn a_chat_completion_returns_the_text_and_usage() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let r = post(srv.addr, "/v1/chat/completions", &greedy_chat(8));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // The prompt as the chat template renders it, counted independently.
+    let model = Model::open(tiny_path(), Cpu::new(1)).unwrap();
+    let tok = Tokenizer::from_gguf(model.file().metadata_file()).unwrap();
+    let t = ChatTemplate::from_gguf(model.file().metadata_file()).unwrap();
+    let text = t
+        .render(
+            &[
+                ChatMessage::new("system", "be brief"),
+                ChatMessage::new("user", "hello there"),
+            ],
+            true,
+        )
+        .unwrap();
+    let n_prompt = tok
+        .encode(text.as_bytes(), !t.starts_with_bos(&text), true)
+        .unwrap()
+        .len();
+    assert_eq!(v["usage"]["prompt_tokens"], n_prompt);
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["usage"]["total_tokens"], n_prompt + 8);
+}
+
+#[test]
+fn completions_match_a_lone_session_token_for_token() {
+    let prompt = "the quick brown fox";
+    let model = Model::open(tiny_path(), Cpu::new(2)).unwrap();
+    let tok = Tokenizer::from_gguf(model.file().metadata_file()).unwrap();
+    let ids = tok.encode(prompt.as_bytes(), true, true).unwrap();
+    let mut s = Session::new(&model, &tok, 256).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: Some(10),
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        ..GenerateOptions::default()
+    };
+    let want = s
+        .generate(&ids, &opts, &AtomicBool::new(false), &mut |_| {})
+        .unwrap();
+
+    let srv = TestServer::start(cfg(2, 8), None);
+    let body = json!({"prompt": prompt, "max_tokens": 10, "temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "ignore_eos": true, "logprobs": 2});
+    let v = post(srv.addr, "/v1/completions", &body).json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], want.text.as_str());
+    let lp = &v["choices"][0]["logprobs"];
+    let got_lp: Vec<f64> = lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(got_lp.len(), 10);
+    for (g, w) in got_lp.iter().zip(&want.tokens) {
+        assert!(
+            (g - w.sampled.logprob as f64).abs() < 1e-5,
+            "{g} vs {}",
+            w.sampled.logprob
+        );
+    }
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+}
+
+#[test]
+fn streamed_chunks_concatenate_to_the_non_streamed_text_and_end_with_done() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let whole = post(srv.addr, "/v1/chat/completions", &greedy_chat(12)).json();
+    let mut body = greedy_chat(12);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let events = sse_events(&r.body);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage["usage"][k], whole["usage"][k], "{k}");
+    }
+    let fin = &chunks[chunks.len() - 2];
+    assert_eq!(fin["choices"][0]["finish_reason"], "length");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        text,
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+}
+
+#[test]
+fn malformed_and_out_of_range_requests_get_openai_error_bodies() {
+    let srv = TestServer::start(cfg(1, 8), None);
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let cases: Vec<(Vec<u8>, Option<&str>)> = vec![
+        (b"{not json".to_vec(), None),
+        (b"".to_vec(), None),
+        (json!({"messages": msgs, "temperature": "hot"}).to_string().into_bytes(), None),
+        (json!({"messages": "hi"}).to_string().into_bytes(), None),
+        (json!({}).to_string().into_bytes(), None),
+        (json!({"messages": []}).to_string().into_bytes(), Some("messages")),
+        (json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string().into_bytes(), Some("messages[0].role")),
+        (json!({"messages": msgs, "max_tokens": -1}).to_string().into_bytes(), Some("max_tokens")),
+        (json!({"messages": msgs, "max_tokens": 0}).to_string().into_bytes(), Some("max_tokens")),
+        (json!({"messages": msgs, "temperature": 7.5}).to_string().into_bytes(), Some("temperature")),
+        (json!({"messages": msgs, "n": 1000}).to_string().into_bytes(), Some("n")),
+        (json!({"messages": msgs, "logprobs": true, "top_logprobs": 50}).to_string().into_bytes(), Some("top_logprobs")),
+        (json!({"messages": msgs, "presence_penalty": 3}).to_string().into_bytes(), Some("presence_penalty")),
+        (json!({"messages": msgs, "logit_bias": {"abc": 1}}).to_string().into_bytes(), Some("logit_bias")),
+        (json!({"messages": msgs, "logit_bias": {"999999999": 1}}).to_string().into_bytes(), Some("logit_bias")),
+        (json!({"messages": msgs, "stream_options": {"include_usage": "yes"}}).to_string().into_bytes(), None),
+        (json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"anyOf": []}}}}).to_string().into_bytes(), Some("response_format")),
+        (json!({"messages": msgs, "response_format": {"type": "yaml"}}).to_string().into_bytes(), None),
+    ];
+    for (body, param) in cases {
+        let r = read_reply(send(
+            srv.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("Content-Type", "application/json")],
+            &body,
+        ));
+        let shown = String::from_utf8_lossy(&body);
+        assert_eq!(r.status, 400, "{shown}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{shown}");
+        assert!(
+            !v["error"]["message"].as_str().unwrap().is_empty(),
+            "{shown}"
+        );
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{shown}: {}", r.body);
+        }
+    }
+    // The server is still serving.
+    assert_eq!(
+        post(srv.addr, "/v1/chat/completions", &greedy_chat(2)).status,
+        200
+    );
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_a_400_saying_so() {
+    let srv = TestServer::start(
+        SchedulerConfig {
+            n_slots: 1,
+            n_ctx: 32,
+            n_batch: 16,
+            queue_capacity: 4,
+        },
+        None,
+    );
+    let long = "word ".repeat(200);
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"prompt": long, "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("32"),
+        "{}",
+        r.body
+    );
+}
+
+#[test]
+fn requests_without_the_api_key_get_401() {
+    let srv = TestServer::start(cfg(1, 4), Some("sekrit"));
+    assert_eq!(get(srv.addr, "/health", &[]).status, 200);
+    let r = get(srv.addr, "/v1/models", &[]);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["type"], "authentication_error");
+    assert_eq!(
+        get(srv.addr, "/v1/models", &[("Authorization", "Bearer wrong")]).status,
+        401
+    );
+    assert_eq!(
+        post(srv.addr, "/v1/chat/completions", &greedy_chat(2)).status,
+        401
+    );
+    let ok = get(
+        srv.addr,
+        "/v1/models",
+        &[("Authorization", "Bearer sekrit")],
+    );
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.json()["data"][0]["id"], "tiny");
+}
+
+/// Opens a streaming request and returns once its first event has arrived.
+fn open_stream(addr: SocketAddr, max: u64) -> BufReader<TcpStream> {
+    let mut body = greedy_chat(max);
+    body["stream"] = json!(true);
+    let s = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !line.contains("data:") {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the stream ended before its first event"
+        );
+    }
+    r
+}
+
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    // A context long enough that A cannot finish while the test runs.
+    let srv = TestServer::start(
+        SchedulerConfig {
+            n_slots: 1,
+            n_ctx: 1 << 16,
+            n_batch: 64,
+            queue_capacity: 1,
+        },
+        None,
+    );
+    let a = open_stream(srv.addr, 100_000);
+    // B waits in the queue (the one slot is A's); C finds the queue full.
+    let addr = srv.addr;
+    let b = std::thread::spawn(move || post(addr, "/v1/chat/completions", &greedy_chat(2)).status);
+    let t0 = Instant::now();
+    while !get(srv.addr, "/metrics", &[])
+        .body
+        .contains("\nferrox_queue_depth 1\n")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "B never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let c = post(srv.addr, "/v1/chat/completions", &greedy_chat(2));
+    assert_eq!(c.status, 429, "{}", c.body);
+    assert_eq!(c.header("retry-after"), Some("1"));
+    assert_eq!(c.json()["error"]["code"], "queue_full");
+    drop(a);
+    assert_eq!(
+        b.join().unwrap(),
+        200,
+        "the queued request runs once the slot is free"
+    );
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_frees_its_slot() {
+    let srv = TestServer::start(
+        SchedulerConfig {
+            n_slots: 1,
+            n_ctx: 1 << 16,
+            n_batch: 64,
+            queue_capacity: 4,
+        },
+        None,
+    );
+    let a = open_stream(srv.addr, 100_000);
+    drop(a);
+    // Only one slot: this completes only if the abandoned stream released it.
+    let r = post(srv.addr, "/v1/chat/completions", &greedy_chat(3));
+    assert_eq!(r.status, 200);
+    let m = get(srv.addr, "/metrics", &[]).body;
+    let value = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in {m}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("ferrox_sequences_cancelled_total"), 1.0);
+    assert!(
+        value("ferrox_generated_tokens_total") < 5000.0,
+        "the abandoned stream kept generating"
+    );
+}
+
+#[test]
+fn metrics_are_prometheus_text_with_the_engine_counters() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    assert_eq!(
+        post(srv.addr, "/v1/chat/completions", &greedy_chat(5)).status,
+        200
+    );
+    let r = get(srv.addr, "/metrics", &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").unwrap().starts_with("text/plain"));
+    for l in r.body.lines().filter(|l| !l.starts_with('#')) {
+        let (name, v) = l.rsplit_once(' ').unwrap();
+        assert!(name.starts_with("ferrox_"), "{l}");
+        v.parse::<f64>()
+            .unwrap_or_else(|_| panic!("not a number: {l}"));
+    }
+    assert!(r
+        .body
+        .contains("# TYPE ferrox_time_to_first_token_seconds histogram"));
+    assert!(
+        r.body.contains("\nferrox_generated_tokens_total 5\n"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("\nferrox_requests_chat_total 1\n"));
+    assert!(r
+        .body
+        .contains("\nferrox_time_to_first_token_seconds_count 1\n"));
+}
+
+#[test]
+fn n_choices_with_a_seed_are_reproducible_and_each_is_the_seed_plus_its_index() {
+    let srv = TestServer::start(cfg(4, 8), None);
+    let req = |n: u64, seed: u64| {
+        let mut b = greedy_chat(10);
+        b["temperature"] = json!(1.5);
+        b["top_k"] = json!(0);
+        b["n"] = json!(n);
+        b["seed"] = json!(seed);
+        let v = post(srv.addr, "/v1/chat/completions", &b).json();
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let two = req(2, 5);
+    assert_eq!(two.len(), 2);
+    assert_eq!(req(2, 5), two, "same seed, same choices");
+    assert_eq!(req(1, 5)[0], two[0]);
+    assert_eq!(req(1, 6)[0], two[1]);
+    assert_ne!(two[0], two[1], "choices of one request differ");
+}
+
+#[test]
+fn json_schema_output_parses_and_follows_the_schema() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "null"}}}, "required": ["color", "ok"]});
+    for seed in 0..3 {
+        let body = json!({"messages": [{"role": "user", "content": "json please"}], "temperature": 1.0, "seed": seed, "max_tokens": 300,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{content}");
+        let out: Value =
+            serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+        assert!(
+            out["color"] == "red" || out["color"] == "green",
+            "{content}"
+        );
+        assert!(out["ok"].is_boolean(), "{content}");
+        let keys: Vec<&String> = out.as_object().unwrap().keys().collect();
+        assert!(
+            keys.iter()
+                .all(|k| ["color", "ok", "tags"].contains(&k.as_str())),
+            "{content}"
+        );
+    }
+}
+
+#[test]
+fn shutdown_lets_a_running_stream_finish_then_stops_listening() {
+    let mut srv = TestServer::start(cfg(1, 4), None);
+    let mut a = open_stream(srv.addr, 40);
+    let addr = srv.addr;
+    let stopper = std::thread::spawn(move || {
+        srv.stop();
+        srv
+    });
+    let mut rest = String::new();
+    a.read_to_string(&mut rest).unwrap();
+    // `rest` is the raw chunked body: the last event, then the final empty chunk.
+    assert!(
+        rest.contains("\"finish_reason\":\"length\""),
+        "the stream ran to its budget: {rest}"
+    );
+    assert!(rest.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n"), "{rest:?}");
+    let _srv = stopper.join().unwrap();
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "the server stopped listening"
+    );
+}
+
+#[test]
+fn the_openapi_document_lists_every_endpoint() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let v = get(srv.addr, "/openapi.json", &[]).json();
+    assert_eq!(v["openapi"], "3.0.3");
+    for p in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/health",
+        "/metrics",
+    ] {
+        assert!(v["paths"][p].is_object(), "{p}");
+    }
+    assert_eq!(
+        v["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+            ["schema"]["properties"]["n"]["maximum"],
+        16
+    );
+    let r = get(srv.addr, "/nope", &[]);
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "unknown_url");
+}

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""ferrox serve against the official `openai` client.
+
+Usage: FERROX_URL=http://127.0.0.1:8080/v1 [FERROX_API_KEY=k] python3 test_openai.py
+(run_tests.sh starts a server and runs this.) Exits non-zero on the first
+failed check, naming it.
+"""
+import json
+import os
+import sys
+
+import openai
+
+URL = os.environ.get("FERROX_URL", "http://127.0.0.1:8080/v1")
+KEY = os.environ.get("FERROX_API_KEY", "none")
+client = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=300)
+MSG = [{"role": "user", "content": "Write one sentence about the sea."}]
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+@check
+def models_lists_the_served_model():
+    ids = [m.id for m in client.models.list().data]
+    assert len(ids) == 1, ids
+
+
+@check
+def a_chat_completion_has_text_usage_and_a_finish_reason():
+    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0)
+    c = r.choices[0]
+    assert r.object == "chat.completion" and c.message.role == "assistant"
+    assert isinstance(c.message.content, str) and c.message.content
+    assert c.finish_reason in ("stop", "length"), c.finish_reason
+    u = r.usage
+    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 16
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
+@check
+def a_stream_concatenates_to_the_same_text_and_reports_usage():
+    whole = client.chat.completions.create(model="m", messages=MSG, max_tokens=24, temperature=0)
+    stream = client.chat.completions.create(
+        model="m", messages=MSG, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    text, finish, usage, n = "", None, None, 0
+    for chunk in stream:
+        n += 1
+        if chunk.usage is not None:
+            usage = chunk.usage
+            assert chunk.choices == []
+            continue
+        ch = chunk.choices[0]
+        text += ch.delta.content or ""
+        finish = ch.finish_reason or finish
+    assert n > 3, n
+    assert text == whole.choices[0].message.content, (text, whole.choices[0].message.content)
+    assert finish == whole.choices[0].finish_reason
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+@check
+def n_choices_come_back_indexed():
+    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=8, n=3, seed=1)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    # Usage sums the choices' tokens; the prompt counts once.
+    assert 3 <= r.usage.completion_tokens <= 24, r.usage
+
+
+@check
+def a_stop_string_ends_the_text_before_it():
+    r = client.completions.create(model="m", prompt="1, 2, 3, 4,", max_tokens=40, temperature=0, stop=["7"])
+    c = r.choices[0]
+    assert "7" not in c.text, c.text
+    assert c.finish_reason == "stop", (c.finish_reason, c.text)
+
+
+@check
+def one_seed_gives_one_output_and_another_seed_another():
+    def run(seed):
+        return client.chat.completions.create(model="m", messages=MSG, max_tokens=24, temperature=1.0, seed=seed).choices[0].message.content
+
+    a, b, c = run(42), run(42), run(43)
+    assert a == b, (a, b)
+    assert a != c, (a, c)
+
+
+@check
+def logprobs_report_the_requested_alternatives():
+    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4
+
+
+@check
+def json_schema_output_parses_and_follows_the_schema():
+    schema = {
+        "type": "object",
+        "properties": {"animal": {"type": "string", "enum": ["cat", "dog", "fish"]}, "legs": {"type": "integer"}, "pet": {"type": "boolean"}},
+        "required": ["animal", "legs", "pet"],
+    }
+    for seed in (1, 2):
+        r = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Describe a cat as JSON."}],
+            max_tokens=200,
+            seed=seed,
+            response_format={"type": "json_schema", "json_schema": {"name": "animal", "schema": schema, "strict": True}},
+        )
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop", (r.choices[0].finish_reason, text)
+        v = json.loads(text)
+        assert v["animal"] in ("cat", "dog", "fish") and isinstance(v["legs"], int) and isinstance(v["pet"], bool), v
+        assert set(v) == {"animal", "legs", "pet"}, v
+
+
+@check
+def json_object_mode_returns_an_object():
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Give a JSON object with a key ok set to true."}],
+        max_tokens=200,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    text = r.choices[0].message.content
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict), text
+    else:
+        # Out of budget mid-object: what came is still a valid JSON prefix.
+        assert text.lstrip().startswith("{"), text
+
+
+@check
+def bad_parameters_raise_bad_request_with_a_message():
+    for kwargs in ({"temperature": 5}, {"max_tokens": -3}, {"n": 99}, {"top_p": 2}, {"presence_penalty": 9}):
+        try:
+            client.chat.completions.create(model="m", messages=MSG, **kwargs)
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and e.body and e.body.get("message"), e
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
+
+
+@check
+def a_wrong_api_key_raises_authentication_error_when_a_key_is_set():
+    if KEY == "none":
+        return
+    bad = openai.OpenAI(base_url=URL, api_key=KEY + "x", max_retries=0)
+    try:
+        bad.models.list()
+    except openai.AuthenticationError:
+        pass
+    else:
+        raise AssertionError("a wrong key was accepted")
+
+
+@check
+def the_legacy_completions_endpoint_streams():
+    text = ""
+    finish = None
+    for chunk in client.completions.create(model="m", prompt="The sky is", max_tokens=10, temperature=0, stream=True):
+        text += chunk.choices[0].text
+        finish = chunk.choices[0].finish_reason or finish
+    whole = client.completions.create(model="m", prompt="The sky is", max_tokens=10, temperature=0)
+    assert text == whole.choices[0].text and finish == whole.choices[0].finish_reason
+
+
+def main():
+    failed = 0
+    for fn in CHECKS:
+        try:
+            fn()
+            print(f"ok    {fn.__name__}")
+        except Exception as e:  # noqa: BLE001 - report every check
+            failed += 1
+            print(f"FAIL  {fn.__name__}: {type(e).__name__}: {e}")
+    print(f"{len(CHECKS) - failed}/{len(CHECKS)} passed (openai {openai.__version__})")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
