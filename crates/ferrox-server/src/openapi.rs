@@ -54,6 +54,16 @@ pub fn document() -> Value {
     ]});
     cmpl_props["logprobs"] = json!({"type": "integer", "minimum": 0, "maximum": 20});
     cmpl_props["echo"] = json!({"type": "boolean"});
+    // Optional fields accept null (clients send it for "unset"), as the server does.
+    for props in [&mut chat_props, &mut cmpl_props] {
+        if let Some(map) = props.as_object_mut() {
+            for (name, schema) in map.iter_mut() {
+                if name != "messages" && name != "prompt" {
+                    schema["nullable"] = json!(true);
+                }
+            }
+        }
+    }
     let generation = |props: Value, required: Value, summary: &str| {
         let mut responses = error_responses();
         responses["200"] = json!({
