@@ -146,8 +146,9 @@ pub struct Session<'m, B: DeviceBackend> {
     history: Vec<u32>,
 }
 
-/// Text held back because it may be the start of a stop string.
-fn held_back(text: &str, stops: &[String]) -> usize {
+/// Text held back because it may be the start of a stop string (shared
+/// with the scheduler: one rule for lone and batched sequences).
+pub(crate) fn held_back(text: &str, stops: &[String]) -> usize {
     let mut hold = 0;
     for s in stops {
         for k in (1..s.len()).rev() {

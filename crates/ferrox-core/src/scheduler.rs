@@ -20,6 +20,7 @@
 //! UTF-8 never split) is [`crate::generate::Session`]'s, so a batched
 //! sequence produces exactly what a lone session would.
 
+use crate::generate::held_back;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -401,25 +402,6 @@ impl Scheduler {
         let q = self.shared.lock();
         q.items.len() + self.shared.stats.active.load(Ordering::Relaxed) as usize
     }
-}
-
-/// Text held back because it may be the start of a stop string (the same
-/// rule as a lone session's).
-fn held_back(text: &str, stops: &[String]) -> usize {
-    let mut hold = 0;
-    for s in stops {
-        for k in (1..s.len()).rev() {
-            if k <= hold {
-                break;
-            }
-            // The boundary check comes first: slicing inside a character panics.
-            if s.is_char_boundary(k) && text.ends_with(&s[..k]) {
-                hold = k;
-                break;
-            }
-        }
-    }
-    hold
 }
 
 /// A sequence holding a slot.
