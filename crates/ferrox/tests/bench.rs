@@ -6,31 +6,15 @@
 //! the same model and equals the full KL computed here when the base keeps
 //! every token; bad input is a clean error.
 
+mod common;
+use common::*;
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use ferrox_core::arch::Arch;
 use ferrox_core::backend::cpu::Cpu;
 use ferrox_core::backend::Batch;
 use ferrox_core::model::Model;
 use ferrox_core::tokenizer::Tokenizer;
-
-fn ferrox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrox"))
-        .args(args)
-        .output()
-        .expect("run ferrox")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrox-bench-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn tiny(arch: Arch, seed: u64) -> PathBuf {
     let path = scratch(&format!("tiny-{arch:?}-{seed}.gguf"));
@@ -70,23 +54,6 @@ fn write_text(name: &str, n_words: usize) -> PathBuf {
     let p = scratch(name);
     std::fs::write(&p, words_text(n_words)).unwrap();
     p
-}
-
-fn assert_clean_error(o: &Output, expect: &str) {
-    let err = text(&o.stderr);
-    assert!(
-        !o.status.success(),
-        "expected failure, got success; stdout: {}",
-        text(&o.stdout)
-    );
-    assert!(
-        err.contains(expect),
-        "stderr should mention {expect:?}: {err}"
-    );
-    assert!(
-        !err.contains("panicked"),
-        "a panic is not an error message: {err}"
-    );
 }
 
 const FIELDS: [&str; 12] = [

@@ -3,25 +3,14 @@
 //! The Python `gguf` package (numpy reference) reads what `quantize` writes,
 //! as the independent check that the output is a valid GGUF.
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ferrox_gguf::testing::{tiny_model, Fill, TinyTensor};
 use ferrox_gguf::{GgufModel, Value};
 use ferrox_quant::QuantKind::{self, *};
-
-fn ferrox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrox"))
-        .args(args)
-        .output()
-        .expect("run ferrox")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrox-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

@@ -4,27 +4,12 @@
 //! architecture, a truncated file, an over-long prompt, no model at all)
 //! as clear errors with a non-zero exit.
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use ferrox_core::arch::Arch;
-
-fn ferrox(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrox"))
-        .args(args)
-        .output()
-        .expect("run ferrox")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrox-run-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn gemma() -> PathBuf {
     std::env::var_os("FERROX_TEST_MODEL")
@@ -33,23 +18,6 @@ fn gemma() -> PathBuf {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf")
         })
-}
-
-/// A failure that is a clean error: non-zero exit, the expected words, no panic.
-fn assert_clean_error(o: &Output, expect: &str) {
-    let err = text(&o.stderr);
-    assert!(
-        !o.status.success(),
-        "expected failure, got success; stderr: {err}"
-    );
-    assert!(
-        err.contains(expect),
-        "stderr should mention {expect:?}: {err}"
-    );
-    assert!(
-        !err.contains("panicked"),
-        "a panic is not an error message: {err}"
-    );
 }
 
 #[test]
