@@ -17,6 +17,7 @@
 pub mod blocks;
 pub mod cpu;
 mod error;
+pub mod gemm;
 mod kind;
 pub mod matvec;
 pub mod scalar;
@@ -48,6 +49,20 @@ pub trait VecDot: Block {
     /// `sum_i w[i] * a[i]` over whole rows: `w.len() * Self::ELEMS ==
     /// a.len() * Self::Act::ELEMS`.
     fn vec_dot(w: &[Self], a: &[Self::Act]) -> f32;
+}
+
+/// Block → small integers with one affine map per sub-block: element `e` is
+/// `scale[e / SUB] * q[e] + bias[e / SUB]`, computed in exactly the order
+/// [`Dequantize`] computes it (so the two agree bit for bit). This is the form
+/// the batched integer GEMM ([`gemm`]) packs weights into: `q + OFFSET` as an
+/// unsigned byte, the offset folded into the bias.
+pub trait Unpack: Block {
+    /// Elements per sub-block (one scale and bias each): 16 or 32.
+    const SUB: usize;
+    /// Added to every `q` so that `q + OFFSET` lies in `0..=255`.
+    const OFFSET: i32;
+    /// Writes [`Block::ELEMS`] quants and `ELEMS / SUB` scales and biases.
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]);
 }
 
 /// Checks that `n_elems` is whole blocks of `kind` and returns the byte size.

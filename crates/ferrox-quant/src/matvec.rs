@@ -131,6 +131,9 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
+    if n >= crate::gemm::MIN_BATCH && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads)? {
+        return Ok(());
+    }
     let mut act = ActBuf::new(p.act_bytes * n);
     if cols > 0 {
         for (xr, ar) in x.chunks_exact(cols).zip(act.bytes_mut().chunks_exact_mut(p.act_bytes)) {
@@ -138,6 +141,21 @@ pub fn matmul_with(
         }
     }
     let act = act.bytes();
+    // Four rows per call where the level has it (Q8_0 activations only).
+    let dot4 = match (cpu::dot4_kernel(kind, p.kernel.isa), cpu::dot4_fn(kind, p.kernel.isa)) {
+        (Some(_), Some(f)) => Some(f),
+        _ => None,
+    };
+    let preps: Vec<cpu::ActPrep> = match dot4 {
+        Some(_) => act
+            .chunks_exact(p.act_bytes.max(1))
+            .map(|a| {
+                let mut prep = cpu::ActPrep::default();
+                prep.q8_0(a).map(|()| prep)
+            })
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
     let out = OutPtr(y.as_mut_ptr());
     let n_tasks = rows.div_ceil(ROWS_PER_TASK);
     let task = |t: usize| {
@@ -147,7 +165,26 @@ pub fn matmul_with(
         let out = out;
         let r0 = t * ROWS_PER_TASK;
         let r1 = (r0 + ROWS_PER_TASK).min(rows);
-        for r in r0..r1 {
+        let mut r_single = r0;
+        if let Some(f) = dot4 {
+            let r4 = r0 + (r1 - r0) / 4 * 4;
+            for r in (r0..r4).step_by(4) {
+                let w = &weights[r * p.row_bytes..(r + 4) * p.row_bytes];
+                for (b, prep) in preps.iter().enumerate() {
+                    let a = &act[b * p.act_bytes..(b + 1) * p.act_bytes];
+                    // SAFETY: as for the one-row kernel below, for four
+                    // consecutive rows; `prep` was made from `a`.
+                    let v = unsafe { f(w, p.row_bytes, a, prep) };
+                    for (k, &v) in v.iter().enumerate() {
+                        // SAFETY: `b * rows + r + k < n * rows`; rows r..r+4
+                        // belong to this task alone.
+                        unsafe { *out.0.add(b * rows + r + k) = v };
+                    }
+                }
+            }
+            r_single = r4;
+        }
+        for r in r_single..r1 {
             let w = &weights[r * p.row_bytes..(r + 1) * p.row_bytes];
             for b in 0..n {
                 let a = &act[b * p.act_bytes..(b + 1) * p.act_bytes];

@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use ferrox_quant::cpu::{Isa, ThreadPool};
+use ferrox_quant::cpu::{attn_scores, attn_values, softmax, Isa, ThreadPool};
 use ferrox_quant::QuantKind;
 use half::f16;
 
@@ -398,49 +398,37 @@ impl DeviceBackend for Cpu {
         let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
         let group = p.n_head / p.n_head_kv;
         let outp = OutPtr(out.as_mut_ptr());
+        // One task per (token, KV head): each K and V row is converted and
+        // read once for all the query heads that share it.
         let task = |i: usize| {
             #[allow(clippy::redundant_locals)]
             let outp = outp;
-            let (t, h) = (i / p.n_head, i % p.n_head);
+            let (t, kvh) = (i / p.n_head_kv, i % p.n_head_kv);
             let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
-            let kvh = h / group;
             let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
-            let qh = &q[(t * p.n_head + h) * hd..][..hd];
-            let mut scores = Vec::with_capacity(pos + 1 - lo);
-            let mut krow = vec![0.0f32; hd];
-            let mut max = f32::NEG_INFINITY;
-            for j in lo..=pos {
-                let at = s * n_ctx + j;
-                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&kc[at * kd + kvh * hd..][..hd], &mut krow);
-                let mut d = 0.0f32;
-                for (a, b) in qh.iter().zip(&krow) {
-                    d += a * b;
-                }
-                let mut sc = d * p.scale;
+            let len = pos + 1 - lo;
+            let h0 = kvh * group;
+            let mut scores = vec![0.0f32; group * len];
+            let qg = &q[(t * p.n_head + h0) * hd..][..group * hd];
+            let (kbase, vbase) = (&kc[kvh * hd..], &vc[kvh * hdv..]);
+            // The operands were sized above (cache rows, q, out), so the
+            // kernels' own bounds checks cannot fail here.
+            let ok = attn_scores(qg, kbase, kd, s * n_ctx + lo, len, hd, group, &mut scores);
+            debug_assert!(ok);
+            for row in scores.chunks_exact_mut(len) {
+                row.iter_mut().for_each(|sc| *sc *= p.scale);
                 if let Some(cap) = p.softcap {
-                    sc = cap * (sc * (1.0 / cap)).tanh();
+                    row.iter_mut().for_each(|sc| *sc = cap * (*sc * (1.0 / cap)).tanh());
                 }
-                max = max.max(sc);
-                scores.push(sc);
+                softmax(row);
             }
-            let mut sum = 0.0f32;
-            for sc in &mut scores {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            // SAFETY: (t, h) is this task's alone; the range is inside `out`
-            // (its length was checked to be n * n_head * hdv).
-            let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add((t * p.n_head + h) * hdv), hdv) };
-            o.fill(0.0);
-            let mut vrow = vec![0.0f32; hdv];
-            for (j, &w) in (lo..=pos).zip(&scores) {
-                let at = s * n_ctx + j;
-                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&vc[at * vd + kvh * hdv..][..hdv], &mut vrow);
-                let w = w / sum;
-                o.iter_mut().zip(&vrow).for_each(|(o, &x)| *o += w * x);
-            }
+            // SAFETY: heads h0..h0+group of token t are this task's alone; the
+            // range is inside `out` (its length was checked to be n * n_head * hdv).
+            let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add((t * p.n_head + h0) * hdv), group * hdv) };
+            let ok = attn_values(&scores, vbase, vd, s * n_ctx + lo, len, hdv, group, o);
+            debug_assert!(ok);
         };
-        ThreadPool::global().run(self.threads, n * p.n_head, &task);
+        ThreadPool::global().run(self.threads, n * p.n_head_kv, &task);
         Ok(())
     }
 

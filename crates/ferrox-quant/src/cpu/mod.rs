@@ -16,6 +16,7 @@ use crate::blocks::*;
 use crate::{QuantError, QuantKind, VecDot};
 
 mod pool;
+mod vecops;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "aarch64")]
@@ -25,6 +26,7 @@ mod neon;
 mod tests;
 
 pub use pool::ThreadPool;
+pub use vecops::{attn_scores, attn_values, axpy_f32_f16, dot_f32_f16, softmax};
 
 /// An instruction-set level a kernel is written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,13 +37,17 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW/VL + VNNI (Ice Lake, Zen 4 and later).
     Avx512Vnni,
+    /// x86-64 AVX-512 VNNI + AMX-TILE/AMX-INT8 (Sapphire Rapids and later),
+    /// with the tile state granted by the OS. Only the batched GEMM has AMX
+    /// kernels; everything else falls back to [`Isa::Avx512Vnni`].
+    Amx,
     /// aarch64 NEON (+ dotprod where present).
     Neon,
 }
 
 impl Isa {
     /// Every level, scalar first.
-    pub const ALL: &'static [Isa] = &[Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon];
+    pub const ALL: &'static [Isa] = &[Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx, Isa::Neon];
 
     /// The name `FERROX_CPU_ISA` takes.
     pub const fn name(self) -> &'static str {
@@ -49,6 +55,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512",
+            Isa::Amx => "amx",
             Isa::Neon => "neon",
         }
     }
@@ -76,6 +83,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512Vnni.is_available() && x86::amx::usable(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)] // the other architecture's levels
@@ -89,7 +98,7 @@ impl Isa {
     pub const fn is_compiled(self) -> bool {
         match self {
             Isa::Scalar => true,
-            Isa::Avx2 | Isa::Avx512Vnni => cfg!(target_arch = "x86_64"),
+            Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => cfg!(target_arch = "x86_64"),
             Isa::Neon => cfg!(target_arch = "aarch64"),
         }
     }
@@ -100,6 +109,7 @@ impl Isa {
             Isa::Scalar => None,
             Isa::Avx2 | Isa::Neon => Some(Isa::Scalar),
             Isa::Avx512Vnni => Some(Isa::Avx2),
+            Isa::Amx => Some(Isa::Avx512Vnni),
         }
     }
 
@@ -124,9 +134,22 @@ impl Isa {
         })
     }
 
+    /// Whether this level has `other`'s instructions (it is `other` or falls
+    /// back to it).
+    pub fn includes(self, other: Isa) -> bool {
+        let mut level = Some(self);
+        while let Some(i) = level {
+            if i == other {
+                return true;
+            }
+            level = i.fallback();
+        }
+        false
+    }
+
     /// The best level this CPU has, ignoring the environment.
     pub fn detect() -> Isa {
-        [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon]
+        [Isa::Amx, Isa::Avx512Vnni, Isa::Avx2, Isa::Neon]
             .into_iter()
             .find(|i| i.is_available())
             .unwrap_or(Isa::Scalar)
@@ -188,6 +211,7 @@ pub fn simd_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
             MXFP4 => Some("avx512::dot_mxfp4_q8_0"),
             _ => None, // capability table: partial by design
         },
+        Isa::Amx => None, // no dot kernels of its own: AVX-512's serve (fallback)
         Isa::Neon => match kind {
             Q8_0 => Some("neon::dot_q8_0_q8_0"),
             _ => None, // capability table: partial by design
@@ -299,6 +323,72 @@ pub fn select(kind: QuantKind, isa: Isa) -> Option<Kernel> {
     None
 }
 
+/// An activation row's per-block scales (f32) and quant sums, computed once
+/// per matvec for the four-row kernels.
+#[derive(Debug, Default, Clone)]
+pub struct ActPrep {
+    /// Block scales.
+    pub d: Vec<f32>,
+    /// Sums of each block's quants.
+    pub sum: Vec<i32>,
+}
+
+impl ActPrep {
+    /// Prepares a Q8_0 activation row (whole, aligned blocks).
+    pub fn q8_0(&mut self, a: &[u8]) -> Result<(), CpuError> {
+        check_aligned(QuantKind::Q8_0, a)?;
+        if !a.len().is_multiple_of(core::mem::size_of::<BlockQ8_0>()) {
+            return Err(CpuError::Shape { what: "Q8_0 activation bytes", expected: a.len() / 34 * 34, got: a.len() });
+        }
+        // SAFETY: aligned (checked) whole blocks (checked).
+        let blocks = unsafe { blocks_of::<BlockQ8_0>(a) };
+        self.d.clear();
+        self.sum.clear();
+        for b in blocks {
+            self.d.push(b.d.to_f32());
+            self.sum.push(b.qs.iter().map(|&q| i32::from(q)).sum());
+        }
+        Ok(())
+    }
+}
+
+/// Four consecutive weight rows (`w`, 4 x `row_bytes`) against one
+/// activation row `a` prepared as `p`.
+///
+/// # Safety
+/// The [`DotFn`] contract for each row, and `p` prepared from `a`.
+pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: &[u8], p: &ActPrep) -> [f32; 4];
+
+/// The four-row kernel `(kind, isa)` claims, by name (hand-written; a test
+/// ties it to [`dot4_fn`]). Only Q8_0-activation kinds: the prep is Q8_0's.
+pub fn dot4_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
+    use QuantKind::*;
+    match (isa, kind) {
+        (Isa::Avx512Vnni, Q8_0) => Some("avx512::dot4_q8_0"),
+        (Isa::Avx512Vnni, Q4_0) => Some("avx512::dot4_q4_0"),
+        (Isa::Avx512Vnni, Q5_0) => Some("avx512::dot4_q5_0"),
+        _ => None, // capability table: partial by design
+    }
+}
+
+/// The four-row kernel that exists for `(kind, isa)`, with no fallback.
+pub fn dot4_fn(kind: QuantKind, isa: Isa) -> Option<Dot4Fn> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => x86::avx512_dot4_fn(kind),
+        _ => None,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::amx;
+
+/// The x86 GEMM micro-kernel of the AVX-512 VNNI level.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn x86_gemm_tile() -> crate::gemm::TileFn {
+    x86::avx512_gemm_tile()
+}
+
 /// Errors of the CPU kernels.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CpuError {
@@ -365,7 +455,7 @@ pub fn quantize_act(act: QuantKind, isa: Isa, x: &[f32], out: &mut [u8]) -> Resu
     }
     check_aligned(act, out)?;
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && x86::quantize_act_avx2(act, x, out) {
+    if isa.includes(Isa::Avx2) && x86::quantize_act_avx2(act, x, out) {
         return Ok(());
     }
     crate::quantize(act, x, out)?;

@@ -236,3 +236,63 @@ fn simd_activation_quantizers_are_byte_exact_with_the_scalar_quantizers() {
     }
     eprintln!("compared {checked} SIMD-quantized activation rows byte for byte");
 }
+
+#[test]
+fn every_claimed_four_row_kernel_is_dispatched_and_nothing_else() {
+    for &isa in Isa::ALL.iter().filter(|i| i.is_compiled()) {
+        for &k in QuantKind::ALL {
+            assert_eq!(dot4_kernel(k, isa).is_some(), dot4_fn(k, isa).is_some(), "{k} at {isa}");
+            if dot4_kernel(k, isa).is_some() {
+                assert_eq!(k.vec_dot_kind(), Some(QuantKind::Q8_0), "{k}: the four-row prep is Q8_0's");
+            }
+        }
+    }
+}
+
+/// Each four-row kernel against the scalar twin row by row, including
+/// all-extreme blocks (the unsigned-code offset and the sign trick at their limits).
+#[test]
+fn four_row_kernels_match_the_scalar_twin() {
+    let mut rng = SmallRng::seed_from_u64(21);
+    for &isa in Isa::ALL {
+        for &kind in QuantKind::ALL {
+            let Some(f) = dot4_fn(kind, isa) else { continue };
+            if !isa.is_available() {
+                eprintln!("NOT CHECKED: {kind} four-row kernel at {isa} (this CPU lacks it)");
+                continue;
+            }
+            for nb in [1usize, 2, 7, 20] {
+                let cols = nb * 32;
+                for extreme in [false, true] {
+                    let gen = |rng: &mut SmallRng| -> f32 {
+                        if extreme { if rng.gen_bool(0.5) { 1.0 } else { -1.0 } } else { rng.gen_range(-1.0..1.0) }
+                    };
+                    let w: Vec<f32> = (0..4 * cols).map(|_| gen(&mut rng)).collect();
+                    let x: Vec<f32> = (0..cols).map(|_| gen(&mut rng)).collect();
+                    let wq = aligned_bytes(&crate::quantize_to_vec(kind, &w).unwrap());
+                    let xq = aligned_bytes(&crate::quantize_to_vec(QuantKind::Q8_0, &x).unwrap());
+                    let rb = crate::row_bytes(kind, cols).unwrap();
+                    let (wb, xb) = (&as_bytes(&wq)[..4 * rb], &as_bytes(&xq)[..crate::row_bytes(QuantKind::Q8_0, cols).unwrap()]);
+                    let mut p = ActPrep::default();
+                    p.q8_0(xb).unwrap();
+                    // SAFETY: level available (checked); four whole aligned rows and one prepared activation row.
+                    let got = unsafe { f(wb, rb, xb, &p) };
+                    for r in 0..4 {
+                        let want = crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
+                        assert!((got[r] - want).abs() <= 1e-4 * want.abs().max(1.0), "{kind} at {isa}, {nb} blocks, row {r}: {} vs {want}", got[r]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn aligned_bytes(b: &[u8]) -> Vec<u64> {
+    let mut v = vec![0u64; b.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..b.len()].copy_from_slice(b);
+    v
+}
+
+fn as_bytes(v: &[u64]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}

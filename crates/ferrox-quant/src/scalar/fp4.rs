@@ -8,7 +8,7 @@
 
 use super::legacy::cvtt_i32;
 use crate::blocks::*;
-use crate::{Dequantize, Quantize, VecDot};
+use crate::{Dequantize, Quantize, Unpack, VecDot};
 
 /// Twice each E2M1 value, indexed by the 4-bit code (sign in bit 3).
 const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
@@ -182,6 +182,18 @@ impl VecDot for BlockNVFP4 {
             }
         }
         sumf
+    }
+}
+
+impl Unpack for BlockMXFP4 {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 12;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        for (j, &b) in self.qs.iter().enumerate() {
+            q[j] = E2M1_X2[usize::from(b & 0x0F)];
+            q[j + 16] = E2M1_X2[usize::from(b >> 4)];
+        }
+        (scale[0], bias[0]) = (e8m0_half(self.e), 0.0);
     }
 }
 

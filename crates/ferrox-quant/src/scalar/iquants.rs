@@ -17,7 +17,7 @@ use super::iq_grids::{
     KSIGNS_IQ2XS, KVALUES_IQ4NL,
 };
 use crate::blocks::*;
-use crate::{Dequantize, Quantize, VecDot};
+use crate::{Dequantize, Quantize, Unpack, VecDot};
 
 /// IQ1_S / IQ1_M shift every grid value by ±1/8 (ggml's `IQ1S_DELTA`).
 const IQ1_DELTA: f32 = 0.125;
@@ -1084,5 +1084,36 @@ mod tests {
             b.qs.iter().all(|&q| q == 0x88),
             "indices of 0 are codebook entry 8 (value 1)"
         );
+    }
+}
+
+// ---------------------------------------------------------------- Unpack
+
+/// 32 IQ4 nibbles as their table values (low nibbles first).
+fn unpack_iq4_32(qs: &[u8], q: &mut [i8]) {
+    for j in 0..16 {
+        q[j] = kv(qs[j]);
+        q[j + 16] = kv(qs[j] >> 4);
+    }
+}
+
+impl Unpack for BlockIQ4NL {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 128;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        unpack_iq4_32(&self.qs, q);
+        (scale[0], bias[0]) = (self.d.to_f32(), 0.0);
+    }
+}
+
+impl Unpack for BlockIQ4XS {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 128;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        let d = self.d.to_f32();
+        for ib in 0..8 {
+            unpack_iq4_32(&self.qs[16 * ib..16 * ib + 16], &mut q[32 * ib..32 * ib + 32]);
+            (scale[ib], bias[ib]) = (d * self.ls(ib) as f32, 0.0);
+        }
     }
 }

@@ -19,7 +19,7 @@
 
 use super::kquant_util::{get_scale_min_k4, make_q3_quants, make_qkx2_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use crate::blocks::*;
-use crate::{Dequantize, Quantize, VecDot};
+use crate::{Dequantize, Quantize, Unpack, VecDot};
 use bytemuck::Zeroable;
 
 /// One block's input, zero-padded, so the quantizers can index freely.
@@ -1006,5 +1006,71 @@ mod tests {
         ];
         let bad: Vec<_> = got.iter().filter(|(_, g, w)| g != w).map(|(k, g, w)| format!("{k}: got {g:x?} want {w:x?}")).collect();
         assert!(bad.is_empty(), "{bad:#?}");
+    }
+}
+
+// ---------------------------------------------------------------- Unpack
+
+impl Unpack for BlockQ2K {
+    const SUB: usize = 16;
+    const OFFSET: i32 = 0;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
+        for (e, v) in q[..QK_K].iter_mut().enumerate() {
+            *v = unpack_2bit(&self.qs, e) as i8;
+        }
+        for (j, &sc) in self.scales.iter().enumerate() {
+            (scale[j], bias[j]) = (d * (sc & 0xF) as f32, -(min * (sc >> 4) as f32));
+        }
+    }
+}
+
+impl Unpack for BlockQ3K {
+    const SUB: usize = 16;
+    const OFFSET: i32 = 4;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        let d_all = self.d.to_f32();
+        q[..QK_K].copy_from_slice(&self.quants());
+        for (j, &s) in q3_scales(&self.scales).iter().enumerate() {
+            (scale[j], bias[j]) = (d_all * s as f32, 0.0);
+        }
+    }
+}
+
+impl Unpack for BlockQ4K {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 0;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
+        q[..QK_K].copy_from_slice(&self.quants());
+        let (sc, mn) = k4_scales_mins(&self.scales);
+        for j in 0..8 {
+            (scale[j], bias[j]) = (d * sc[j] as f32, -(min * mn[j] as f32));
+        }
+    }
+}
+
+impl Unpack for BlockQ5K {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 0;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
+        q[..QK_K].copy_from_slice(&self.quants());
+        let (sc, mn) = k4_scales_mins(&self.scales);
+        for j in 0..8 {
+            (scale[j], bias[j]) = (d * sc[j] as f32, -(min * mn[j] as f32));
+        }
+    }
+}
+
+impl Unpack for BlockQ6K {
+    const SUB: usize = 16;
+    const OFFSET: i32 = 32;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        let d = self.d.to_f32();
+        q[..QK_K].copy_from_slice(&self.quants());
+        for (j, &s) in self.scales.iter().enumerate() {
+            (scale[j], bias[j]) = (d * s as f32, 0.0);
+        }
     }
 }

@@ -9,7 +9,7 @@
 
 use super::float::f16_from_f32;
 use crate::blocks::*;
-use crate::{Dequantize, Quantize, VecDot};
+use crate::{Dequantize, Quantize, Unpack, VecDot};
 
 /// ggml's `MAX(a, b)`: `a > b ? a : b`, so a NaN `b` wins but a NaN `a` is
 /// replaced by the next `b` — unlike `f32::max`.
@@ -695,5 +695,75 @@ mod tests {
         let a = BlockQ8_1 { d: F16::from_f32(1.0), s: F16::from_f32(-7.0), qs: [1; 32] };
         // s is used as stored, not recomputed from qs (which would give 64).
         assert_eq!(BlockQ4_1::vec_dot(&[w], &[a]), -14.0);
+    }
+}
+
+// ---------------------------------------------------------------- Unpack
+
+/// One 32-element block of nibble-plus-high-bit quants with one affine map.
+fn unpack_32(q: &mut [i8], lo_hi: impl Fn(usize) -> (u8, u8), sub: i8) {
+    for j in 0..16 {
+        let (a, b) = lo_hi(j);
+        q[j] = a as i8 - sub;
+        q[j + 16] = b as i8 - sub;
+    }
+}
+
+impl Unpack for BlockQ4_0 {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 8;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        unpack_32(q, |j| (self.qs[j] & 0x0F, self.qs[j] >> 4), 8);
+        (scale[0], bias[0]) = (self.d.to_f32(), 0.0);
+    }
+}
+
+impl Unpack for BlockQ4_1 {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 0;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        unpack_32(q, |j| (self.qs[j] & 0x0F, self.qs[j] >> 4), 0);
+        (scale[0], bias[0]) = (self.d.to_f32(), self.m.to_f32());
+    }
+}
+
+impl Unpack for BlockQ5_0 {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 16;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        unpack_32(
+            q,
+            |j| {
+                let (h0, h1) = q5_high_bits(self.qh, j);
+                ((self.qs[j] & 0x0F) | h0, (self.qs[j] >> 4) | h1)
+            },
+            16,
+        );
+        (scale[0], bias[0]) = (self.d.to_f32(), 0.0);
+    }
+}
+
+impl Unpack for BlockQ5_1 {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 0;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        unpack_32(
+            q,
+            |j| {
+                let (h0, h1) = q5_high_bits(self.qh, j);
+                ((self.qs[j] & 0x0F) | h0, (self.qs[j] >> 4) | h1)
+            },
+            0,
+        );
+        (scale[0], bias[0]) = (self.d.to_f32(), self.m.to_f32());
+    }
+}
+
+impl Unpack for BlockQ8_0 {
+    const SUB: usize = 32;
+    const OFFSET: i32 = 128;
+    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+        q[..32].copy_from_slice(&self.qs);
+        (scale[0], bias[0]) = (self.d.to_f32(), 0.0);
     }
 }

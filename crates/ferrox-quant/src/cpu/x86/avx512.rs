@@ -108,3 +108,114 @@ pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
         (d, dot_i8_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
     })
 }
+
+// ------------------------------------------------------- four rows at once
+//
+// Decode reads every weight once and Gemma-sized rows are short (20–64
+// blocks), so a kernel call per row pays its setup per 700–2200 bytes. These
+// kernels take four consecutive rows against one activation row: each
+// activation block is loaded once for four rows, its scale is converted
+// once per matvec (`ActPrep`), weight scales go through a table rather
+// than a conversion each, and the 4-bit and 5-bit kinds skip the sign trick:
+// their unsigned codes `q + offset` feed `vpdpbusd` directly and the offset
+// comes back as `-offset * sum(a)` in the accumulator's first lane.
+
+/// How far ahead (in rows) the four-row kernels prefetch: measured on the
+/// 262144x640 Q8_0 head, 2 threads: none 14.1 GB/s, 4 rows 20.0, 8 rows
+/// 21.7, 16 rows 21.2.
+const PREFETCH_ROWS: usize = 8;
+
+/// f16 bits → f32, all 65536 of them (256 KiB), as ggml keeps it: one load
+/// per block scale instead of a conversion.
+fn f16_table() -> &'static [f32; 65536] {
+    static T: std::sync::OnceLock<Box<[f32; 65536]>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Box::new([0f32; 65536]);
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = F16::from_bits(i as u16).to_f32();
+        }
+        t
+    })
+}
+
+/// Four rows of `nb` blocks against one activation row. `code` turns a
+/// weight block into its 32 bytes (unsigned when `off > 0`, signed for the
+/// sign trick when `off == 0`); `d` reads its f16 scale bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot4_blocks<X>(
+    w: [&[X]; 4],
+    a: &[BlockQ8_0],
+    p: &crate::cpu::ActPrep,
+    off: i32,
+    code: impl Fn(&X) -> __m256i,
+    d: impl Fn(&X) -> u16,
+    prefetch: usize,
+) -> [f32; 4] {
+    let table = f16_table();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (b, y) in a.iter().enumerate() {
+        let aq = loadu(y.qs.as_ptr().cast());
+        let da = _mm256_set1_ps(p.d[b]);
+        let init = _mm256_castsi128_si256(_mm_cvtsi32_si128(-off * p.sum[b]));
+        for r in 0..4 {
+            let x = &w[r][b];
+            // The next four rows' block: more misses in flight than the
+            // hardware prefetcher keeps for one core (a hint; never faults).
+            _mm_prefetch::<_MM_HINT_T0>((x as *const X).cast::<i8>().wrapping_add(prefetch));
+            let q = code(x);
+            let s = if off == 0 {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(aq, q))
+            } else {
+                _mm256_dpbusd_epi32(init, q, aq)
+            };
+            let dw = _mm256_set1_ps(*table.get_unchecked(usize::from(d(x))));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, da), acc[r]);
+        }
+    }
+    acc.map(|v| hsum_ps(v))
+}
+
+/// The four rows of `w` (4 x `row_bytes`) as blocks of `B`.
+#[inline]
+unsafe fn rows4<B: Block>(w: &[u8], row_bytes: usize) -> [&[B]; 4] {
+    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
+}
+
+/// # Safety
+/// See the module doc; `w` is four rows of `row_bytes`, `a` one activation
+/// row of the same length, `p` prepared from `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows4::<BlockQ8_0>(w, row_bytes);
+    dot4_blocks(rows, blocks_of(a), p, 0, |x| loadu(x.qs.as_ptr().cast()), |x| x.d.to_bits(), PREFETCH_ROWS * row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows4::<BlockQ4_0>(w, row_bytes);
+    dot4_blocks(rows, blocks_of(a), p, 8, |x| nibbles_32(&x.qs), |x| x.d.to_bits(), PREFETCH_ROWS * row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows4::<BlockQ5_0>(w, row_bytes);
+    let bit4 = _mm256_set1_epi8(0x10);
+    dot4_blocks(
+        rows,
+        blocks_of(a),
+        p,
+        16,
+        // The fifth bit of element k is bit k of qh: a byte mask, OR-ed in.
+        |x| {
+            let nib = nibbles_32(&x.qs);
+            _mm256_mask_add_epi8(nib, u32::from_le_bytes(x.qh), nib, bit4)
+        },
+        |x| x.d.to_bits(),
+        PREFETCH_ROWS * row_bytes,
+    )
+}

@@ -2,8 +2,10 @@
 //! VNNI kernels for the 32-element kinds and reuses AVX2 for the rest
 //! through [`super::Isa::fallback`].
 
+pub(crate) mod amx;
 mod avx2;
 mod avx512;
+mod avx512_gemm;
 
 use super::DotFn;
 use crate::QuantKind;
@@ -31,6 +33,23 @@ pub(super) fn avx2_dot_fn(kind: QuantKind) -> Option<DotFn> {
         _ => return None, // capability table: partial by design
     };
     Some(f)
+}
+
+/// The AVX-512 VNNI four-row kernels (see [`super::dot4_fn`]).
+pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
+    use QuantKind::*;
+    let f: super::Dot4Fn = match kind {
+        Q8_0 => avx512::dot4_q8_0,
+        Q4_0 => avx512::dot4_q4_0,
+        Q5_0 => avx512::dot4_q5_0,
+        _ => return None, // capability table: partial by design
+    };
+    Some(f)
+}
+
+/// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::tile_fn`]).
+pub(crate) fn avx512_gemm_tile() -> crate::gemm::TileFn {
+    avx512_gemm::gemm_u8s8_4x4
 }
 
 /// The AVX-512 VNNI dispatch table (see [`super::dot_fn`]).

@@ -1,0 +1,164 @@
+//! The AMX-INT8 micro-kernel of the packed GEMM ([`crate::gemm`]).
+//!
+//! The key decision: AMX tiles do only the integer part, one sub-block at a
+//! time. Per sub-block `k` of 16 or 32 elements, one `tdpbusd` multiplies 16
+//! weight rows (u8, straight from the row-major panel, stride = padded row)
+//! by 16 tokens (s8, packed four bytes per token per tile row, as the
+//! instruction wants) into 16x16 exact i32 sums. The accumulator tile starts
+//! at `-OFFSET * sum(q_a)` per token (a stride-0 load), so the unsigned codes'
+//! offset is gone before any rounding. AVX-512 then scales each row of sums
+//! by `scale[row] * d[token]` into 16 float accumulators (token lanes). The
+//! scales differ per sub-block, so no int sums can be carried further.
+//!
+//! Stable Rust has no AMX intrinsics: the five tile instructions are inline
+//! assembly (the assembler knows them); tile registers are never touched by
+//! compiled code, so state across `asm!` blocks is ours alone.
+//!
+//! Every function here is `unsafe` for one reason, stated once: it must only
+//! run on a CPU with AMX-TILE/AMX-INT8 and AVX-512 F/BW/VL/VNNI, in a thread
+//! whose process was granted the tile data state ([`usable`]), with pointers
+//! as [`crate::gemm`] documents.
+
+use core::arch::asm;
+use core::arch::x86_64::*;
+
+/// Whether this CPU has AMX-TILE and AMX-INT8 and Linux granted the process
+/// the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
+/// asked once.
+pub(crate) fn usable() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        let l7 = __cpuid_count(7, 0);
+        let (tile, int8) = (l7.edx & (1 << 24) != 0, l7.edx & (1 << 25) != 0);
+        if !(tile && int8) {
+            return false;
+        }
+        request_tile_permission()
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn request_tile_permission() -> bool {
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the arch_prctl system call (158 on x86-64) with a request that
+    // only changes this process's permitted xsave features; it reads no
+    // memory of ours. The kernel clobbers rcx and r11.
+    unsafe {
+        asm!("syscall", inlateout("rax") 158i64 => ret, in("rdi") ARCH_REQ_XCOMP_PERM,
+             in("rsi") XFEATURE_XTILEDATA, lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_permission() -> bool {
+    false // other kernels: not wired; the AVX-512 GEMM serves
+}
+
+/// The 64-byte tile configuration (palette 1): tile 0 = weights (16 rows x
+/// `sub` bytes), 1 = activations (`sub / 4` rows x 64 bytes), 2 = sums
+/// (16 x 64 bytes).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+impl TileConfig {
+    fn new(sub: usize) -> TileConfig {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let mut set = |t: usize, rows: u8, colsb: u16| {
+            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
+            c[48 + t] = rows;
+        };
+        set(0, 16, sub as u16);
+        set(1, (sub / 4) as u8, 64);
+        set(2, 16, 64);
+        TileConfig(c)
+    }
+}
+
+/// One panel of 16 rows against one tile of 16 tokens over `subs` sub-blocks.
+pub(crate) struct AmxTile {
+    /// Row-major weight codes, 16 rows of `stride` bytes.
+    pub(crate) u: *const u8,
+    /// Padded row length in bytes.
+    pub(crate) stride: usize,
+    /// Per sub-block, the 16 rows' scales.
+    pub(crate) scale: *const f32,
+    /// Per sub-block, the 16 rows' own biases (the kind's minimum), or null.
+    pub(crate) bias: *const f32,
+    /// Per sub-block, the token tile's bytes (`sub / 4` rows of 64).
+    pub(crate) q: *const i8,
+    /// Per sub-block, the 16 tokens' scales.
+    pub(crate) d: *const f32,
+    /// Per sub-block, the 16 tokens' `-OFFSET * sum(q_a)` (i32).
+    pub(crate) init: *const i32,
+    /// Per sub-block, the 16 tokens' `d * sum(q_a)` (used with `bias`).
+    pub(crate) sums: *const f32,
+}
+
+/// Loads the tile configuration for sub-blocks of `sub` elements into this
+/// thread's tile unit.
+///
+/// # Safety
+/// See the module doc.
+pub(crate) unsafe fn configure(sub: usize) {
+    let cfg = TileConfig::new(sub);
+    asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+}
+
+/// Releases this thread's tile state (so context switches stop saving it).
+///
+/// # Safety
+/// See the module doc.
+pub(crate) unsafe fn release() {
+    asm!("tilerelease", options(nostack, nomem));
+}
+
+/// `out[row][token]` for 16 rows x 16 tokens. The tile unit is configured
+/// for `sub` ([`configure`]).
+///
+/// # Safety
+/// See the module doc; every pointer covers `subs` sub-blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn gemm_16x16(t: &AmxTile, sub: usize, subs: usize, out: &mut [[f32; 16]; 16]) {
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let mut sums = [[0i32; 16]; 16];
+    let qbytes = sub * 16;
+    for k in 0..subs {
+        asm!(
+            "tileloadd tmm2, [{init} + {zero}*1]",
+            "tileloadd tmm0, [{u} + {su}*1]",
+            "tileloadd tmm1, [{q} + {sq}*1]",
+            "tdpbusd tmm2, tmm0, tmm1",
+            "tilestored [{c} + {sc}*1], tmm2",
+            init = in(reg) t.init.add(16 * k),
+            zero = in(reg) 0usize,
+            u = in(reg) t.u.add(k * sub),
+            su = in(reg) t.stride,
+            q = in(reg) t.q.add(k * qbytes),
+            sq = in(reg) 64usize,
+            c = in(reg) sums.as_mut_ptr(),
+            sc = in(reg) 64usize,
+            options(nostack),
+        );
+        let d = _mm512_loadu_ps(t.d.add(16 * k));
+        let scale = t.scale.add(16 * k);
+        for (r, a) in acc.iter_mut().enumerate() {
+            let s = _mm512_mul_ps(_mm512_set1_ps(*scale.add(r)), d);
+            let v = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[r].as_ptr().cast()));
+            *a = _mm512_fmadd_ps(v, s, *a);
+        }
+        if !t.bias.is_null() {
+            let sv = _mm512_loadu_ps(t.sums.add(16 * k));
+            let bias = t.bias.add(16 * k);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(*bias.add(r)), sv, *a);
+            }
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+    }
+}

@@ -1,0 +1,820 @@
+//! Batched quantized matrix products (prefill, batched decode) as a blocked
+//! integer GEMM.
+//!
+//! The key decision: **one packed form for every kind**. A panel of weight
+//! rows is unpacked (per call, by the thread that owns it) into unsigned
+//! bytes `u = q + OFFSET` with one float scale per 16- or 32-element
+//! sub-block and one float bias per sub-block ([`crate::Unpack`], which
+//! agrees bit for bit with dequantization); activations are quantized once,
+//! exactly as ggml does for the kind (`vec_dot_type`), and expanded into
+//! signed bytes with their scales. Then a register-tiled micro-kernel does
+//! `RM x RN` dot products at once with VNNI (`vpdpbusd`: u8 x s8), so each
+//! weight byte loaded feeds `RN` tokens and each activation byte `RM` rows.
+//! For sub-block `s` of row `r` and token `c`:
+//!
+//! ```text
+//! dot = sum_s  scale[r][s] * d[c][s] * sum(u * q_a)  +  bias[r][s] * (d[c][s] * sum(q_a))
+//! ```
+//!
+//! The first term is the micro-kernel's; the second — the kind's minimum or
+//! the folded offset — is a dot over sub-blocks only (1/16 or 1/32 of the
+//! work), done once per output. The unpack is amortized over every token of
+//! the batch, so it is plain scalar code.
+//!
+//! Only levels with a micro-kernel claim one ([`gemm_kernel`]); the caller
+//! ([`crate::matvec::matmul_with`]) keeps its row-by-row path otherwise and for
+//! small batches.
+
+use crate::blocks::*;
+use crate::cpu::{self, CpuError, Isa, ThreadPool};
+use crate::{QuantError, QuantKind, Unpack};
+
+/// Weight rows per task: unpacked once, then run against every token.
+const ROWS_PER_TASK: usize = 16;
+/// Rows and tokens per micro-kernel call (the register tile).
+pub(crate) const RM: usize = 4;
+/// See [`RM`].
+pub(crate) const RN: usize = 4;
+/// Bytes of a packed row advance per micro-kernel step (one 512-bit load).
+pub(crate) const CHUNK: usize = 64;
+
+/// The smallest batch that takes the GEMM: below it, per-row dot products
+/// read the weights once anyway and skip the unpack.
+pub const MIN_BATCH: usize = 8;
+
+/// The GEMM micro-kernel `(kind, isa)` claims, by name: the capability
+/// table, written by hand; [`gemm_fn`] is what exists, and a test ties them.
+pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
+    use QuantKind::*;
+    let packed = matches!(kind, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4NL | MXFP4 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS);
+    match isa {
+        Isa::Amx if packed => Some("amx::gemm_16x16"),
+        Isa::Avx512Vnni if packed => Some("avx512::gemm_u8s8_4x4"),
+        _ => None, // capability table: partial by design
+    }
+}
+
+/// The micro-kernel: the `RM x RN` dot products of a tile, each
+/// `sum(scale * d * (u . q_a)) + bias . sums`.
+///
+/// # Safety
+/// The CPU has the level the pointer was obtained for; every byte pointer
+/// covers `chunks * CHUNK` bytes, every lane-scale pointer `chunks * CHUNK / 4`
+/// floats, every bias and sums pointer `sub_chunks * 16` floats.
+pub(crate) type TileFn = unsafe fn(w: &TileRows, a: &TileCols, chunks: usize, sub_chunks: usize, out: &mut [[f32; RN]; RM]);
+
+/// The weight side of one micro-kernel call: per row, its packed bytes, lane
+/// scales and sub-block biases.
+pub(crate) struct TileRows {
+    pub(crate) u: [*const u8; RM],
+    pub(crate) s: [*const f32; RM],
+    pub(crate) bias: [*const f32; RM],
+}
+
+/// The activation side: per token, its bytes, lane scales and sub-block sums.
+pub(crate) struct TileCols {
+    pub(crate) q: [*const i8; RN],
+    pub(crate) d: [*const f32; RN],
+    pub(crate) sums: [*const f32; RN],
+}
+
+/// How a level runs the GEMM.
+#[derive(Clone, Copy)]
+enum Engine {
+    /// The AVX-512 VNNI register tile.
+    Vnni(TileFn),
+    /// AMX tiles.
+    #[cfg(target_arch = "x86_64")]
+    Amx,
+}
+
+/// The engine that exists for `isa`, with no fallback: the dispatch table
+/// (must agree with [`gemm_kernel`]).
+fn engine(isa: Isa) -> Option<Engine> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86_gemm_tile())),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx => Some(Engine::Amx),
+        _ => None,
+    }
+}
+
+/// Receives one sub-block of a packed row: its index, scale and the kind's
+/// own bias (the offset is not folded in).
+type SubSink<'a> = &'a mut dyn FnMut(usize, f32, f32);
+
+/// What the GEMM needs of a kind: its sub-block size, code offset and row
+/// packer.
+#[derive(Clone, Copy)]
+struct PackInfo {
+    sub: usize,
+    offset: i32,
+    pack: fn(row: &[u8], u: &mut [u8], sink: SubSink<'_>),
+}
+
+fn pack_info(kind: QuantKind) -> Option<PackInfo> {
+    fn info<B: Unpack>() -> Option<PackInfo> {
+        Some(PackInfo { sub: B::SUB, offset: B::OFFSET, pack: pack_row::<B> })
+    }
+    use QuantKind::*;
+    match kind {
+        Q4_0 => info::<BlockQ4_0>(),
+        Q4_1 => info::<BlockQ4_1>(),
+        Q5_0 => info::<BlockQ5_0>(),
+        Q5_1 => info::<BlockQ5_1>(),
+        Q8_0 => info::<BlockQ8_0>(),
+        IQ4NL => info::<BlockIQ4NL>(),
+        MXFP4 => info::<BlockMXFP4>(),
+        Q2K => info::<BlockQ2K>(),
+        Q3K => info::<BlockQ3K>(),
+        Q4K => info::<BlockQ4K>(),
+        Q5K => info::<BlockQ5K>(),
+        Q6K => info::<BlockQ6K>(),
+        IQ4XS => info::<BlockIQ4XS>(),
+        _ => None, // capability table: partial by design
+    }
+}
+
+/// The name of the GEMM `(kind, isa)` runs with no fallback, if it both is
+/// claimed and exists (and, for AMX, the OS granted the tiles).
+pub fn gemm_fn(kind: QuantKind, isa: Isa) -> Option<&'static str> {
+    let name = gemm_kernel(kind, isa)?;
+    (isa.is_compiled() && engine(isa).is_some() && pack_info(kind).is_some()).then_some(name)
+}
+
+/// The GEMM for `kind` at level `isa` or the first fallback that has one.
+pub fn select_gemm(kind: QuantKind, isa: Isa) -> Option<(Isa, &'static str)> {
+    let mut level = Some(isa);
+    while let Some(i) = level {
+        if let Some(name) = gemm_fn(kind, i) {
+            return Some((i, name));
+        }
+        level = i.fallback();
+    }
+    None
+}
+
+/// Unpacks one row into bytes `q + OFFSET` (the padding is left as the
+/// caller zeroed it) and hands each sub-block's scale and bias to `sink`.
+fn pack_row<B: Unpack>(row: &[u8], u: &mut [u8], sink: SubSink<'_>) {
+    // SAFETY: `row` is whole blocks of B at B's alignment (checked once per
+    // matrix by `prepare` before any task runs).
+    let blocks = unsafe { cpu::blocks_of::<B>(row) };
+    let subs = B::ELEMS / B::SUB;
+    let (mut q, mut s, mut b) = ([0i8; QK_K], [0f32; 16], [0f32; 16]);
+    for (i, blk) in blocks.iter().enumerate() {
+        blk.unpack(&mut q[..B::ELEMS], &mut s[..subs], &mut b[..subs]);
+        let e0 = i * B::ELEMS;
+        for (o, &v) in u[e0..e0 + B::ELEMS].iter_mut().zip(&q) {
+            *o = (i32::from(v) + B::OFFSET) as u8;
+        }
+        for j in 0..subs {
+            sink(e0 / B::SUB + j, s[j], b[j]);
+        }
+    }
+}
+
+/// Scale and quants of activation block `i` of a quantized row, and the
+/// block's stored sum where the kind keeps one (Q8_1); `None` for a kind
+/// that is no activation kind.
+fn act_block(act: QuantKind, row: &[u8], i: usize) -> Option<(f32, &[i8], Option<f32>)> {
+    fn view(b: &[u8]) -> &[i8] {
+        bytemuck::cast_slice(b)
+    }
+    let f16 = |b: &[u8]| F16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+    Some(match act {
+        QuantKind::Q8_0 => {
+            let b = &row[i * 34..(i + 1) * 34];
+            (f16(b), view(&b[2..]), None)
+        }
+        QuantKind::Q8_1 => {
+            let b = &row[i * 36..(i + 1) * 36];
+            (f16(b), view(&b[4..]), Some(f16(&b[2..])))
+        }
+        QuantKind::Q8K => {
+            let b = &row[i * 292..(i + 1) * 292];
+            (f32::from_le_bytes([b[0], b[1], b[2], b[3]]), view(&b[4..260]), None)
+        }
+        _ => return None, // capability table: the activation kinds only
+    })
+}
+
+/// One weight sub-block's worth of a quantized activation row.
+struct ActSub<'a> {
+    /// The sub-block's quants.
+    q: &'a [i8],
+    /// Their scale.
+    d: f32,
+    /// `sum(q)`.
+    sum: i32,
+    /// `d * sum(q)` as ggml's dot uses it (Q8_1: the stored, f16-rounded sum).
+    dsum: f32,
+}
+
+/// Quantizes one activation row as the kind's `vec_dot_type` and hands
+/// each weight sub-block of it to `f` (index, data).
+fn for_each_act_sub(
+    act: QuantKind,
+    isa: Isa,
+    x: &[f32],
+    sub: usize,
+    buf: &mut Vec<u64>,
+    mut f: impl FnMut(usize, ActSub<'_>),
+) -> Result<(), CpuError> {
+    let act_bytes = crate::row_bytes(act, x.len())?;
+    buf.clear();
+    buf.resize(act_bytes.div_ceil(8), 0);
+    let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(buf)[..act_bytes];
+    cpu::quantize_act(act, isa, x, bytes)?;
+    let be = act.block_elems();
+    for i in 0..x.len() / be {
+        let (d, qa, stored) = act_block(act, bytes, i).ok_or(QuantError::NoDot { kind: act })?;
+        for (j, q) in qa.chunks_exact(sub).enumerate() {
+            let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+            // ggml's Q4_1/Q5_1 dots use the block's stored sum, rounded to
+            // f16 (one 32-element sub-block per Q8_1 block).
+            let dsum = stored.unwrap_or(d * sum as f32);
+            f(i * be / sub + j, ActSub { q, d, sum, dsum });
+        }
+    }
+    Ok(())
+}
+
+/// A raw pointer shared by tasks that write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T);
+// SAFETY: tasks write disjoint elements and the pool joins every task before
+// the borrow the pointer came from ends.
+unsafe impl<T> Send for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// The pointer (a method, so closures capture the `Sync` wrapper).
+    fn ptr(&self) -> *mut T {
+        self.0
+    }
+
+    /// `len` elements from `at`.
+    ///
+    /// # Safety
+    /// In bounds of the buffer, and no other task touches them meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+        // SAFETY: the caller's contract.
+        unsafe { core::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
+}
+
+/// Runs `task` on the pool, keeping the first error.
+fn run_fallible(threads: usize, n: usize, task: impl Fn(usize) -> Result<(), CpuError> + Sync) -> Result<(), CpuError> {
+    let err = std::sync::Mutex::new(None);
+    ThreadPool::global().run(threads, n, &|i| {
+        if let Err(e) = task(i) {
+            err.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+        }
+    });
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `Y = X W^T` by the packed GEMM, or `Ok(false)` when neither `isa` nor a
+/// fallback of it has one (the caller then takes the row-by-row path).
+/// Shapes, alignment and lengths are the caller's checked contract
+/// ([`crate::matvec::matmul_with`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul(
+    isa: Isa,
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+) -> Result<bool, CpuError> {
+    let (Some((level, _)), Some(info)) = (select_gemm(kind, isa), pack_info(kind)) else {
+        return Ok(false);
+    };
+    let act = kind.vec_dot_kind().ok_or(QuantError::NoDot { kind })?;
+    let row_bytes = crate::row_bytes(kind, cols)?;
+    let m = Matmul { level, act, info, weights, row_bytes, rows, cols, x, n, threads };
+    match engine(level) {
+        Some(Engine::Vnni(tile)) => m.vnni(tile, y)?,
+        #[cfg(target_arch = "x86_64")]
+        Some(Engine::Amx) => m.amx(y)?,
+        None => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// One GEMM call's operands.
+struct Matmul<'a> {
+    level: Isa,
+    act: QuantKind,
+    info: PackInfo,
+    weights: &'a [u8],
+    row_bytes: usize,
+    rows: usize,
+    cols: usize,
+    x: &'a [f32],
+    n: usize,
+    threads: usize,
+}
+
+impl Matmul<'_> {
+    fn row(&self, r: usize) -> &[u8] {
+        &self.weights[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// The AVX-512 VNNI path: activations per token (bytes, per-lane scales,
+    /// per-sub-block sums), weights per row with the offset folded into the bias.
+    fn vnni(&self, tile: TileFn, y: &mut [f32]) -> Result<(), CpuError> {
+        let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
+        let kpad = cols.next_multiple_of(CHUNK);
+        let subs = (kpad / sub).next_multiple_of(16);
+        let npad = n.next_multiple_of(RN);
+        let (mut aq, mut ad, mut asums) = (vec![0i8; npad * kpad], vec![0f32; npad * kpad / 4], vec![0f32; npad * subs]);
+        let (qp, dp, sp) = (Shared(aq.as_mut_ptr()), Shared(ad.as_mut_ptr()), Shared(asums.as_mut_ptr()));
+        run_fallible(self.threads, n, |c| {
+            // SAFETY: token `c` owns its slices of the three buffers.
+            let (q, d, sums) = unsafe { (qp.slice(c * kpad, kpad), dp.slice(c * kpad / 4, kpad / 4), sp.slice(c * subs, subs)) };
+            let mut buf = Vec::new();
+            for_each_act_sub(self.act, self.level, &self.x[c * cols..(c + 1) * cols], sub, &mut buf, |k, a| {
+                q[k * sub..(k + 1) * sub].copy_from_slice(a.q);
+                d[k * sub / 4..(k + 1) * sub / 4].fill(a.d);
+                sums[k] = a.dsum;
+            })
+        })?;
+        let offset = self.info.offset as f32;
+        let out = Shared(y.as_mut_ptr());
+        ThreadPool::global().run(self.threads, rows.div_ceil(ROWS_PER_TASK), &|t| {
+            let r0 = t * ROWS_PER_TASK;
+            let nr = ROWS_PER_TASK.min(rows - r0);
+            let nrpad = nr.next_multiple_of(RM);
+            PANEL.with_borrow_mut(|panel| {
+                panel.reset(nrpad * kpad, nrpad * kpad / 4, nrpad * subs);
+                for i in 0..nr {
+                    let (s, bias) = (&mut panel.s[i * kpad / 4..(i + 1) * kpad / 4], &mut panel.bias[i * subs..(i + 1) * subs]);
+                    (self.info.pack)(self.row(r0 + i), &mut panel.u[i * kpad..(i + 1) * kpad], &mut |k, sc, b| {
+                        s[k * sub / 4..(k + 1) * sub / 4].fill(sc);
+                        // w = s * q + b = s * (u - OFFSET) + b
+                        bias[k] = b - offset * sc;
+                    });
+                }
+                for c0 in (0..npad).step_by(RN) {
+                    let a = TileCols {
+                        q: core::array::from_fn(|k| aq[(c0 + k) * kpad..].as_ptr()),
+                        d: core::array::from_fn(|k| ad[(c0 + k) * kpad / 4..].as_ptr()),
+                        sums: core::array::from_fn(|k| asums[(c0 + k) * subs..].as_ptr()),
+                    };
+                    for i0 in (0..nrpad).step_by(RM) {
+                        let w = TileRows {
+                            u: core::array::from_fn(|k| panel.u[(i0 + k) * kpad..].as_ptr()),
+                            s: core::array::from_fn(|k| panel.s[(i0 + k) * kpad / 4..].as_ptr()),
+                            bias: core::array::from_fn(|k| panel.bias[(i0 + k) * subs..].as_ptr()),
+                        };
+                        let mut acc = [[0f32; RN]; RM];
+                        // SAFETY: the level is available (checked by the caller);
+                        // every row and token pointer covers `kpad` bytes, `kpad / 4`
+                        // lane scales or `subs` (a multiple of 16) sub-block floats.
+                        unsafe { tile(&w, &a, kpad / CHUNK, subs / 16, &mut acc) };
+                        for (k, accr) in acc.iter().enumerate().take(nr.saturating_sub(i0).min(RM)) {
+                            for (j, &v) in accr.iter().enumerate().take(n.saturating_sub(c0).min(RN)) {
+                                // SAFETY: `(c0 + j) < n` and `r0 + i0 + k < rows`: inside
+                                // `y` (n x rows); row `r0 + i0 + k` is this task's alone.
+                                unsafe { *out.ptr().add((c0 + j) * rows + r0 + i0 + k) = v };
+                            }
+                        }
+                    }
+                }
+            });
+        });
+        Ok(())
+    }
+
+    /// The AMX path, packing each 16-row panel as its task reaches it.
+    #[cfg(target_arch = "x86_64")]
+    fn amx(&self, y: &mut [f32]) -> Result<(), CpuError> {
+        let shape = AmxShape::new(self.info.sub, self.cols);
+        let acts = AmxActs::new(self, &shape)?;
+        let out = Shared(y.as_mut_ptr());
+        ThreadPool::global().run(self.threads, self.rows.div_ceil(AMX_T), &|p| {
+            PANEL.with_borrow_mut(|panel| {
+                panel.reset(AMX_T * shape.stride, AMX_T * shape.subs, AMX_T * shape.subs);
+                let biased = pack_panel(self.info, self.weights, self.row_bytes, self.rows, p, &shape, &mut panel.u, &mut panel.s, &mut panel.bias);
+                let w = PanelRef { u: &panel.u, scale: &panel.s, bias: biased.then_some(&panel.bias[..]) };
+                // SAFETY: the AMX level is available (checked by the caller).
+                unsafe { amx_panel(&w, &acts, &shape, p * AMX_T, self.rows, self.n, out) };
+            });
+        });
+        Ok(())
+    }
+}
+
+/// Tokens per AMX tile, and rows per AMX panel.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const AMX_T: usize = 16;
+
+/// Sizes of the AMX operands for one matrix.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct AmxShape {
+    sub: usize,
+    subs: usize,
+    /// Padded row length: `subs * sub` bytes.
+    stride: usize,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl AmxShape {
+    fn new(sub: usize, cols: usize) -> AmxShape {
+        let subs = cols.div_ceil(sub);
+        AmxShape { sub, subs, stride: subs * sub }
+    }
+}
+
+/// Activations in 16-token tiles laid out as `tdpbusd` wants them (see
+/// `cpu::x86::amx`): per tile and sub-block, `sub * 16` bytes, and 16 each of
+/// scales, `-OFFSET * sum(q)` and `d * sum(q)`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct AmxActs {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    init: Vec<i32>,
+    sums: Vec<f32>,
+    tiles: usize,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl AmxActs {
+    fn new(m: &Matmul<'_>, shape: &AmxShape) -> Result<AmxActs, CpuError> {
+        const T: usize = AMX_T;
+        let (sub, subs, cols, n) = (shape.sub, shape.subs, m.cols, m.n);
+        let tiles = n.div_ceil(T);
+        let mut a = AmxActs {
+            q: vec![0; tiles * subs * sub * T],
+            d: vec![0.0; tiles * subs * T],
+            init: vec![0; tiles * subs * T],
+            sums: vec![0.0; tiles * subs * T],
+            tiles,
+        };
+        let ptrs = (Shared(a.q.as_mut_ptr()), Shared(a.d.as_mut_ptr()), Shared(a.init.as_mut_ptr()), Shared(a.sums.as_mut_ptr()));
+        let offset = m.info.offset;
+        run_fallible(m.threads, tiles, |t| {
+            let (qp, dp, ip, sp) = ptrs;
+            // SAFETY: token tile `t` owns its slices of the four buffers.
+            let (q, d, init, sums) = unsafe {
+                (
+                    qp.slice(t * subs * sub * T, subs * sub * T),
+                    dp.slice(t * subs * T, subs * T),
+                    ip.slice(t * subs * T, subs * T),
+                    sp.slice(t * subs * T, subs * T),
+                )
+            };
+            let mut buf = Vec::new();
+            for j in 0..T.min(n - t * T) {
+                let c = t * T + j;
+                for_each_act_sub(m.act, m.level, &m.x[c * cols..(c + 1) * cols], sub, &mut buf, |k, a| {
+                    // Tile row e/4 holds bytes e..e+4 of all 16 tokens.
+                    let base = k * sub * T;
+                    for (e, &v) in a.q.iter().enumerate() {
+                        q[base + (e / 4) * 64 + j * 4 + e % 4] = v;
+                    }
+                    d[k * T + j] = a.d;
+                    init[k * T + j] = -offset * a.sum;
+                    sums[k * T + j] = a.dsum;
+                })?;
+            }
+            Ok(())
+        })?;
+        Ok(a)
+    }
+}
+
+/// One 16-row panel's codes (16 x stride), scales and biases (subs x 16).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct PanelRef<'a> {
+    u: &'a [u8],
+    scale: &'a [f32],
+    /// `None` when every bias of the panel is zero.
+    bias: Option<&'a [f32]>,
+}
+
+/// Packs panel `p` (rows `16p..`) of a matrix into `u`, `scale`, `bias`
+/// (zeroed by the caller, sized for 16 rows); returns whether any bias is
+/// non-zero.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn pack_panel(
+    info: PackInfo,
+    weights: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    p: usize,
+    shape: &AmxShape,
+    u: &mut [u8],
+    scale: &mut [f32],
+    bias: &mut [f32],
+) -> bool {
+    let r0 = p * AMX_T;
+    let mut biased = false;
+    for i in 0..AMX_T.min(rows - r0) {
+        let row = &weights[(r0 + i) * row_bytes..(r0 + i + 1) * row_bytes];
+        (info.pack)(row, &mut u[i * shape.stride..(i + 1) * shape.stride], &mut |k, sc, b| {
+            scale[k * AMX_T + i] = sc;
+            bias[k * AMX_T + i] = b;
+            biased |= b != 0.0;
+        });
+    }
+    biased
+}
+
+/// One packed panel (rows `r0..r0 + 16`) against every token tile, into `y`.
+///
+/// # Safety
+/// The AMX level is available; the panel and activations were packed with
+/// `shape`; rows `r0..` of `y` (n x rows) are this caller's alone.
+#[cfg(target_arch = "x86_64")]
+unsafe fn amx_panel(w: &PanelRef<'_>, a: &AmxActs, shape: &AmxShape, r0: usize, rows: usize, n: usize, out: Shared<f32>) {
+    use crate::cpu::amx;
+    const T: usize = AMX_T;
+    let (sub, subs) = (shape.sub, shape.subs);
+    let nr = T.min(rows - r0);
+    let mut res = [[0f32; T]; T];
+    // SAFETY: AMX usable (the caller's contract); the configuration matches
+    // `sub`; every pointer covers `subs` sub-blocks of its buffer.
+    unsafe { amx::configure(sub) };
+    for t in 0..a.tiles {
+        let tile = amx::AmxTile {
+            u: w.u.as_ptr(),
+            stride: shape.stride,
+            scale: w.scale.as_ptr(),
+            bias: w.bias.map_or(core::ptr::null(), <[f32]>::as_ptr),
+            q: a.q[t * subs * sub * T..].as_ptr(),
+            d: a.d[t * subs * T..].as_ptr(),
+            init: a.init[t * subs * T..].as_ptr(),
+            sums: a.sums[t * subs * T..].as_ptr(),
+        };
+        // SAFETY: as above.
+        unsafe { amx::gemm_16x16(&tile, sub, subs, &mut res) };
+        for (i, row) in res.iter().enumerate().take(nr) {
+            for (j, &v) in row.iter().enumerate().take(n - t * T) {
+                // SAFETY: token `t * T + j < n`, row `r0 + i < rows`: inside
+                // `y`; the rows are the caller's alone.
+                unsafe { *out.ptr().add((t * T + j) * rows + r0 + i) = v };
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { amx::release() };
+}
+
+/// A weight matrix unpacked once, at load, for the AMX GEMM: 16-row panels of
+/// codes with their sub-block scales and biases. Batched products then skip
+/// the per-call unpack, which at small batches (a server's decode steps)
+/// costs more than the products. About 1.1–1.3 bytes per weight.
+pub struct PackedMatrix {
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+    info: PackInfo,
+    u: Vec<u8>,
+    scale: Vec<f32>,
+    bias: Vec<f32>,
+    biased: Vec<bool>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMatrix({} {}x{}, {} bytes)", self.kind, self.rows, self.cols, self.bytes())
+    }
+}
+
+impl PackedMatrix {
+    /// Packs `weights` (`rows x cols` of `kind`) for `isa`'s GEMM, or `None`
+    /// when that level has no packed-weight GEMM for the kind (only AMX does).
+    pub fn new(isa: Isa, kind: QuantKind, weights: &[u8], rows: usize, cols: usize, threads: usize) -> Result<Option<PackedMatrix>, CpuError> {
+        let (Some((level, _)), Some(info)) = (select_gemm(kind, isa), pack_info(kind)) else {
+            return Ok(None);
+        };
+        if level != Isa::Amx || !level.is_available() {
+            return Ok(None);
+        }
+        let row_bytes = crate::row_bytes(kind, cols)?;
+        if weights.len() != rows.checked_mul(row_bytes).unwrap_or(usize::MAX) {
+            return Err(CpuError::Shape { what: "weight bytes", expected: rows.saturating_mul(row_bytes), got: weights.len() });
+        }
+        cpu::check_aligned(kind, weights)?;
+        let shape = AmxShape::new(info.sub, cols);
+        let panels = rows.div_ceil(AMX_T);
+        let mut m = PackedMatrix {
+            kind,
+            rows,
+            cols,
+            info,
+            u: vec![0; panels * AMX_T * shape.stride],
+            scale: vec![0.0; panels * AMX_T * shape.subs],
+            bias: vec![0.0; panels * AMX_T * shape.subs],
+            biased: vec![false; panels],
+        };
+        let (up, sp, bp, fp) = (Shared(m.u.as_mut_ptr()), Shared(m.scale.as_mut_ptr()), Shared(m.bias.as_mut_ptr()), Shared(m.biased.as_mut_ptr()));
+        let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
+        ThreadPool::global().run(threads, panels, &|p| {
+            // SAFETY: panel `p` owns its slices of the four buffers.
+            let (u, s, b, f) = unsafe { (up.slice(p * pu, pu), sp.slice(p * ps, ps), bp.slice(p * ps, ps), fp.slice(p, 1)) };
+            f[0] = pack_panel(info, weights, row_bytes, rows, p, &shape, u, s, b);
+        });
+        Ok(Some(m))
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.u.len() + 4 * (self.scale.len() + self.bias.len()) + self.biased.len()
+    }
+
+    /// `Y = X W^T` for `n` activation rows (`x` is `n x cols`, `y` is
+    /// `n x rows`), with AMX.
+    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
+        if x.len() != n.saturating_mul(self.cols) {
+            return Err(CpuError::Shape { what: "activation length", expected: n.saturating_mul(self.cols), got: x.len() });
+        }
+        if y.len() != n.saturating_mul(self.rows) {
+            return Err(CpuError::Shape { what: "output length", expected: n.saturating_mul(self.rows), got: y.len() });
+        }
+        if n == 0 || self.rows == 0 {
+            return Ok(());
+        }
+        let act = self.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: self.kind })?;
+        let m = Matmul {
+            level: Isa::Amx,
+            act,
+            info: self.info,
+            weights: &[],
+            row_bytes: 0,
+            rows: self.rows,
+            cols: self.cols,
+            x,
+            n,
+            threads,
+        };
+        let shape = AmxShape::new(self.info.sub, self.cols);
+        let acts = AmxActs::new(&m, &shape)?;
+        #[cfg(not(target_arch = "x86_64"))]
+        return Err(CpuError::IsaUnavailable { isa: Isa::Amx });
+        let out = Shared(y.as_mut_ptr());
+        let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
+        #[cfg(target_arch = "x86_64")]
+        ThreadPool::global().run(threads, self.rows.div_ceil(AMX_T), &|p| {
+            let w = PanelRef {
+                u: &self.u[p * pu..(p + 1) * pu],
+                scale: &self.scale[p * ps..(p + 1) * ps],
+                bias: self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]),
+            };
+            // SAFETY: AMX available (checked at `new`, a level never goes
+            // away); panel `p`'s rows are this task's alone.
+            unsafe { amx_panel(&w, &acts, &shape, p * AMX_T, self.rows, n, out) };
+        });
+        Ok(())
+    }
+}
+
+/// A task's unpacked weight rows, kept per thread across calls.
+#[derive(Default)]
+struct Panel {
+    u: Vec<u8>,
+    s: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl Panel {
+    fn reset(&mut self, u: usize, s: usize, bias: usize) {
+        self.u.clear();
+        self.u.resize(u, 0);
+        self.s.clear();
+        self.s.resize(s, 0.0);
+        self.bias.clear();
+        self.bias.resize(bias, 0.0);
+    }
+}
+
+thread_local! {
+    static PANEL: std::cell::RefCell<Panel> = std::cell::RefCell::new(Panel::default());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Dequantize;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    macro_rules! unpack_kinds {
+        ($($b:ty),*) => {
+            /// `scale * q + bias` is the dequantized value for every element
+            /// (the GEMM's packed form loses nothing), and `q + OFFSET` fits a byte.
+            #[test]
+            fn unpack_agrees_with_dequantize_for_every_packed_kind() {
+                let mut rng = SmallRng::seed_from_u64(11);
+                $({
+                    for _ in 0..50 {
+                        let src: Vec<f32> = (0..<$b>::ELEMS).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+                        let blk = <$b as crate::Quantize>::quantize(&src);
+                        let mut want = vec![0f32; <$b>::ELEMS];
+                        blk.dequantize(&mut want);
+                        let subs = <$b>::ELEMS / <$b>::SUB;
+                        let (mut q, mut s, mut b) = (vec![0i8; <$b>::ELEMS], vec![0f32; subs], vec![0f32; subs]);
+                        blk.unpack(&mut q, &mut s, &mut b);
+                        for e in 0..<$b>::ELEMS {
+                            let u = i32::from(q[e]) + <$b>::OFFSET;
+                            assert!((0..=255).contains(&u), "{}: q {} + offset out of a byte", stringify!($b), q[e]);
+                            let got = s[e / <$b>::SUB] * f32::from(q[e]) + b[e / <$b>::SUB];
+                            assert_eq!(got, want[e], "{} element {e}", stringify!($b));
+                        }
+                    }
+                })*
+            }
+        };
+    }
+    unpack_kinds!(
+        BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockIQ4NL, BlockMXFP4, BlockQ2K, BlockQ3K,
+        BlockQ4K, BlockQ5K, BlockQ6K, BlockIQ4XS
+    );
+
+    #[test]
+    fn every_claimed_gemm_exists_and_nothing_else() {
+        for &kind in QuantKind::ALL {
+            for &isa in Isa::ALL {
+                let claimed = gemm_kernel(kind, isa).is_some();
+                let exists = isa.is_compiled() && engine(isa).is_some() && pack_info(kind).is_some();
+                if isa.is_compiled() {
+                    assert_eq!(claimed, exists, "{kind} at {isa}: claimed {claimed}, exists {exists}");
+                }
+            }
+        }
+    }
+
+    fn aligned(kind: QuantKind, w: &[f32]) -> Vec<u64> {
+        let bytes = crate::quantize_to_vec(kind, w).unwrap();
+        let mut v = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(&bytes);
+        v
+    }
+
+    /// The GEMM against the scalar twin, dot by dot, at shapes that leave
+    /// partial row panels, partial register tiles and a padded last chunk.
+    #[test]
+    fn gemm_matches_the_scalar_twin_for_every_claimed_kind() {
+        for &isa in Isa::ALL {
+            let claimed: Vec<QuantKind> =
+                QuantKind::ALL.iter().copied().filter(|&k| gemm_fn(k, isa).is_some()).collect();
+            if claimed.is_empty() {
+                continue;
+            }
+            if !isa.is_available() {
+                eprintln!("NOT CHECKED: the {isa} GEMM (this CPU or OS lacks it)");
+                continue;
+            }
+            check_gemm_level(isa, claimed);
+        }
+    }
+
+    fn check_gemm_level(isa: Isa, claimed: Vec<QuantKind>) {
+        let mut rng = SmallRng::seed_from_u64(12);
+        for kind in claimed {
+            let be = kind.block_elems();
+            let cols = if be == QK_K { 2 * QK_K } else { 3 * 32 + 64 * 2 }; // 224: not a multiple of 64
+            for (rows, n) in [(37, 9), (16, 8), (5, 13), (19, 35)] {
+                let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let wq = aligned(kind, &w);
+                let rb = crate::row_bytes(kind, cols).unwrap();
+                let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rb * rows];
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let mut y = vec![f32::NAN; n * rows];
+                assert!(matmul(isa, kind, wb, rows, cols, &x, &mut y, n, 2).unwrap(), "{kind}: claimed but not run");
+                if let Some(pm) = PackedMatrix::new(isa, kind, wb, rows, cols, 2).unwrap() {
+                    // Packed at load or per call: the same arithmetic, bit for bit.
+                    let mut yp = vec![f32::NAN; n * rows];
+                    pm.matmul(&x, &mut yp, n, 2).unwrap();
+                    assert_eq!(yp, y, "{kind}: prepacked AMX GEMM differs from per-call packing");
+                } else {
+                    assert_ne!(isa, Isa::Amx, "{kind}: AMX claims a GEMM but packs nothing at load");
+                }
+                let act = kind.vec_dot_kind().unwrap();
+                for c in 0..n {
+                    let xq = aligned(act, &x[c * cols..(c + 1) * cols]);
+                    let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
+                    for r in 0..rows {
+                        let want = crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
+                        let got = y[c * rows + r];
+                        let tol = 2e-4 * want.abs().max(1.0);
+                        assert!((got - want).abs() <= tol, "{kind} at {isa}, {rows}x{cols} n={n}: row {r} token {c}: {got} vs scalar {want}");
+                    }
+                }
+            }
+        }
+    }
+}
