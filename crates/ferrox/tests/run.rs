@@ -34,21 +34,31 @@ fn run_greedy_on_gemma_continues_as_llama_cpp_does() {
         .join("../ferrox-core/testdata/llama_ref/gemma3-270m-q4_k_m.json");
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(refdata).unwrap()).unwrap();
-    // The `code` case: no near tie in its first 24 steps.
-    let case = r["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "code")
-        .unwrap();
+    // The case with the longest run of clear steps: greedy decoding must
+    // follow llama.cpp up to the first near tie (top-2 gap under 0.7, the
+    // width ferrox's own kernel levels are measured to resolve either way;
+    // see ferrox-core's tests/llama_ref.rs).
+    const TIE: f64 = 0.7;
+    let clear = |c: &serde_json::Value| {
+        c["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .take_while(|s| s["top"][0][1].as_f64().unwrap() - s["top"][1][1].as_f64().unwrap() >= TIE)
+            .count()
+    };
+    let case = r["cases"].as_array().unwrap().iter().max_by_key(|c| clear(c)).unwrap();
+    let n = clear(case);
+    assert!(n >= 8, "the reference has only {n} clear steps in a row");
     let prompt = case["prompt"].as_str().unwrap();
+    let n_arg = n.to_string();
     let o = ferrox(&[
         "run",
         model.to_str().unwrap(),
         "-p",
         prompt,
         "-n",
-        "24",
+        &n_arg,
         "--temp",
         "0",
         "--no-echo",
@@ -63,8 +73,8 @@ fn run_greedy_on_gemma_continues_as_llama_cpp_does() {
         !got.is_empty() && want.starts_with(got),
         "ferrox: {got:?}\nllama.cpp: {want:?}"
     );
-    // 24 tokens of code are more than a few characters.
-    assert!(got.len() > 40, "too short for 24 tokens: {got:?}");
+    // Eight or more tokens of English are more than a few characters.
+    assert!(got.len() > 20, "too short for {n} tokens: {got:?}");
 }
 
 #[test]
