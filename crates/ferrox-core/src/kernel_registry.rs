@@ -164,8 +164,17 @@ pub(crate) fn cpu_placement(
             let k = crate::backend::cpu::kernel_for(kind);
             match k {
                 Some(k) => (
-                    format!("cpu matvec: {} (act {})", k.name, k.act),
-                    format!("cpu matmul: act quantized once per batch, {} per (row, token)", k.name),
+                    match k.four_rows {
+                        Some(f) => format!("cpu matvec: {f}, four rows per call (act {})", k.act),
+                        None => format!("cpu matvec: {} (act {})", k.name, k.act),
+                    },
+                    match k.gemm {
+                        Some((ferrox_quant::cpu::Isa::Amx, g)) if crate::backend::cpu::prepacks(name) => {
+                            format!("cpu gemm: {g}, packed at load (batches of {}+)", ferrox_quant::gemm::MIN_BATCH)
+                        }
+                        Some((_, g)) => format!("cpu gemm: {g}, packed per call (batches of {}+)", ferrox_quant::gemm::MIN_BATCH),
+                        None => format!("cpu matmul: act quantized once per batch, {} per (row, token)", k.name),
+                    },
                     k.fallback,
                     bytes,
                 ),

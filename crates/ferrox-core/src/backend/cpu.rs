@@ -44,16 +44,30 @@ impl Cpu {
     }
 }
 
-/// The decode kernel the CPU runs for a matrix of `kind`, as the registry
-/// reports it.
+/// The kernels the CPU runs for a matrix of `kind`, as the registry
+/// reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuKernel {
     /// Kernel name from `ferrox_quant::cpu::simd_kernel`.
     pub name: &'static str,
+    /// The four-rows-per-call decode kernel, where the level has one.
+    pub four_rows: Option<&'static str>,
+    /// The batched GEMM (level, name), for batches of at least
+    /// `ferrox_quant::gemm::MIN_BATCH` tokens; `None`: one dot per (row, token).
+    pub gemm: Option<(Isa, &'static str)>,
     /// Activation kind (`vec_dot_kind`).
     pub act: &'static str,
     /// Set when the best level of this CPU has no kernel for the kind.
     pub fallback: Option<String>,
+}
+
+/// Whether a matrix named `name` is unpacked at load for the AMX GEMM:
+/// the layers' matrices (about 1.2 bytes per weight more), not the output
+/// head or embedding, whose batched use is a few rows per step.
+/// `FERROX_CPU_PREPACK=0` turns it off (less memory, slower batches).
+pub fn prepacks(name: &str) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROX_CPU_PREPACK").map_or(true, |v| v != "0")) && name.starts_with("blk.")
 }
 
 /// What the CPU runs for a `kind` matrix on this machine, or `None` for a
@@ -62,8 +76,11 @@ pub fn kernel_for(kind: QuantKind) -> Option<CpuKernel> {
     let isa = Isa::active();
     let k = ferrox_quant::cpu::select(kind, isa)?;
     let act = kind.vec_dot_kind()?.name();
-    let fallback = (k.isa != isa).then(|| format!("no {isa} kernel for {kind}: {} ({})", k.name, k.isa));
-    Some(CpuKernel { name: k.name, act, fallback })
+    let fallback = (k.isa != isa && k.isa != Isa::Avx512Vnni)
+        .then(|| format!("no {isa} kernel for {kind}: {} ({})", k.name, k.isa));
+    let four_rows = ferrox_quant::cpu::dot4_kernel(kind, k.isa);
+    let gemm = ferrox_quant::gemm::select_gemm(kind, isa);
+    Some(CpuKernel { name: k.name, four_rows, gemm, act, fallback })
 }
 
 /// A weight placed on the CPU.
@@ -82,6 +99,8 @@ pub enum CpuWeight {
         len: usize,
         /// Keeps the mapping (and so `ptr`) alive.
         owner: Arc<ferrox_gguf::GgufModel>,
+        /// The same matrix unpacked for the AMX GEMM ([`prepacks`]).
+        packed: Option<Box<ferrox_quant::gemm::PackedMatrix>>,
     },
     /// A vector converted to f32 at load (norms, biases, RoPE factors).
     Vector(Vec<f32>),
@@ -217,6 +236,13 @@ impl DeviceBackend for Cpu {
         if t.bytes.len() != want {
             return Err(BackendError(format!("{}: {} bytes, expected {want}", t.name, t.bytes.len())));
         }
+        let packed = if prepacks(t.name) {
+            ferrox_quant::gemm::PackedMatrix::new(self.isa, t.kind, t.bytes, t.rows, t.cols, self.threads)
+                .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
+                .map(Box::new)
+        } else {
+            None
+        };
         Ok(CpuWeight::Mapped {
             kind: t.kind,
             rows: t.rows,
@@ -224,6 +250,7 @@ impl DeviceBackend for Cpu {
             ptr: t.bytes.as_ptr(),
             len: t.bytes.len(),
             owner: Arc::clone(t.owner),
+            packed,
         })
     }
 
@@ -280,10 +307,13 @@ impl DeviceBackend for Cpu {
     }
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, y: &mut Vec<f32>, n: usize) -> Result<(), BackendError> {
-        let CpuWeight::Mapped { kind, rows, cols, .. } = w else {
+        let CpuWeight::Mapped { kind, rows, cols, packed, .. } = w else {
             return Err(BackendError("matmul needs a matrix".into()));
         };
         let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
+        if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
+            return p.matmul(x, y, n, self.threads).map_err(BackendError::new);
+        }
         ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
     }
 
