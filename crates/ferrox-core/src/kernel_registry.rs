@@ -172,7 +172,9 @@ pub(crate) fn cpu_placement(
                         Some((ferrox_quant::cpu::Isa::Amx, g)) if crate::backend::cpu::prepacks(name) => {
                             format!("cpu gemm: {g}, packed at load (batches of {}+)", ferrox_quant::gemm::MIN_BATCH)
                         }
-                        Some((_, g)) => format!("cpu gemm: {g}, packed per call (batches of {}+)", ferrox_quant::gemm::MIN_BATCH),
+                        Some((_, g)) => {
+                            format!("cpu gemm: {g}, packed per call (batches of {}+)", ferrox_quant::gemm::MIN_BATCH_UNPACKED)
+                        }
                         None => format!("cpu matmul: act quantized once per batch, {} per (row, token)", k.name),
                     },
                     k.fallback,

@@ -38,9 +38,16 @@ pub(crate) const RN: usize = 4;
 /// Bytes of a packed row advance per micro-kernel step (one 512-bit load).
 pub(crate) const CHUNK: usize = 64;
 
-/// The smallest batch that takes the GEMM: below it, per-row dot products
-/// read the weights once anyway and skip the unpack.
+/// The smallest batch that takes the GEMM on weights packed at load
+/// ([`PackedMatrix`]): below it, per-row dot products read the weights once
+/// anyway (and read fewer bytes than the packed form).
 pub const MIN_BATCH: usize = 8;
+
+/// The smallest batch that takes the GEMM when the weights must be unpacked
+/// per call: the unpack costs about as much as 16 tokens of per-row dot
+/// products (Gemma 3 270M, AMX: pp16 288 t/s per call vs 427 packed at
+/// load), so it pays only for batches well past that.
+pub const MIN_BATCH_UNPACKED: usize = 32;
 
 /// The GEMM micro-kernel `(kind, isa)` claims, by name: the capability
 /// table, written by hand; [`gemm_fn`] is what exists, and a test ties them.

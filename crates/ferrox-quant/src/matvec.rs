@@ -164,7 +164,7 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    if n >= crate::gemm::MIN_BATCH && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads)? {
+    if n >= crate::gemm::MIN_BATCH_UNPACKED && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads)? {
         return Ok(());
     }
     let mut act = ActBuf::new(p.act_bytes * n);

@@ -53,7 +53,8 @@ pub struct CpuKernel {
     /// The four-rows-per-call decode kernel, where the level has one.
     pub four_rows: Option<&'static str>,
     /// The batched GEMM (level, name), for batches of at least
-    /// `ferrox_quant::gemm::MIN_BATCH` tokens; `None`: one dot per (row, token).
+    /// `ferrox_quant::gemm::MIN_BATCH` tokens (packed at load) or
+    /// `MIN_BATCH_UNPACKED` (packed per call); `None`: one dot per (row, token).
     pub gemm: Option<(Isa, &'static str)>,
     /// Activation kind (`vec_dot_kind`).
     pub act: &'static str,
