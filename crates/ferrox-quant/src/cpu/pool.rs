@@ -121,23 +121,29 @@ impl ThreadPool {
         inner.wake.notify_all();
         claim_tasks(inner, n_tasks, f);
         let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        // Wait until all wanted workers joined and left (a worker that has not
-        // woken yet could still pick the job up otherwise). Poll first: the
-        // workers finish microseconds after this thread, and parking here
-        // costs a futex round trip per matvec, over a hundred per token.
+        // Every task is claimed. A worker that has not joined yet is not
+        // needed any more: withdraw the job (it will see `wanted == 0` and
+        // wait for the next one) instead of waiting for it to be scheduled —
+        // under a noisy neighbour that wait was a time slice per matvec.
+        // Wait only for the workers still running claimed tasks. Poll first:
+        // they finish microseconds after this thread, and parking here costs
+        // a futex round trip per matvec, over a hundred per token.
+        st.wanted = 0;
+        st.job = None;
         let start = std::time::Instant::now();
-        while st.wanted > 0 || st.busy > 0 {
+        while st.busy > 0 {
             if start.elapsed() < SPIN {
                 drop(st);
                 for _ in 0..32 {
                     std::hint::spin_loop();
                 }
+                // Let a preempted worker have this core if it is waiting for one.
+                std::thread::yield_now();
                 st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
             } else {
                 st = inner.done.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         }
-        st.job = None;
         let panicked = st.panicked;
         drop(st);
         assert!(!panicked, "a thread-pool task panicked");
@@ -192,6 +198,9 @@ fn spin_for_job(inner: &Inner, seen: u64) {
         if start.elapsed() >= SPIN {
             break;
         }
+        // A spinning worker must not hold a core that the caller (preempted
+        // by another process) needs to publish the next job.
+        std::thread::yield_now();
     }
 }
 
