@@ -169,6 +169,9 @@ pub(crate) fn cpu_placement(
                         None => format!("cpu matvec: {} (act {})", k.name, k.act),
                     },
                     match k.gemm {
+                        Some((isa, g)) if ferrox_quant::gemm::reads_in_place(kind, isa) => {
+                            format!("cpu gemm: {g}, {kind} read in place (batches of {}+)", ferrox_quant::gemm::MIN_BATCH)
+                        }
                         Some((ferrox_quant::cpu::Isa::Amx, g)) if crate::backend::cpu::prepacks(name) => {
                             format!("cpu gemm: {g}, packed at load (batches of {}+)", ferrox_quant::gemm::MIN_BATCH)
                         }

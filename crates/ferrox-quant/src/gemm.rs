@@ -53,7 +53,10 @@ pub const MIN_BATCH_UNPACKED: usize = 32;
 /// table, written by hand; [`gemm_fn`] is what exists, and a test ties them.
 pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     use QuantKind::*;
-    let packed = matches!(kind, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4NL | MXFP4 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS);
+    let packed = matches!(
+        kind,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4NL | MXFP4 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS
+    );
     match isa {
         Isa::Amx if packed => Some("amx::gemm_16x16"),
         Isa::Avx512Vnni if packed => Some("avx512::gemm_u8s8_4x4"),
@@ -68,7 +71,13 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
 /// The CPU has the level the pointer was obtained for; every byte pointer
 /// covers `chunks * CHUNK` bytes, every lane-scale pointer `chunks * CHUNK / 4`
 /// floats, every bias and sums pointer `sub_chunks * 16` floats.
-pub(crate) type TileFn = unsafe fn(w: &TileRows, a: &TileCols, chunks: usize, sub_chunks: usize, out: &mut [[f32; RN]; RM]);
+pub(crate) type TileFn = unsafe fn(
+    w: &TileRows,
+    a: &TileCols,
+    chunks: usize,
+    sub_chunks: usize,
+    out: &mut [[f32; RN]; RM],
+);
 
 /// The weight side of one micro-kernel call: per row, its packed bytes, lane
 /// scales and sub-block biases.
@@ -122,7 +131,11 @@ struct PackInfo {
 
 fn pack_info(kind: QuantKind) -> Option<PackInfo> {
     fn info<B: Unpack>() -> Option<PackInfo> {
-        Some(PackInfo { sub: B::SUB, offset: B::OFFSET, pack: pack_row::<B> })
+        Some(PackInfo {
+            sub: B::SUB,
+            offset: B::OFFSET,
+            pack: pack_row::<B>,
+        })
     }
     use QuantKind::*;
     match kind {
@@ -201,7 +214,11 @@ fn act_block(act: QuantKind, row: &[u8], i: usize) -> Option<(f32, &[i8], Option
         }
         QuantKind::Q8K => {
             let b = &row[i * 292..(i + 1) * 292];
-            (f32::from_le_bytes([b[0], b[1], b[2], b[3]]), view(&b[4..260]), None)
+            (
+                f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                view(&b[4..260]),
+                None,
+            )
         }
         _ => return None, // capability table: the activation kinds only
     })
@@ -275,11 +292,17 @@ impl<T> Shared<T> {
 }
 
 /// Runs `task` on the pool, keeping the first error.
-fn run_fallible(threads: usize, n: usize, task: impl Fn(usize) -> Result<(), CpuError> + Sync) -> Result<(), CpuError> {
+fn run_fallible(
+    threads: usize,
+    n: usize,
+    task: impl Fn(usize) -> Result<(), CpuError> + Sync,
+) -> Result<(), CpuError> {
     let err = std::sync::Mutex::new(None);
     ThreadPool::global().run(threads, n, &|i| {
         if let Err(e) = task(i) {
-            err.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            err.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
         }
     });
     match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -309,7 +332,19 @@ pub(crate) fn matmul(
     };
     let act = kind.vec_dot_kind().ok_or(QuantError::NoDot { kind })?;
     let row_bytes = crate::row_bytes(kind, cols)?;
-    let m = Matmul { level, act, info, weights, row_bytes, rows, cols, x, n, threads };
+    let m = Matmul {
+        level,
+        kind,
+        act,
+        info,
+        weights,
+        row_bytes,
+        rows,
+        cols,
+        x,
+        n,
+        threads,
+    };
     match engine(level) {
         Some(Engine::Vnni(tile)) => m.vnni(tile, y)?,
         #[cfg(target_arch = "x86_64")]
@@ -322,6 +357,7 @@ pub(crate) fn matmul(
 /// One GEMM call's operands.
 struct Matmul<'a> {
     level: Isa,
+    kind: QuantKind,
     act: QuantKind,
     info: PackInfo,
     weights: &'a [u8],
@@ -345,17 +381,38 @@ impl Matmul<'_> {
         let kpad = cols.next_multiple_of(CHUNK);
         let subs = (kpad / sub).next_multiple_of(16);
         let npad = n.next_multiple_of(RN);
-        let (mut aq, mut ad, mut asums) = (vec![0i8; npad * kpad], vec![0f32; npad * kpad / 4], vec![0f32; npad * subs]);
-        let (qp, dp, sp) = (Shared(aq.as_mut_ptr()), Shared(ad.as_mut_ptr()), Shared(asums.as_mut_ptr()));
+        let (mut aq, mut ad, mut asums) = (
+            vec![0i8; npad * kpad],
+            vec![0f32; npad * kpad / 4],
+            vec![0f32; npad * subs],
+        );
+        let (qp, dp, sp) = (
+            Shared(aq.as_mut_ptr()),
+            Shared(ad.as_mut_ptr()),
+            Shared(asums.as_mut_ptr()),
+        );
         run_fallible(self.threads, n, |c| {
             // SAFETY: token `c` owns its slices of the three buffers.
-            let (q, d, sums) = unsafe { (qp.slice(c * kpad, kpad), dp.slice(c * kpad / 4, kpad / 4), sp.slice(c * subs, subs)) };
+            let (q, d, sums) = unsafe {
+                (
+                    qp.slice(c * kpad, kpad),
+                    dp.slice(c * kpad / 4, kpad / 4),
+                    sp.slice(c * subs, subs),
+                )
+            };
             let mut buf = Vec::new();
-            for_each_act_sub(self.act, self.level, &self.x[c * cols..(c + 1) * cols], sub, &mut buf, |k, a| {
-                q[k * sub..(k + 1) * sub].copy_from_slice(a.q);
-                d[k * sub / 4..(k + 1) * sub / 4].fill(a.d);
-                sums[k] = a.dsum;
-            })
+            for_each_act_sub(
+                self.act,
+                self.level,
+                &self.x[c * cols..(c + 1) * cols],
+                sub,
+                &mut buf,
+                |k, a| {
+                    q[k * sub..(k + 1) * sub].copy_from_slice(a.q);
+                    d[k * sub / 4..(k + 1) * sub / 4].fill(a.d);
+                    sums[k] = a.dsum;
+                },
+            )
         })?;
         let offset = self.info.offset as f32;
         let out = Shared(y.as_mut_ptr());
@@ -366,12 +423,19 @@ impl Matmul<'_> {
             PANEL.with_borrow_mut(|panel| {
                 panel.reset(nrpad * kpad, nrpad * kpad / 4, nrpad * subs);
                 for i in 0..nr {
-                    let (s, bias) = (&mut panel.s[i * kpad / 4..(i + 1) * kpad / 4], &mut panel.bias[i * subs..(i + 1) * subs]);
-                    (self.info.pack)(self.row(r0 + i), &mut panel.u[i * kpad..(i + 1) * kpad], &mut |k, sc, b| {
-                        s[k * sub / 4..(k + 1) * sub / 4].fill(sc);
-                        // w = s * q + b = s * (u - OFFSET) + b
-                        bias[k] = b - offset * sc;
-                    });
+                    let (s, bias) = (
+                        &mut panel.s[i * kpad / 4..(i + 1) * kpad / 4],
+                        &mut panel.bias[i * subs..(i + 1) * subs],
+                    );
+                    (self.info.pack)(
+                        self.row(r0 + i),
+                        &mut panel.u[i * kpad..(i + 1) * kpad],
+                        &mut |k, sc, b| {
+                            s[k * sub / 4..(k + 1) * sub / 4].fill(sc);
+                            // w = s * q + b = s * (u - OFFSET) + b
+                            bias[k] = b - offset * sc;
+                        },
+                    );
                 }
                 for c0 in (0..npad).step_by(RN) {
                     let a = TileCols {
@@ -390,8 +454,11 @@ impl Matmul<'_> {
                         // every row and token pointer covers `kpad` bytes, `kpad / 4`
                         // lane scales or `subs` (a multiple of 16) sub-block floats.
                         unsafe { tile(&w, &a, kpad / CHUNK, subs / 16, &mut acc) };
-                        for (k, accr) in acc.iter().enumerate().take(nr.saturating_sub(i0).min(RM)) {
-                            for (j, &v) in accr.iter().enumerate().take(n.saturating_sub(c0).min(RN)) {
+                        for (k, accr) in acc.iter().enumerate().take(nr.saturating_sub(i0).min(RM))
+                        {
+                            for (j, &v) in
+                                accr.iter().enumerate().take(n.saturating_sub(c0).min(RN))
+                            {
                                 // SAFETY: `(c0 + j) < n` and `r0 + i0 + k < rows`: inside
                                 // `y` (n x rows); row `r0 + i0 + k` is this task's alone.
                                 unsafe { *out.ptr().add((c0 + j) * rows + r0 + i0 + k) = v };
@@ -410,11 +477,56 @@ impl Matmul<'_> {
         let shape = AmxShape::new(self.info.sub, self.cols);
         let acts = AmxActs::new(self, &shape)?;
         let out = Shared(y.as_mut_ptr());
+        let in_place = reads_in_place(self.kind, self.level);
         ThreadPool::global().run(self.threads, self.rows.div_ceil(AMX_T), &|p| {
+            let r0 = p * AMX_T;
             PANEL.with_borrow_mut(|panel| {
+                if in_place && r0 + AMX_T <= self.rows {
+                    // Q8_0 in place: gather the 16 rows' block scales, read the
+                    // quants where they are.
+                    panel.s.clear();
+                    panel.s.resize(shape.subs * AMX_T, 0.0);
+                    for i in 0..AMX_T {
+                        let row = self.row(r0 + i);
+                        for k in 0..shape.subs {
+                            let b = &row[k * 34..k * 34 + 2];
+                            panel.s[k * AMX_T + i] =
+                                F16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                        }
+                    }
+                    let u = &self.weights[r0 * self.row_bytes + 2..(r0 + AMX_T) * self.row_bytes];
+                    let w = PanelRef {
+                        u,
+                        stride: self.row_bytes,
+                        sub_step: 34,
+                        signed: true,
+                        scale: &panel.s,
+                        bias: None,
+                    };
+                    // SAFETY: the AMX level is available (checked by the caller);
+                    // row i's sub-block k is bytes i*stride + 34k .. +32 of `u`,
+                    // the last ending exactly at its end.
+                    unsafe { amx_panel(&w, &acts, &shape, r0, self.rows, self.n, out) };
+                    return;
+                }
                 panel.reset(AMX_T * shape.stride, AMX_T * shape.subs, AMX_T * shape.subs);
-                let biased = pack_panel(self.info, self.weights, self.row_bytes, self.rows, p, &shape, &mut panel.u, &mut panel.s, &mut panel.bias);
-                let w = PanelRef { u: &panel.u, scale: &panel.s, bias: biased.then_some(&panel.bias[..]) };
+                let biased = pack_panel(
+                    self.info,
+                    self.weights,
+                    self.row_bytes,
+                    self.rows,
+                    p,
+                    &shape,
+                    &mut panel.u,
+                    &mut panel.s,
+                    &mut panel.bias,
+                );
+                let w = PanelRef::packed(
+                    &panel.u,
+                    &shape,
+                    &panel.s,
+                    biased.then_some(&panel.bias[..]),
+                );
                 // SAFETY: the AMX level is available (checked by the caller).
                 unsafe { amx_panel(&w, &acts, &shape, p * AMX_T, self.rows, self.n, out) };
             });
@@ -440,7 +552,11 @@ struct AmxShape {
 impl AmxShape {
     fn new(sub: usize, cols: usize) -> AmxShape {
         let subs = cols.div_ceil(sub);
-        AmxShape { sub, subs, stride: subs * sub }
+        AmxShape {
+            sub,
+            subs,
+            stride: subs * sub,
+        }
     }
 }
 
@@ -469,7 +585,12 @@ impl AmxActs {
             sums: vec![0.0; tiles * subs * T],
             tiles,
         };
-        let ptrs = (Shared(a.q.as_mut_ptr()), Shared(a.d.as_mut_ptr()), Shared(a.init.as_mut_ptr()), Shared(a.sums.as_mut_ptr()));
+        let ptrs = (
+            Shared(a.q.as_mut_ptr()),
+            Shared(a.d.as_mut_ptr()),
+            Shared(a.init.as_mut_ptr()),
+            Shared(a.sums.as_mut_ptr()),
+        );
         let offset = m.info.offset;
         run_fallible(m.threads, tiles, |t| {
             let (qp, dp, ip, sp) = ptrs;
@@ -485,16 +606,23 @@ impl AmxActs {
             let mut buf = Vec::new();
             for j in 0..T.min(n - t * T) {
                 let c = t * T + j;
-                for_each_act_sub(m.act, m.level, &m.x[c * cols..(c + 1) * cols], sub, &mut buf, |k, a| {
-                    // Tile row e/4 holds bytes e..e+4 of all 16 tokens.
-                    let base = k * sub * T;
-                    for (e, &v) in a.q.iter().enumerate() {
-                        q[base + (e / 4) * 64 + j * 4 + e % 4] = v;
-                    }
-                    d[k * T + j] = a.d;
-                    init[k * T + j] = -offset * a.sum;
-                    sums[k * T + j] = a.dsum;
-                })?;
+                for_each_act_sub(
+                    m.act,
+                    m.level,
+                    &m.x[c * cols..(c + 1) * cols],
+                    sub,
+                    &mut buf,
+                    |k, a| {
+                        // Tile row e/4 holds bytes e..e+4 of all 16 tokens.
+                        let base = k * sub * T;
+                        for (e, &v) in a.q.iter().enumerate() {
+                            q[base + (e / 4) * 64 + j * 4 + e % 4] = v;
+                        }
+                        d[k * T + j] = a.d;
+                        init[k * T + j] = -offset * a.sum;
+                        sums[k * T + j] = a.dsum;
+                    },
+                )?;
             }
             Ok(())
         })?;
@@ -505,10 +633,44 @@ impl AmxActs {
 /// One 16-row panel's codes (16 x stride), scales and biases (subs x 16).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct PanelRef<'a> {
+    /// From the panel's first row to the end of its last.
     u: &'a [u8],
+    /// Bytes from one row to the next, and from one sub-block to the next.
+    stride: usize,
+    sub_step: usize,
+    /// Signed Q8_0 quants read in place (no offset), not packed codes.
+    signed: bool,
     scale: &'a [f32],
     /// `None` when every bias of the panel is zero.
     bias: Option<&'a [f32]>,
+}
+
+impl<'a> PanelRef<'a> {
+    /// A panel packed as [`pack_panel`] packs it.
+    fn packed(
+        u: &'a [u8],
+        shape: &AmxShape,
+        scale: &'a [f32],
+        bias: Option<&'a [f32]>,
+    ) -> PanelRef<'a> {
+        PanelRef {
+            u,
+            stride: shape.stride,
+            sub_step: shape.sub,
+            signed: false,
+            scale,
+            bias,
+        }
+    }
+}
+
+/// Whether `kind` at `isa` runs the GEMM on its weights as stored, with no
+/// packing at all: Q8_0 under AMX (`tdpbssd` takes its signed quants in
+/// place, 34 bytes apart; only the 16 rows' scales are gathered per panel).
+/// Such matrices take the GEMM from [`MIN_BATCH`] tokens and are never
+/// packed at load.
+pub fn reads_in_place(kind: QuantKind, isa: Isa) -> bool {
+    kind == QuantKind::Q8_0 && matches!(select_gemm(kind, isa), Some((Isa::Amx, _)))
 }
 
 /// Packs panel `p` (rows `16p..`) of a matrix into `u`, `scale`, `bias`
@@ -531,11 +693,15 @@ fn pack_panel(
     let mut biased = false;
     for i in 0..AMX_T.min(rows - r0) {
         let row = &weights[(r0 + i) * row_bytes..(r0 + i + 1) * row_bytes];
-        (info.pack)(row, &mut u[i * shape.stride..(i + 1) * shape.stride], &mut |k, sc, b| {
-            scale[k * AMX_T + i] = sc;
-            bias[k * AMX_T + i] = b;
-            biased |= b != 0.0;
-        });
+        (info.pack)(
+            row,
+            &mut u[i * shape.stride..(i + 1) * shape.stride],
+            &mut |k, sc, b| {
+                scale[k * AMX_T + i] = sc;
+                bias[k * AMX_T + i] = b;
+                biased |= b != 0.0;
+            },
+        );
     }
     biased
 }
@@ -546,7 +712,15 @@ fn pack_panel(
 /// The AMX level is available; the panel and activations were packed with
 /// `shape`; rows `r0..` of `y` (n x rows) are this caller's alone.
 #[cfg(target_arch = "x86_64")]
-unsafe fn amx_panel(w: &PanelRef<'_>, a: &AmxActs, shape: &AmxShape, r0: usize, rows: usize, n: usize, out: Shared<f32>) {
+unsafe fn amx_panel(
+    w: &PanelRef<'_>,
+    a: &AmxActs,
+    shape: &AmxShape,
+    r0: usize,
+    rows: usize,
+    n: usize,
+    out: Shared<f32>,
+) {
     use crate::cpu::amx;
     const T: usize = AMX_T;
     let (sub, subs) = (shape.sub, shape.subs);
@@ -558,7 +732,9 @@ unsafe fn amx_panel(w: &PanelRef<'_>, a: &AmxActs, shape: &AmxShape, r0: usize, 
     for t in 0..a.tiles {
         let tile = amx::AmxTile {
             u: w.u.as_ptr(),
-            stride: shape.stride,
+            stride: w.stride,
+            sub_step: w.sub_step,
+            signed: w.signed,
             scale: w.scale.as_ptr(),
             bias: w.bias.map_or(core::ptr::null(), <[f32]>::as_ptr),
             q: a.q[t * subs * sub * T..].as_ptr(),
@@ -597,23 +773,41 @@ pub struct PackedMatrix {
 
 impl std::fmt::Debug for PackedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedMatrix({} {}x{}, {} bytes)", self.kind, self.rows, self.cols, self.bytes())
+        write!(
+            f,
+            "PackedMatrix({} {}x{}, {} bytes)",
+            self.kind,
+            self.rows,
+            self.cols,
+            self.bytes()
+        )
     }
 }
 
 impl PackedMatrix {
     /// Packs `weights` (`rows x cols` of `kind`) for `isa`'s GEMM, or `None`
     /// when that level has no packed-weight GEMM for the kind (only AMX does).
-    pub fn new(isa: Isa, kind: QuantKind, weights: &[u8], rows: usize, cols: usize, threads: usize) -> Result<Option<PackedMatrix>, CpuError> {
+    pub fn new(
+        isa: Isa,
+        kind: QuantKind,
+        weights: &[u8],
+        rows: usize,
+        cols: usize,
+        threads: usize,
+    ) -> Result<Option<PackedMatrix>, CpuError> {
         let (Some((level, _)), Some(info)) = (select_gemm(kind, isa), pack_info(kind)) else {
             return Ok(None);
         };
-        if level != Isa::Amx || !level.is_available() {
+        if level != Isa::Amx || !level.is_available() || reads_in_place(kind, isa) {
             return Ok(None);
         }
         let row_bytes = crate::row_bytes(kind, cols)?;
         if weights.len() != rows.checked_mul(row_bytes).unwrap_or(usize::MAX) {
-            return Err(CpuError::Shape { what: "weight bytes", expected: rows.saturating_mul(row_bytes), got: weights.len() });
+            return Err(CpuError::Shape {
+                what: "weight bytes",
+                expected: rows.saturating_mul(row_bytes),
+                got: weights.len(),
+            });
         }
         cpu::check_aligned(kind, weights)?;
         let shape = AmxShape::new(info.sub, cols);
@@ -628,11 +822,23 @@ impl PackedMatrix {
             bias: vec![0.0; panels * AMX_T * shape.subs],
             biased: vec![false; panels],
         };
-        let (up, sp, bp, fp) = (Shared(m.u.as_mut_ptr()), Shared(m.scale.as_mut_ptr()), Shared(m.bias.as_mut_ptr()), Shared(m.biased.as_mut_ptr()));
+        let (up, sp, bp, fp) = (
+            Shared(m.u.as_mut_ptr()),
+            Shared(m.scale.as_mut_ptr()),
+            Shared(m.bias.as_mut_ptr()),
+            Shared(m.biased.as_mut_ptr()),
+        );
         let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
         ThreadPool::global().run(threads, panels, &|p| {
             // SAFETY: panel `p` owns its slices of the four buffers.
-            let (u, s, b, f) = unsafe { (up.slice(p * pu, pu), sp.slice(p * ps, ps), bp.slice(p * ps, ps), fp.slice(p, 1)) };
+            let (u, s, b, f) = unsafe {
+                (
+                    up.slice(p * pu, pu),
+                    sp.slice(p * ps, ps),
+                    bp.slice(p * ps, ps),
+                    fp.slice(p, 1),
+                )
+            };
             f[0] = pack_panel(info, weights, row_bytes, rows, p, &shape, u, s, b);
         });
         Ok(Some(m))
@@ -645,19 +851,37 @@ impl PackedMatrix {
 
     /// `Y = X W^T` for `n` activation rows (`x` is `n x cols`, `y` is
     /// `n x rows`), with AMX.
-    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
+    pub fn matmul(
+        &self,
+        x: &[f32],
+        y: &mut [f32],
+        n: usize,
+        threads: usize,
+    ) -> Result<(), CpuError> {
         if x.len() != n.saturating_mul(self.cols) {
-            return Err(CpuError::Shape { what: "activation length", expected: n.saturating_mul(self.cols), got: x.len() });
+            return Err(CpuError::Shape {
+                what: "activation length",
+                expected: n.saturating_mul(self.cols),
+                got: x.len(),
+            });
         }
         if y.len() != n.saturating_mul(self.rows) {
-            return Err(CpuError::Shape { what: "output length", expected: n.saturating_mul(self.rows), got: y.len() });
+            return Err(CpuError::Shape {
+                what: "output length",
+                expected: n.saturating_mul(self.rows),
+                got: y.len(),
+            });
         }
         if n == 0 || self.rows == 0 {
             return Ok(());
         }
-        let act = self.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: self.kind })?;
+        let act = self
+            .kind
+            .vec_dot_kind()
+            .ok_or(QuantError::NoDot { kind: self.kind })?;
         let m = Matmul {
             level: Isa::Amx,
+            kind: self.kind,
             act,
             info: self.info,
             weights: &[],
@@ -676,11 +900,12 @@ impl PackedMatrix {
         let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
         #[cfg(target_arch = "x86_64")]
         ThreadPool::global().run(threads, self.rows.div_ceil(AMX_T), &|p| {
-            let w = PanelRef {
-                u: &self.u[p * pu..(p + 1) * pu],
-                scale: &self.scale[p * ps..(p + 1) * ps],
-                bias: self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]),
-            };
+            let w = PanelRef::packed(
+                &self.u[p * pu..(p + 1) * pu],
+                &shape,
+                &self.scale[p * ps..(p + 1) * ps],
+                self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]),
+            );
             // SAFETY: AMX available (checked at `new`, a level never goes
             // away); panel `p`'s rows are this task's alone.
             unsafe { amx_panel(&w, &acts, &shape, p * AMX_T, self.rows, n, out) };
@@ -747,8 +972,8 @@ mod tests {
         };
     }
     unpack_kinds!(
-        BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockIQ4NL, BlockMXFP4, BlockQ2K, BlockQ3K,
-        BlockQ4K, BlockQ5K, BlockQ6K, BlockIQ4XS
+        BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockIQ4NL, BlockMXFP4, BlockQ2K,
+        BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockIQ4XS
     );
 
     #[test]
@@ -756,9 +981,13 @@ mod tests {
         for &kind in QuantKind::ALL {
             for &isa in Isa::ALL {
                 let claimed = gemm_kernel(kind, isa).is_some();
-                let exists = isa.is_compiled() && engine(isa).is_some() && pack_info(kind).is_some();
+                let exists =
+                    isa.is_compiled() && engine(isa).is_some() && pack_info(kind).is_some();
                 if isa.is_compiled() {
-                    assert_eq!(claimed, exists, "{kind} at {isa}: claimed {claimed}, exists {exists}");
+                    assert_eq!(
+                        claimed, exists,
+                        "{kind} at {isa}: claimed {claimed}, exists {exists}"
+                    );
                 }
             }
         }
@@ -776,8 +1005,11 @@ mod tests {
     #[test]
     fn gemm_matches_the_scalar_twin_for_every_claimed_kind() {
         for &isa in Isa::ALL {
-            let claimed: Vec<QuantKind> =
-                QuantKind::ALL.iter().copied().filter(|&k| gemm_fn(k, isa).is_some()).collect();
+            let claimed: Vec<QuantKind> = QuantKind::ALL
+                .iter()
+                .copied()
+                .filter(|&k| gemm_fn(k, isa).is_some())
+                .collect();
             if claimed.is_empty() {
                 continue;
             }
@@ -793,7 +1025,11 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(12);
         for kind in claimed {
             let be = kind.block_elems();
-            let cols = if be == QK_K { 2 * QK_K } else { 3 * 32 + 64 * 2 }; // 224: not a multiple of 64
+            let cols = if be == QK_K {
+                2 * QK_K
+            } else {
+                3 * 32 + 64 * 2
+            }; // 224: not a multiple of 64
             for (rows, n) in [(37, 9), (16, 8), (5, 13), (19, 35)] {
                 let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let wq = aligned(kind, &w);
@@ -801,21 +1037,32 @@ mod tests {
                 let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rb * rows];
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let mut y = vec![f32::NAN; n * rows];
-                assert!(matmul(isa, kind, wb, rows, cols, &x, &mut y, n, 2).unwrap(), "{kind}: claimed but not run");
+                assert!(
+                    matmul(isa, kind, wb, rows, cols, &x, &mut y, n, 2).unwrap(),
+                    "{kind}: claimed but not run"
+                );
                 if let Some(pm) = PackedMatrix::new(isa, kind, wb, rows, cols, 2).unwrap() {
                     // Packed at load or per call: the same arithmetic, bit for bit.
                     let mut yp = vec![f32::NAN; n * rows];
                     pm.matmul(&x, &mut yp, n, 2).unwrap();
-                    assert_eq!(yp, y, "{kind}: prepacked AMX GEMM differs from per-call packing");
+                    assert_eq!(
+                        yp, y,
+                        "{kind}: prepacked AMX GEMM differs from per-call packing"
+                    );
                 } else {
-                    assert_ne!(isa, Isa::Amx, "{kind}: AMX claims a GEMM but packs nothing at load");
+                    assert!(
+                        isa != Isa::Amx || reads_in_place(kind, isa),
+                        "{kind}: AMX claims a GEMM but packs nothing at load"
+                    );
                 }
                 let act = kind.vec_dot_kind().unwrap();
                 for c in 0..n {
                     let xq = aligned(act, &x[c * cols..(c + 1) * cols]);
-                    let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
+                    let xb = &bytemuck::cast_slice::<u64, u8>(&xq)
+                        [..crate::row_bytes(act, cols).unwrap()];
                     for r in 0..rows {
-                        let want = crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
+                        let want =
+                            crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
                         let got = y[c * rows + r];
                         let tol = 2e-4 * want.abs().max(1.0);
                         assert!((got - want).abs() <= tol, "{kind} at {isa}, {rows}x{cols} n={n}: row {r} token {c}: {got} vs scalar {want}");

@@ -237,6 +237,12 @@ impl DeviceBackend for Cpu {
         if t.bytes.len() != want {
             return Err(BackendError(format!("{}: {} bytes, expected {want}", t.name, t.bytes.len())));
         }
+        // Once the placed matrices outgrow the cache, every matvec streams its
+        // weights from DRAM: let the one-row kernels prefetch.
+        static PLACED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        if PLACED.fetch_add(t.bytes.len(), std::sync::atomic::Ordering::Relaxed) + t.bytes.len() > 64 << 20 {
+            ferrox_quant::matvec::set_streaming(true);
+        }
         let packed = if prepacks(t.name) {
             ferrox_quant::gemm::PackedMatrix::new(self.isa, t.kind, t.bytes, t.rows, t.cols, self.threads)
                 .map_err(|e| BackendError(format!("{}: {e}", t.name)))?

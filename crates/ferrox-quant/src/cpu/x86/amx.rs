@@ -82,8 +82,14 @@ impl TileConfig {
 pub(crate) struct AmxTile {
     /// Row-major weight codes, 16 rows of `stride` bytes.
     pub(crate) u: *const u8,
-    /// Padded row length in bytes.
+    /// Bytes from one row to the next.
     pub(crate) stride: usize,
+    /// Bytes from one sub-block of a row to the next (`sub` when packed; 34
+    /// when reading Q8_0 blocks in place, past each block's scale).
+    pub(crate) sub_step: usize,
+    /// Weights are signed bytes read in place (Q8_0: `tdpbssd`, no offset,
+    /// `init` unused) rather than packed unsigned codes (`tdpbusd`).
+    pub(crate) signed: bool,
     /// Per sub-block, the 16 rows' scales.
     pub(crate) scale: *const f32,
     /// Per sub-block, the 16 rows' own biases (the kind's minimum), or null.
@@ -127,22 +133,39 @@ pub(crate) unsafe fn gemm_16x16(t: &AmxTile, sub: usize, subs: usize, out: &mut 
     let mut sums = [[0i32; 16]; 16];
     let qbytes = sub * 16;
     for k in 0..subs {
-        asm!(
-            "tileloadd tmm2, [{init} + {zero}*1]",
-            "tileloadd tmm0, [{u} + {su}*1]",
-            "tileloadd tmm1, [{q} + {sq}*1]",
-            "tdpbusd tmm2, tmm0, tmm1",
-            "tilestored [{c} + {sc}*1], tmm2",
-            init = in(reg) t.init.add(16 * k),
-            zero = in(reg) 0usize,
-            u = in(reg) t.u.add(k * sub),
-            su = in(reg) t.stride,
-            q = in(reg) t.q.add(k * qbytes),
-            sq = in(reg) 64usize,
-            c = in(reg) sums.as_mut_ptr(),
-            sc = in(reg) 64usize,
-            options(nostack),
-        );
+        if t.signed {
+            asm!(
+                "tilezero tmm2",
+                "tileloadd tmm0, [{u} + {su}*1]",
+                "tileloadd tmm1, [{q} + {sq}*1]",
+                "tdpbssd tmm2, tmm0, tmm1",
+                "tilestored [{c} + {sc}*1], tmm2",
+                u = in(reg) t.u.add(k * t.sub_step),
+                su = in(reg) t.stride,
+                q = in(reg) t.q.add(k * qbytes),
+                sq = in(reg) 64usize,
+                c = in(reg) sums.as_mut_ptr(),
+                sc = in(reg) 64usize,
+                options(nostack),
+            );
+        } else {
+            asm!(
+                "tileloadd tmm2, [{init} + {zero}*1]",
+                "tileloadd tmm0, [{u} + {su}*1]",
+                "tileloadd tmm1, [{q} + {sq}*1]",
+                "tdpbusd tmm2, tmm0, tmm1",
+                "tilestored [{c} + {sc}*1], tmm2",
+                init = in(reg) t.init.add(16 * k),
+                zero = in(reg) 0usize,
+                u = in(reg) t.u.add(k * t.sub_step),
+                su = in(reg) t.stride,
+                q = in(reg) t.q.add(k * qbytes),
+                sq = in(reg) 64usize,
+                c = in(reg) sums.as_mut_ptr(),
+                sc = in(reg) 64usize,
+                options(nostack),
+            );
+        }
         let d = _mm512_loadu_ps(t.d.add(16 * k));
         let scale = t.scale.add(16 * k);
         for (r, a) in acc.iter_mut().enumerate() {
