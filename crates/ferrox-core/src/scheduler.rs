@@ -1085,9 +1085,14 @@ mod tests {
         assert_eq!(got.len(), 3);
         assert_eq!(summary.finish, FinishReason::Length);
         assert_eq!(sched.stats().cancelled.load(Ordering::Relaxed), 1);
+        // Not a count of "few" tokens: how many the engine makes before this
+        // thread gets to set the flag depends on scheduling (with the faster
+        // kernels a tiny model made over 100 on a loaded machine). What must
+        // hold is that it stopped short of its 500 and that request 2 (3
+        // tokens) ran after it.
         assert!(
-            sched.stats().generated_tokens.load(Ordering::Relaxed) < 100,
-            "the cancelled sequence kept generating"
+            sched.stats().generated_tokens.load(Ordering::Relaxed) < 500 + 3,
+            "the cancelled sequence kept generating to its limit"
         );
         sched.shutdown();
         engine.join().unwrap();
