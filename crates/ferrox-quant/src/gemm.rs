@@ -744,11 +744,12 @@ unsafe fn amx_panel(
         };
         // SAFETY: as above.
         unsafe { amx::gemm_16x16(&tile, sub, subs, &mut res) };
-        for (i, row) in res.iter().enumerate().take(nr) {
-            for (j, &v) in row.iter().enumerate().take(n - t * T) {
+        // Token-major: each token's 16 rows are one contiguous run of `y`.
+        for j in 0..T.min(n - t * T) {
+            for (i, row) in res.iter().enumerate().take(nr) {
                 // SAFETY: token `t * T + j < n`, row `r0 + i < rows`: inside
                 // `y`; the rows are the caller's alone.
-                unsafe { *out.ptr().add((t * T + j) * rows + r0 + i) = v };
+                unsafe { *out.ptr().add((t * T + j) * rows + r0 + i) = row[j] };
             }
         }
     }
@@ -765,10 +766,15 @@ pub struct PackedMatrix {
     rows: usize,
     cols: usize,
     info: PackInfo,
+    /// Packed codes per panel; for a matrix read in place, only its last,
+    /// partial panel (if any).
     u: Vec<u8>,
     scale: Vec<f32>,
     bias: Vec<f32>,
     biased: Vec<bool>,
+    /// Q8_0 under AMX: full panels are read from the stored weights (passed
+    /// to [`PackedMatrix::matmul`]); only their scales are kept here.
+    in_place: bool,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -798,9 +804,10 @@ impl PackedMatrix {
         let (Some((level, _)), Some(info)) = (select_gemm(kind, isa), pack_info(kind)) else {
             return Ok(None);
         };
-        if level != Isa::Amx || !level.is_available() || reads_in_place(kind, isa) {
+        if level != Isa::Amx || !level.is_available() {
             return Ok(None);
         }
+        let in_place = reads_in_place(kind, isa);
         let row_bytes = crate::row_bytes(kind, cols)?;
         if weights.len() != rows.checked_mul(row_bytes).unwrap_or(usize::MAX) {
             return Err(CpuError::Shape {
@@ -817,10 +824,11 @@ impl PackedMatrix {
             rows,
             cols,
             info,
-            u: vec![0; panels * AMX_T * shape.stride],
+            u: vec![0; if in_place { usize::from(rows % AMX_T != 0) } else { panels } * AMX_T * shape.stride],
             scale: vec![0.0; panels * AMX_T * shape.subs],
             bias: vec![0.0; panels * AMX_T * shape.subs],
             biased: vec![false; panels],
+            in_place,
         };
         let (up, sp, bp, fp) = (
             Shared(m.u.as_mut_ptr()),
@@ -830,15 +838,21 @@ impl PackedMatrix {
         );
         let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
         ThreadPool::global().run(threads, panels, &|p| {
-            // SAFETY: panel `p` owns its slices of the four buffers.
-            let (u, s, b, f) = unsafe {
-                (
-                    up.slice(p * pu, pu),
-                    sp.slice(p * ps, ps),
-                    bp.slice(p * ps, ps),
-                    fp.slice(p, 1),
-                )
-            };
+            // SAFETY: panel `p` owns its slices of the scale, bias and flag
+            // buffers; the `u` slice below is its alone (for a matrix read in
+            // place, only the one partial panel packs, at offset 0).
+            let (s, b, f) = unsafe { (sp.slice(p * ps, ps), bp.slice(p * ps, ps), fp.slice(p, 1)) };
+            if in_place && (p + 1) * AMX_T <= rows {
+                for i in 0..AMX_T {
+                    let row = &weights[(p * AMX_T + i) * row_bytes..][..row_bytes];
+                    for (k, blk) in row.chunks_exact(34).enumerate() {
+                        s[k * AMX_T + i] = F16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+                    }
+                }
+                return;
+            }
+            // SAFETY: as above.
+            let u = unsafe { up.slice(if in_place { 0 } else { p * pu }, pu) };
             f[0] = pack_panel(info, weights, row_bytes, rows, p, &shape, u, s, b);
         });
         Ok(Some(m))
@@ -850,14 +864,17 @@ impl PackedMatrix {
     }
 
     /// `Y = X W^T` for `n` activation rows (`x` is `n x cols`, `y` is
-    /// `n x rows`), with AMX.
-    pub fn matmul(
-        &self,
-        x: &[f32],
-        y: &mut [f32],
-        n: usize,
-        threads: usize,
-    ) -> Result<(), CpuError> {
+    /// `n x rows`), with AMX. `weights` are the stored bytes the matrix was
+    /// made from (read when the kind is read in place).
+    pub fn matmul(&self, weights: &[u8], x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
+        let row_bytes = crate::row_bytes(self.kind, self.cols)?;
+        if self.in_place && weights.len() != self.rows.saturating_mul(row_bytes) {
+            return Err(CpuError::Shape {
+                what: "weight bytes",
+                expected: self.rows.saturating_mul(row_bytes),
+                got: weights.len(),
+            });
+        }
         if x.len() != n.saturating_mul(self.cols) {
             return Err(CpuError::Shape {
                 what: "activation length",
@@ -900,12 +917,14 @@ impl PackedMatrix {
         let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
         #[cfg(target_arch = "x86_64")]
         ThreadPool::global().run(threads, self.rows.div_ceil(AMX_T), &|p| {
-            let w = PanelRef::packed(
-                &self.u[p * pu..(p + 1) * pu],
-                &shape,
-                &self.scale[p * ps..(p + 1) * ps],
-                self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]),
-            );
+            let scale = &self.scale[p * ps..(p + 1) * ps];
+            let w = if self.in_place && (p + 1) * AMX_T <= self.rows {
+                let u = &weights[p * AMX_T * row_bytes + 2..(p + 1) * AMX_T * row_bytes];
+                PanelRef { u, stride: row_bytes, sub_step: 34, signed: true, scale, bias: None }
+            } else {
+                let at = if self.in_place { 0 } else { p * pu };
+                PanelRef::packed(&self.u[at..at + pu], &shape, scale, self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]))
+            };
             // SAFETY: AMX available (checked at `new`, a level never goes
             // away); panel `p`'s rows are this task's alone.
             unsafe { amx_panel(&w, &acts, &shape, p * AMX_T, self.rows, n, out) };
@@ -1044,16 +1063,13 @@ mod tests {
                 if let Some(pm) = PackedMatrix::new(isa, kind, wb, rows, cols, 2).unwrap() {
                     // Packed at load or per call: the same arithmetic, bit for bit.
                     let mut yp = vec![f32::NAN; n * rows];
-                    pm.matmul(&x, &mut yp, n, 2).unwrap();
+                    pm.matmul(wb, &x, &mut yp, n, 2).unwrap();
                     assert_eq!(
                         yp, y,
                         "{kind}: prepacked AMX GEMM differs from per-call packing"
                     );
                 } else {
-                    assert!(
-                        isa != Isa::Amx || reads_in_place(kind, isa),
-                        "{kind}: AMX claims a GEMM but packs nothing at load"
-                    );
+                    assert_ne!(isa, Isa::Amx, "{kind}: AMX claims a GEMM but packs nothing at load");
                 }
                 let act = kind.vec_dot_kind().unwrap();
                 for c in 0..n {

@@ -64,8 +64,10 @@ pub struct CpuKernel {
 
 /// Whether a matrix named `name` is unpacked at load for the AMX GEMM:
 /// the layers' matrices (about 1.2 bytes per weight more), not the output
-/// head or embedding, whose batched use is a few rows per step.
-/// `FERROX_CPU_PREPACK=0` turns it off (less memory, slower batches).
+/// head or embedding, whose batched use is a few rows per step. (Q8_0
+/// matrices, the head included, are read in place by AMX; `place` keeps
+/// only their scales as f32, 4 bytes per 34.)
+/// `FERROX_CPU_PREPACK=0` turns packing off (less memory, slower batches).
 pub fn prepacks(name: &str) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("FERROX_CPU_PREPACK").map_or(true, |v| v != "0")) && name.starts_with("blk.")
@@ -243,7 +245,7 @@ impl DeviceBackend for Cpu {
         if PLACED.fetch_add(t.bytes.len(), std::sync::atomic::Ordering::Relaxed) + t.bytes.len() > 64 << 20 {
             ferrox_quant::matvec::set_streaming(true);
         }
-        let packed = if prepacks(t.name) {
+        let packed = if prepacks(t.name) || ferrox_quant::gemm::reads_in_place(t.kind, self.isa) {
             ferrox_quant::gemm::PackedMatrix::new(self.isa, t.kind, t.bytes, t.rows, t.cols, self.threads)
                 .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
                 .map(Box::new)
@@ -319,7 +321,7 @@ impl DeviceBackend for Cpu {
         };
         let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
         if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
-            return p.matmul(x, y, n, self.threads).map_err(BackendError::new);
+            return p.matmul(w.bytes(), x, y, n, self.threads).map_err(BackendError::new);
         }
         ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
     }
