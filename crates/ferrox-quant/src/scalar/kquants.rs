@@ -1037,31 +1037,25 @@ impl Unpack for BlockQ3K {
     }
 }
 
-impl Unpack for BlockQ4K {
-    const SUB: usize = 32;
-    const OFFSET: i32 = 0;
-    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
-        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
-        q[..QK_K].copy_from_slice(&self.quants());
-        let (sc, mn) = k4_scales_mins(&self.scales);
-        for j in 0..8 {
-            (scale[j], bias[j]) = (d * sc[j] as f32, -(min * mn[j] as f32));
+/// Q4_K and Q5_K share their header: eight 6-bit scales and mins with a
+/// super-block `d` and `dmin`; only the quants differ.
+macro_rules! unpack_k4 {
+    ($($block:ty),*) => {$(
+        impl Unpack for $block {
+            const SUB: usize = 32;
+            const OFFSET: i32 = 0;
+            fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
+                let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
+                q[..QK_K].copy_from_slice(&self.quants());
+                let (sc, mn) = k4_scales_mins(&self.scales);
+                for j in 0..8 {
+                    (scale[j], bias[j]) = (d * sc[j] as f32, -(min * mn[j] as f32));
+                }
+            }
         }
-    }
+    )*};
 }
-
-impl Unpack for BlockQ5K {
-    const SUB: usize = 32;
-    const OFFSET: i32 = 0;
-    fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
-        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
-        q[..QK_K].copy_from_slice(&self.quants());
-        let (sc, mn) = k4_scales_mins(&self.scales);
-        for j in 0..8 {
-            (scale[j], bias[j]) = (d * sc[j] as f32, -(min * mn[j] as f32));
-        }
-    }
-}
+unpack_k4!(BlockQ4K, BlockQ5K);
 
 impl Unpack for BlockQ6K {
     const SUB: usize = 16;
