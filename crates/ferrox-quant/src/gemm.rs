@@ -486,14 +486,7 @@ impl Matmul<'_> {
                     // quants where they are.
                     panel.s.clear();
                     panel.s.resize(shape.subs * AMX_T, 0.0);
-                    for i in 0..AMX_T {
-                        let row = self.row(r0 + i);
-                        for k in 0..shape.subs {
-                            let b = &row[k * 34..k * 34 + 2];
-                            panel.s[k * AMX_T + i] =
-                                F16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-                        }
-                    }
+                    q8_0_panel_scales(self.weights, self.row_bytes, p, &mut panel.s);
                     let u = &self.weights[r0 * self.row_bytes + 2..(r0 + AMX_T) * self.row_bytes];
                     let w = PanelRef {
                         u,
@@ -706,6 +699,17 @@ fn pack_panel(
     biased
 }
 
+/// The block scales of Q8_0 panel `p` (16 full rows of `row_bytes`) as f32,
+/// sub-block-major (`out[k * 16 + row]`), for AMX reading the quants in place.
+fn q8_0_panel_scales(weights: &[u8], row_bytes: usize, p: usize, out: &mut [f32]) {
+    for i in 0..AMX_T {
+        let row = &weights[(p * AMX_T + i) * row_bytes..][..row_bytes];
+        for (k, blk) in row.chunks_exact(34).enumerate() {
+            out[k * AMX_T + i] = F16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+        }
+    }
+}
+
 /// One packed panel (rows `r0..r0 + 16`) against every token tile, into `y`.
 ///
 /// # Safety
@@ -843,12 +847,7 @@ impl PackedMatrix {
             // place, only the one partial panel packs, at offset 0).
             let (s, b, f) = unsafe { (sp.slice(p * ps, ps), bp.slice(p * ps, ps), fp.slice(p, 1)) };
             if in_place && (p + 1) * AMX_T <= rows {
-                for i in 0..AMX_T {
-                    let row = &weights[(p * AMX_T + i) * row_bytes..][..row_bytes];
-                    for (k, blk) in row.chunks_exact(34).enumerate() {
-                        s[k * AMX_T + i] = F16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
-                    }
-                }
+                q8_0_panel_scales(weights, row_bytes, p, s);
                 return;
             }
             // SAFETY: as above.
