@@ -658,11 +658,10 @@ impl Device {
                 if n > 65535 {
                     return Err(shape("matvec", format!("{n} tokens in one launch")));
                 }
-                let smem = w.cols / 32 * 40;
+                if mmvq_fits(w) {
+                    return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
+                }
                 let (f, rows_per_block, smem) = match (&fns.mmvq, w.kind) {
-                    (Some(q), _) if w.cols.is_multiple_of(32) && smem <= MMVQ_MAX_SMEM => {
-                        (q, MMVQ_WARPS, smem)
-                    }
                     (_, QuantKind::F16) if w.cols.is_multiple_of(8) => {
                         (&self.fns.matvec_f16_v8, MMVQ_WARPS, 0)
                     }
@@ -692,6 +691,62 @@ impl Device {
         }
     }
 
+    /// `ys[i] = x W_i^T` for up to three matrices over the same `n` rows of
+    /// `x` — a layer's Q, K and V, or gate and up. On the matvec path, when
+    /// every matrix has one int8-activation kernel (same kind and width),
+    /// that is one launch; otherwise one [`Device::matmul`] each.
+    pub fn matmul_many(&self, x: &Buf, n: usize, outs: &mut [(&Matrix, &mut Buf)]) -> Result<(), CudaError> {
+        let one = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols && mmvq_fits(w);
+        let fused = (2..=3).contains(&outs.len())
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && outs.iter().all(|(w, _)| one(w))
+            && n <= 65535;
+        if !fused {
+            for (w, y) in outs.iter_mut() {
+                self.matmul(w, x, y, n)?;
+            }
+            return Ok(());
+        }
+        for (w, y) in outs.iter() {
+            if x.len < n * w.cols || y.len < n * w.rows {
+                return Err(shape(
+                    "matmul",
+                    format!("{n} tokens through {}x{}: input {} floats, output {}", w.rows, w.cols, x.len, y.len),
+                ));
+            }
+        }
+        let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(w, y)| (*w, self.ptr(&y.s))).collect();
+        self.mmvq(&mats, x, n)
+    }
+
+    /// One launch of the int8-activation kernel over up to three matrices of
+    /// one kind and width (checked by the callers: [`mmvq_fits`], shapes).
+    fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
+        let w0 = mats[0].0;
+        let f = self
+            .kind_fns(w0.kind, "matvec")?
+            .mmvq
+            .as_ref()
+            .ok_or(CudaError::NoKernel { op: "int8 matvec", kind: w0.kind })?;
+        if mats.len() > 3 || n > 65535 {
+            return Err(shape("mmvq", format!("{} matrices, {n} tokens in one launch", mats.len())));
+        }
+        let mut m = MmvqMats { w: [0; 3], y: [0; 3], rows: [0; 3], row_bytes: [0; 3] };
+        for (i, (w, y)) in mats.iter().enumerate() {
+            m.w[i] = self.ptr(&w.data);
+            m.y[i] = *y;
+            m.rows[i] = int("mmvq", w.rows)?;
+            m.row_bytes[i] = w.row_bytes as i64;
+        }
+        let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(MMVQ_WARPS) as u32, n as u32, 1),
+            block_dim: (32 * MMVQ_WARPS as u32, 1, 1),
+            shared_mem_bytes: (w0.cols / 32 * 40) as u32,
+        };
+        self.launch(f, cfg, "int8 matvec", &[&m, &self.ptr(&x.s), &int("mmvq", w0.cols)?])
+    }
+
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
         let blas = self
             .blas
@@ -715,23 +770,30 @@ impl Device {
             }
             Ok(())
         };
-        grow(&mut sc.w16, w.rows * w.cols)?;
+        // F16 weights are already what the GEMM reads: no copy.
+        let direct = w.kind == QuantKind::F16 && w.row_bytes == 2 * w.cols;
+        if !direct {
+            grow(&mut sc.w16, w.rows * w.cols)?;
+        }
         grow(&mut sc.x16, n * w.cols)?;
         let (w16, x16) = match (&sc.w16, &sc.x16) {
+            (_, Some(b)) if direct => (self.ptr(&w.data), self.ptr(b)),
             (Some(a), Some(b)) => (self.ptr(a), self.ptr(b)),
             _ => return Err(shape("gemm", "scratch not allocated".into())),
         };
-        let cfg = LaunchConfig {
-            grid_dim: (w.rows as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(
-            f,
-            cfg,
-            "dequantize to f16",
-            &[&self.ptr(&w.data), &w16, &k, &(w.row_bytes as i64)],
-        )?;
+        if !direct {
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            self.launch(
+                f,
+                cfg,
+                "dequantize to f16",
+                &[&self.ptr(&w.data), &w16, &k, &(w.row_bytes as i64)],
+            )?;
+        }
         let nx = (n * w.cols) as i64;
         self.launch(
             &self.fns.f32_to_f16,
@@ -1099,7 +1161,8 @@ impl Device {
         // The grouped kernel (a block per token and KV head) where its
         // limits allow; the per-head one otherwise.
         let g = a.n_head / a.n_head_kv;
-        let gqa = hd.is_multiple_of(8) && g <= 8 && g * hd <= 2048 && g * hdv <= 2048;
+        // A decode step (few tokens) has more parallelism per head.
+        let gqa = n >= 16 && hd.is_multiple_of(8) && g <= 8 && g * hd <= 2048 && g * hdv <= 2048;
         let (f, blocks, threads, smem) = if gqa {
             (&self.fns.attention_gqa, n * a.n_head_kv, 256, (g * hd + g * 256) * 4)
         } else {
@@ -1403,4 +1466,24 @@ macro_rules! arg {
         }
     )*};
 }
-arg!(u64, i64, i32, f32);
+arg!(u64, i64, i32, f32, MmvqMats);
+
+/// The matrices of one int8-activation matvec launch (`MmvqMats` in
+/// `kernels.cu`, field for field).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MmvqMats {
+    w: [u64; 3],
+    y: [u64; 3],
+    rows: [i32; 3],
+    row_bytes: [i64; 3],
+}
+
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl cudarc::driver::DeviceRepr for MmvqMats {}
+
+/// Whether `w` runs on the int8-activation matvec: a kind that has one,
+/// whole 32-element units, and its activations fit a block's shared memory.
+fn mmvq_fits(w: &Matrix) -> bool {
+    mmvq_kind(w.kind) && w.cols.is_multiple_of(32) && w.cols / 32 * 40 <= MMVQ_MAX_SMEM
+}

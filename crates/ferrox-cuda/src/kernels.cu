@@ -405,9 +405,18 @@ __device__ __forceinline__ void quantize_unit(const float* xt, int u, int* qs, f
 
 // Shared memory of a block: n_units * 32 int8 activations, then n_units
 // (dx, sx) pairs.
+// Up to three matrices of one kind over the same activations in one launch
+// (a layer's Q, K and V, or gate and up): `MmvqMats` lists them; the blocks
+// cover their rows in order. One matrix is the case m[1].rows == 0.
+struct MmvqMats {
+    const u8* w[3];
+    float* y[3];
+    int rows[3];
+    long long row_bytes[3];
+};
+
 #define DEFINE_MMVQ(NAME)                                                                          \
-    extern "C" __global__ void mmvq_##NAME(const u8* w, const float* x, float* y, int rows,       \
-                                           int cols, long long row_bytes) {                      \
+    extern "C" __global__ void mmvq_##NAME(MmvqMats m, const float* x, int cols) {               \
         extern __shared__ int smem[];                                                             \
         int n_units = cols >> 5;                                                                  \
         int* qs = smem;                                                                           \
@@ -418,8 +427,17 @@ __device__ __forceinline__ void quantize_unit(const float* xt, int u, int* qs, f
         for (int u = threadIdx.x; u < n_units; u += blockDim.x) quantize_unit(xt, u, qs, ds);     \
         __syncthreads();                                                                          \
         int r = blockIdx.x * MMVQ_WARPS + warp;                                                   \
-        if (r >= rows) return;                                                                    \
-        const u8* row = w + (size_t)r * row_bytes;                                                \
+        int k = 0;                                                                                \
+        if (r >= m.rows[0]) {                                                                     \
+            r -= m.rows[0];                                                                       \
+            k = 1;                                                                                \
+            if (r >= m.rows[1]) {                                                                 \
+                r -= m.rows[1];                                                                   \
+                k = 2;                                                                            \
+                if (r >= m.rows[2]) return;                                                       \
+            }                                                                                     \
+        }                                                                                         \
+        const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                      \
         float acc = 0.0f;                                                                         \
         for (int u = lane; u < n_units; u += 32) {                                                \
             float2 dd = ds[u];                                                                    \
@@ -428,7 +446,7 @@ __device__ __forceinline__ void quantize_unit(const float* xt, int u, int* qs, f
             acc += dot_##NAME(row, u, qx, dd.x, dd.y);                                            \
         }                                                                                         \
         acc = warp_sum(acc);                                                                      \
-        if (lane == 0) y[(size_t)t * rows + r] = acc;                                             \
+        if (lane == 0) m.y[k][(size_t)t * m.rows[k] + r] = acc;                                   \
     }
 
 DEFINE_MMVQ(q4_0)

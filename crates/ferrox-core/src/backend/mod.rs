@@ -307,6 +307,16 @@ pub trait DeviceBackend: Send + Sync {
     /// (`[n, src_width]`) into `dst` (`[n, dst_width]`) — splits a fused QKV.
     fn split_cols(&self, src: &Self::Buf, src_width: usize, c0: usize, dst: &mut Self::Buf, dst_width: usize) -> Result<(), BackendError>;
 
+    /// `y_i = x W_i^T` for several weights over the same `n` rows of `x` (a
+    /// layer's Q, K and V; gate and up). The default is one
+    /// [`DeviceBackend::matmul`] each; a device backend may do them in one launch.
+    fn matmul_many(&self, x: &Self::Buf, n: usize, outs: &mut [(&Self::Weight, &mut Self::Buf)]) -> Result<(), BackendError> {
+        for (w, y) in outs.iter_mut() {
+            self.matmul(w, x, y, n)?;
+        }
+        Ok(())
+    }
+
     /// RoPE on the queries `q` (`n_head` heads) and keys `k` (`n_head_kv`
     /// heads) of one layer at the same positions. The default is two
     /// [`DeviceBackend::rope`] calls; a device backend does both in one launch.

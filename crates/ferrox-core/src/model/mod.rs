@@ -600,9 +600,7 @@ impl<B: DeviceBackend> Model<B> {
                         (Some(a), Some(b), Some(c)) => (a, b, c),
                         _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither fused nor separate QKV") }),
                     };
-                    be.matmul(wq, cur, q, n)?;
-                    be.matmul(wk, cur, k, n)?;
-                    be.matmul(wv, cur, v, n)?;
+                    be.matmul_many(cur, n, &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
                     for (buf, b) in [(&mut *q, &w.q_bias), (&mut *k, &w.k_bias), (&mut *v, &w.v_bias)] {
                         if let Some(b) = b {
                             be.add_bias(buf, b, n)?;
@@ -638,8 +636,7 @@ impl<B: DeviceBackend> Model<B> {
             be.add_rms_norm(x, Some(&*o), &w.ffn_norm, c.rms_eps, cur)?;
             match &w.gate {
                 Some(wg) => {
-                    be.matmul(wg, cur, gate, n)?;
-                    be.matmul(&w.up, cur, up, n)?;
+                    be.matmul_many(cur, n, &mut [(wg, &mut *gate), (&w.up, &mut *up)])?;
                     be.glu(spec.activation, gate, up, h)?;
                 }
                 None => {
