@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # One device-tool call on the H200: ferrox's CUDA tests, then ferrox and
 # llama.cpp side by side on the same synthetic llama-1b files.
-# Everything is built on the CPU machine and carried in $D (see
-# benchmarks/cuda.md for how each piece is made):
+# Everything is built on the CPU machine and carried in $D, an ignored folder
+# of the checkout the device tool sends (`target/h-cuda`: the tool's
+# `carry: ["target/h-cuda"]`), see benchmarks/cuda.md:
+#   cargo build --release -p ferrox --features cuda
+#   cargo build --release -p ferrox-cuda --example kernel_bench
+#   cargo test --release -p ferrox-core --features cuda --lib --no-run   (-> $D/tests/ferrox_core)
+#   cargo test --release -p ferrox-cuda --no-run                         (-> $D/tests/ferrox_cuda*)
+#   the same ferrox-core test binary built with sabotaged kernels.cu     (-> $D/tests-sabotaged/)
 #   $D/ferrox, $D/kernel_bench, $D/tests/*   stripped release binaries (--features cuda)
 #   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
@@ -113,6 +119,11 @@ if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
   echo "$(el) profiled"
   grep -c "gpu__time_duration" $LOG/ncu-pp.txt $LOG/ncu-tg.txt; tail -3 $LOG/ncu-tg.txt
   cat $LOG/nographs.txt
+fi
+if [ "${AB_GRAPHS:-0}" = 1 ]; then
+  # The same decode with the CUDA graphs off (each step's launches enqueued one by one).
+  FERROX_CUDA_GRAPHS=0 timeout 60 $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 128 -r ${REPS:-5} -o jsonl >$LOG/ferrox-Q4_0-nographs.jsonl 2>&1
+  summary+=("ferrox Q4_0 graphs off rc=$?: tg128 $(python3 -c "import json; print('%.1f' % json.loads(open('$LOG/ferrox-Q4_0-nographs.jsonl').readline())['avg_ts'])" 2>&1)")
 fi
 if [ "${RUN_CHECK:-1}" = 1 ]; then
   prompt=$(printf 'a%.0s' $(seq 1 508))

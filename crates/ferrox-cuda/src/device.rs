@@ -284,6 +284,10 @@ pub struct Device {
     name: String,
     arch: String,
     scratch: Mutex<Scratch>,
+    /// Batches of at least this many tokens take the grouped attention
+    /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too, see
+    /// benchmarks/cuda.md); smaller batches take the per-head kernel.
+    gqa_min: usize,
 }
 
 fn shape(op: &'static str, why: String) -> CudaError {
@@ -400,6 +404,10 @@ impl Device {
             name,
             arch,
             scratch: Mutex::new(Scratch::default()),
+            gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1),
         })
     }
 
@@ -555,9 +563,10 @@ impl Device {
                 .checked_mul(n_ctx)
                 .and_then(|x| x.checked_mul(d))
                 .ok_or_else(|| shape("kv cache", "size overflows".into()))?;
-            self.stream
-                .alloc_zeros(n.max(1))
-                .map_err(drv(format!("allocating a KV cache of {} MiB", (n * 2) >> 20)))
+            self.stream.alloc_zeros(n.max(1)).map_err(drv(format!(
+                "allocating a KV cache of {} MiB",
+                (n * 2) >> 20
+            )))
         };
         Ok(Kv {
             n_slots,
@@ -661,12 +670,13 @@ impl Device {
                 if mmvq_fits(w) {
                     return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
                 }
-                let (f, rows_per_block, smem) = match (&fns.mmvq, w.kind) {
-                    (_, QuantKind::F16) if w.cols.is_multiple_of(8) => {
+                // F16 rows with 16-byte loads; every other kind the unit decoder.
+                let (f, rows_per_block, smem) =
+                    if w.kind == QuantKind::F16 && w.cols.is_multiple_of(8) {
                         (&self.fns.matvec_f16_v8, MMVQ_WARPS, 0)
-                    }
-                    _ => (&fns.matvec, 4, 0),
-                };
+                    } else {
+                        (&fns.matvec, 4, 0)
+                    };
                 let cfg = LaunchConfig {
                     grid_dim: (w.rows.div_ceil(rows_per_block) as u32, n as u32, 1),
                     block_dim: (32 * rows_per_block as u32, 1, 1),
@@ -695,7 +705,12 @@ impl Device {
     /// `x` — a layer's Q, K and V, or gate and up. On the matvec path, when
     /// every matrix has one int8-activation kernel (same kind and width),
     /// that is one launch; otherwise one [`Device::matmul`] each.
-    pub fn matmul_many(&self, x: &Buf, n: usize, outs: &mut [(&Matrix, &mut Buf)]) -> Result<(), CudaError> {
+    pub fn matmul_many(
+        &self,
+        x: &Buf,
+        n: usize,
+        outs: &mut [(&Matrix, &mut Buf)],
+    ) -> Result<(), CudaError> {
         let one = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols && mmvq_fits(w);
         let fused = (2..=3).contains(&outs.len())
             && self.matmul_path(n) == MatmulPath::Matvec
@@ -711,7 +726,10 @@ impl Device {
             if x.len < n * w.cols || y.len < n * w.rows {
                 return Err(shape(
                     "matmul",
-                    format!("{n} tokens through {}x{}: input {} floats, output {}", w.rows, w.cols, x.len, y.len),
+                    format!(
+                        "{n} tokens through {}x{}: input {} floats, output {}",
+                        w.rows, w.cols, x.len, y.len
+                    ),
                 ));
             }
         }
@@ -727,11 +745,22 @@ impl Device {
             .kind_fns(w0.kind, "matvec")?
             .mmvq
             .as_ref()
-            .ok_or(CudaError::NoKernel { op: "int8 matvec", kind: w0.kind })?;
+            .ok_or(CudaError::NoKernel {
+                op: "int8 matvec",
+                kind: w0.kind,
+            })?;
         if mats.len() > 3 || n > 65535 {
-            return Err(shape("mmvq", format!("{} matrices, {n} tokens in one launch", mats.len())));
+            return Err(shape(
+                "mmvq",
+                format!("{} matrices, {n} tokens in one launch", mats.len()),
+            ));
         }
-        let mut m = MmvqMats { w: [0; 3], y: [0; 3], rows: [0; 3], row_bytes: [0; 3] };
+        let mut m = MmvqMats {
+            w: [0; 3],
+            y: [0; 3],
+            rows: [0; 3],
+            row_bytes: [0; 3],
+        };
         for (i, (w, y)) in mats.iter().enumerate() {
             m.w[i] = self.ptr(&w.data);
             m.y[i] = *y;
@@ -744,7 +773,12 @@ impl Device {
             block_dim: (32 * MMVQ_WARPS as u32, 1, 1),
             shared_mem_bytes: (w0.cols / 32 * 40) as u32,
         };
-        self.launch(f, cfg, "int8 matvec", &[&m, &self.ptr(&x.s), &int("mmvq", w0.cols)?])
+        self.launch(
+            f,
+            cfg,
+            "int8 matvec",
+            &[&m, &self.ptr(&x.s), &int("mmvq", w0.cols)?],
+        )
     }
 
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
@@ -901,7 +935,11 @@ impl Device {
         eps: f32,
         out: &mut Buf,
     ) -> Result<(), CudaError> {
-        if w.len == 0 || !x.len.is_multiple_of(w.len) || out.len != x.len || b.is_some_and(|b| b.len != x.len) {
+        if w.len == 0
+            || !x.len.is_multiple_of(w.len)
+            || out.len != x.len
+            || b.is_some_and(|b| b.len != x.len)
+        {
             return Err(shape(
                 "add_rms_norm",
                 format!(
@@ -1020,7 +1058,10 @@ impl Device {
         factors: Option<&Buf>,
     ) -> Result<(), CudaError> {
         let n_tok = pos.len;
-        for (len, heads) in [(x.len, r.n_heads)].into_iter().chain(second.as_ref().map(|(b, h)| (b.len, *h))) {
+        for (len, heads) in [(x.len, r.n_heads)]
+            .into_iter()
+            .chain(second.as_ref().map(|(b, h)| (b.len, *h)))
+        {
             if len != n_tok * heads * r.head_dim {
                 return Err(shape(
                     "rope",
@@ -1161,10 +1202,19 @@ impl Device {
         // The grouped kernel (a block per token and KV head) where its
         // limits allow; the per-head one otherwise.
         let g = a.n_head / a.n_head_kv;
-        // A decode step (few tokens) has more parallelism per head.
-        let gqa = n >= 16 && hd.is_multiple_of(8) && g <= 8 && g * hd <= 2048 && g * hdv <= 2048;
+        // (`gqa_min`: a knob for measuring the two at small batches.)
+        let gqa = n >= self.gqa_min
+            && hd.is_multiple_of(8)
+            && g <= 8
+            && g * hd <= 2048
+            && g * hdv <= 2048;
         let (f, blocks, threads, smem) = if gqa {
-            (&self.fns.attention_gqa, n * a.n_head_kv, 256, (g * hd + g * 256) * 4)
+            (
+                &self.fns.attention_gqa,
+                n * a.n_head_kv,
+                256,
+                (g * hd + g * 256) * 4,
+            )
         } else {
             (&self.fns.attention, n * a.n_head, 128, 0)
         };
@@ -1401,7 +1451,10 @@ impl Device {
     /// staged index buffer rewritten in place, so a recorded graph that
     /// reads it sees each step's positions).
     pub fn write_u32(&self, dst: &Indices, start: usize, src: &[u32]) -> Result<(), CudaError> {
-        if start.checked_add(src.len()).is_none_or(|end| end > dst.s.len()) {
+        if start
+            .checked_add(src.len())
+            .is_none_or(|end| end > dst.s.len())
+        {
             return Err(shape(
                 "write_u32",
                 format!("{} indices at {start} into {}", src.len(), dst.s.len()),
@@ -1423,7 +1476,9 @@ impl Device {
     /// captured, not run, until [`Device::end_capture`].
     pub fn begin_capture(&self) -> Result<(), CudaError> {
         self.stream
-            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
             .map_err(drv("beginning a graph capture"))
     }
 
@@ -1433,7 +1488,8 @@ impl Device {
             .stream
             .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
             .map_err(drv("ending a graph capture"))?;
-        g.map(Graph).ok_or_else(|| shape("graph capture", "nothing was captured".into()))
+        g.map(Graph)
+            .ok_or_else(|| shape("graph capture", "nothing was captured".into()))
     }
 
     /// Enqueues a recorded graph on this device's stream.

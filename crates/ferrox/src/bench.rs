@@ -268,7 +268,16 @@ fn bench_on(
         _ => {
             let cpu = Cpu::new(n_threads);
             let isa = cpu.isa().to_string();
-            bench_model(path, cpu, n_threads, "CPU", &isa, Instant::now(), a, printer)
+            bench_model(
+                path,
+                cpu,
+                n_threads,
+                "CPU",
+                &isa,
+                Instant::now(),
+                a,
+                printer,
+            )
         }
     }
 }

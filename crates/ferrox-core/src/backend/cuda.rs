@@ -28,8 +28,12 @@ pub struct Cuda {
     /// Recorded decode steps by key, most recent last; `None` when
     /// recording is off (`FERROX_CUDA_GRAPHS=0`) or failed once.
     #[cfg(feature = "cuda")]
-    graphs: std::sync::Mutex<Option<Vec<([u64; 3], ferrox_cuda::Graph)>>>,
+    graphs: std::sync::Mutex<Option<Vec<Recorded>>>,
 }
+
+/// A recorded decode step and the key it was recorded under.
+#[cfg(feature = "cuda")]
+type Recorded = ([u64; 3], ferrox_cuda::Graph);
 
 impl BackendCaps for Cuda {
     const ID: Backend = Backend::Cuda;
@@ -186,7 +190,11 @@ mod dispatch {
             if cache.len() >= INDEX_CACHE {
                 cache.remove(0);
             }
-            cache.push(Staged { key: v.to_vec(), on, start: 0 });
+            cache.push(Staged {
+                key: v.to_vec(),
+                on,
+                start: 0,
+            });
             Ok(())
         }
 
@@ -229,7 +237,11 @@ mod dispatch {
                 if cache.len() >= INDEX_CACHE {
                     cache.remove(0);
                 }
-                cache.push(Staged { key: l.to_vec(), on: Arc::clone(&on), start });
+                cache.push(Staged {
+                    key: l.to_vec(),
+                    on: Arc::clone(&on),
+                    start,
+                });
                 start += l.len();
             }
             Ok(())
@@ -259,7 +271,8 @@ mod dispatch {
                 Some(h) => h,
                 None => {
                     self.upload_one(v)?;
-                    find(&*lock()?).ok_or_else(|| BackendError("staged indices not found".into()))?
+                    find(&*lock()?)
+                        .ok_or_else(|| BackendError("staged indices not found".into()))?
                 }
             };
             let view = on
@@ -432,7 +445,9 @@ mod dispatch {
                 attn_factor: p.attn_factor,
             };
             self.with_indices(positions, |d| {
-                self.dev.rope_qk(q, k, n_head_kv, d, &r, factors).map_err(be)
+                self.dev
+                    .rope_qk(q, k, n_head_kv, d, &r, factors)
+                    .map_err(be)
             })
         }
 
@@ -537,7 +552,9 @@ mod dispatch {
                 }
                 idx.push(r as u32);
             }
-            self.with_indices(&idx, |d| self.dev.gather_rows(src, d, width, dst).map_err(be))
+            self.with_indices(&idx, |d| {
+                self.dev.gather_rows(src, d, width, dst).map_err(be)
+            })
         }
 
         fn split_cols(
@@ -742,7 +759,9 @@ mod tests {
                 // so the bound stays tight (and the f32 dot is checked loosely).
                 let mmvq = path == MatmulPath::Matvec && ferrox_cuda::mmvq_kind(kind);
                 let xr = if mmvq {
-                    x.chunks(cols).flat_map(ferrox_cuda::mmvq_quantize_activations).collect()
+                    x.chunks(cols)
+                        .flat_map(ferrox_cuda::mmvq_quantize_activations)
+                        .collect()
                 } else {
                     x.clone()
                 };
@@ -780,7 +799,8 @@ mod tests {
     /// matvecs give, for every kind (fused or not), at 1 and 3 tokens.
     #[test]
     fn matmul_many_matches_separate_matmuls() {
-        let Some(c) = gpu("CUDA matmul_many (one launch over several matrices) vs one matmul each") else {
+        let Some(c) = gpu("CUDA matmul_many (one launch over several matrices) vs one matmul each")
+        else {
             return;
         };
         let mut r = rng();
@@ -795,8 +815,14 @@ mod tests {
                 })
                 .collect();
             for n in [1usize, 3] {
-                let x = c.device().upload_f32(&rand_vec(&mut r, n * cols, 1.0)).unwrap();
-                let mut sep: Vec<ferrox_cuda::Buf> = shapes.iter().map(|&rows| c.alloc(n * rows).unwrap()).collect();
+                let x = c
+                    .device()
+                    .upload_f32(&rand_vec(&mut r, n * cols, 1.0))
+                    .unwrap();
+                let mut sep: Vec<ferrox_cuda::Buf> = shapes
+                    .iter()
+                    .map(|&rows| c.alloc(n * rows).unwrap())
+                    .collect();
                 for (w, y) in ws.iter().zip(sep.iter_mut()) {
                     c.matmul(w, &x, y, n).unwrap();
                 }
@@ -804,11 +830,15 @@ mod tests {
                     .iter()
                     .map(|&rows| c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap())
                     .collect();
-                let mut outs: Vec<(&CudaWeight, &mut ferrox_cuda::Buf)> = ws.iter().zip(many.iter_mut()).collect();
+                let mut outs: Vec<(&CudaWeight, &mut ferrox_cuda::Buf)> =
+                    ws.iter().zip(many.iter_mut()).collect();
                 c.matmul_many(&x, n, &mut outs).unwrap();
                 for (i, (a, b)) in sep.iter().zip(&many).enumerate() {
                     let e = rel(&read(c, b), &read(c, a));
-                    assert!(e < 1e-6, "{kind} n={n} matrix {i}: matmul_many differs by {e:e}");
+                    assert!(
+                        e < 1e-6,
+                        "{kind} n={n} matrix {i}: matmul_many differs by {e:e}"
+                    );
                 }
             }
         }
@@ -953,18 +983,36 @@ mod tests {
             let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * w]);
             let (hy, dy) = pair(c, &y);
             let gw = CudaWeight::Vector(c.device().upload_f32(&g).unwrap());
-            cpu.add_rms_norm(&mut hx, with_add.then_some(&hy), &CpuWeight::Vector(g.clone()), 1e-6, &mut ho)
-                .unwrap();
+            cpu.add_rms_norm(
+                &mut hx,
+                with_add.then_some(&hy),
+                &CpuWeight::Vector(g.clone()),
+                1e-6,
+                &mut ho,
+            )
+            .unwrap();
             c.add_rms_norm(&mut dx, with_add.then_some(&dy), &gw, 1e-6, &mut dout)
                 .unwrap();
-            check(&format!("add_rms_norm residual (add {with_add})"), read(c, &dx), &hx, 1e-6);
-            check(&format!("add_rms_norm output (add {with_add})"), read(c, &dout), &ho, 1e-5);
+            check(
+                &format!("add_rms_norm residual (add {with_add})"),
+                read(c, &dx),
+                &hx,
+                1e-6,
+            );
+            check(
+                &format!("add_rms_norm output (add {with_add})"),
+                read(c, &dout),
+                &ho,
+                1e-5,
+            );
         }
     }
 
     #[test]
     fn argmax_on_the_device_matches_the_host_twin() {
-        let Some(c) = gpu("CUDA argmax_rows vs the host argmax (ties, NaN, a vocabulary-sized row)") else {
+        let Some(c) =
+            gpu("CUDA argmax_rows vs the host argmax (ties, NaN, a vocabulary-sized row)")
+        else {
             return;
         };
         let mut r = rng();
@@ -982,7 +1030,10 @@ mod tests {
             let mut got = vec![u32::MAX; rows];
             c.argmax_rows(&d, width, &mut got).unwrap();
             assert_eq!(got, want, "{rows} rows of {width}");
-            assert!(c.argmax_rows(&d, width + 1, &mut got).is_err(), "a width that does not divide the buffer must be an error");
+            assert!(
+                c.argmax_rows(&d, width + 1, &mut got).is_err(),
+                "a width that does not divide the buffer must be an error"
+            );
         }
     }
 
@@ -1020,10 +1071,15 @@ mod tests {
                 // Queries and keys (fewer heads) in one launch.
                 let k = rand_vec(&mut r, pos.len() * hd, 2.0);
                 let ((mut hq, mut dq), (mut hk, mut dk)) = (pair(c, &x), pair(c, &k));
-                cpu.rope_qk(&mut hq, &mut hk, &pos, heads, 1, hd, &p, hf.as_ref()).unwrap();
-                c.rope_qk(&mut dq, &mut dk, &pos, heads, 1, hd, &p, df.as_ref()).unwrap();
+                cpu.rope_qk(&mut hq, &mut hk, &pos, heads, 1, hd, &p, hf.as_ref())
+                    .unwrap();
+                c.rope_qk(&mut dq, &mut dk, &pos, heads, 1, hd, &p, df.as_ref())
+                    .unwrap();
                 let (eq, ek) = (rel(&read(c, &dq), &hq), rel(&read(c, &dk), &hk));
-                assert!(eq < 1e-3 && ek < 1e-3, "rope_qk {style:?}: relative error q {eq:e} k {ek:e}");
+                assert!(
+                    eq < 1e-3 && ek < 1e-3,
+                    "rope_qk {style:?}: relative error q {eq:e} k {ek:e}"
+                );
             }
         }
     }
@@ -1218,7 +1274,8 @@ mod tests {
     /// that nothing stale leaks from one step into the next.
     #[test]
     fn greedy_decode_with_the_argmax_on_the_device_follows_the_cpu() {
-        let Some(c) = gpu("greedy decode via forward_argmax GPU vs CPU logits, every architecture") else {
+        let Some(c) = gpu("greedy decode via forward_argmax GPU vs CPU logits, every architecture")
+        else {
             return;
         };
         for &arch in Arch::ALL {
@@ -1227,24 +1284,29 @@ mod tests {
             let gm = Model::open(&path, c.share()).unwrap();
             let _ = std::fs::remove_file(&path);
             let prompt = crate::testing::tiny_tokens();
-            let (mut hctx, mut dctx) = (cpu.new_context(96, 1).unwrap(), gm.new_context(96, 1).unwrap());
+            let (mut hctx, mut dctx) = (
+                cpu.new_context(96, 1).unwrap(),
+                gm.new_context(96, 1).unwrap(),
+            );
             let mut b = Batch::default();
             for (i, &t) in prompt.iter().enumerate() {
                 b.push(t, i as u32, 0, i + 1 == prompt.len());
             }
             let mut h = cpu.forward(&mut hctx, &b).unwrap();
             let mut d = gm.forward_argmax(&mut dctx, &b).unwrap();
-            let mut pos = prompt.len() as u32;
-            for step in 0..16 {
+            for (step, pos) in (0..16).zip(prompt.len() as u32..) {
                 assert_eq!(d.len(), 1);
                 let (want, margin) = argmax(&h);
                 let scale = h.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
                 if margin > 2e-2 * scale {
-                    assert_eq!(d[0] as usize, want, "{arch:?} step {step}: GPU argmax {} vs CPU {want}", d[0]);
+                    assert_eq!(
+                        d[0] as usize, want,
+                        "{arch:?} step {step}: GPU argmax {} vs CPU {want}",
+                        d[0]
+                    );
                 }
                 let mut b = Batch::default();
                 b.push(want as u32, pos, 0, true);
-                pos += 1;
                 h = cpu.forward(&mut hctx, &b).unwrap();
                 d = gm.forward_argmax(&mut dctx, &b).unwrap();
             }
