@@ -78,6 +78,11 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
     /// Tokens per prefill forward pass.
     pub n_batch: usize,
+    /// Whether each token's logprob is wanted. When it is not and sampling
+    /// is plain greedy, decode takes the argmax on the backend
+    /// ([`Model::forward_argmax`](crate::model::Model::forward_argmax)): the
+    /// logits stay on the device, and those tokens report a NaN logprob.
+    pub logprobs: bool,
 }
 
 impl Default for GenerateOptions {
@@ -88,6 +93,7 @@ impl Default for GenerateOptions {
             sampling: SamplingParams::default(),
             ignore_eos: false,
             n_batch: 512,
+            logprobs: true,
         }
     }
 }
@@ -235,6 +241,8 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
         let mut text = String::new();
         let mut emitted = 0usize;
         let mut tokens = Vec::new();
+        let device_greedy = !opts.logprobs && opts.sampling.is_plain_greedy();
+        let mut next: Option<u32> = None;
         let finish = loop {
             if cancel.load(Ordering::Relaxed) {
                 break FinishReason::Cancelled;
@@ -245,7 +253,10 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
             if self.history.len() >= self.ctx.n_ctx() {
                 break FinishReason::ContextFull;
             }
-            let sampled = sampler.sample(&mut logits, &self.history)?;
+            let sampled = match next.take() {
+                Some(token) => Sampled { token, logprob: f32::NAN, top: Vec::new() },
+                None => sampler.sample(&mut logits, &self.history)?,
+            };
             let id = sampled.token;
             let eog = self.tokenizer.is_eog(id) && !opts.ignore_eos;
             if !eog {
@@ -269,7 +280,13 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
             let pos = self.history.len();
             let mut b = Batch::default();
             b.push(id, pos as u32, 0, true);
-            logits = self.model.forward(&mut self.ctx, &b)?;
+            if device_greedy {
+                let ids = self.model.forward_argmax(&mut self.ctx, &b)?;
+                let id = ids.first().copied();
+                next = Some(id.ok_or_else(|| ModelError::Batch("the decode step returned no token".into()))?);
+            } else {
+                logits = self.model.forward(&mut self.ctx, &b)?;
+            }
             self.history.push(id);
         };
         if finish != FinishReason::Stop {

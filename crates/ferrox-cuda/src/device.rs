@@ -74,6 +74,15 @@ impl Indices {
     }
 }
 
+/// A recorded, instantiated sequence of launches on a [`Device`]'s stream
+/// (a CUDA graph), replayed with [`Device::replay`].
+pub struct Graph(cudarc::driver::CudaGraph);
+
+// SAFETY: the graph handles are only used through `&Graph` by
+// `Device::replay`, and every owner in this workspace keeps a `Graph` behind
+// a mutex, which serializes the launches the driver requires serialized.
+unsafe impl Send for Graph {}
+
 /// A borrowed run of [`Indices`].
 #[derive(Clone, Copy)]
 pub struct IndexView<'a> {
@@ -82,10 +91,19 @@ pub struct IndexView<'a> {
     _of: std::marker::PhantomData<&'a Indices>,
 }
 
-impl IndexView<'_> {
+impl<'a> IndexView<'a> {
     /// How many.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// `[start, start + len)` of them, or `None` outside.
+    pub fn part(&self, start: usize, len: usize) -> Option<IndexView<'a>> {
+        (start.checked_add(len)? <= self.len).then_some(IndexView {
+            ptr: self.ptr + 4 * start as u64,
+            len,
+            _of: std::marker::PhantomData,
+        })
     }
 
     /// Whether there are none.
@@ -191,17 +209,56 @@ pub struct RopeShape {
 
 struct KindFns {
     matvec: CudaFunction,
+    /// The int8-activation (dp4a) matvec, for the kinds that have one.
+    mmvq: Option<CudaFunction>,
     get_rows: CudaFunction,
     dequant: CudaFunction,
+}
+
+/// The kinds whose decode matvec runs on int8 activations (`mmvq_<kind>`
+/// in `kernels.cu`): activations quantized per 32 elements in the kernel,
+/// `__dp4a` dot products. Tested against the scalar twin on the same
+/// quantized activations ([`mmvq_quantize_activations`]).
+pub fn mmvq_kind(kind: QuantKind) -> bool {
+    matches!(
+        kind,
+        QuantKind::Q4_0 | QuantKind::Q5_0 | QuantKind::Q8_0 | QuantKind::Q4K | QuantKind::Q6K
+    )
+}
+
+/// Rows a block of the mmvq and vectorized F16 kernels takes (`MMVQ_WARPS`).
+const MMVQ_WARPS: usize = 8;
+
+/// The most shared memory a block may take without an opt-in: the mmvq
+/// kernels keep 40 bytes per 32 columns, so rows up to 39 321 columns.
+const MMVQ_MAX_SMEM: usize = 48 * 1024;
+
+/// The activations as the mmvq kernels see them: quantized per 32 elements
+/// (`d = max|x| / 127`, `q = round(x / d)`) and expanded back to `q * d`,
+/// so a test can compute the kernel's exact function with the scalar twin.
+pub fn mmvq_quantize_activations(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    for (o, u) in out.chunks_mut(32).zip(x.chunks(32)) {
+        let amax = u.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+        let d = amax / 127.0;
+        for (o, &v) in o.iter_mut().zip(u) {
+            *o = if d > 0.0 { (v / d).round() * d } else { 0.0 };
+        }
+    }
+    out
 }
 
 struct Fns {
     kinds: HashMap<QuantKind, KindFns>,
     f32_to_f16: CudaFunction,
     rms_norm: CudaFunction,
+    add_rms_norm: CudaFunction,
+    argmax_rows: CudaFunction,
+    matvec_f16_v8: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
     attention: CudaFunction,
+    attention_gqa: CudaFunction,
     glu: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
@@ -214,6 +271,7 @@ struct Fns {
 struct Scratch {
     w16: Option<CudaSlice<u16>>,
     x16: Option<CudaSlice<u16>>,
+    ids: Option<CudaSlice<u32>>,
 }
 
 /// One opened GPU with one stream. Opened once and passed around; dropping
@@ -226,6 +284,10 @@ pub struct Device {
     name: String,
     arch: String,
     scratch: Mutex<Scratch>,
+    /// Batches of at least this many tokens take the grouped attention
+    /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too, see
+    /// benchmarks/cuda.md); smaller batches take the per-head kernel.
+    gqa_min: usize,
 }
 
 fn shape(op: &'static str, why: String) -> CudaError {
@@ -294,6 +356,11 @@ impl Device {
                     k,
                     KindFns {
                         matvec: f(&format!("matvec_{s}"))?,
+                        mmvq: if mmvq_kind(k) {
+                            Some(f(&format!("mmvq_{s}"))?)
+                        } else {
+                            None
+                        },
                         get_rows: f(&format!("get_rows_{s}"))?,
                         dequant: f(&format!("dequant_f16_{s}"))?,
                     },
@@ -304,9 +371,13 @@ impl Device {
             kinds,
             f32_to_f16: f("f32_to_f16")?,
             rms_norm: f("rms_norm")?,
+            add_rms_norm: f("add_rms_norm")?,
+            argmax_rows: f("argmax_rows")?,
+            matvec_f16_v8: f("matvec_f16_v8")?,
             rope: f("rope")?,
             kv_store: f("kv_store")?,
             attention: f("attention")?,
+            attention_gqa: f("attention_gqa")?,
             glu: f("glu")?,
             add: f("add")?,
             add_bias: f("add_bias")?,
@@ -333,6 +404,10 @@ impl Device {
             name,
             arch,
             scratch: Mutex::new(Scratch::default()),
+            gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1),
         })
     }
 
@@ -488,9 +563,10 @@ impl Device {
                 .checked_mul(n_ctx)
                 .and_then(|x| x.checked_mul(d))
                 .ok_or_else(|| shape("kv cache", "size overflows".into()))?;
-            self.stream
-                .alloc_zeros(n.max(1))
-                .map_err(drv(format!("allocating a KV cache of {} MiB", (n * 2) >> 20)))
+            self.stream.alloc_zeros(n.max(1)).map_err(drv(format!(
+                "allocating a KV cache of {} MiB",
+                (n * 2) >> 20
+            )))
         };
         Ok(Kv {
             n_slots,
@@ -587,15 +663,24 @@ impl Device {
         }
         match path {
             MatmulPath::Matvec => {
-                let f = &self.kind_fns(w.kind, "matvec")?.matvec;
+                let fns = self.kind_fns(w.kind, "matvec")?;
                 if n > 65535 {
                     return Err(shape("matvec", format!("{n} tokens in one launch")));
                 }
-                let rows_per_block = 4;
+                if mmvq_fits(w) {
+                    return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
+                }
+                // F16 rows with 16-byte loads; every other kind the unit decoder.
+                let (f, rows_per_block, smem) =
+                    if w.kind == QuantKind::F16 && w.cols.is_multiple_of(8) {
+                        (&self.fns.matvec_f16_v8, MMVQ_WARPS, 0)
+                    } else {
+                        (&fns.matvec, 4, 0)
+                    };
                 let cfg = LaunchConfig {
                     grid_dim: (w.rows.div_ceil(rows_per_block) as u32, n as u32, 1),
                     block_dim: (32 * rows_per_block as u32, 1, 1),
-                    shared_mem_bytes: 0,
+                    shared_mem_bytes: smem as u32,
                 };
                 let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
                 self.launch(
@@ -614,6 +699,86 @@ impl Device {
             }
             MatmulPath::Gemm => self.gemm(w, x, y, n),
         }
+    }
+
+    /// `ys[i] = x W_i^T` for up to three matrices over the same `n` rows of
+    /// `x` — a layer's Q, K and V, or gate and up. On the matvec path, when
+    /// every matrix has one int8-activation kernel (same kind and width),
+    /// that is one launch; otherwise one [`Device::matmul`] each.
+    pub fn matmul_many(
+        &self,
+        x: &Buf,
+        n: usize,
+        outs: &mut [(&Matrix, &mut Buf)],
+    ) -> Result<(), CudaError> {
+        let one = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols && mmvq_fits(w);
+        let fused = (2..=3).contains(&outs.len())
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && outs.iter().all(|(w, _)| one(w))
+            && n <= 65535;
+        if !fused {
+            for (w, y) in outs.iter_mut() {
+                self.matmul(w, x, y, n)?;
+            }
+            return Ok(());
+        }
+        for (w, y) in outs.iter() {
+            if x.len < n * w.cols || y.len < n * w.rows {
+                return Err(shape(
+                    "matmul",
+                    format!(
+                        "{n} tokens through {}x{}: input {} floats, output {}",
+                        w.rows, w.cols, x.len, y.len
+                    ),
+                ));
+            }
+        }
+        let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(w, y)| (*w, self.ptr(&y.s))).collect();
+        self.mmvq(&mats, x, n)
+    }
+
+    /// One launch of the int8-activation kernel over up to three matrices of
+    /// one kind and width (checked by the callers: [`mmvq_fits`], shapes).
+    fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
+        let w0 = mats[0].0;
+        let f = self
+            .kind_fns(w0.kind, "matvec")?
+            .mmvq
+            .as_ref()
+            .ok_or(CudaError::NoKernel {
+                op: "int8 matvec",
+                kind: w0.kind,
+            })?;
+        if mats.len() > 3 || n > 65535 {
+            return Err(shape(
+                "mmvq",
+                format!("{} matrices, {n} tokens in one launch", mats.len()),
+            ));
+        }
+        let mut m = MmvqMats {
+            w: [0; 3],
+            y: [0; 3],
+            rows: [0; 3],
+            row_bytes: [0; 3],
+        };
+        for (i, (w, y)) in mats.iter().enumerate() {
+            m.w[i] = self.ptr(&w.data);
+            m.y[i] = *y;
+            m.rows[i] = int("mmvq", w.rows)?;
+            m.row_bytes[i] = w.row_bytes as i64;
+        }
+        let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(MMVQ_WARPS) as u32, n as u32, 1),
+            block_dim: (32 * MMVQ_WARPS as u32, 1, 1),
+            shared_mem_bytes: (w0.cols / 32 * 40) as u32,
+        };
+        self.launch(
+            f,
+            cfg,
+            "int8 matvec",
+            &[&m, &self.ptr(&x.s), &int("mmvq", w0.cols)?],
+        )
     }
 
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
@@ -639,23 +804,30 @@ impl Device {
             }
             Ok(())
         };
-        grow(&mut sc.w16, w.rows * w.cols)?;
+        // F16 weights are already what the GEMM reads: no copy.
+        let direct = w.kind == QuantKind::F16 && w.row_bytes == 2 * w.cols;
+        if !direct {
+            grow(&mut sc.w16, w.rows * w.cols)?;
+        }
         grow(&mut sc.x16, n * w.cols)?;
         let (w16, x16) = match (&sc.w16, &sc.x16) {
+            (_, Some(b)) if direct => (self.ptr(&w.data), self.ptr(b)),
             (Some(a), Some(b)) => (self.ptr(a), self.ptr(b)),
             _ => return Err(shape("gemm", "scratch not allocated".into())),
         };
-        let cfg = LaunchConfig {
-            grid_dim: (w.rows as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(
-            f,
-            cfg,
-            "dequantize to f16",
-            &[&self.ptr(&w.data), &w16, &k, &(w.row_bytes as i64)],
-        )?;
+        if !direct {
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            self.launch(
+                f,
+                cfg,
+                "dequantize to f16",
+                &[&self.ptr(&w.data), &w16, &k, &(w.row_bytes as i64)],
+            )?;
+        }
         let nx = (n * w.cols) as i64;
         self.launch(
             &self.fns.f32_to_f16,
@@ -753,6 +925,105 @@ impl Device {
         )
     }
 
+    /// `x += b` when `b` is given, then `out = rms_norm(x) * w`, in one
+    /// launch (the residual add and the next block's norm).
+    pub fn add_rms_norm(
+        &self,
+        x: &mut Buf,
+        b: Option<&Buf>,
+        w: &Buf,
+        eps: f32,
+        out: &mut Buf,
+    ) -> Result<(), CudaError> {
+        if w.len == 0
+            || !x.len.is_multiple_of(w.len)
+            || out.len != x.len
+            || b.is_some_and(|b| b.len != x.len)
+        {
+            return Err(shape(
+                "add_rms_norm",
+                format!(
+                    "rows of {} in {} floats, addend {:?}, output {}",
+                    w.len,
+                    x.len,
+                    b.map(|b| b.len),
+                    out.len
+                ),
+            ));
+        }
+        let rows = x.len / w.len;
+        if rows == 0 {
+            return Ok(());
+        }
+        // Up to 8 values a thread stay in registers: 1024 threads for rows
+        // up to 8192 wide, in one pass over memory.
+        let threads = (w.len.div_ceil(8).next_power_of_two()).clamp(128, 1024) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let bp = b.map_or(0u64, |b| self.ptr(&b.s));
+        self.launch(
+            &self.fns.add_rms_norm,
+            cfg,
+            "add_rms_norm",
+            &[
+                &self.ptr(&x.s),
+                &bp,
+                &self.ptr(&w.s),
+                &self.ptr(&out.s),
+                &int("add_rms_norm", w.len)?,
+                &eps,
+            ],
+        )
+    }
+
+    /// The index of the largest value of each `width`-wide row of `x` (ties:
+    /// the lowest index), computed on the device; only the ids come back.
+    pub fn argmax_rows(&self, x: &Buf, width: usize, out: &mut [u32]) -> Result<(), CudaError> {
+        if width == 0 || x.len != width * out.len() {
+            return Err(shape(
+                "argmax_rows",
+                format!("{} rows of {width} in {} floats", out.len(), x.len),
+            ));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut sc = self
+            .scratch
+            .lock()
+            .map_err(|_| shape("argmax_rows", "scratch lock poisoned".into()))?;
+        if sc.ids.as_ref().is_none_or(|s| s.len() < out.len()) {
+            sc.ids = None;
+            sc.ids = Some(
+                self.stream
+                    .alloc_zeros(out.len())
+                    .map_err(drv("allocating argmax ids"))?,
+            );
+        }
+        let ids = sc
+            .ids
+            .as_ref()
+            .ok_or_else(|| shape("argmax_rows", "scratch not allocated".into()))?;
+        let cfg = LaunchConfig {
+            grid_dim: (int("argmax_rows", out.len())? as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            &self.fns.argmax_rows,
+            cfg,
+            "argmax_rows",
+            &[&self.ptr(&x.s), &int("argmax_rows", width)?, &self.ptr(ids)],
+        )?;
+        self.stream
+            .memcpy_dtoh(&ids.slice(..out.len()), out)
+            .map_err(drv("reading argmax ids"))?;
+        self.synchronize()
+    }
+
     /// RoPE on `x` (`[pos.len(), n_heads * head_dim]`) in place.
     pub fn rope(
         &self,
@@ -761,15 +1032,42 @@ impl Device {
         r: &RopeShape,
         factors: Option<&Buf>,
     ) -> Result<(), CudaError> {
+        self.rope2(x, None, pos, r, factors)
+    }
+
+    /// RoPE on queries `q` (`r.n_heads` heads) and keys `k` (`n_heads_k`
+    /// heads) at the same positions, in one launch.
+    pub fn rope_qk(
+        &self,
+        q: &mut Buf,
+        k: &mut Buf,
+        n_heads_k: usize,
+        pos: IndexView<'_>,
+        r: &RopeShape,
+        factors: Option<&Buf>,
+    ) -> Result<(), CudaError> {
+        self.rope2(q, Some((k, n_heads_k)), pos, r, factors)
+    }
+
+    fn rope2(
+        &self,
+        x: &mut Buf,
+        second: Option<(&mut Buf, usize)>,
+        pos: IndexView<'_>,
+        r: &RopeShape,
+        factors: Option<&Buf>,
+    ) -> Result<(), CudaError> {
         let n_tok = pos.len;
-        if x.len != n_tok * r.n_heads * r.head_dim {
-            return Err(shape(
-                "rope",
-                format!(
-                    "{n_tok} tokens of {}x{} in {} floats",
-                    r.n_heads, r.head_dim, x.len
-                ),
-            ));
+        for (len, heads) in [(x.len, r.n_heads)]
+            .into_iter()
+            .chain(second.as_ref().map(|(b, h)| (b.len, *h)))
+        {
+            if len != n_tok * heads * r.head_dim {
+                return Err(shape(
+                    "rope",
+                    format!("{n_tok} tokens of {heads}x{} in {len} floats", r.head_dim),
+                ));
+            }
         }
         if r.n_rot > r.head_dim || !r.n_rot.is_multiple_of(2) {
             return Err(shape(
@@ -785,14 +1083,18 @@ impl Device {
                 ));
             }
         }
-        let total = n_tok * r.n_heads * (r.n_rot / 2);
+        let heads2 = second.as_ref().map_or(0, |(_, h)| *h);
+        let total = n_tok * r.n_heads.max(heads2) * (r.n_rot / 2);
         if total == 0 {
             return Ok(());
         }
         let fp = factors.map_or(0u64, |f| self.ptr(&f.s));
+        let x2 = second.as_ref().map_or(0u64, |(b, _)| self.ptr(&b.s));
+        let mut cfg = grid(total, 256);
+        cfg.grid_dim.1 = if second.is_some() { 2 } else { 1 };
         self.launch(
             &self.fns.rope,
-            grid(total, 256),
+            cfg,
             "rope",
             &[
                 &self.ptr(&x.s),
@@ -806,6 +1108,8 @@ impl Device {
                 &r.freq_scale,
                 &r.attn_factor,
                 &fp,
+                &x2,
+                &int("rope", heads2)?,
             ],
         )
     }
@@ -871,34 +1175,56 @@ impl Device {
         }
         let n_ctx = int("attention", kv.n_ctx)?;
         let (sp, pp) = (seq.ptr, pos.ptr);
-        for (src, cache, dim) in [(k, &kv.k[layer], kd), (v, &kv.v[layer], vd)] {
-            let cfg = LaunchConfig {
-                grid_dim: (dim.div_ceil(128) as u32, n as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            self.launch(
-                &self.fns.kv_store,
-                cfg,
-                "kv_store",
-                &[
-                    &self.ptr(&src.s),
-                    &self.ptr(cache),
-                    &sp,
-                    &pp,
-                    &int("kv_store", dim)?,
-                    &n_ctx,
-                ],
-            )?;
+        if n > 65535 {
+            return Err(shape("kv_store", format!("{n} tokens in one launch")));
         }
-        let blocks = n * a.n_head;
         let cfg = LaunchConfig {
-            grid_dim: (int("attention", blocks)? as u32, 1, 1),
+            grid_dim: (kd.max(vd).div_ceil(128) as u32, n as u32, 2),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
         self.launch(
-            &self.fns.attention,
+            &self.fns.kv_store,
+            cfg,
+            "kv_store",
+            &[
+                &self.ptr(&k.s),
+                &self.ptr(&kv.k[layer]),
+                &int("kv_store", kd)?,
+                &self.ptr(&v.s),
+                &self.ptr(&kv.v[layer]),
+                &int("kv_store", vd)?,
+                &sp,
+                &pp,
+                &n_ctx,
+            ],
+        )?;
+        // The grouped kernel (a block per token and KV head) where its
+        // limits allow; the per-head one otherwise.
+        let g = a.n_head / a.n_head_kv;
+        // (`gqa_min`: a knob for measuring the two at small batches.)
+        let gqa = n >= self.gqa_min
+            && hd.is_multiple_of(8)
+            && g <= 8
+            && g * hd <= 2048
+            && g * hdv <= 2048;
+        let (f, blocks, threads, smem) = if gqa {
+            (
+                &self.fns.attention_gqa,
+                n * a.n_head_kv,
+                256,
+                (g * hd + g * 256) * 4,
+            )
+        } else {
+            (&self.fns.attention, n * a.n_head, 128, 0)
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (int("attention", blocks)? as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        self.launch(
+            f,
             cfg,
             "attention",
             &[
@@ -1119,6 +1445,58 @@ impl Device {
         )
     }
 
+    // ---- recorded forward passes (CUDA graphs)
+
+    /// Writes `src` into `dst` from element `start` on, in stream order (a
+    /// staged index buffer rewritten in place, so a recorded graph that
+    /// reads it sees each step's positions).
+    pub fn write_u32(&self, dst: &Indices, start: usize, src: &[u32]) -> Result<(), CudaError> {
+        if start
+            .checked_add(src.len())
+            .is_none_or(|end| end > dst.s.len())
+        {
+            return Err(shape(
+                "write_u32",
+                format!("{} indices at {start} into {}", src.len(), dst.s.len()),
+            ));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let p = self.ptr(&dst.s) + 4 * start as u64;
+        // SAFETY: `[start, start + src.len())` is inside `dst` (checked
+        // above); the copy is ordered on this device's stream with every
+        // kernel that reads `dst`, and the driver stages pageable memory
+        // before the call returns.
+        unsafe { cudarc::driver::result::memcpy_htod_async(p, src, self.stream.cu_stream()) }
+            .map_err(drv("writing indices"))
+    }
+
+    /// Starts recording this device's stream: the launches that follow are
+    /// captured, not run, until [`Device::end_capture`].
+    pub fn begin_capture(&self) -> Result<(), CudaError> {
+        self.stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(drv("beginning a graph capture"))
+    }
+
+    /// Ends the recording and instantiates it.
+    pub fn end_capture(&self) -> Result<Graph, CudaError> {
+        let g = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(drv("ending a graph capture"))?;
+        g.map(Graph)
+            .ok_or_else(|| shape("graph capture", "nothing was captured".into()))
+    }
+
+    /// Enqueues a recorded graph on this device's stream.
+    pub fn replay(&self, g: &Graph) -> Result<(), CudaError> {
+        g.0.launch().map_err(drv("launching a graph"))
+    }
+
     /// The context this device runs in (for tests that time with events).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -1144,4 +1522,24 @@ macro_rules! arg {
         }
     )*};
 }
-arg!(u64, i64, i32, f32);
+arg!(u64, i64, i32, f32, MmvqMats);
+
+/// The matrices of one int8-activation matvec launch (`MmvqMats` in
+/// `kernels.cu`, field for field).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MmvqMats {
+    w: [u64; 3],
+    y: [u64; 3],
+    rows: [i32; 3],
+    row_bytes: [i64; 3],
+}
+
+// SAFETY: plain old data with the C layout the kernel declares.
+unsafe impl cudarc::driver::DeviceRepr for MmvqMats {}
+
+/// Whether `w` runs on the int8-activation matvec: a kind that has one,
+/// whole 32-element units, and its activations fit a block's shared memory.
+fn mmvq_fits(w: &Matrix) -> bool {
+    mmvq_kind(w.kind) && w.cols.is_multiple_of(32) && w.cols / 32 * 40 <= MMVQ_MAX_SMEM
+}

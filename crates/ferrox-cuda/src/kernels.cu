@@ -252,7 +252,18 @@ __device__ float block_max(float v, float* red) {
             float v[32];                                                                          \
             deq_##NAME(row, u, cols, v);                                                          \
             u16* o = out + (size_t)r * cols + u * 32;                                             \
-            _Pragma("unroll") for (int i = 0; i < 32; i++) if (u * 32 + i < cols) o[i] = f2h(v[i]); \
+            if (u * 32 + 32 <= cols && (cols & 7) == 0) {                                         \
+                _Pragma("unroll") for (int i = 0; i < 32; i += 8) {                               \
+                    uint4 pk;                                                                     \
+                    pk.x = (u32)f2h(v[i]) | ((u32)f2h(v[i + 1]) << 16);                           \
+                    pk.y = (u32)f2h(v[i + 2]) | ((u32)f2h(v[i + 3]) << 16);                       \
+                    pk.z = (u32)f2h(v[i + 4]) | ((u32)f2h(v[i + 5]) << 16);                       \
+                    pk.w = (u32)f2h(v[i + 6]) | ((u32)f2h(v[i + 7]) << 16);                       \
+                    *(uint4*)(o + i) = pk;                                                        \
+                }                                                                                 \
+            } else {                                                                              \
+                _Pragma("unroll") for (int i = 0; i < 32; i++) if (u * 32 + i < cols) o[i] = f2h(v[i]); \
+            }                                                                                     \
         }                                                                                         \
     }
 
@@ -267,6 +278,251 @@ DEFINE_KIND(q8_0)
 DEFINE_KIND(q4_k)
 DEFINE_KIND(q5_k)
 DEFINE_KIND(q6_k)
+
+// ---- decode matvec on int8 activations (dp4a), for the kinds decode reads
+// most. Each block first quantizes its token's activations to 8 bits per
+// 32-element unit (d = max|x| / 127, q = round(x / d)) into shared memory,
+// then each warp takes rows; a lane takes one 32-element unit of the row at
+// a time and dots its 32 weights against the unit's 32 int8 activations
+// with __dp4a. `dot_<kind>` returns the unit's dot in weight-scale units
+// times the activation scale: sum_i w_i * xq_i * dx.
+
+#define MMVQ_WARPS 8
+
+__device__ __forceinline__ u32 ld_a2(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+
+// qx: the unit's 32 int8 activations as 8 ints; dx its scale; sx = dx * sum(q).
+__device__ __forceinline__ float dot_q4_0(const u8* row, int u, const int* qx, float dx, float sx) {
+    const u8* b = row + u * 18;
+    float d = h2f(*(const u16*)b);
+    int acc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        u32 v = ld_a2(b + 2 + 4 * j);
+        acc = __dp4a((int)(v & 0x0F0F0F0Fu), qx[j], acc);
+        acc = __dp4a((int)((v >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
+    }
+    // (q - 8) * d: the offset is -8 * sum(q) * dx.
+    return d * (dx * (float)acc - 8.0f * sx);
+}
+
+__device__ __forceinline__ float dot_q5_0(const u8* row, int u, const int* qx, float dx, float sx) {
+    const u8* b = row + u * 22;
+    float d = h2f(*(const u16*)b);
+    u32 qh = ld_a2(b + 2);
+    int acc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        u32 v = ld_a2(b + 6 + 4 * j);
+        // The high bits of elements 4j..4j+3 (low nibbles) and 4j+16.. (high).
+        u32 h0 = (qh >> (4 * j)) & 0xF, h1 = (qh >> (4 * j + 16)) & 0xF;
+        u32 hb0 = ((h0 & 1) << 4) | ((h0 & 2) << 11) | ((h0 & 4) << 18) | ((h0 & 8) << 25);
+        u32 hb1 = ((h1 & 1) << 4) | ((h1 & 2) << 11) | ((h1 & 4) << 18) | ((h1 & 8) << 25);
+        acc = __dp4a((int)((v & 0x0F0F0F0Fu) | hb0), qx[j], acc);
+        acc = __dp4a((int)(((v >> 4) & 0x0F0F0F0Fu) | hb1), qx[j + 4], acc);
+    }
+    return d * (dx * (float)acc - 16.0f * sx);
+}
+
+__device__ __forceinline__ float dot_q8_0(const u8* row, int u, const int* qx, float dx, float sx) {
+    const u8* b = row + u * 34;
+    float d = h2f(*(const u16*)b);
+    int acc = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc = __dp4a((int)ld_a2(b + 2 + 4 * j), qx[j], acc);
+    return d * dx * (float)acc;
+}
+
+__device__ __forceinline__ float dot_q4_k(const u8* row, int u, const int* qx, float dx, float sx) {
+    const u8* b = row + (u >> 3) * 144;
+    int s = u & 7;
+    float d = h2f(*(const u16*)b), dmin = h2f(*(const u16*)(b + 2));
+    int sc, m;
+    scale_min_k4(s, b + 4, &sc, &m);
+    const uint4* q = (const uint4*)(b + 16 + (s >> 1) * 32);
+    uint4 a = q[0], c = q[1];
+    u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    int shift = (s & 1) * 4;
+    int acc = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc = __dp4a((int)((w[j] >> shift) & 0x0F0F0F0Fu), qx[j], acc);
+    return d * sc * dx * (float)acc - dmin * m * sx;
+}
+
+__device__ __forceinline__ float dot_q6_k(const u8* row, int u, const int* qx, float dx, float sx) {
+    const u8* b = row + (u >> 3) * 210;
+    int s = u & 7;
+    int half = s >> 2, quarter = s & 3;
+    const u8* ql = b + half * 64 + (quarter & 1) * 32;
+    const u8* qh = b + 128 + half * 32;
+    const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
+    float d = h2f(*(const u16*)(b + 208));
+    int lshift = (quarter >> 1) * 4;
+    int hshift = quarter * 2;
+    int acc0 = 0, acc1 = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        u32 lo = (ld_a2(ql + 4 * j) >> lshift) & 0x0F0F0F0Fu;
+        u32 hi = ((ld_a2(qh + 4 * j) >> hshift) & 0x03030303u) << 4;
+        int q = (int)__vsub4(lo | hi, 0x20202020u);
+        if (j < 4) acc0 = __dp4a(q, qx[j], acc0);
+        else acc1 = __dp4a(q, qx[j], acc1);
+    }
+    return d * dx * (float)(sc[0] * acc0 + sc[1] * acc1);
+}
+
+// One thread quantizes one 32-element unit of x: eight independent 16-byte
+// loads, then d = max|x| / 127, q = round(x / d), packed four to an int.
+__device__ __forceinline__ void quantize_unit(const float* xt, int u, int* qs, float2* ds) {
+    const float4* xu = (const float4*)(xt + u * 32);
+    float4 v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = xu[i];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+    float d = amax / 127.0f;
+    int sum = 0;
+    int pk[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int a = d > 0.0f ? (int)roundf(v[i].x / d) : 0;
+        int b = d > 0.0f ? (int)roundf(v[i].y / d) : 0;
+        int c = d > 0.0f ? (int)roundf(v[i].z / d) : 0;
+        int e = d > 0.0f ? (int)roundf(v[i].w / d) : 0;
+        sum += a + b + c + e;
+        pk[i] = (a & 0xff) | ((b & 0xff) << 8) | ((c & 0xff) << 16) | ((e & 0xff) << 24);
+    }
+    int4* dst = (int4*)(qs + u * 8);
+    dst[0] = make_int4(pk[0], pk[1], pk[2], pk[3]);
+    dst[1] = make_int4(pk[4], pk[5], pk[6], pk[7]);
+    ds[u] = make_float2(d, d * (float)sum);
+}
+
+// Shared memory of a block: n_units * 32 int8 activations, then n_units
+// (dx, sx) pairs.
+// Up to three matrices of one kind over the same activations in one launch
+// (a layer's Q, K and V, or gate and up): `MmvqMats` lists them; the blocks
+// cover their rows in order. One matrix is the case m[1].rows == 0.
+struct MmvqMats {
+    const u8* w[3];
+    float* y[3];
+    int rows[3];
+    long long row_bytes[3];
+};
+
+#define DEFINE_MMVQ(NAME)                                                                          \
+    extern "C" __global__ void mmvq_##NAME(MmvqMats m, const float* x, int cols) {               \
+        extern __shared__ int smem[];                                                             \
+        int n_units = cols >> 5;                                                                  \
+        int* qs = smem;                                                                           \
+        float2* ds = (float2*)(smem + n_units * 8);                                               \
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                     \
+        int t = blockIdx.y;                                                                       \
+        const float* xt = x + (size_t)t * cols;                                                   \
+        for (int u = threadIdx.x; u < n_units; u += blockDim.x) quantize_unit(xt, u, qs, ds);     \
+        __syncthreads();                                                                          \
+        int r = blockIdx.x * MMVQ_WARPS + warp;                                                   \
+        int k = 0;                                                                                \
+        if (r >= m.rows[0]) {                                                                     \
+            r -= m.rows[0];                                                                       \
+            k = 1;                                                                                \
+            if (r >= m.rows[1]) {                                                                 \
+                r -= m.rows[1];                                                                   \
+                k = 2;                                                                            \
+                if (r >= m.rows[2]) return;                                                       \
+            }                                                                                     \
+        }                                                                                         \
+        const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                      \
+        float acc = 0.0f;                                                                         \
+        for (int u = lane; u < n_units; u += 32) {                                                \
+            float2 dd = ds[u];                                                                    \
+            int4 qa = ((const int4*)qs)[2 * u], qb = ((const int4*)qs)[2 * u + 1];                \
+            int qx[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                         \
+            acc += dot_##NAME(row, u, qx, dd.x, dd.y);                                            \
+        }                                                                                         \
+        acc = warp_sum(acc);                                                                      \
+        if (lane == 0) m.y[k][(size_t)t * m.rows[k] + r] = acc;                                   \
+    }
+
+DEFINE_MMVQ(q4_0)
+DEFINE_MMVQ(q5_0)
+DEFINE_MMVQ(q8_0)
+DEFINE_MMVQ(q4_k)
+DEFINE_MMVQ(q6_k)
+
+// F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
+extern "C" __global__ void matvec_f16_v8(const u8* w, const float* x, float* y, int rows, int cols,
+                                         long long row_bytes) {
+    int r = blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    int t = blockIdx.y;
+    if (r >= rows) return;
+    const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
+    const float4* xt = (const float4*)(x + (size_t)t * cols);
+    int n8 = cols >> 3;
+    float acc = 0.0f;
+    for (int i = lane; i < n8; i += 32) {
+        uint4 h = row[i];
+        float4 a = xt[2 * i], b = xt[2 * i + 1];
+        acc += h2f((u16)h.x) * a.x + h2f((u16)(h.x >> 16)) * a.y + h2f((u16)h.y) * a.z +
+               h2f((u16)(h.y >> 16)) * a.w + h2f((u16)h.z) * b.x + h2f((u16)(h.z >> 16)) * b.y +
+               h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[(size_t)t * rows + r] = acc;
+}
+
+// Index of the largest value of each row (ties: the lowest index; NaN never
+// wins). One block per row.
+extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* r = x + (size_t)blockIdx.x * width;
+    float best = -INF_F;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float v = r[i];
+        if (v > best) {
+            best = v;
+            bi = i;
+        }
+    }
+    // Warp then block reduction, keeping (max, lowest index).
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < nw ? sv[lane] : -INF_F;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+    }
+}
 
 // ---- element-wise and row operations on f32 activations.
 
@@ -286,11 +542,62 @@ extern "C" __global__ void rms_norm(float* x, const float* w, int width, float e
     for (int i = threadIdx.x; i < width; i += blockDim.x) r[i] = r[i] * scale * w[i];
 }
 
+// One block per row: x += b (when b is given, written back), then
+// out = x / rms(x) * w. Out of place, so the residual stream stays intact.
+#define NORM_KEEP 8
+extern "C" __global__ void add_rms_norm(float* x, const float* b, const float* w, float* out,
+                                        int width, float eps) {
+    __shared__ float red[32];
+    float* r = x + (size_t)blockIdx.x * width;
+    const float* br = b ? b + (size_t)blockIdx.x * width : 0;
+    float* o = out + (size_t)blockIdx.x * width;
+    // The first NORM_KEEP values of each thread stay in registers between
+    // the two passes; wider rows re-read the rest.
+    float keep[NORM_KEEP];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        float v = 0.0f;
+        if (i < width) {
+            v = r[i];
+            if (br) {
+                v += br[i];
+                r[i] = v;
+            }
+        }
+        keep[k] = v;
+        s += v * v;
+    }
+    for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i < width; i += blockDim.x) {
+        float v = r[i];
+        if (br) {
+            v += br[i];
+            r[i] = v;
+        }
+        s += v * v;
+    }
+    s = block_sum(s, red);
+    float scale = rsqrtf(s / width + eps);
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < width) o[i] = keep[k] * scale * w[i];
+    }
+    for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i < width; i += blockDim.x) o[i] = r[i] * scale * w[i];
+}
+
 // One thread per (token, head, rotated pair). `halves` pairs i with
 // i + n_rot/2 (NeoX); otherwise 2i with 2i+1. `factors` may be null.
+// blockIdx.y == 1 rotates a second buffer (`x2`, `n_heads2` heads) with the
+// same positions: queries and keys in one launch.
 extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads, int head_dim,
                                 int n_rot, int halves, float base, float freq_scale,
-                                float attn_factor, const float* factors) {
+                                float attn_factor, const float* factors, float* x2, int n_heads2) {
+    if (blockIdx.y == 1) {
+        x = x2;
+        n_heads = n_heads2;
+    }
     int half_rot = n_rot / 2;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)n_tok * n_heads * half_rot;
@@ -312,10 +619,15 @@ extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads
 }
 
 // Writes each token's k/v rows into its (slot, position) of the f16 cache.
-extern "C" __global__ void kv_store(const float* src, u16* cache, const u32* seq, const u32* pos,
-                                    int dim, int n_ctx) {
+// Keys (blockIdx.z == 0) and values (1) in one launch.
+extern "C" __global__ void kv_store(const float* ksrc, u16* kcache, int kdim, const float* vsrc,
+                                    u16* vcache, int vdim, const u32* seq, const u32* pos,
+                                    int n_ctx) {
     int t = blockIdx.y;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const float* src = blockIdx.z ? vsrc : ksrc;
+    u16* cache = blockIdx.z ? vcache : kcache;
+    int dim = blockIdx.z ? vdim : kdim;
     if (i >= dim) return;
     size_t at = (size_t)seq[t] * n_ctx + pos[t];
     cache[at * dim + i] = f2h(src[(size_t)t * dim + i]);
@@ -386,6 +698,115 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
     float* o = out + ((size_t)t * n_head + h) * hdv;
     if (tid < hdv) o[tid] = acc0 / l;
     if (tid + ATTN_THREADS < hdv) o[tid + ATTN_THREADS] = acc1 / l;
+}
+
+// Attention with the query heads of one KV head together: one block per
+// (token, KV head), 256 threads. Scores: a thread per key of a 256-key chunk,
+// all the group's heads at once (16-byte key loads, queries broadcast from
+// shared memory, no shuffles). Values: a thread per (head, value dim),
+// looping over the chunk's keys. Online softmax across chunks. Needs
+// head_dim % 8 == 0, group <= 8, group * head_dim <= 2048 and
+// group * head_dim_v <= 2048 (the host falls back to `attention` otherwise).
+#define GA_THREADS 256
+#define GA_MAXG 8
+#define GA_ACC 8
+extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u16* vc, float* out,
+                                         const u32* seq, const u32* pos, int n_head, int n_head_kv,
+                                         int hd, int hdv, int n_ctx, float scale, float softcap,
+                                         int window) {
+    extern __shared__ float gsm[];
+    __shared__ float red[32];
+    __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
+    int G = n_head / n_head_kv;
+    float* sq = gsm;                // G * hd
+    float* sp = gsm + G * hd;       // G * GA_THREADS
+    int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
+    int s = seq[t], p = pos[t];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    int tid = threadIdx.x;
+    const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * hd;
+    for (int i = tid; i < G * hd; i += blockDim.x) sq[i] = qh[i];
+    if (tid < G) {
+        sm_m[tid] = -INF_F;
+        sm_l[tid] = 0.0f;
+    }
+    __syncthreads();
+    size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
+    const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;
+    const u16* vb = vc + (size_t)s * n_ctx * vd + (size_t)kvh * hdv;
+    float acc[GA_ACC];
+#pragma unroll
+    for (int k = 0; k < GA_ACC; k++) acc[k] = 0.0f;
+    for (int c0 = lo; c0 <= p; c0 += GA_THREADS) {
+        int nc = min(GA_THREADS, p + 1 - c0);
+        if (tid < nc) {
+            const uint4* kr = (const uint4*)(kb + (size_t)(c0 + tid) * kd);
+            float d[GA_MAXG];
+#pragma unroll
+            for (int g = 0; g < GA_MAXG; g++) d[g] = 0.0f;
+            for (int i = 0; i < hd; i += 8) {
+                uint4 kk = kr[i >> 3];
+                float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
+                               h2f((u16)kk.z), h2f((u16)(kk.z >> 16)), h2f((u16)kk.w), h2f((u16)(kk.w >> 16))};
+#pragma unroll
+                for (int g = 0; g < GA_MAXG; g++) {
+                    if (g < G) {
+                        const float* qg = sq + g * hd + i;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) d[g] += qg[e] * k8[e];
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < GA_MAXG; g++) {
+                if (g < G) {
+                    float sc = d[g] * scale;
+                    if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+                    sp[g * GA_THREADS + tid] = sc;
+                }
+            }
+        }
+        __syncthreads();
+        for (int g = 0; g < G; g++) {
+            float mine = tid < nc ? sp[g * GA_THREADS + tid] : -INF_F;
+            float cm = block_max(mine, red);
+            float mo = sm_m[g];
+            float mn = fmaxf(mo, cm);
+            float e = tid < nc ? expf(mine - mn) : 0.0f;
+            if (tid < nc) sp[g * GA_THREADS + tid] = e;
+            float cs = block_sum(e, red);
+            __syncthreads();
+            if (tid == 0) {
+                float corr = expf(mo - mn);
+                sm_corr[g] = corr;
+                sm_l[g] = sm_l[g] * corr + cs;
+                sm_m[g] = mn;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < GA_ACC; k++) {
+            int idx = tid + k * GA_THREADS;
+            if (idx < G * hdv) {
+                int g = idx / hdv, dd = idx - g * hdv;
+                const float* pg = sp + g * GA_THREADS;
+                const u16* vcol = vb + dd + (size_t)c0 * vd;
+                float a = acc[k] * sm_corr[g];
+#pragma unroll 8
+                for (int j = 0; j < nc; j++) a += pg[j] * h2f(vcol[(size_t)j * vd]);
+                acc[k] = a;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < GA_ACC; k++) {
+        int idx = tid + k * GA_THREADS;
+        if (idx < G * hdv) {
+            int g = idx / hdv, dd = idx - g * hdv;
+            out[((size_t)t * n_head + (size_t)kvh * G + g) * hdv + dd] = acc[k] / sm_l[g];
+        }
+    }
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }

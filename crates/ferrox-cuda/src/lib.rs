@@ -21,8 +21,8 @@ mod device;
 
 pub use compile::{compile_check, kernel_source, nvrtc_present};
 pub use device::{
-    Act, AttnShape, Buf, Device, IndexView, Indices, Kv, MatmulPath, Matrix, RopeShape,
-    GEMM_MIN_TOKENS,
+    mmvq_kind, mmvq_quantize_activations, Act, AttnShape, Buf, Device, Graph, IndexView, Indices,
+    Kv, MatmulPath, Matrix, RopeShape, GEMM_MIN_TOKENS,
 };
 use ferrox_quant::QuantKind;
 

@@ -18,7 +18,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use ferrox_core::backend::cpu::Cpu;
-use ferrox_core::backend::Batch;
+use ferrox_core::backend::{Batch, DeviceBackend};
 use ferrox_core::kernel_registry::Backend;
 use ferrox_core::model::{Model, ModelError};
 use ferrox_core::tokenizer::Tokenizer;
@@ -92,7 +92,8 @@ pub struct TestResult {
     pub cpu_info: String,
     /// Backends used.
     pub backends: String,
-    /// The instruction-set level the CPU kernels run at.
+    /// The instruction-set level the CPU kernels run at (CUDA: the device and
+    /// the architecture its kernels were compiled for).
     pub cpu_isa: String,
     /// The model file.
     pub model_filename: String,
@@ -172,8 +173,14 @@ fn models_dir() -> PathBuf {
 
 pub fn run(a: Args) -> Result<()> {
     let backend = crate::load::parse_backend(&a.backend)?;
-    if backend != Backend::Cpu {
-        bail!("backend {backend} is not compiled into this build");
+    #[allow(unreachable_patterns)]
+    match backend {
+        Backend::Cpu => {}
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => {}
+        other => bail!(
+            "backend {other} is not compiled into this build (rebuild with --features {other})"
+        ),
     }
     if a.repetitions == 0 {
         bail!("-r must be at least 1");
@@ -219,7 +226,7 @@ pub fn run(a: Args) -> Result<()> {
             continue;
         }
         for &t in &a.threads {
-            match bench_model(path, t, &a, &mut printer) {
+            match bench_on(backend, path, t, &a, &mut printer) {
                 Ok(()) => {}
                 Err(e) if a.suite.is_some() => {
                     printer.row(&Row::Skipped {
@@ -235,7 +242,14 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> Result<()> {
+/// Opens `backend` and benchmarks `path` on it.
+fn bench_on(
+    backend: Backend,
+    path: &Path,
+    threads: usize,
+    a: &Args,
+    printer: &mut Printer,
+) -> Result<()> {
     let n_threads = if threads == 0 {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -243,12 +257,48 @@ fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> 
     } else {
         threads
     };
+    match backend {
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => {
+            let t0 = Instant::now();
+            let dev = ferrox_core::backend::Cuda::open().context("cannot open the CUDA device")?;
+            let what = format!("{} ({})", dev.device().name(), dev.device().arch());
+            bench_model(path, dev, 1, "CUDA", &what, t0, a, printer)
+        }
+        _ => {
+            let cpu = Cpu::new(n_threads);
+            let isa = cpu.isa().to_string();
+            bench_model(
+                path,
+                cpu,
+                n_threads,
+                "CPU",
+                &isa,
+                Instant::now(),
+                a,
+                printer,
+            )
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_model<B: DeviceBackend>(
+    path: &Path,
+    backend: B,
+    n_threads: usize,
+    backends: &str,
+    isa: &str,
+    t0: Instant,
+    a: &Args,
+    printer: &mut Printer,
+) -> Result<()> {
     reset_peak_rss();
-    let t0 = Instant::now();
-    let model = Model::open(path, Cpu::new(n_threads))
+    let model = Model::open(path, backend)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     let tok = Tokenizer::from_gguf(model.file().metadata_file())
         .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
+    // For a device, load time includes opening it (kernels compiled or loaded).
     let load_time_ns = t0.elapsed().as_nanos() as u64;
     let file = model.file();
     let model_size = file.tensors().iter().map(|t| t.info.n_bytes).sum();
@@ -256,8 +306,8 @@ fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> 
     let base = TestResult {
         ferrox_version: env!("CARGO_PKG_VERSION").to_string(),
         cpu_info: cpu_info(),
-        backends: "CPU".into(),
-        cpu_isa: model.backend().isa().to_string(),
+        backends: backends.into(),
+        cpu_isa: isa.to_string(),
         model_filename: path.display().to_string(),
         model_type: model_type(file.metadata_file(), model_n_params),
         model_size,
@@ -329,9 +379,9 @@ fn bench_model(path: &Path, threads: usize, a: &Args, printer: &mut Printer) -> 
 
 /// `n` random tokens (the first is BOS when the model adds one) in batches,
 /// each asking for its last token's logits, as llama-bench's prompt test.
-fn prompt_pass(
-    model: &Model<Cpu>,
-    ctx: &mut ferrox_core::model::Context<Cpu>,
+fn prompt_pass<B: DeviceBackend>(
+    model: &Model<B>,
+    ctx: &mut ferrox_core::model::Context<B>,
     n: usize,
     n_batch: usize,
     bos: Option<u32>,
@@ -358,9 +408,9 @@ fn prompt_pass(
 
 /// `n` single-token forward passes from position 0, as llama-bench's
 /// generation test (random tokens stand in for sampled ones).
-fn gen_pass(
-    model: &Model<Cpu>,
-    ctx: &mut ferrox_core::model::Context<Cpu>,
+fn gen_pass<B: DeviceBackend>(
+    model: &Model<B>,
+    ctx: &mut ferrox_core::model::Context<B>,
     n: usize,
     bos: Option<u32>,
     rng: &mut SplitMix,

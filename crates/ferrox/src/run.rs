@@ -176,6 +176,8 @@ fn generate<B: DeviceBackend>(
         stop: a.stop.clone(),
         sampling: a.sampling.params(),
         ignore_eos: a.ignore_eos,
+        // `run` prints text only: a plain greedy decode takes its argmax on the device.
+        logprobs: false,
         ..GenerateOptions::default()
     };
     let cancel = cancel_on_ctrl_c()?;

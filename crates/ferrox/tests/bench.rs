@@ -552,4 +552,18 @@ fn bench_bad_input_is_a_clean_error() {
         &ferrox(&["bench", "-m", m, "--backend", "nosuch"]),
         "unknown backend",
     );
+    // Without the feature the backend is not compiled in; with it, a machine
+    // without a GPU (or FERROX_CUDA=0) cannot open the device. Either way a
+    // clean error, never a CPU run reported as CUDA.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(["bench", "-m", m, "--backend", "cuda", "-p", "8", "-n", "0", "-r", "1"])
+        .env("FERROX_CUDA", "0")
+        .output()
+        .unwrap();
+    let expect = if cfg!(feature = "cuda") {
+        "cannot open the CUDA device"
+    } else {
+        "not compiled into this build"
+    };
+    assert_clean_error(&o, expect);
 }

@@ -20,8 +20,20 @@ pub struct Cuda {
     #[cfg(feature = "cuda")]
     dev: std::sync::Arc<ferrox_cuda::Device>,
     #[cfg(feature = "cuda")]
-    indices: std::sync::Mutex<Vec<(Vec<u32>, ferrox_cuda::Indices)>>,
+    indices: std::sync::Mutex<Vec<dispatch::Staged>>,
+    /// The index buffer forward passes stage into, rewritten in place so
+    /// that a recorded decode step reads each step's positions.
+    #[cfg(feature = "cuda")]
+    slab: std::sync::Mutex<Option<std::sync::Arc<ferrox_cuda::Indices>>>,
+    /// Recorded decode steps by key, most recent last; `None` when
+    /// recording is off (`FERROX_CUDA_GRAPHS=0`) or failed once.
+    #[cfg(feature = "cuda")]
+    graphs: std::sync::Mutex<Option<Vec<Recorded>>>,
 }
+
+/// A recorded decode step and the key it was recorded under.
+#[cfg(feature = "cuda")]
+type Recorded = ([u64; 3], ferrox_cuda::Graph);
 
 impl BackendCaps for Cuda {
     const ID: Backend = Backend::Cuda;
@@ -57,7 +69,9 @@ impl BackendCaps for Cuda {
 
 #[cfg(feature = "cuda")]
 mod dispatch {
-    use ferrox_cuda::{Act, AttnShape, Buf, Device, Kv, Matrix, RopeShape};
+    use std::sync::Arc;
+
+    use ferrox_cuda::{Act, AttnShape, Buf, Device, IndexView, Indices, Kv, Matrix, RopeShape};
     use ferrox_quant::QuantKind;
 
     use super::Cuda;
@@ -104,6 +118,18 @@ mod dispatch {
     /// Index vectors kept on the device, most recent last.
     const INDEX_CACHE: usize = 8;
 
+    /// Recorded decode steps kept per backend (one per live context, in
+    /// practice), most recent last.
+    const GRAPH_CACHE: usize = 8;
+
+    /// One index vector on the device: its contents (the cache key) and
+    /// where it lives (a run of a shared upload).
+    pub struct Staged {
+        key: Vec<u32>,
+        on: Arc<Indices>,
+        start: usize,
+    }
+
     impl Cuda {
         /// Whether this process should use CUDA: `FERROX_CUDA` decides
         /// (`0|off|cpu` no, `1|on|cuda` yes), else a device must be present.
@@ -122,18 +148,30 @@ mod dispatch {
                     "CUDA is off (FERROX_CUDA=0) or no CUDA device with a loadable driver was found".into(),
                 ));
             }
-            Ok(Cuda {
-                dev: std::sync::Arc::new(Device::open(0).map_err(be)?),
+            Ok(Cuda::on(std::sync::Arc::new(Device::open(0).map_err(be)?)))
+        }
+
+        fn on(dev: Arc<Device>) -> Cuda {
+            let graphs = !matches!(
+                std::env::var("FERROX_CUDA_GRAPHS").ok().as_deref(),
+                Some("0" | "off" | "false")
+            );
+            Cuda {
+                dev,
                 indices: std::sync::Mutex::new(Vec::new()),
-            })
+                slab: std::sync::Mutex::new(None),
+                graphs: std::sync::Mutex::new(graphs.then(Vec::new)),
+            }
         }
 
         /// Another handle on the same device (one more model on it).
         pub fn share(&self) -> Cuda {
-            Cuda {
-                dev: std::sync::Arc::clone(&self.dev),
-                indices: std::sync::Mutex::new(Vec::new()),
-            }
+            Cuda::on(Arc::clone(&self.dev))
+        }
+
+        /// Whether decode steps are recorded and replayed as CUDA graphs.
+        pub fn graphs_enabled(&self) -> bool {
+            self.graphs.lock().is_ok_and(|g| g.is_some())
         }
 
         /// The opened device.
@@ -141,29 +179,106 @@ mod dispatch {
             &self.dev
         }
 
-        /// Runs `f` with `v` on the device, uploading it only if the same
-        /// contents are not already there (a forward pass passes the same
-        /// positions and slots to every layer).
-        fn with_indices<R>(
-            &self,
-            v: &[u32],
-            f: impl FnOnce(&ferrox_cuda::Indices) -> Result<R, BackendError>,
-        ) -> Result<R, BackendError> {
+        /// Uploads a list that was not staged, on its own, and caches it
+        /// under its contents.
+        fn upload_one(&self, v: &[u32]) -> Result<(), BackendError> {
+            let on = Arc::new(self.dev.upload_u32(v).map_err(be)?);
             let mut cache = self
                 .indices
                 .lock()
                 .map_err(|_| BackendError("index cache lock poisoned".into()))?;
-            let at = match cache.iter().position(|(k, _)| k.as_slice() == v) {
-                Some(i) => i,
-                None => {
-                    if cache.len() == INDEX_CACHE {
-                        cache.remove(0);
+            if cache.len() >= INDEX_CACHE {
+                cache.remove(0);
+            }
+            cache.push(Staged {
+                key: v.to_vec(),
+                on,
+                start: 0,
+            });
+            Ok(())
+        }
+
+        /// Writes every list, in order, into the staging buffer in one copy
+        /// (the same offsets for the same lengths, which a recorded decode
+        /// step relies on) and caches each under its contents.
+        fn stage(&self, lists: &[&[u32]]) -> Result<(), BackendError> {
+            let all: Vec<u32> = lists.concat();
+            let mut slab = self
+                .slab
+                .lock()
+                .map_err(|_| BackendError("index slab lock poisoned".into()))?;
+            let on = match &*slab {
+                Some(s) if s.len() >= all.len() => Arc::clone(s),
+                _ => {
+                    let s = Arc::new(
+                        self.dev
+                            .upload_u32(&vec![0; all.len().max(256).next_power_of_two()])
+                            .map_err(be)?,
+                    );
+                    // Recordings read the old buffer: they are stale now.
+                    if let Ok(mut g) = self.graphs.lock() {
+                        if let Some(g) = g.as_mut() {
+                            g.clear();
+                        }
                     }
-                    cache.push((v.to_vec(), self.dev.upload_u32(v).map_err(be)?));
-                    cache.len() - 1
+                    *slab = Some(Arc::clone(&s));
+                    s
                 }
             };
-            f(&cache[at].1)
+            self.dev.write_u32(&on, 0, &all).map_err(be)?;
+            let mut cache = self
+                .indices
+                .lock()
+                .map_err(|_| BackendError("index cache lock poisoned".into()))?;
+            // What the buffer held before is overwritten.
+            cache.retain(|e| !Arc::ptr_eq(&e.on, &on));
+            let mut start = 0;
+            for &l in lists {
+                if cache.len() >= INDEX_CACHE {
+                    cache.remove(0);
+                }
+                cache.push(Staged {
+                    key: l.to_vec(),
+                    on: Arc::clone(&on),
+                    start,
+                });
+                start += l.len();
+            }
+            Ok(())
+        }
+
+        /// Runs `f` with `v` on the device, uploading it only if the same
+        /// contents are not already there (a forward pass stages its lists
+        /// once, and passes the same positions and slots to every layer).
+        fn with_indices<R>(
+            &self,
+            v: &[u32],
+            f: impl FnOnce(IndexView<'_>) -> Result<R, BackendError>,
+        ) -> Result<R, BackendError> {
+            let find = |c: &Vec<Staged>| {
+                c.iter()
+                    .rev()
+                    .find(|e| e.key.as_slice() == v)
+                    .map(|e| (Arc::clone(&e.on), e.start))
+            };
+            let lock = || {
+                self.indices
+                    .lock()
+                    .map_err(|_| BackendError("index cache lock poisoned".into()))
+            };
+            let hit = find(&*lock()?);
+            let (on, start) = match hit {
+                Some(h) => h,
+                None => {
+                    self.upload_one(v)?;
+                    find(&*lock()?)
+                        .ok_or_else(|| BackendError("staged indices not found".into()))?
+                }
+            };
+            let view = on
+                .part(start, v.len())
+                .ok_or_else(|| BackendError("staged indices shorter than asked".into()))?;
+            f(view)
         }
     }
 
@@ -193,10 +308,10 @@ mod dispatch {
             1
         }
 
-        /// Token ids, positions, the slot/position index of the KV store in;
-        /// logits out (sampling on the device is not built yet).
+        /// The staged index lists in (one copy: ids, positions, slots,
+        /// output rows); logits, or only the argmax ids, out.
         fn crossings_per_token(&self) -> u32 {
-            4
+            2
         }
 
         fn place(&self, t: &HostTensor<'_>) -> Result<CudaWeight, BackendError> {
@@ -252,7 +367,7 @@ mod dispatch {
                     m.rows
                 )));
             }
-            self.with_indices(ids, |d| self.dev.get_rows(m, d.all(), out).map_err(be))
+            self.with_indices(ids, |d| self.dev.get_rows(m, d, out).map_err(be))
         }
 
         fn matmul(
@@ -263,6 +378,19 @@ mod dispatch {
             n: usize,
         ) -> Result<(), BackendError> {
             self.dev.matmul(w.matrix("matmul")?, x, y, n).map_err(be)
+        }
+
+        fn matmul_many(
+            &self,
+            x: &Buf,
+            n: usize,
+            outs: &mut [(&CudaWeight, &mut Buf)],
+        ) -> Result<(), BackendError> {
+            let mut ms = Vec::with_capacity(outs.len());
+            for (w, y) in outs.iter_mut() {
+                ms.push((w.matrix("matmul")?, &mut **y));
+            }
+            self.dev.matmul_many(x, n, &mut ms).map_err(be)
         }
 
         fn add_bias(&self, y: &mut Buf, b: &CudaWeight, n: usize) -> Result<(), BackendError> {
@@ -292,8 +420,34 @@ mod dispatch {
                 freq_scale: p.freq_scale,
                 attn_factor: p.attn_factor,
             };
+            self.with_indices(positions, |d| self.dev.rope(x, d, &r, factors).map_err(be))
+        }
+
+        fn rope_qk(
+            &self,
+            q: &mut Buf,
+            k: &mut Buf,
+            positions: &[u32],
+            n_head: usize,
+            n_head_kv: usize,
+            head_dim: usize,
+            p: &RopeParams,
+            factors: Option<&CudaWeight>,
+        ) -> Result<(), BackendError> {
+            let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
+            let r = RopeShape {
+                n_heads: n_head,
+                head_dim,
+                n_rot: p.n_rot,
+                halves: p.style == RopeStyle::Halves,
+                base: p.base,
+                freq_scale: p.freq_scale,
+                attn_factor: p.attn_factor,
+            };
             self.with_indices(positions, |d| {
-                self.dev.rope(x, d.all(), &r, factors).map_err(be)
+                self.dev
+                    .rope_qk(q, k, n_head_kv, d, &r, factors)
+                    .map_err(be)
             })
         }
 
@@ -399,7 +553,7 @@ mod dispatch {
                 idx.push(r as u32);
             }
             self.with_indices(&idx, |d| {
-                self.dev.gather_rows(src, d.all(), width, dst).map_err(be)
+                self.dev.gather_rows(src, d, width, dst).map_err(be)
             })
         }
 
@@ -414,6 +568,73 @@ mod dispatch {
             self.dev
                 .split_cols(src, src_width, c0, dst, dst_width)
                 .map_err(be)
+        }
+
+        fn add_rms_norm(
+            &self,
+            x: &mut Buf,
+            add: Option<&Buf>,
+            w: &CudaWeight,
+            eps: f32,
+            out: &mut Buf,
+        ) -> Result<(), BackendError> {
+            self.dev
+                .add_rms_norm(x, add, w.vector("add_rms_norm")?, eps, out)
+                .map_err(be)
+        }
+
+        fn argmax_rows(&self, x: &Buf, width: usize, out: &mut [u32]) -> Result<(), BackendError> {
+            self.dev.argmax_rows(x, width, out).map_err(be)
+        }
+
+        fn stage_indices(&self, lists: &[&[u32]]) -> Result<(), BackendError> {
+            self.stage(lists)
+        }
+
+        /// Records `f` as a CUDA graph the first time `key` comes with
+        /// `may_record`, and replays it after. A capture that fails turns
+        /// recording off for this backend and runs `f` directly.
+        fn run_recorded<E: From<BackendError>>(
+            &self,
+            key: [u64; 3],
+            may_record: bool,
+            mut f: impl FnMut() -> Result<(), E>,
+        ) -> Result<(), E> {
+            let mut graphs = self
+                .graphs
+                .lock()
+                .map_err(|_| BackendError("graph cache lock poisoned".into()))?;
+            let Some(cache) = graphs.as_mut() else {
+                drop(graphs);
+                return f();
+            };
+            if let Some((_, g)) = cache.iter().find(|(k, _)| *k == key) {
+                return self.dev.replay(g).map_err(|e| E::from(be(e)));
+            }
+            if !may_record {
+                drop(graphs);
+                return f();
+            }
+            self.dev.begin_capture().map_err(|e| E::from(be(e)))?;
+            let ran = f();
+            let captured = self.dev.end_capture();
+            match (ran, captured) {
+                (Ok(()), Ok(g)) => {
+                    self.dev.replay(&g).map_err(|e| E::from(be(e)))?;
+                    if cache.len() >= GRAPH_CACHE {
+                        cache.remove(0);
+                    }
+                    cache.push((key, g));
+                    Ok(())
+                }
+                _ => {
+                    // Off for good; nothing captured ran, so run it directly
+                    // (an error that was not the capture's comes back again).
+                    *graphs = None;
+                    drop(graphs);
+                    f()
+                }
+            }
         }
     }
 }
@@ -533,15 +754,30 @@ mod tests {
             let w = c.device().upload_matrix(kind, &bytes, rows, cols).unwrap();
             for (path, n, tol) in [(MatmulPath::Matvec, 3, 1e-5), (MatmulPath::Gemm, 11, 4e-3)] {
                 let x = rand_vec(&mut r, n * cols, 1.0);
-                let mut want = vec![0.0f32; n * rows];
-                for t in 0..n {
-                    for o in 0..rows {
-                        let d: f64 = (0..cols)
-                            .map(|i| deq[o * cols + i] as f64 * x[t * cols + i] as f64)
-                            .sum();
-                        want[t * rows + o] = d as f32;
+                // The int8-activation (dp4a) kernels compute the dot with the
+                // activations quantized per 32: the reference does the same,
+                // so the bound stays tight (and the f32 dot is checked loosely).
+                let mmvq = path == MatmulPath::Matvec && ferrox_cuda::mmvq_kind(kind);
+                let xr = if mmvq {
+                    x.chunks(cols)
+                        .flat_map(ferrox_cuda::mmvq_quantize_activations)
+                        .collect()
+                } else {
+                    x.clone()
+                };
+                let dot = |xs: &[f32]| {
+                    let mut want = vec![0.0f32; n * rows];
+                    for t in 0..n {
+                        for o in 0..rows {
+                            let d: f64 = (0..cols)
+                                .map(|i| deq[o * cols + i] as f64 * xs[t * cols + i] as f64)
+                                .sum();
+                            want[t * rows + o] = d as f32;
+                        }
                     }
-                }
+                    want
+                };
+                let want = dot(&xr);
                 let xb = c.device().upload_f32(&x).unwrap();
                 let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
                 c.device().matmul_with(path, &w, &xb, &mut y, n).unwrap();
@@ -549,8 +785,61 @@ mod tests {
                 let e = rel(&got, &want);
                 assert!(
                     e < tol,
-                    "{kind} {path:?} {rows}x{cols} n={n}: relative error {e:e} (bound {tol:e})"
+                    "{kind} {path:?} {rows}x{cols} n={n} (int8 activations: {mmvq}): relative error {e:e} (bound {tol:e})"
                 );
+                if mmvq {
+                    let e = rel(&got, &dot(&x));
+                    assert!(e < 2e-2, "{kind} {path:?}: {e:e} from the f32 dot");
+                }
+            }
+        }
+    }
+
+    /// Q, K and V (or gate and up) in one launch give what three separate
+    /// matvecs give, for every kind (fused or not), at 1 and 3 tokens.
+    #[test]
+    fn matmul_many_matches_separate_matmuls() {
+        let Some(c) = gpu("CUDA matmul_many (one launch over several matrices) vs one matmul each")
+        else {
+            return;
+        };
+        let mut r = rng();
+        for kind in claimed() {
+            let cols = kind.block_elems().max(32) * 4;
+            let shapes = [37usize, 9, 16];
+            let ws: Vec<CudaWeight> = shapes
+                .iter()
+                .map(|&rows| {
+                    let (bytes, _) = matrix(&mut r, kind, rows, cols);
+                    CudaWeight::Matrix(c.device().upload_matrix(kind, &bytes, rows, cols).unwrap())
+                })
+                .collect();
+            for n in [1usize, 3] {
+                let x = c
+                    .device()
+                    .upload_f32(&rand_vec(&mut r, n * cols, 1.0))
+                    .unwrap();
+                let mut sep: Vec<ferrox_cuda::Buf> = shapes
+                    .iter()
+                    .map(|&rows| c.alloc(n * rows).unwrap())
+                    .collect();
+                for (w, y) in ws.iter().zip(sep.iter_mut()) {
+                    c.matmul(w, &x, y, n).unwrap();
+                }
+                let mut many: Vec<ferrox_cuda::Buf> = shapes
+                    .iter()
+                    .map(|&rows| c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap())
+                    .collect();
+                let mut outs: Vec<(&CudaWeight, &mut ferrox_cuda::Buf)> =
+                    ws.iter().zip(many.iter_mut()).collect();
+                c.matmul_many(&x, n, &mut outs).unwrap();
+                for (i, (a, b)) in sep.iter().zip(&many).enumerate() {
+                    let e = rel(&read(c, b), &read(c, a));
+                    assert!(
+                        e < 1e-6,
+                        "{kind} n={n} matrix {i}: matmul_many differs by {e:e}"
+                    );
+                }
             }
         }
     }
@@ -686,6 +975,66 @@ mod tests {
         cpu.split_cols(&hx, w, c0, &mut hd, dw).unwrap();
         c.split_cols(&dx, w, c0, &mut dd, dw).unwrap();
         check("split_cols", read(c, &dd), &hd, 1e-12);
+
+        // The fused residual add + norm, with and without the addend, both
+        // outputs (the residual written back, the normed copy).
+        for with_add in [false, true] {
+            let (mut hx, mut dx) = pair(c, &x);
+            let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * w]);
+            let (hy, dy) = pair(c, &y);
+            let gw = CudaWeight::Vector(c.device().upload_f32(&g).unwrap());
+            cpu.add_rms_norm(
+                &mut hx,
+                with_add.then_some(&hy),
+                &CpuWeight::Vector(g.clone()),
+                1e-6,
+                &mut ho,
+            )
+            .unwrap();
+            c.add_rms_norm(&mut dx, with_add.then_some(&dy), &gw, 1e-6, &mut dout)
+                .unwrap();
+            check(
+                &format!("add_rms_norm residual (add {with_add})"),
+                read(c, &dx),
+                &hx,
+                1e-6,
+            );
+            check(
+                &format!("add_rms_norm output (add {with_add})"),
+                read(c, &dout),
+                &ho,
+                1e-5,
+            );
+        }
+    }
+
+    #[test]
+    fn argmax_on_the_device_matches_the_host_twin() {
+        let Some(c) =
+            gpu("CUDA argmax_rows vs the host argmax (ties, NaN, a vocabulary-sized row)")
+        else {
+            return;
+        };
+        let mut r = rng();
+        for (rows, width) in [(1usize, 128_256usize), (5, 1000), (3, 7)] {
+            let mut x = rand_vec(&mut r, rows * width, 10.0);
+            // A tie at the maximum (the lower index wins) and a NaN that must not.
+            let row1 = &mut x[..width];
+            let m = row1.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v)) + 1.0;
+            row1[width - 1] = m;
+            row1[width / 2] = m;
+            row1[width / 3] = f32::NAN;
+            let want: Vec<u32> = x.chunks(width).map(crate::backend::argmax).collect();
+            assert_eq!(want[0] as usize, width / 2);
+            let d = c.device().upload_f32(&x).unwrap();
+            let mut got = vec![u32::MAX; rows];
+            c.argmax_rows(&d, width, &mut got).unwrap();
+            assert_eq!(got, want, "{rows} rows of {width}");
+            assert!(
+                c.argmax_rows(&d, width + 1, &mut got).is_err(),
+                "a width that does not divide the buffer must be an error"
+            );
+        }
     }
 
     #[test]
@@ -719,6 +1068,18 @@ mod tests {
                     e < 1e-3,
                     "rope {style:?} n_rot {n_rot} factors {factors}: relative error {e:e}"
                 );
+                // Queries and keys (fewer heads) in one launch.
+                let k = rand_vec(&mut r, pos.len() * hd, 2.0);
+                let ((mut hq, mut dq), (mut hk, mut dk)) = (pair(c, &x), pair(c, &k));
+                cpu.rope_qk(&mut hq, &mut hk, &pos, heads, 1, hd, &p, hf.as_ref())
+                    .unwrap();
+                c.rope_qk(&mut dq, &mut dk, &pos, heads, 1, hd, &p, df.as_ref())
+                    .unwrap();
+                let (eq, ek) = (rel(&read(c, &dq), &hq), rel(&read(c, &dk), &hk));
+                assert!(
+                    eq < 1e-3 && ek < 1e-3,
+                    "rope_qk {style:?}: relative error q {eq:e} k {ek:e}"
+                );
             }
         }
     }
@@ -731,10 +1092,13 @@ mod tests {
         };
         let cpu = Cpu::new(2);
         let mut r = rng();
+        // 36: a head size the grouped kernel does not take (the per-head
+        // kernel runs); the others run the grouped one.
         for (hd, window, softcap) in [
             (64, None, None),
             (256, Some(5u32), Some(50.0f32)),
             (40, Some(300), None),
+            (36, Some(300), Some(30.0)),
         ] {
             let p = AttnParams {
                 n_head: 4,
@@ -901,6 +1265,51 @@ mod tests {
             pos += 1;
             h = cpu.forward(&mut hctx, &b).unwrap();
             d = gm.forward(&mut dctx, &b).unwrap();
+        }
+    }
+
+    /// Greedy decode with the argmax on the device (`forward_argmax`, what
+    /// `ferrox run` takes) against the CPU's logits, step by step; a decode
+    /// step of one token reuses the context's buffers, so this also checks
+    /// that nothing stale leaks from one step into the next.
+    #[test]
+    fn greedy_decode_with_the_argmax_on_the_device_follows_the_cpu() {
+        let Some(c) = gpu("greedy decode via forward_argmax GPU vs CPU logits, every architecture")
+        else {
+            return;
+        };
+        for &arch in Arch::ALL {
+            let path = tiny(arch);
+            let cpu = Model::open(&path, Cpu::new(2)).unwrap();
+            let gm = Model::open(&path, c.share()).unwrap();
+            let _ = std::fs::remove_file(&path);
+            let prompt = crate::testing::tiny_tokens();
+            let (mut hctx, mut dctx) = (
+                cpu.new_context(96, 1).unwrap(),
+                gm.new_context(96, 1).unwrap(),
+            );
+            let mut b = Batch::default();
+            for (i, &t) in prompt.iter().enumerate() {
+                b.push(t, i as u32, 0, i + 1 == prompt.len());
+            }
+            let mut h = cpu.forward(&mut hctx, &b).unwrap();
+            let mut d = gm.forward_argmax(&mut dctx, &b).unwrap();
+            for (step, pos) in (0..16).zip(prompt.len() as u32..) {
+                assert_eq!(d.len(), 1);
+                let (want, margin) = argmax(&h);
+                let scale = h.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
+                if margin > 2e-2 * scale {
+                    assert_eq!(
+                        d[0] as usize, want,
+                        "{arch:?} step {step}: GPU argmax {} vs CPU {want}",
+                        d[0]
+                    );
+                }
+                let mut b = Batch::default();
+                b.push(want as u32, pos, 0, true);
+                h = cpu.forward(&mut hctx, &b).unwrap();
+                d = gm.forward_argmax(&mut dctx, &b).unwrap();
+            }
         }
     }
 }

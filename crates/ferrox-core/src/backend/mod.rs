@@ -306,6 +306,105 @@ pub trait DeviceBackend: Send + Sync {
     /// Copies a column range `[c0, c0 + dst_width)` of each row of `src`
     /// (`[n, src_width]`) into `dst` (`[n, dst_width]`) — splits a fused QKV.
     fn split_cols(&self, src: &Self::Buf, src_width: usize, c0: usize, dst: &mut Self::Buf, dst_width: usize) -> Result<(), BackendError>;
+
+    /// `y_i = x W_i^T` for several weights over the same `n` rows of `x` (a
+    /// layer's Q, K and V; gate and up). The default is one
+    /// [`DeviceBackend::matmul`] each; a device backend may do them in one launch.
+    fn matmul_many(&self, x: &Self::Buf, n: usize, outs: &mut [(&Self::Weight, &mut Self::Buf)]) -> Result<(), BackendError> {
+        for (w, y) in outs.iter_mut() {
+            self.matmul(w, x, y, n)?;
+        }
+        Ok(())
+    }
+
+    /// RoPE on the queries `q` (`n_head` heads) and keys `k` (`n_head_kv`
+    /// heads) of one layer at the same positions. The default is two
+    /// [`DeviceBackend::rope`] calls; a device backend does both in one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        positions: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        p: &RopeParams,
+        factors: Option<&Self::Weight>,
+    ) -> Result<(), BackendError> {
+        self.rope(q, positions, n_head, head_dim, p, factors)?;
+        self.rope(k, positions, n_head_kv, head_dim, p, factors)
+    }
+
+    /// `x += add` (when given), then `out = rms_norm(x) * w`: the residual
+    /// add and the next block's norm. The default is the three separate ops;
+    /// a backend where a launch costs overrides it with one kernel.
+    fn add_rms_norm(&self, x: &mut Self::Buf, add: Option<&Self::Buf>, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> Result<(), BackendError> {
+        if let Some(a) = add {
+            self.add(x, a)?;
+        }
+        self.copy(x, out)?;
+        self.rms_norm(out, w, eps)
+    }
+
+    /// The index of the largest value of each `width`-wide row of `x`
+    /// (ties: the lowest index; NaN never wins), one per element of `out`.
+    /// The default reads the rows back and scans them on the host; a device
+    /// backend overrides it so only the ids cross the bus.
+    fn argmax_rows(&self, x: &Self::Buf, width: usize, out: &mut [u32]) -> Result<(), BackendError> {
+        let mut host = vec![0.0f32; width * out.len()];
+        self.read(x, &mut host)?;
+        for (o, row) in out.iter_mut().zip(host.chunks(width.max(1))) {
+            *o = argmax(row);
+        }
+        Ok(())
+    }
+
+    /// The index vectors a forward pass is about to hand the ops (token ids,
+    /// positions, slots, output rows), so a device backend can upload them
+    /// in one copy instead of one per op. A hint: the default does nothing,
+    /// and ops given a list that was not staged still work.
+    fn stage_indices(&self, lists: &[&[u32]]) -> Result<(), BackendError> {
+        let _ = lists;
+        Ok(())
+    }
+
+    /// Enqueues a forward pass's ops by calling `f`, or replays a recording
+    /// of them. A backend that records (CUDA graphs) records `f` the first
+    /// time it sees `key` with `may_record` set, then replays that recording
+    /// for `key` without calling `f`; the rest (the default) just call `f`.
+    ///
+    /// The caller's contract: `key` changes whenever anything `f` enqueues
+    /// would differ — shapes, parameters, the buffers it touches — except the
+    /// contents of the staged index lists ([`DeviceBackend::stage_indices`]),
+    /// which a recording reads from the device at replay. `may_record` says
+    /// that `f` allocates nothing and that each staged list is distinct, so
+    /// every lookup resolves to its own slot. `f` may be called again (run
+    /// directly) if recording fails.
+    fn run_recorded<E: From<BackendError>>(
+        &self,
+        key: [u64; 3],
+        may_record: bool,
+        mut f: impl FnMut() -> Result<(), E>,
+    ) -> Result<(), E> {
+        let _ = (key, may_record);
+        f()
+    }
+}
+
+/// The index of the largest value (ties: the lowest index; NaN never wins;
+/// 0 when nothing exceeds minus infinity) — the host twin of
+/// [`DeviceBackend::argmax_rows`].
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = f32::NEG_INFINITY;
+    let mut at = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > best {
+            best = v;
+            at = i;
+        }
+    }
+    at as u32
 }
 
 #[cfg(test)]

@@ -120,11 +120,70 @@ pub struct Model<B: DeviceBackend> {
     plan: KernelPlan,
 }
 
-/// Per-sequence state on the backend: the KV cache and its size.
+/// Per-sequence state on the backend: the KV cache and its size, and the
+/// activation buffers of recent batch sizes, kept so that a decode step
+/// allocates nothing.
 pub struct Context<B: DeviceBackend> {
     kv: B::Kv,
     n_ctx: usize,
     n_slots: usize,
+    acts: Vec<Acts<B::Buf>>,
+    heads: Vec<Head<B::Buf>>,
+    /// Unique in the process: with the buffers' ids, the key of a recorded
+    /// decode step ([`DeviceBackend::run_recorded`]).
+    id: u64,
+}
+
+/// Ids of contexts and of their activation buffers, never reused, so a
+/// recorded step is only ever replayed over the buffers it was recorded on.
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Activation buffers kept per context, for this many recent batch sizes
+/// (decode's 1 and a prefill chunk's size) and output row counts.
+const KEPT_SHAPES: usize = 2;
+
+/// The activations of one forward pass of `n` tokens.
+struct Acts<Buf> {
+    n: usize,
+    id: u64,
+    x: Buf,
+    cur: Buf,
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    attn: Buf,
+    o: Buf,
+    gate: Buf,
+    up: Buf,
+    h: Buf,
+    qkv: Option<Buf>,
+}
+
+/// The output head's input and logits for `rows` tokens.
+struct Head<Buf> {
+    rows: usize,
+    id: u64,
+    xo: Buf,
+    logits: Buf,
+}
+
+/// Takes the entry of `v` that `matches`, or makes one; [`keep`] puts it back.
+fn take<T, E>(v: &mut Vec<T>, matches: impl Fn(&T) -> bool, make: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    match v.iter().position(matches) {
+        Some(i) => Ok(v.remove(i)),
+        None => make(),
+    }
+}
+
+/// Returns an entry as the most recent, forgetting the oldest beyond [`KEPT_SHAPES`].
+fn keep<T>(v: &mut Vec<T>, t: T) {
+    v.push(t);
+    if v.len() > KEPT_SHAPES {
+        v.remove(0);
+    }
 }
 
 impl<B: DeviceBackend> Context<B> {
@@ -354,7 +413,7 @@ impl<B: DeviceBackend> Model<B> {
         let k = vec![c.n_head_kv * c.head_dim; c.n_layer];
         let v = vec![c.n_head_kv * c.head_dim_v; c.n_layer];
         let kv = self.backend.kv_cache(n_slots, n_ctx, &k, &v)?;
-        Ok(Context { kv, n_ctx, n_slots })
+        Ok(Context { kv, n_ctx, n_slots, acts: Vec::new(), heads: Vec::new(), id: next_id() })
     }
 
     fn rope_params(&self, layer: usize) -> RopeParams {
@@ -390,6 +449,60 @@ impl<B: DeviceBackend> Model<B> {
     /// slot, and returns the logits of the tokens flagged in `batch.logits`,
     /// in batch order (`n_flagged x n_vocab`).
     pub fn forward(&self, ctx: &mut Context<B>, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        let out = self.forward_with(ctx, batch, |be, logits, rows| {
+            let mut host = vec![0.0f32; rows * self.n_vocab];
+            be.read(logits, &mut host)?;
+            Ok(host)
+        })?;
+        Ok(out.unwrap_or_default())
+    }
+
+    /// As [`Model::forward`], but returns only the greedy choice (the argmax
+    /// of the logits, ties to the lowest id) of each flagged token: on a
+    /// device backend the logits never leave the device.
+    pub fn forward_argmax(&self, ctx: &mut Context<B>, batch: &Batch) -> Result<Vec<u32>, ModelError> {
+        let out = self.forward_with(ctx, batch, |be, logits, rows| {
+            let mut ids = vec![0u32; rows];
+            be.argmax_rows(logits, self.n_vocab, &mut ids)?;
+            Ok(ids)
+        })?;
+        Ok(out.unwrap_or_default())
+    }
+
+    fn new_acts(&self, n: usize) -> Result<Acts<B::Buf>, ModelError> {
+        let c = &self.config;
+        let be = &self.backend;
+        let spec = c.arch.spec();
+        let (qd, kd, vd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
+        let ff_width = if spec.ffn == FfnLayout::FusedGateUp { 2 * c.n_ff } else { c.n_ff };
+        Ok(Acts {
+            n,
+            id: next_id(),
+            x: be.alloc(n * c.n_embd)?,
+            cur: be.alloc(n * c.n_embd)?,
+            q: be.alloc(n * qd)?,
+            k: be.alloc(n * kd)?,
+            v: be.alloc(n * vd)?,
+            attn: be.alloc(n * c.n_head * c.head_dim_v)?,
+            o: be.alloc(n * c.n_embd)?,
+            gate: be.alloc(n * c.n_ff)?,
+            up: be.alloc(n * ff_width)?,
+            h: be.alloc(n * c.n_ff)?,
+            qkv: match self.layers.iter().any(|l| l.qkv.is_some()) {
+                true => Some(be.alloc(n * (qd + kd + vd))?),
+                false => None,
+            },
+        })
+    }
+
+    /// The forward pass; `head` turns the logits buffer of the flagged rows
+    /// into what the caller asked for. `None` when no row is flagged.
+    fn forward_with<R>(
+        &self,
+        ctx: &mut Context<B>,
+        batch: &Batch,
+        head: impl FnOnce(&B, &B::Buf, usize) -> Result<R, BackendError>,
+    ) -> Result<Option<R>, ModelError> {
         let n = batch.len();
         if n == 0 || batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
             return Err(ModelError::Batch("empty batch or columns of different lengths".into()));
@@ -403,55 +516,92 @@ impl<B: DeviceBackend> Model<B> {
                 batch.pos[i], batch.seq[i], ctx.n_ctx, ctx.n_slots
             )));
         }
+        let be = &self.backend;
+        let rows: Vec<usize> = (0..n).filter(|&i| batch.logits[i]).collect();
+
+        // Every index list the ops below are handed, in one upload.
+        let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let seq_pos: Vec<u32> = batch.seq.iter().chain(&batch.pos).copied().collect();
+        let lists: [&[u32]; 4] = [&batch.tokens, &batch.pos, &seq_pos, &rows32];
+        be.stage_indices(&lists)?;
+
+        // A decode step over buffers that already exist can be recorded once
+        // and replayed (a CUDA graph), provided each index list is distinct
+        // (so every lookup during the recording resolves to its own slot).
+        let reused = ctx.acts.iter().any(|a| a.n == n) && ctx.heads.iter().any(|h| h.rows == rows.len());
+        let distinct = (0..lists.len()).all(|i| (i + 1..lists.len()).all(|j| lists[i] != lists[j]));
+        let mut a = take(&mut ctx.acts, |a| a.n == n, || self.new_acts(n))?;
+        let mut hd = match rows.len() {
+            0 => None,
+            r => Some(take(&mut ctx.heads, |hd| hd.rows == r, || -> Result<_, ModelError> {
+                Ok(Head { rows: r, id: next_id(), xo: be.alloc(r * self.config.n_embd)?, logits: be.alloc(r * self.n_vocab)? })
+            })?),
+        };
+        let n_ctx = ctx.n_ctx;
+        let kv = &mut ctx.kv;
+        match &hd {
+            Some(h) if n == 1 => {
+                let key = [ctx.id, a.id, h.id];
+                be.run_recorded(key, reused && distinct, || self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut()))?
+            }
+            _ => self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut())?,
+        }
+        let out = match &hd {
+            Some(h) => Some(head(be, &h.logits, rows.len())?),
+            None => None,
+        };
+        keep(&mut ctx.acts, a);
+        if let Some(h) = hd {
+            keep(&mut ctx.heads, h);
+        }
+        Ok(out)
+    }
+
+    /// Enqueues the ops of one forward pass on the backend: the blocks, then
+    /// (when `hd` is given) the output norm and head into `hd.logits`.
+    fn enqueue(
+        &self,
+        kv: &mut B::Kv,
+        n_ctx: usize,
+        batch: &Batch,
+        rows: &[usize],
+        a: &mut Acts<B::Buf>,
+        hd: Option<&mut Head<B::Buf>>,
+    ) -> Result<(), ModelError> {
+        let n = batch.len();
         let c = &self.config;
         let be = &self.backend;
         let spec = c.arch.spec();
         let (qd, kd, vd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
-        let factors = self.rope_factors(ctx.n_ctx);
-
-        let mut x = be.alloc(n * c.n_embd)?;
-        be.get_rows(&self.embd, &batch.tokens, &mut x)?;
+        let factors = self.rope_factors(n_ctx);
+        let Acts { x, cur, q, k, v, attn, o, gate, up, h, qkv, .. } = a;
+        be.get_rows(&self.embd, &batch.tokens, x)?;
         if spec.scale_embeddings {
-            be.scale(&mut x, (c.n_embd as f32).sqrt())?;
+            be.scale(x, (c.n_embd as f32).sqrt())?;
         }
-        let mut cur = be.alloc(n * c.n_embd)?;
-        let mut q = be.alloc(n * qd)?;
-        let mut k = be.alloc(n * kd)?;
-        let mut v = be.alloc(n * vd)?;
-        let mut attn = be.alloc(n * c.n_head * c.head_dim_v)?;
-        let mut o = be.alloc(n * c.n_embd)?;
-        let ff_width = if spec.ffn == FfnLayout::FusedGateUp { 2 * c.n_ff } else { c.n_ff };
-        let mut gate = be.alloc(n * c.n_ff)?;
-        let mut up = be.alloc(n * ff_width)?;
-        let mut h = be.alloc(n * c.n_ff)?;
-        let mut qkv = match self.layers.iter().any(|l| l.qkv.is_some()) {
-            true => Some(be.alloc(n * (qd + kd + vd))?),
-            false => None,
-        };
 
+        // `o` holds the last block's output until the next norm adds it in.
+        let mut pending = false;
         for (l, w) in self.layers.iter().enumerate() {
-            be.copy(&x, &mut cur)?;
-            be.rms_norm(&mut cur, &w.attn_norm, c.rms_eps)?;
-            match (&w.qkv, &mut qkv) {
+            be.add_rms_norm(x, pending.then_some(&*o), &w.attn_norm, c.rms_eps, cur)?;
+            match (&w.qkv, &mut *qkv) {
                 (Some(wqkv), Some(buf)) => {
-                    be.matmul(wqkv, &cur, buf, n)?;
+                    be.matmul(wqkv, cur, buf, n)?;
                     if let Some(b) = &w.qkv_bias {
                         be.add_bias(buf, b, n)?;
                     }
                     let width = qd + kd + vd;
-                    be.split_cols(buf, width, 0, &mut q, qd)?;
-                    be.split_cols(buf, width, qd, &mut k, kd)?;
-                    be.split_cols(buf, width, qd + kd, &mut v, vd)?;
+                    be.split_cols(buf, width, 0, q, qd)?;
+                    be.split_cols(buf, width, qd, k, kd)?;
+                    be.split_cols(buf, width, qd + kd, v, vd)?;
                 }
                 _ => {
                     let (wq, wk, wv) = match (&w.q, &w.k, &w.v) {
                         (Some(a), Some(b), Some(c)) => (a, b, c),
                         _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither fused nor separate QKV") }),
                     };
-                    be.matmul(wq, &cur, &mut q, n)?;
-                    be.matmul(wk, &cur, &mut k, n)?;
-                    be.matmul(wv, &cur, &mut v, n)?;
-                    for (buf, b) in [(&mut q, &w.q_bias), (&mut k, &w.k_bias), (&mut v, &w.v_bias)] {
+                    be.matmul_many(cur, n, &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
+                    for (buf, b) in [(&mut *q, &w.q_bias), (&mut *k, &w.k_bias), (&mut *v, &w.v_bias)] {
                         if let Some(b) = b {
                             be.add_bias(buf, b, n)?;
                         }
@@ -459,12 +609,11 @@ impl<B: DeviceBackend> Model<B> {
                 }
             }
             if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-                be.rms_norm(&mut q, qn, c.rms_eps)?;
-                be.rms_norm(&mut k, kn, c.rms_eps)?;
+                be.rms_norm(q, qn, c.rms_eps)?;
+                be.rms_norm(k, kn, c.rms_eps)?;
             }
             let rp = self.rope_params(l);
-            be.rope(&mut q, &batch.pos, c.n_head, c.head_dim, &rp, factors)?;
-            be.rope(&mut k, &batch.pos, c.n_head_kv, c.head_dim, &rp, factors)?;
+            be.rope_qk(q, k, &batch.pos, c.n_head, c.n_head_kv, c.head_dim, &rp, factors)?;
             let local = c.local_layers.get(l).copied().unwrap_or(false);
             let ap = AttnParams {
                 n_head: c.n_head,
@@ -475,51 +624,54 @@ impl<B: DeviceBackend> Model<B> {
                 softcap: c.attn_softcap,
                 window: if local { c.window } else { None },
             };
-            be.attention(&mut ctx.kv, l, batch, &q, &k, &v, &mut attn, &ap)?;
-            be.matmul(&w.out, &attn, &mut o, n)?;
+            be.attention(kv, l, batch, q, k, v, attn, &ap)?;
+            be.matmul(&w.out, attn, o, n)?;
             if let Some(b) = &w.out_bias {
-                be.add_bias(&mut o, b, n)?;
+                be.add_bias(o, b, n)?;
             }
             if let Some(pn) = &w.post_attn_norm {
-                be.rms_norm(&mut o, pn, c.rms_eps)?;
+                be.rms_norm(o, pn, c.rms_eps)?;
             }
-            be.add(&mut x, &o)?;
 
-            be.copy(&x, &mut cur)?;
-            be.rms_norm(&mut cur, &w.ffn_norm, c.rms_eps)?;
+            be.add_rms_norm(x, Some(&*o), &w.ffn_norm, c.rms_eps, cur)?;
             match &w.gate {
                 Some(wg) => {
-                    be.matmul(wg, &cur, &mut gate, n)?;
-                    be.matmul(&w.up, &cur, &mut up, n)?;
-                    be.glu(spec.activation, &gate, &up, &mut h)?;
+                    be.matmul_many(cur, n, &mut [(wg, &mut *gate), (&w.up, &mut *up)])?;
+                    be.glu(spec.activation, gate, up, h)?;
                 }
                 None => {
-                    be.matmul(&w.up, &cur, &mut up, n)?;
-                    be.glu_fused(spec.activation, &up, &mut h, c.n_ff)?;
+                    be.matmul(&w.up, cur, up, n)?;
+                    be.glu_fused(spec.activation, up, h, c.n_ff)?;
                 }
             }
-            be.matmul(&w.down, &h, &mut o, n)?;
+            be.matmul(&w.down, h, o, n)?;
             if let Some(pn) = &w.post_ffn_norm {
-                be.rms_norm(&mut o, pn, c.rms_eps)?;
+                be.rms_norm(o, pn, c.rms_eps)?;
             }
-            be.add(&mut x, &o)?;
+            pending = true;
         }
 
-        let rows: Vec<usize> = (0..n).filter(|&i| batch.logits[i]).collect();
-        if rows.is_empty() {
-            return Ok(Vec::new());
+        let Some(hd) = hd else {
+            if pending {
+                be.add(x, o)?;
+            }
+            return Ok(());
+        };
+        if rows.len() == n {
+            // Every row: the last residual add and the output norm in one.
+            be.add_rms_norm(x, pending.then_some(&*o), &self.output_norm, c.rms_eps, &mut hd.xo)?;
+        } else {
+            if pending {
+                be.add(x, o)?;
+            }
+            be.gather_rows(x, rows, c.n_embd, &mut hd.xo)?;
+            be.rms_norm(&mut hd.xo, &self.output_norm, c.rms_eps)?;
         }
-        let mut xo = be.alloc(rows.len() * c.n_embd)?;
-        be.gather_rows(&x, &rows, c.n_embd, &mut xo)?;
-        be.rms_norm(&mut xo, &self.output_norm, c.rms_eps)?;
-        let mut logits = be.alloc(rows.len() * self.n_vocab)?;
-        be.matmul(self.output.as_ref().unwrap_or(&self.embd), &xo, &mut logits, rows.len())?;
+        be.matmul(self.output.as_ref().unwrap_or(&self.embd), &hd.xo, &mut hd.logits, rows.len())?;
         if let Some(cap) = c.final_softcap {
-            be.softcap(&mut logits, cap)?;
+            be.softcap(&mut hd.logits, cap)?;
         }
-        let mut host = vec![0.0f32; rows.len() * self.n_vocab];
-        be.read(&logits, &mut host)?;
-        Ok(host)
+        Ok(())
     }
 }
 

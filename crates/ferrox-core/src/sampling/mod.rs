@@ -182,6 +182,15 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Plain argmax: greedy with no bias, no penalties and no top
+    /// logprobs asked — what [`crate::model::Model::forward_argmax`] computes.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature <= 0.0
+            && self.logit_bias.is_empty()
+            && !self.penalties_active()
+            && self.top_logprobs == 0
+    }
+
     fn penalties_active(&self) -> bool {
         self.repeat_last_n > 0
             && (self.repeat_penalty != 1.0

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# One device-tool call on the H200: ferrox's CUDA tests, then ferrox and
+# llama.cpp side by side on the same synthetic llama-1b files.
+# Everything is built on the CPU machine and carried in $D, an ignored folder
+# of the checkout the device tool sends (`target/h-cuda`: the tool's
+# `carry: ["target/h-cuda"]`), see benchmarks/cuda.md:
+#   cargo build --release -p ferrox --features cuda
+#   cargo build --release -p ferrox-cuda --example kernel_bench
+#   cargo test --release -p ferrox-core --features cuda --lib --no-run   (-> $D/tests/ferrox_core)
+#   cargo test --release -p ferrox-cuda --no-run                         (-> $D/tests/ferrox_cuda*)
+#   the same ferrox-core test binary built with sabotaged kernels.cu     (-> $D/tests-sabotaged/)
+#   $D/ferrox, $D/kernel_bench, $D/tests/*   stripped release binaries (--features cuda)
+#   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
+#   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
+#   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
+# Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), KINDS, REPS.
+set -u
+D=${D:-target/h-cuda}
+OUT=${OUT:-/tmp/ferrox-out}
+mkdir -p "$OUT"
+LOG=/tmp/logs; mkdir -p $LOG
+export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >$LOG/gpu.txt 2>&1
+cat $LOG/gpu.txt
+git log -1 --format='device tree: %h %s' 2>/dev/null
+summary=()
+T0=$(date +%s)
+el() { echo "[$(( $(date +%s) - T0 ))s]"; }
+
+# llama.cpp: a carried build, else build it now in the background.
+LL=/tmp/llama
+mkdir -p $LL
+if [ "${NO_LLAMA:-0}" = 1 ]; then
+  echo "llama.cpp: skipped (NO_LLAMA=1)"
+elif ls $D/llama-bin.tgz.* >/dev/null 2>&1; then
+  cat $D/llama-bin.tgz.* | tar xzf - -C $LL && touch $LL/.built && echo "$(el) llama.cpp: carried build"
+else
+  ( mkdir -p $LL/src && tar xzf $D/llama-src.tgz -C $LL/src && cd $LL/src && \
+    cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
+      -DCMAKE_BUILD_TYPE=Release >$LOG/llama-cmake.log 2>&1 && \
+    cmake --build build --target llama-bench llama-quantize -j16 >$LOG/llama-build.log 2>&1 && \
+    mkdir -p $LL/bin && cp build/bin/llama-bench build/bin/llama-quantize $LL/bin/ && strip $LL/bin/* && touch $LL/.built ) &
+  LLPID=$!
+fi
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  for set in tests ${SABOTAGE:+tests-sabotaged}; do
+    for t in $D/$set/*; do
+      name=$set-$(basename "$t")
+      filter=""
+      case "$name" in *ferrox_core*) filter="backend::";; esac
+      timeout 300 "$t" $filter --test-threads=1 >"$LOG/$name.log" 2>&1
+      rc=$?
+      summary+=("$name rc=$rc: $(grep -E '^test result' "$LOG/$name.log" | tail -1)")
+      grep -E "NOT CHECKED|panicked|FAILED" "$LOG/$name.log" | head -8 | sed "s/^/  $name: /"
+    done
+  done
+  echo "$(el) tests done"
+fi
+
+if [ -x $D/kernel_bench ] && [ "${SKIP_KB:-0}" != 1 ]; then
+  timeout 150 $D/kernel_bench >$LOG/kernel_bench.txt 2>&1
+  summary+=("kernel_bench rc=$?")
+  echo "$(el) kernel_bench done"
+fi
+
+M=/tmp/models; mkdir -p $M
+export PYTHONPATH=$PWD/$D
+python3 $D/make_synthetic_gguf.py --shape ${SHAPE:-llama-1b} --out $M/f16.gguf --seed 0 --jobs 8 --sha256 >$LOG/synth.log 2>&1
+summary+=("synthetic ${SHAPE:-llama-1b} f16: rc=$? $(grep -i sha256 $LOG/synth.log | tail -1)")
+echo "$(el) synthetic model made"
+
+if [ -n "${LLPID:-}" ]; then wait $LLPID; fi
+echo "$(el) llama.cpp ready: $(ls $LL/.built 2>/dev/null)"
+if [ -f $LL/.built ] && [ "${BRING_LLAMA:-0}" = 1 ]; then
+  tar czf - -C $LL bin | split -b 15m - $OUT/llama-bin.tgz.
+  ls -la $OUT
+fi
+
+files=(F16:$M/f16.gguf)
+for k in ${KINDS:-Q4_K_M Q8_0 Q4_0}; do
+  if [ -f $LL/.built ]; then
+    $LL/bin/llama-quantize $M/f16.gguf $M/$k.gguf $k 16 >>$LOG/quantize.log 2>&1
+  else
+    fk=$k; [ $k = Q4_K_M ] && fk=Q4_K
+    $D/ferrox quantize $M/f16.gguf $M/$k.gguf $fk -f >>$LOG/quantize.log 2>&1
+  fi
+  files+=("$k:$M/$k.gguf")
+done
+echo "$(el) quantized"
+for kf in "${files[@]}"; do
+  k=${kf%%:*}; f=${kf#*:}
+  $D/ferrox kernels "$f" 2>/dev/null | grep -i "per decoded token\|crossings" | sed "s/^/$k: /" >>$LOG/bytes.txt
+  timeout 120 $D/ferrox bench --backend cuda -m "$f" -p 512 -n 128 -r ${REPS:-5} -o jsonl >$LOG/ferrox-$k.jsonl 2>$LOG/ferrox-$k.err
+  summary+=("ferrox $k rc=$?: $(python3 -c "
+import json,sys
+for l in open('$LOG/ferrox-$k.jsonl'):
+    r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
+    print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1)")
+  if [ -f $LL/.built ]; then
+    timeout 120 $LL/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r ${REPS:-5} -o jsonl >$LOG/llama-$k.jsonl 2>$LOG/llama-$k.err
+    summary+=("llama.cpp $k rc=$?: $(python3 -c "
+import json,sys
+for l in open('$LOG/llama-$k.jsonl'):
+    r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
+    print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1)")
+  fi
+  echo "$(el) $k benched"
+done
+if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
+  # Per-kernel GPU time of one prefill and of 16 decode steps (Q4_0), and
+  # decode with the CUDA graphs off, for the A/B.
+  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 512 -n 0 -r 1 >$LOG/ncu-pp.txt 2>&1
+  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 16 -r 1 >$LOG/ncu-tg.txt 2>&1
+  FERROX_CUDA_GRAPHS=0 timeout 60 $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 128 -r 3 >$LOG/nographs.txt 2>&1
+  echo "$(el) profiled"
+  grep -c "gpu__time_duration" $LOG/ncu-pp.txt $LOG/ncu-tg.txt; tail -3 $LOG/ncu-tg.txt
+  cat $LOG/nographs.txt
+fi
+if [ "${AB_GRAPHS:-0}" = 1 ]; then
+  # The same decode with the CUDA graphs off (each step's launches enqueued one by one).
+  FERROX_CUDA_GRAPHS=0 timeout 60 $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 128 -r ${REPS:-5} -o jsonl >$LOG/ferrox-Q4_0-nographs.jsonl 2>&1
+  summary+=("ferrox Q4_0 graphs off rc=$?: tg128 $(python3 -c "import json; print('%.1f' % json.loads(open('$LOG/ferrox-Q4_0-nographs.jsonl').readline())['avg_ts'])" 2>&1)")
+fi
+if [ "${RUN_CHECK:-1}" = 1 ]; then
+  prompt=$(printf 'a%.0s' $(seq 1 508))
+  $D/ferrox run --backend cuda $M/Q4_0.gguf -p "$prompt" -n 128 --ignore-eos --temp 0 --no-echo -c 1024 -v >$LOG/run.out 2>$LOG/run.err
+  summary+=("ferrox run Q4_0 rc=$?: $(grep generated $LOG/run.err | sed 's/^ferrox: //')")
+fi
+cat $LOG/bytes.txt 2>/dev/null
+cat $LOG/kernel_bench.txt 2>/dev/null
+printf '%s\n' "${summary[@]}" | tee $LOG/summary.txt
+tar czf "$OUT/logs.tgz" -C $LOG .
+echo "$(el) end"
