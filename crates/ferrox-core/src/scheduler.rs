@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Batch, DeviceBackend};
 use crate::generate::{FinishReason, GeneratedToken};
 use crate::model::{Context, Model, ModelError};
-use crate::sampling::{Sampler, SamplingError, SamplingParams};
+use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
 /// How the engine is sized.
@@ -421,6 +421,14 @@ struct Active<'t> {
     first_token: Option<Instant>,
 }
 
+/// One row's sampling, done on the pool ([`Engine::step`]).
+struct SampleJob<'s, 't> {
+    slot_index: usize,
+    slot: &'s mut Slot<'t>,
+    logits: &'s mut [f32],
+    result: Option<Result<Sampled, SamplingError>>,
+}
+
 struct Slot<'t> {
     /// Tokens whose keys and values the slot's cache holds, in order.
     history: Vec<u32>,
@@ -691,20 +699,52 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         }
         let n_vocab = self.model.n_vocab();
         let mut logits = logits;
-        for (row, owner) in owners.iter().enumerate() {
-            let Some(l) = logits.get_mut(row * n_vocab..(row + 1) * n_vocab) else {
-                continue;
-            };
-            self.sample_one(owner.slot, l);
+        // Sampling (a pass or two over 262144 logits per sequence) runs on
+        // the pool, one row per task: each touches only its own slot's
+        // sampler, constraint and logits. Streaming stays serial, in order.
+        let n_ctx = self.shared.cfg.n_ctx;
+        let mut by_slot: Vec<Option<&mut Slot<'_>>> = self.slots.iter_mut().map(Some).collect();
+        let work: Vec<Mutex<SampleJob<'_, '_>>> = owners
+            .iter()
+            .zip(logits.chunks_exact_mut(n_vocab.max(1)))
+            .filter_map(|(owner, l)| {
+                let slot = by_slot.get_mut(owner.slot).and_then(Option::take)?;
+                Some(Mutex::new(SampleJob { slot_index: owner.slot, slot, logits: l, result: None }))
+            })
+            .collect();
+        let task = |k: usize| {
+            let mut job = work[k].lock().unwrap_or_else(|e| e.into_inner());
+            let SampleJob { slot, logits, result, .. } = &mut *job;
+            if slot.history.len() >= n_ctx {
+                return; // the context is full: finished below
+            }
+            if let Some(seq) = slot.seq.as_mut() {
+                if let Some(c) = seq.req.constraint.as_mut() {
+                    c.mask(logits);
+                }
+                *result = Some(seq.sampler.sample(logits, &slot.history));
+            }
+        };
+        ferrox_quant::cpu::ThreadPool::global().run(self.model.backend().threads(), work.len(), &task);
+        let results: Vec<(usize, Option<Result<Sampled, SamplingError>>)> = work
+            .into_iter()
+            .map(|m| {
+                let job = m.into_inner().unwrap_or_else(|e| e.into_inner());
+                (job.slot_index, job.result)
+            })
+            .collect();
+        for (i, sampled) in results {
+            self.sample_one(i, sampled);
         }
         stats
             .busy_us
             .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Samples slot `i`'s next token from `logits` and streams it, ending the
-    /// sequence where it must end.
-    fn sample_one(&mut self, i: usize, logits: &mut [f32]) {
+    /// Streams slot `i`'s sampled token (`None`: nothing was sampled, the
+    /// context being full or the slot empty), ending the sequence where it
+    /// must end.
+    fn sample_one(&mut self, i: usize, sampled: Option<Result<Sampled, SamplingError>>) {
         let n_ctx = self.shared.cfg.n_ctx;
         let stats = &self.shared.stats;
         let slot = &mut self.slots[i];
@@ -713,12 +753,10 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             self.finish(i, FinishReason::ContextFull);
             return;
         }
-        if let Some(c) = seq.req.constraint.as_mut() {
-            c.mask(logits);
-        }
-        let sampled = match seq.sampler.sample(logits, &slot.history) {
-            Ok(s) => s,
-            Err(e) => {
+        let sampled = match sampled {
+            Some(Ok(s)) => s,
+            None => return,
+            Some(Err(e)) => {
                 let msg = format!("sampling failed: {e}");
                 if let Some(mut seq) = slot.seq.take() {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
