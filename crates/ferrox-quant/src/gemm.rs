@@ -813,7 +813,7 @@ impl PackedMatrix {
         }
         let in_place = reads_in_place(kind, isa);
         let row_bytes = crate::row_bytes(kind, cols)?;
-        if weights.len() != rows.checked_mul(row_bytes).unwrap_or(usize::MAX) {
+        if weights.len() != rows.saturating_mul(row_bytes) {
             return Err(CpuError::Shape {
                 what: "weight bytes",
                 expected: rows.saturating_mul(row_bytes),
@@ -828,7 +828,7 @@ impl PackedMatrix {
             rows,
             cols,
             info,
-            u: vec![0; if in_place { usize::from(rows % AMX_T != 0) } else { panels } * AMX_T * shape.stride],
+            u: vec![0; if in_place { usize::from(!rows.is_multiple_of(AMX_T)) } else { panels } * AMX_T * shape.stride],
             scale: vec![0.0; panels * AMX_T * shape.subs],
             bias: vec![0.0; panels * AMX_T * shape.subs],
             biased: vec![false; panels],

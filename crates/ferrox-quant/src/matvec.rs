@@ -17,9 +17,7 @@ const ROWS_PER_TASK: usize = 256;
 /// thread, so a small matrix (Gemma's 256-row K and V) is not one thread's
 /// alone; a multiple of four (the four-row kernels).
 fn rows_per_task(rows: usize, threads: usize) -> usize {
-    (rows / (4 * threads.max(1)))
-        .next_multiple_of(4)
-        .clamp(16, ROWS_PER_TASK)
+    (rows / (4 * threads.max(1))).next_multiple_of(4).clamp(16, ROWS_PER_TASK)
 }
 
 /// An activation row quantized for one weight kind, in an 8-byte-aligned
@@ -31,10 +29,7 @@ struct ActBuf {
 
 impl ActBuf {
     fn new(len: usize) -> ActBuf {
-        ActBuf {
-            words: vec![0; len.div_ceil(8)],
-            len,
-        }
+        ActBuf { words: vec![0; len.div_ceil(8)], len }
     }
     fn bytes(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
@@ -70,21 +65,12 @@ fn prepare(
         got: weights.len(),
     })?;
     if weights.len() != expected {
-        return Err(CpuError::Shape {
-            what: "weight bytes",
-            expected,
-            got: weights.len(),
-        });
+        return Err(CpuError::Shape { what: "weight bytes", expected, got: weights.len() });
     }
     // Row starts stay aligned because a row is whole blocks.
     cpu::check_aligned(kind, weights)?;
     let kernel = cpu::select(kind, isa).ok_or(QuantError::NoDot { kind })?;
-    Ok(Prepared {
-        kernel,
-        act,
-        row_bytes,
-        act_bytes,
-    })
+    Ok(Prepared { kernel, act, row_bytes, act_bytes })
 }
 
 /// `y = W x` for a row-major `rows x cols` weight matrix of `kind`, on
@@ -123,20 +109,20 @@ pub fn matmul(
 const CACHE_BYTES: usize = 64 << 20;
 
 static STREAMING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static RESIDENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Declares that weights stream from DRAM on every call (a model larger
-/// than the cache: each matvec's matrix was evicted by the rest of the
-/// forward pass), so the one-row path prefetches whatever the matrix size.
-/// Without it, only matrices larger than the cache are prefetched: on a
-/// cache-resident matrix the prefetch costs ~20%.
-pub fn set_streaming(on: bool) {
-    STREAMING.store(on, std::sync::atomic::Ordering::Relaxed);
+/// Counts `bytes` of weights a backend keeps for matvecs. Once they outgrow
+/// the cache, weights stream from DRAM on every call (each matvec's matrix
+/// was evicted by the rest of the forward pass), so the one-row path
+/// prefetches whatever the matrix size. Before that, only matrices larger
+/// than the cache are prefetched: on a cache-resident matrix the prefetch
+/// costs ~20%.
+pub fn add_resident_weights(bytes: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if RESIDENT.fetch_add(bytes, Relaxed).saturating_add(bytes) > CACHE_BYTES {
+        STREAMING.store(true, Relaxed);
+    }
 }
-
-/// How far ahead (rows) the one-row path prefetches: one core keeps more
-/// DRAM reads in flight than its hardware prefetcher would (the four-row
-/// kernels do the same inside; see `cpu::x86::avx512`).
-const PREFETCH_ROWS: usize = 8;
 
 /// Hints the cache lines of `len` bytes at `at` into L2 (nothing past the
 /// end of `weights`; a prefetch never faults, but stays inside anyway).
@@ -153,9 +139,7 @@ fn prefetch_row(weights: &[u8], at: usize, len: usize) {
             // SAFETY: a prefetch hint reads nothing architecturally; the
             // address is inside `weights`.
             unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(
-                    base.add(off).cast(),
-                )
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(base.add(off).cast())
             };
         }
     }
@@ -188,19 +172,11 @@ pub fn matmul_with(
     let p = prepare(kind, isa, weights, rows, cols)?;
     let want_x = n.saturating_mul(cols);
     if x.len() != want_x {
-        return Err(CpuError::Shape {
-            what: "activation length",
-            expected: want_x,
-            got: x.len(),
-        });
+        return Err(CpuError::Shape { what: "activation length", expected: want_x, got: x.len() });
     }
     let want_y = n.saturating_mul(rows);
     if y.len() != want_y {
-        return Err(CpuError::Shape {
-            what: "output length",
-            expected: want_y,
-            got: y.len(),
-        });
+        return Err(CpuError::Shape { what: "output length", expected: want_y, got: y.len() });
     }
     if rows == 0 || n == 0 {
         return Ok(());
@@ -213,22 +189,13 @@ pub fn matmul_with(
     }
     let mut act = ActBuf::new(p.act_bytes * n);
     if cols > 0 {
-        for (xr, ar) in x
-            .chunks_exact(cols)
-            .zip(act.bytes_mut().chunks_exact_mut(p.act_bytes))
-        {
+        for (xr, ar) in x.chunks_exact(cols).zip(act.bytes_mut().chunks_exact_mut(p.act_bytes)) {
             cpu::quantize_act(p.act, isa, xr, ar)?;
         }
     }
     let act = act.bytes();
     // Four rows per call where the level has it (Q8_0 activations only).
-    let dot4 = match (
-        cpu::dot4_kernel(kind, p.kernel.isa),
-        cpu::dot4_fn(kind, p.kernel.isa),
-    ) {
-        (Some(_), Some(f)) => Some(f),
-        _ => None,
-    };
+    let dot4 = cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa));
     let preps: Vec<cpu::ActPrep> = match dot4 {
         Some(_) => act
             .chunks_exact(p.act_bytes.max(1))
@@ -240,8 +207,7 @@ pub fn matmul_with(
         None => Vec::new(),
     };
     let out = OutPtr(y.as_mut_ptr());
-    let prefetch =
-        STREAMING.load(std::sync::atomic::Ordering::Relaxed) || weights.len() > CACHE_BYTES;
+    let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || weights.len() > CACHE_BYTES;
     let per_task = rows_per_task(rows, threads);
     let n_tasks = rows.div_ceil(per_task);
     let task = |t: usize| {
@@ -273,7 +239,7 @@ pub fn matmul_with(
         for r in r_single..r1 {
             let w = &weights[r * p.row_bytes..(r + 1) * p.row_bytes];
             if prefetch {
-                prefetch_row(weights, (r + PREFETCH_ROWS) * p.row_bytes, p.row_bytes);
+                prefetch_row(weights, (r + cpu::PREFETCH_ROWS) * p.row_bytes, p.row_bytes);
             }
             for b in 0..n {
                 let a = &act[b * p.act_bytes..(b + 1) * p.act_bytes];
@@ -329,16 +295,14 @@ mod tests {
         for &kind in KINDS {
             let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let wq = aligned_quantized(kind, &w);
-            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)
-                [..crate::row_bytes(kind, cols).unwrap() * rows];
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..crate::row_bytes(kind, cols).unwrap() * rows];
             let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let act = kind.vec_dot_kind().unwrap();
             let xq = aligned_quantized(act, &x);
             let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
             let rb = wb.len() / rows;
-            let want: Vec<f32> = (0..rows)
-                .map(|r| crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap())
-                .collect();
+            let want: Vec<f32> =
+                (0..rows).map(|r| crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap()).collect();
             // At the scalar level the matvec must be the twin, bit for bit.
             let mut y = vec![f32::NAN; rows];
             matmul_with(Isa::Scalar, kind, wb, rows, cols, &x, &mut y, 1, 2).unwrap();
@@ -348,10 +312,7 @@ mod tests {
             matmul_with(isa, kind, wb, rows, cols, &x, &mut y1, 1, 1).unwrap();
             for (r, (&g, &s)) in y1.iter().zip(&want).enumerate() {
                 let tol = 1e-4 * s.abs().max(1.0);
-                assert!(
-                    (g - s).abs() <= tol,
-                    "{kind} at {isa}, row {r}: {g} vs scalar {s}"
-                );
+                assert!((g - s).abs() <= tol, "{kind} at {isa}, row {r}: {g} vs scalar {s}");
             }
             for threads in [2, 3] {
                 let mut yt = vec![f32::NAN; rows];
@@ -368,28 +329,14 @@ mod tests {
         for kind in [QuantKind::Q8_0, QuantKind::Q4K] {
             let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let wq = aligned_quantized(kind, &w);
-            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)
-                [..crate::row_bytes(kind, cols).unwrap() * rows];
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..crate::row_bytes(kind, cols).unwrap() * rows];
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let mut y = vec![0.0; n * rows];
             matmul(kind, wb, rows, cols, &x, &mut y, n, 2).unwrap();
             for b in 0..n {
                 let mut yb = vec![0.0; rows];
-                matvec(
-                    kind,
-                    wb,
-                    rows,
-                    cols,
-                    &x[b * cols..(b + 1) * cols],
-                    &mut yb,
-                    1,
-                )
-                .unwrap();
-                assert_eq!(
-                    &y[b * rows..(b + 1) * rows],
-                    &yb[..],
-                    "{kind} batch row {b}"
-                );
+                matvec(kind, wb, rows, cols, &x[b * cols..(b + 1) * cols], &mut yb, 1).unwrap();
+                assert_eq!(&y[b * rows..(b + 1) * rows], &yb[..], "{kind} batch row {b}");
             }
         }
     }
@@ -403,16 +350,10 @@ mod tests {
         let mut y = vec![0.0f32; 3];
         assert!(matvec(k, wb, 3, 128, &x, &mut y, 2).is_ok());
         let shape = |r: Result<(), CpuError>| matches!(r, Err(CpuError::Shape { .. }));
-        assert!(
-            shape(matvec(k, &wb[..wb.len() - 34], 3, 128, &x, &mut y, 1)),
-            "short weights"
-        );
+        assert!(shape(matvec(k, &wb[..wb.len() - 34], 3, 128, &x, &mut y, 1)), "short weights");
         assert!(shape(matvec(k, wb, 3, 128, &x[..96], &mut y, 1)), "short x");
         assert!(shape(matvec(k, wb, 3, 128, &x, &mut y[..2], 1)), "short y");
-        assert!(
-            shape(matvec(k, wb, 4, 128, &x, &mut [0.0; 4], 1)),
-            "rows off"
-        );
+        assert!(shape(matvec(k, wb, 4, 128, &x, &mut [0.0; 4], 1)), "rows off");
         assert!(matches!(
             matvec(k, wb, 3, 100, &x[..100], &mut y, 1),
             Err(CpuError::Quant(QuantError::NotWholeBlocks { .. }))
@@ -426,11 +367,9 @@ mod tests {
             matvec(k, odd, 3, 128, &x, &mut y, 1),
             Err(CpuError::Quant(QuantError::Misaligned { .. }))
         ));
-        assert!(
-            matches!(
-                matmul_with(Isa::Neon, k, wb, 3, 128, &x, &mut y, 1, 1),
-                Err(CpuError::IsaUnavailable { .. })
-            ) || Isa::Neon.is_available()
-        );
+        assert!(matches!(
+            matmul_with(Isa::Neon, k, wb, 3, 128, &x, &mut y, 1, 1),
+            Err(CpuError::IsaUnavailable { .. })
+        ) || Isa::Neon.is_available());
     }
 }

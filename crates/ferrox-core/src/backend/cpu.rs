@@ -79,8 +79,8 @@ pub fn kernel_for(kind: QuantKind) -> Option<CpuKernel> {
     let isa = Isa::active();
     let k = ferrox_quant::cpu::select(kind, isa)?;
     let act = kind.vec_dot_kind()?.name();
-    let fallback = (k.isa != isa && k.isa != Isa::Avx512Vnni)
-        .then(|| format!("no {isa} kernel for {kind}: {} ({})", k.name, k.isa));
+    let level = isa.dot_level();
+    let fallback = (k.isa != level).then(|| format!("no {level} kernel for {kind}: {} ({})", k.name, k.isa));
     let four_rows = ferrox_quant::cpu::dot4_kernel(kind, k.isa);
     let gemm = ferrox_quant::gemm::select_gemm(kind, isa);
     Some(CpuKernel { name: k.name, four_rows, gemm, act, fallback })
@@ -239,12 +239,7 @@ impl DeviceBackend for Cpu {
         if t.bytes.len() != want {
             return Err(BackendError(format!("{}: {} bytes, expected {want}", t.name, t.bytes.len())));
         }
-        // Once the placed matrices outgrow the cache, every matvec streams its
-        // weights from DRAM: let the one-row kernels prefetch.
-        static PLACED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        if PLACED.fetch_add(t.bytes.len(), std::sync::atomic::Ordering::Relaxed) + t.bytes.len() > 64 << 20 {
-            ferrox_quant::matvec::set_streaming(true);
-        }
+        ferrox_quant::matvec::add_resident_weights(t.bytes.len());
         let packed = if prepacks(t.name) || ferrox_quant::gemm::reads_in_place(t.kind, self.isa) {
             ferrox_quant::gemm::PackedMatrix::new(self.isa, t.kind, t.bytes, t.rows, t.cols, self.threads)
                 .map_err(|e| BackendError(format!("{}: {e}", t.name)))?

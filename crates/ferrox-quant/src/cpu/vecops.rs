@@ -86,7 +86,7 @@ pub fn attn_scores(q: &[f32], k: &[F16], stride: usize, first: usize, len: usize
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if hd % 16 == 0 && Isa::active().includes(Isa::Avx512Vnni) {
+    if hd.is_multiple_of(16) && Isa::active().includes(Isa::Avx512Vnni) {
         // SAFETY: AVX-512 available; operand sizes checked above.
         unsafe { x86::attn_scores_avx512(q, k, stride, first, len, hd, g, out) };
         return true;
@@ -104,7 +104,7 @@ pub fn attn_values(w: &[f32], v: &[F16], stride: usize, first: usize, len: usize
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if hdv % 16 == 0 && Isa::active().includes(Isa::Avx512Vnni) {
+    if hdv.is_multiple_of(16) && Isa::active().includes(Isa::Avx512Vnni) {
         // SAFETY: AVX-512 available; operand sizes checked above.
         unsafe { x86::attn_values_avx512(w, v, stride, first, len, hdv, g, out) };
         return true;
@@ -270,16 +270,30 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub(super) unsafe fn attn_scores_avx512(q: &[f32], k: &[F16], stride: usize, first: usize, len: usize, hd: usize, g: usize, out: &mut [f32]) {
         let kp = k.as_ptr().add(first * stride);
-        let mut h = 0;
-        while h < g {
+        for (h, width) in head_blocks(g) {
             let (qp, op) = (q.as_ptr().add(h * hd), out.as_mut_ptr().add(h * len));
-            match g - h {
+            match width {
                 1 => scores_block::<1>(qp, kp, stride, len, hd, op, len),
-                2 | 3 => scores_block::<2>(qp, kp, stride, len, hd, op, len),
+                2 => scores_block::<2>(qp, kp, stride, len, hd, op, len),
                 _ => scores_block::<4>(qp, kp, stride, len, hd, op, len),
             }
-            h += match g - h { 1 => 1, 2 | 3 => 2, _ => 4 };
         }
+    }
+
+    /// Splits `g` query heads into blocks of 4, then 2, then 1 (the widths the
+    /// register-blocked kernels are instantiated for): `(first head, width)`.
+    fn head_blocks(g: usize) -> impl Iterator<Item = (usize, usize)> {
+        let mut h = 0;
+        core::iter::from_fn(move || {
+            let width = match g.checked_sub(h)? {
+                0 => return None,
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+            h += width;
+            Some((h - width, width))
+        })
     }
 
     /// `G` heads x 64 output values in registers across all keys.
@@ -327,16 +341,14 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub(super) unsafe fn attn_values_avx512(w: &[f32], v: &[F16], stride: usize, first: usize, len: usize, hdv: usize, g: usize, out: &mut [f32]) {
         let vp = v.as_ptr().add(first * stride);
-        let mut h = 0;
-        while h < g {
+        for (h, width) in head_blocks(g) {
             let (wp, op) = (w.as_ptr().add(h * len), out.as_mut_ptr().add(h * hdv));
             // Rows of `w` for heads h.. are `len` apart, as the block expects.
-            match g - h {
+            match width {
                 1 => values_block::<1>(wp, vp, stride, len, hdv, op),
-                2 | 3 => values_block::<2>(wp, vp, stride, len, hdv, op),
+                2 => values_block::<2>(wp, vp, stride, len, hdv, op),
                 _ => values_block::<4>(wp, vp, stride, len, hdv, op),
             }
-            h += match g - h { 1 => 1, 2 | 3 => 2, _ => 4 };
         }
     }
 

@@ -120,11 +120,6 @@ pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
 // their unsigned codes `q + offset` feed `vpdpbusd` directly and the offset
 // comes back as `-offset * sum(a)` in the accumulator's first lane.
 
-/// How far ahead (in rows) the four-row kernels prefetch: measured on the
-/// 262144x640 Q8_0 head, 2 threads: none 14.1 GB/s, 4 rows 20.0, 8 rows
-/// 21.7, 16 rows 21.2.
-const PREFETCH_ROWS: usize = 8;
-
 /// f16 bits → f32, all 65536 of them (256 KiB), as ggml keeps it: one load
 /// per block scale instead of a conversion.
 fn f16_table() -> &'static [f32; 65536] {
@@ -140,7 +135,8 @@ fn f16_table() -> &'static [f32; 65536] {
 
 /// Four rows of `nb` blocks against one activation row. `code` turns a
 /// weight block into its 32 bytes (unsigned when `off > 0`, signed for the
-/// sign trick when `off == 0`); `d` reads its f16 scale bits.
+/// sign trick when `off == 0`); `d` reads its f16 scale bits. The rows are
+/// `row_bytes` apart, and the rows `PREFETCH_ROWS` further on are prefetched.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot4_blocks<X>(
@@ -150,8 +146,9 @@ unsafe fn dot4_blocks<X>(
     off: i32,
     code: impl Fn(&X) -> __m256i,
     d: impl Fn(&X) -> u16,
-    prefetch: usize,
+    row_bytes: usize,
 ) -> [f32; 4] {
+    let prefetch = crate::cpu::PREFETCH_ROWS * row_bytes;
     let table = f16_table();
     let mut acc = [_mm256_setzero_ps(); 4];
     for (b, y) in a.iter().enumerate() {
@@ -188,7 +185,7 @@ unsafe fn rows4<B: Block>(w: &[u8], row_bytes: usize) -> [&[B]; 4] {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows4::<BlockQ8_0>(w, row_bytes);
-    dot4_blocks(rows, blocks_of(a), p, 0, |x| loadu(x.qs.as_ptr().cast()), |x| x.d.to_bits(), PREFETCH_ROWS * row_bytes)
+    dot4_blocks(rows, blocks_of(a), p, 0, |x| loadu(x.qs.as_ptr().cast()), |x| x.d.to_bits(), row_bytes)
 }
 
 /// # Safety
@@ -196,7 +193,7 @@ pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows4::<BlockQ4_0>(w, row_bytes);
-    dot4_blocks(rows, blocks_of(a), p, 8, |x| nibbles_32(&x.qs), |x| x.d.to_bits(), PREFETCH_ROWS * row_bytes)
+    dot4_blocks(rows, blocks_of(a), p, 8, |x| nibbles_32(&x.qs), |x| x.d.to_bits(), row_bytes)
 }
 
 /// # Safety
@@ -216,6 +213,6 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
             _mm256_mask_add_epi8(nib, u32::from_le_bytes(x.qh), nib, bit4)
         },
         |x| x.d.to_bits(),
-        PREFETCH_ROWS * row_bytes,
+        row_bytes,
     )
 }
