@@ -608,8 +608,8 @@ impl AmxActs {
                     |k, a| {
                         // Tile row e/4 holds bytes e..e+4 of all 16 tokens.
                         let base = k * sub * T;
-                        for (e, &v) in a.q.iter().enumerate() {
-                            q[base + (e / 4) * 64 + j * 4 + e % 4] = v;
+                        for (w, c) in a.q.chunks_exact(4).enumerate() {
+                            q[base + w * 64 + j * 4..][..4].copy_from_slice(c);
                         }
                         d[k * T + j] = a.d;
                         init[k * T + j] = -offset * a.sum;
@@ -749,7 +749,18 @@ unsafe fn amx_panel(
         // SAFETY: as above.
         unsafe { amx::gemm_16x16(&tile, sub, subs, &mut res) };
         // Token-major: each token's 16 rows are one contiguous run of `y`.
-        for j in 0..T.min(n - t * T) {
+        let nt = T.min(n - t * T);
+        if nr == T {
+            // SAFETY: AVX-512 (AMX implies it, the caller's contract).
+            let cols = unsafe { amx::transpose_16x16(&res) };
+            for (j, col) in cols.iter().enumerate().take(nt) {
+                // SAFETY: token `t * T + j < n`, rows `r0..r0 + 16 <= rows`:
+                // inside `y`; the rows are the caller's alone.
+                unsafe { core::ptr::copy_nonoverlapping(col.as_ptr(), out.ptr().add((t * T + j) * rows + r0), T) };
+            }
+            continue;
+        }
+        for j in 0..nt {
             for (i, row) in res.iter().enumerate().take(nr) {
                 // SAFETY: token `t * T + j < n`, row `r0 + i < rows`: inside
                 // `y`; the rows are the caller's alone.

@@ -9,10 +9,11 @@
 //! follows ggml's CPU operation order (RMS sums in f64, GELU through ggml's
 //! f16 lookup table) so logits stay within rounding of llama.cpp's.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ferrox_quant::cpu::{attn_scores, attn_values, softmax, Isa, ThreadPool};
 use ferrox_quant::QuantKind;
+use half::slice::HalfFloatSliceExt;
 use half::f16;
 
 use super::{AttnParams, Batch, BackendError, DeviceBackend, HostTensor, RopeParams};
@@ -24,6 +25,61 @@ use crate::kernel_registry::Backend;
 pub struct Cpu {
     threads: usize,
     isa: Isa,
+    /// RoPE angles of the last position lists, shared by every layer of a
+    /// forward pass (and by its queries and keys).
+    rope_cache: Arc<Mutex<RopeCache>>,
+}
+
+/// Below this many elements an element-wise op runs on the calling thread:
+/// waking the pool costs more than the work (a decode step's vectors).
+const PAR_MIN_ELEMS: usize = 16 * 1024;
+
+/// Runs `f` over `rows` rows in contiguous ranges on the pool when the op
+/// has at least `PAR_MIN_ELEMS` elements (`width` per row), else inline.
+fn par_rows(threads: usize, rows: usize, width: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    if threads <= 1 || rows < 2 || rows * width < PAR_MIN_ELEMS {
+        f(0..rows);
+        return;
+    }
+    let tasks = rows.min(threads * 4);
+    let per = rows.div_ceil(tasks);
+    ThreadPool::global().run(threads, rows.div_ceil(per), &|i| f(i * per..((i + 1) * per).min(rows)));
+}
+
+/// The RoPE (cos, sin) pairs of one position list and parameter set, as
+/// `rope` computes them; a small most-recently-used list, since Gemma 3
+/// alternates two frequency bases layer by layer.
+#[derive(Debug, Default)]
+struct RopeCache {
+    entries: Vec<(RopeKey, Arc<Vec<(f32, f32)>>)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct RopeKey {
+    positions: Vec<u32>,
+    n_rot: usize,
+    base: u32,
+    freq_scale: u32,
+    attn_factor: u32,
+    factors: Option<Vec<u32>>,
+}
+
+/// RMS norm of one row in place: `v * g / sqrt(mean(v^2) + eps)`, the sum
+/// of squares in f64 as ggml keeps it (eight partial sums; in f64 the order
+/// does not reach the f32 result).
+fn rms_norm_row(row: &mut [f32], w: &[f32], eps: f32) {
+    let mut acc = [0f64; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f64::from(v * v);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| f64::from(v * v)).sum();
+    let sum = acc.iter().sum::<f64>() + tail;
+    let mean = (sum / row.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    row.iter_mut().zip(w).for_each(|(v, &g)| *v = (*v * scale) * g);
 }
 
 impl Cpu {
@@ -35,12 +91,58 @@ impl Cpu {
         } else {
             threads
         };
-        Cpu { threads, isa: Isa::active() }
+        Cpu { threads, isa: Isa::active(), rope_cache: Arc::default() }
     }
 
     /// The instruction-set level kernels are chosen for.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The (cos, sin) pairs, `n_rot / 2` per position, for `positions`
+    /// under `p`: from the cache when a layer before this one asked for
+    /// the same, else computed (on the pool for long lists) and kept.
+    fn rope_angles(&self, positions: &[u32], p: &RopeParams, factors: Option<&[f32]>) -> Arc<Vec<(f32, f32)>> {
+        let key = RopeKey {
+            positions: positions.to_vec(),
+            n_rot: p.n_rot,
+            base: p.base.to_bits(),
+            freq_scale: p.freq_scale.to_bits(),
+            attn_factor: p.attn_factor.to_bits(),
+            factors: factors.map(|f| f.iter().map(|v| v.to_bits()).collect()),
+        };
+        let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = cache.entries.iter().position(|(k, _)| *k == key) {
+            let hit = cache.entries.remove(i);
+            let cs = Arc::clone(&hit.1);
+            cache.entries.insert(0, hit);
+            return cs;
+        }
+        let half = p.n_rot / 2;
+        let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
+        let mut cs = vec![(0.0f32, 0.0f32); positions.len() * half];
+        let cp = OutPtr(cs.as_mut_ptr().cast());
+        par_rows(self.threads, positions.len(), half * 8, &|r| {
+            #[allow(clippy::redundant_locals)]
+            let cp = cp;
+            // SAFETY: positions `r`'s pairs are this task's alone, inside `cs`.
+            let out = unsafe { std::slice::from_raw_parts_mut(cp.0.cast::<(f32, f32)>().add(r.start * half), r.len() * half) };
+            for (&pos, c) in positions[r].iter().zip(out.chunks_exact_mut(half.max(1))) {
+                // ggml builds theta by repeated multiplication; doing the same
+                // keeps the angles bit-identical to llama.cpp's.
+                let mut theta_base = pos as f32;
+                for (i, c) in c.iter_mut().enumerate() {
+                    let ff = factors.map_or(1.0, |f| f[i]);
+                    let theta = p.freq_scale * (theta_base / ff);
+                    *c = (theta.cos() * p.attn_factor, theta.sin() * p.attn_factor);
+                    theta_base *= theta_scale;
+                }
+            }
+        });
+        let cs = Arc::new(cs);
+        cache.entries.insert(0, (key, Arc::clone(&cs)));
+        cache.entries.truncate(4);
+        cs
     }
 }
 
@@ -183,19 +285,38 @@ fn gelu_table() -> &'static [f16] {
 }
 
 #[inline]
-fn gelu(x: f32, table: &[f16]) -> f32 {
-    if x <= -10.0 {
-        0.0
-    } else if x >= 10.0 {
-        x
-    } else {
-        table[f16::from_f32(x).to_bits() as usize].to_f32()
-    }
-}
-
-#[inline]
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// `out = act(gate) * up`, element by element.
+fn glu_span(act: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    match act {
+        Activation::SiluGated => out.iter_mut().zip(gate.iter().zip(up)).for_each(|(o, (&g, &u))| *o = silu(g) * u),
+        Activation::GeluGated => {
+            // `gelu` 64 at a time: the f16 conversions both ways in bulk
+            // (F16C where the CPU has it), the table lookups in between.
+            let table = gelu_table();
+            let (mut h, mut r) = ([f16::ZERO; 64], [0f32; 64]);
+            for ((g, u), o) in gate.chunks(64).zip(up.chunks(64)).zip(out.chunks_mut(64)) {
+                let n = g.len();
+                h[..n].convert_from_f32_slice(g);
+                h[..n].iter_mut().for_each(|v| *v = table[usize::from(v.to_bits())]);
+                h[..n].convert_to_f32_slice(&mut r[..n]);
+                for i in 0..n {
+                    let x = g[i];
+                    let y = if x <= -10.0 {
+                        0.0
+                    } else if x >= 10.0 {
+                        x
+                    } else {
+                        r[i]
+                    };
+                    o[i] = y * u[i];
+                }
+            }
+        }
+    }
 }
 
 /// A raw pointer to disjoint output rows written by pool tasks.
@@ -335,12 +456,42 @@ impl DeviceBackend for Cpu {
         if w.is_empty() || x.len() % w.len() != 0 {
             return Err(shape("rms_norm width", w.len(), x.len()));
         }
-        for row in x.chunks_exact_mut(w.len()) {
-            let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
-            let mean = (sum / row.len() as f64) as f32;
-            let scale = 1.0 / (mean + eps).sqrt();
-            row.iter_mut().zip(w).for_each(|(v, &g)| *v = (*v * scale) * g);
+        let width = w.len();
+        let xp = OutPtr(x.as_mut_ptr());
+        par_rows(self.threads, x.len() / width, width, &|r| {
+            #[allow(clippy::redundant_locals)]
+            let xp = xp;
+            // SAFETY: rows `r` of `x` are this task's alone, inside `x`.
+            let rows = unsafe { std::slice::from_raw_parts_mut(xp.0.add(r.start * width), r.len() * width) };
+            rows.chunks_exact_mut(width).for_each(|row| rms_norm_row(row, w, eps));
+        });
+        Ok(())
+    }
+
+    fn add_rms_norm(&self, x: &mut Vec<f32>, add: Option<&Vec<f32>>, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        let w = w.vector()?;
+        let width = w.len();
+        if width == 0 || x.len() % width != 0 {
+            return Err(shape("rms_norm width", width, x.len()));
         }
+        if let Some(a) = add {
+            check_len("add", a, x.len())?;
+        }
+        check_len("rms_norm output", out, x.len())?;
+        let (xp, op) = (OutPtr(x.as_mut_ptr()), OutPtr(out.as_mut_ptr()));
+        par_rows(self.threads, x.len() / width, width, &|r| {
+            #[allow(clippy::redundant_locals)]
+            let (xp, op) = (xp, op);
+            let (at, len) = (r.start * width, r.len() * width);
+            // SAFETY: rows `r` of `x` and of `out` (same length, checked) are
+            // this task's alone.
+            let (xs, os) = unsafe { (std::slice::from_raw_parts_mut(xp.0.add(at), len), std::slice::from_raw_parts_mut(op.0.add(at), len)) };
+            if let Some(a) = add {
+                xs.iter_mut().zip(&a[at..at + len]).for_each(|(x, a)| *x += a);
+            }
+            os.copy_from_slice(xs);
+            os.chunks_exact_mut(width).for_each(|row| rms_norm_row(row, w, eps));
+        });
         Ok(())
     }
 
@@ -363,31 +514,31 @@ impl DeviceBackend for Cpu {
                 return Err(shape("rope factors", p.n_rot / 2, f.len()));
             }
         }
-        let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
-        let mut cs = vec![(0.0f32, 0.0f32); p.n_rot / 2];
+        let cs = self.rope_angles(positions, p, factors);
+        let half = p.n_rot / 2;
         let row = n_heads * head_dim;
-        for (t, &pos) in positions.iter().enumerate() {
-            // ggml builds theta by repeated multiplication; doing the same
-            // keeps the angles bit-identical to llama.cpp's.
-            let mut theta_base = pos as f32;
-            for (i, c) in cs.iter_mut().enumerate() {
-                let ff = factors.map_or(1.0, |f| f[i]);
-                let theta = p.freq_scale * (theta_base / ff);
-                *c = (theta.cos() * p.attn_factor, theta.sin() * p.attn_factor);
-                theta_base *= theta_scale;
-            }
-            for h in x[t * row..(t + 1) * row].chunks_exact_mut(head_dim) {
-                for (i, &(cos, sin)) in cs.iter().enumerate() {
-                    let (a, b) = match p.style {
-                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                        RopeStyle::Halves => (i, i + p.n_rot / 2),
-                    };
-                    let (x0, x1) = (h[a], h[b]);
-                    h[a] = x0 * cos - x1 * sin;
-                    h[b] = x0 * sin + x1 * cos;
+        let xp = OutPtr(x.as_mut_ptr());
+        par_rows(self.threads, positions.len(), row, &|r| {
+            #[allow(clippy::redundant_locals)]
+            let xp = xp;
+            // SAFETY: tokens `r` of `x` are this task's alone, inside `x`
+            // (its length was checked above).
+            let rows = unsafe { std::slice::from_raw_parts_mut(xp.0.add(r.start * row), r.len() * row) };
+            for (t, xr) in r.zip(rows.chunks_exact_mut(row)) {
+                let cs = &cs[t * half..(t + 1) * half];
+                for h in xr.chunks_exact_mut(head_dim) {
+                    for (i, &(cos, sin)) in cs.iter().enumerate() {
+                        let (a, b) = match p.style {
+                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                            RopeStyle::Halves => (i, i + half),
+                        };
+                        let (x0, x1) = (h[a], h[b]);
+                        h[a] = x0 * cos - x1 * sin;
+                        h[b] = x0 * sin + x1 * cos;
+                    }
                 }
             }
-        }
+        });
         Ok(())
     }
 
@@ -425,9 +576,8 @@ impl DeviceBackend for Cpu {
             }
             let at = s * n_ctx + pos;
             let kc = &mut kv.k[layer][at * kd..(at + 1) * kd];
-            kc.iter_mut().zip(&k[t * kd..(t + 1) * kd]).for_each(|(c, &x)| *c = f16::from_f32(x));
-            let vc = &mut kv.v[layer][at * vd..(at + 1) * vd];
-            vc.iter_mut().zip(&v[t * vd..(t + 1) * vd]).for_each(|(c, &x)| *c = f16::from_f32(x));
+            kc.convert_from_f32_slice(&k[t * kd..(t + 1) * kd]);
+            kv.v[layer][at * vd..(at + 1) * vd].convert_from_f32_slice(&v[t * vd..(t + 1) * vd]);
         }
         let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
         let group = p.n_head / p.n_head_kv;
@@ -469,15 +619,19 @@ impl DeviceBackend for Cpu {
     fn glu(&self, act: Activation, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
         check_len("glu up", up, gate.len())?;
         check_len("glu out", out, gate.len())?;
-        match act {
-            Activation::SiluGated => {
-                out.iter_mut().zip(gate.iter().zip(up)).for_each(|(o, (&g, &u))| *o = silu(g) * u);
-            }
-            Activation::GeluGated => {
-                let table = gelu_table();
-                out.iter_mut().zip(gate.iter().zip(up)).for_each(|(o, (&g, &u))| *o = gelu(g, table) * u);
-            }
-        }
+        // One "row" per 1024 elements: the op has no row structure of its own.
+        const W: usize = 1024;
+        let op = OutPtr(out.as_mut_ptr());
+        let len = gate.len();
+        par_rows(self.threads, len.div_ceil(W), W, &|r| {
+            #[allow(clippy::redundant_locals)]
+            let op = op;
+            let (lo, hi) = (r.start * W, (r.end * W).min(len));
+            // SAFETY: elements lo..hi of `out` (checked to be gate's length)
+            // are this task's alone.
+            let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(lo), hi - lo) };
+            glu_span(act, &gate[lo..hi], &up[lo..hi], o);
+        });
         Ok(())
     }
 
@@ -487,16 +641,17 @@ impl DeviceBackend for Cpu {
         }
         let n = fused.len() / (2 * width);
         check_len("fused glu out", out, n * width)?;
-        let table = gelu_table();
-        for (row, o) in fused.chunks_exact(2 * width).zip(out.chunks_exact_mut(width)) {
-            let (g, u) = row.split_at(width);
-            for i in 0..width {
-                o[i] = match act {
-                    Activation::SiluGated => silu(g[i]) * u[i],
-                    Activation::GeluGated => gelu(g[i], table) * u[i],
-                };
+        let op = OutPtr(out.as_mut_ptr());
+        par_rows(self.threads, n, width, &|r| {
+            #[allow(clippy::redundant_locals)]
+            let op = op;
+            // SAFETY: rows `r` of `out` (n x width, checked) are this task's alone.
+            let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(r.start * width), r.len() * width) };
+            for (row, o) in fused[r.start * 2 * width..r.end * 2 * width].chunks_exact(2 * width).zip(o.chunks_exact_mut(width)) {
+                let (g, u) = row.split_at(width);
+                glu_span(act, g, u, o);
             }
-        }
+        });
         Ok(())
     }
 
@@ -551,14 +706,19 @@ mod tests {
 
     #[test]
     fn gelu_follows_ggml_tanh_form_through_f16() {
-        let t = gelu_table();
-        // Hand values of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-        for (x, want) in [(1.0f32, 0.841_192), (-1.0, -0.158_808), (0.5, 0.345_714), (3.0, 2.996_363)] {
-            let g = gelu(x, t);
-            assert!((g - want).abs() < 2e-3 * want.abs().max(1.0), "gelu({x}) = {g}, want {want}");
+        // Hand values of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+        // then the clamps, through the bulk path (70 values: a whole chunk of
+        // 64 and a tail), against `up` = 2.
+        let pairs = [(1.0f32, 0.841_192), (-1.0, -0.158_808), (0.5, 0.345_714), (3.0, 2.996_363), (-11.0, 0.0), (12.5, 12.5)];
+        let gate: Vec<f32> = (0..70).map(|i| pairs[i % pairs.len()].0).collect();
+        let up = vec![2.0f32; 70];
+        let mut out = vec![0.0f32; 70];
+        glu_span(Activation::GeluGated, &gate, &up, &mut out);
+        for (i, &o) in out.iter().enumerate() {
+            let (x, want) = pairs[i % pairs.len()];
+            let g = o / 2.0;
+            assert!((g - want).abs() < 2e-3 * want.abs().max(1.0), "gelu({x}) = {g}, want {want} (element {i})");
         }
-        assert_eq!(gelu(-11.0, t), 0.0);
-        assert_eq!(gelu(12.5, t), 12.5);
     }
 
     #[test]
@@ -580,6 +740,50 @@ mod tests {
                 assert!((x[a] - want_a).abs() < 1e-5 && (x[b] - want_b).abs() < 1e-5, "{style:?} {x:?}");
             }
         }
+    }
+
+    #[test]
+    fn element_wise_ops_on_the_pool_match_one_thread_bit_for_bit() {
+        // 67 rows of 640: over the parallel threshold, an odd split.
+        let (rows, width) = (67usize, 640usize);
+        let data = |seed: u32| -> Vec<f32> {
+            (0..rows * width).map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0).collect()
+        };
+        let norm = CpuWeight::Vector(data(7)[..width].to_vec());
+        let (one, two) = (Cpu::new(1), Cpu::new(2));
+        let run = |cpu: &Cpu| {
+            let mut x = data(1);
+            cpu.rms_norm(&mut x, &norm, 1e-6).unwrap();
+            let (mut r, mut o) = (data(2), vec![0.0; rows * width]);
+            cpu.add_rms_norm(&mut r, Some(&data(3)), &norm, 1e-6, &mut o).unwrap();
+            let mut g = vec![0.0; rows * width];
+            cpu.glu(Activation::GeluGated, &data(4), &data(5), &mut g).unwrap();
+            let mut f = vec![0.0; rows * width / 2];
+            cpu.glu_fused(Activation::SiluGated, &data(6), &mut f, width / 2).unwrap();
+            // RoPE twice, the same positions under two bases (Gemma 3's
+            // local and global layers): both sets of angles end up cached.
+            let mut q = data(8);
+            let pos: Vec<u32> = (0..rows as u32).map(|i| i * 3 + 1).collect();
+            let p1 = RopeParams { style: RopeStyle::Halves, n_rot: 64, base: 10_000.0, freq_scale: 1.0, attn_factor: 1.0 };
+            cpu.rope(&mut q, &pos, width / 64, 64, &p1, None).unwrap();
+            let p2 = RopeParams { base: 1_000_000.0, ..p1 };
+            cpu.rope(&mut q, &pos, width / 64, 64, &p2, None).unwrap();
+            [x, r, o, g, f, q]
+        };
+        let (a, b) = (run(&one), run(&two));
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "op {i}: 2 threads differ from 1");
+        }
+        // And the second base's angles, cached beside the first's for the
+        // same positions, equal freshly computed ones (a new backend).
+        let mut q = data(8);
+        let pos: Vec<u32> = (0..rows as u32).map(|i| i * 3 + 1).collect();
+        let p2 = RopeParams { style: RopeStyle::Halves, n_rot: 64, base: 1_000_000.0, freq_scale: 1.0, attn_factor: 1.0 };
+        let fresh = Cpu::new(2);
+        let mut q1 = q.clone();
+        fresh.rope(&mut q1, &pos, width / 64, 64, &p2, None).unwrap();
+        two.rope(&mut q, &pos, width / 64, 64, &p2, None).unwrap();
+        assert_eq!(q, q1);
     }
 
     #[test]

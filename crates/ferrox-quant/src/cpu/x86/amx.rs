@@ -185,3 +185,68 @@ pub(crate) unsafe fn gemm_16x16(t: &AmxTile, sub: usize, subs: usize, out: &mut 
         _mm512_storeu_ps(o.as_mut_ptr(), *a);
     }
 }
+
+/// `m` transposed: `out[j][i] = m[i][j]` (rows x tokens to tokens x rows),
+/// in registers: four rounds of in-lane and cross-lane shuffles.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn transpose_16x16(m: &[[f32; 16]; 16]) -> [[f32; 16]; 16] {
+    let r: [__m512; 16] = core::array::from_fn(|i| _mm512_loadu_ps(m[i].as_ptr()));
+    // Round 1: interleave pairs of rows, 32-bit elements.
+    let mut a = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // Round 2: 64-bit elements, rows four apart in groups of four.
+    let mut b = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let (x0, x1, x2, x3) = (a[4 * g], a[4 * g + 1], a[4 * g + 2], a[4 * g + 3]);
+        b[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x0), _mm512_castps_pd(x2)));
+        b[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x0), _mm512_castps_pd(x2)));
+        b[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x1), _mm512_castps_pd(x3)));
+        b[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x1), _mm512_castps_pd(x3)));
+    }
+    // Now b[4g + k] holds, per 128-bit lane L, column 4L + k of rows 4g..4g+4.
+    // Rounds 3 and 4: gather the four 128-bit lanes of column group L.
+    let mut out = [[0f32; 16]; 16];
+    for k in 0..4 {
+        let (y0, y1, y2, y3) = (b[k], b[4 + k], b[8 + k], b[12 + k]);
+        // lanes (y0.L0, y0.L1, y1.L0, y1.L1) and (y0.L2, y0.L3, y1.L2, y1.L3), same for y2/y3
+        let lo01 = _mm512_shuffle_f32x4::<0b01_00_01_00>(y0, y1);
+        let hi01 = _mm512_shuffle_f32x4::<0b11_10_11_10>(y0, y1);
+        let lo23 = _mm512_shuffle_f32x4::<0b01_00_01_00>(y2, y3);
+        let hi23 = _mm512_shuffle_f32x4::<0b11_10_11_10>(y2, y3);
+        // column 4L + k = (y0.L, y1.L, y2.L, y3.L)
+        let c0 = _mm512_shuffle_f32x4::<0b10_00_10_00>(lo01, lo23);
+        let c1 = _mm512_shuffle_f32x4::<0b11_01_11_01>(lo01, lo23);
+        let c2 = _mm512_shuffle_f32x4::<0b10_00_10_00>(hi01, hi23);
+        let c3 = _mm512_shuffle_f32x4::<0b11_01_11_01>(hi01, hi23);
+        _mm512_storeu_ps(out[k].as_mut_ptr(), c0);
+        _mm512_storeu_ps(out[4 + k].as_mut_ptr(), c1);
+        _mm512_storeu_ps(out[8 + k].as_mut_ptr(), c2);
+        _mm512_storeu_ps(out[12 + k].as_mut_ptr(), c3);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn transpose_16x16_matches_the_index_swap() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("NOT CHECKED: transpose_16x16 needs AVX-512F, which this CPU lacks");
+            return;
+        }
+        let m: [[f32; 16]; 16] = core::array::from_fn(|i| core::array::from_fn(|j| (i * 16 + j) as f32));
+        // SAFETY: AVX-512F checked above.
+        let t = unsafe { super::transpose_16x16(&m) };
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(t[j][i], m[i][j], "at ({i}, {j})");
+            }
+        }
+    }
+}
