@@ -37,6 +37,18 @@ pub(crate) fn usable() -> bool {
     })
 }
 
+/// Whether [`usable`] holds and the CPU also has AMX-BF16 and AVX512-BF16
+/// (the bf16 product, [`gemm_bf16_32x32`]), asked once: `cpuid`
+/// traps to the hypervisor in a VM (microseconds).
+pub(crate) fn bf16_usable() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        let l7 = __cpuid_count(7, 0);
+        let l71 = __cpuid_count(7, 1);
+        usable() && l7.edx & (1 << 22) != 0 && l71.eax & (1 << 5) != 0
+    })
+}
+
 #[cfg(target_os = "linux")]
 fn request_tile_permission() -> bool {
     const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
@@ -76,6 +88,71 @@ impl TileConfig {
         set(2, 16, 64);
         TileConfig(c)
     }
+}
+
+/// Loads the bf16 tile configuration: eight tiles of 16 rows x 64 bytes —
+/// 0 and 1 weights (16 rows x 32 bf16 each), 2 and 3 activations (16 rows
+/// of 16 token pairs each), 4–7 the f32 sums of the four products.
+///
+/// # Safety
+/// See the module doc.
+pub(crate) unsafe fn configure_bf16() {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    for t in 0..8 {
+        c[16 + 2 * t..18 + 2 * t].copy_from_slice(&64u16.to_le_bytes());
+        c[48 + t] = 16;
+    }
+    let cfg = TileConfig(c);
+    asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+}
+
+/// `out[p][q][row][token]`: the f32 dot products of two 16-row bf16 weight
+/// panels (`a`, row-major, rows `a_stride` bytes apart, panel 1 sixteen rows
+/// on) with two 16-token tiles (`b[q]`: per 32-element chunk, 16 rows of 16
+/// (x[2i], x[2i+1]) pairs, 1 KiB), over `chunks` chunks. Four independent
+/// accumulators keep the tile unit busy (one alone waits out each
+/// product's latency), and the sums stay in the tiles across the whole row:
+/// no per-block scaling, which is what bounds the integer path. The tile
+/// unit is configured by [`configure_bf16`].
+///
+/// # Safety
+/// See the module doc; `a` covers 32 rows of `chunks * 64` bytes, each
+/// `b[q]` `chunks` KiB.
+pub(crate) unsafe fn gemm_bf16_32x32(a: *const u16, a_stride: usize, b: [*const u16; 2], chunks: usize, out: &mut [[[[f32; 16]; 16]; 2]; 2]) {
+    asm!("tilezero tmm4", "tilezero tmm5", "tilezero tmm6", "tilezero tmm7", options(nostack, nomem));
+    let a1 = a.cast::<u8>().add(16 * a_stride).cast::<u16>();
+    for kc in 0..chunks {
+        asm!(
+            "tileloadd tmm0, [{a0} + {sa}*1]",
+            "tileloadd tmm2, [{b0} + {sb}*1]",
+            "tdpbf16ps tmm4, tmm0, tmm2",
+            "tileloadd tmm3, [{b1} + {sb}*1]",
+            "tdpbf16ps tmm5, tmm0, tmm3",
+            "tileloadd tmm1, [{a1} + {sa}*1]",
+            "tdpbf16ps tmm6, tmm1, tmm2",
+            "tdpbf16ps tmm7, tmm1, tmm3",
+            a0 = in(reg) a.add(kc * 32),
+            a1 = in(reg) a1.add(kc * 32),
+            sa = in(reg) a_stride,
+            b0 = in(reg) b[0].add(kc * 512),
+            b1 = in(reg) b[1].add(kc * 512),
+            sb = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+    }
+    asm!(
+        "tilestored [{c00} + {sc}*1], tmm4",
+        "tilestored [{c01} + {sc}*1], tmm5",
+        "tilestored [{c10} + {sc}*1], tmm6",
+        "tilestored [{c11} + {sc}*1], tmm7",
+        c00 = in(reg) out[0][0].as_mut_ptr(),
+        c01 = in(reg) out[0][1].as_mut_ptr(),
+        c10 = in(reg) out[1][0].as_mut_ptr(),
+        c11 = in(reg) out[1][1].as_mut_ptr(),
+        sc = in(reg) 64usize,
+        options(nostack),
+    );
 }
 
 /// One panel of 16 rows against one tile of 16 tokens over `subs` sub-blocks.
@@ -122,6 +199,48 @@ pub(crate) unsafe fn release() {
     asm!("tilerelease", options(nostack, nomem));
 }
 
+/// Sub-block `k`'s exact integer sums (16 rows x 16 tokens) into `sums`.
+///
+/// # Safety
+/// See the module doc; `k` is inside the tile's sub-blocks.
+#[inline(always)]
+unsafe fn tile_product(t: &AmxTile, sub: usize, k: usize, sums: &mut [[i32; 16]; 16]) {
+    let qbytes = sub * 16;
+    if t.signed {
+        asm!(
+            "tilezero tmm2",
+            "tileloadd tmm0, [{u} + {su}*1]",
+            "tileloadd tmm1, [{q} + {sq}*1]",
+            "tdpbssd tmm2, tmm0, tmm1",
+            "tilestored [{c} + {sc}*1], tmm2",
+            u = in(reg) t.u.add(k * t.sub_step),
+            su = in(reg) t.stride,
+            q = in(reg) t.q.add(k * qbytes),
+            sq = in(reg) 64usize,
+            c = in(reg) sums.as_mut_ptr(),
+            sc = in(reg) 64usize,
+            options(nostack),
+        );
+    } else {
+        asm!(
+            "tileloadd tmm2, [{init} + {zero}*1]",
+            "tileloadd tmm0, [{u} + {su}*1]",
+            "tileloadd tmm1, [{q} + {sq}*1]",
+            "tdpbusd tmm2, tmm0, tmm1",
+            "tilestored [{c} + {sc}*1], tmm2",
+            init = in(reg) t.init.add(16 * k),
+            zero = in(reg) 0usize,
+            u = in(reg) t.u.add(k * t.sub_step),
+            su = in(reg) t.stride,
+            q = in(reg) t.q.add(k * qbytes),
+            sq = in(reg) 64usize,
+            c = in(reg) sums.as_mut_ptr(),
+            sc = in(reg) 64usize,
+            options(nostack),
+        );
+    }
+}
+
 /// `out[row][token]` for 16 rows x 16 tokens. The tile unit is configured
 /// for `sub` ([`configure`]).
 ///
@@ -131,41 +250,8 @@ pub(crate) unsafe fn release() {
 pub(crate) unsafe fn gemm_16x16(t: &AmxTile, sub: usize, subs: usize, out: &mut [[f32; 16]; 16]) {
     let mut acc = [_mm512_setzero_ps(); 16];
     let mut sums = [[0i32; 16]; 16];
-    let qbytes = sub * 16;
     for k in 0..subs {
-        if t.signed {
-            asm!(
-                "tilezero tmm2",
-                "tileloadd tmm0, [{u} + {su}*1]",
-                "tileloadd tmm1, [{q} + {sq}*1]",
-                "tdpbssd tmm2, tmm0, tmm1",
-                "tilestored [{c} + {sc}*1], tmm2",
-                u = in(reg) t.u.add(k * t.sub_step),
-                su = in(reg) t.stride,
-                q = in(reg) t.q.add(k * qbytes),
-                sq = in(reg) 64usize,
-                c = in(reg) sums.as_mut_ptr(),
-                sc = in(reg) 64usize,
-                options(nostack),
-            );
-        } else {
-            asm!(
-                "tileloadd tmm2, [{init} + {zero}*1]",
-                "tileloadd tmm0, [{u} + {su}*1]",
-                "tileloadd tmm1, [{q} + {sq}*1]",
-                "tdpbusd tmm2, tmm0, tmm1",
-                "tilestored [{c} + {sc}*1], tmm2",
-                init = in(reg) t.init.add(16 * k),
-                zero = in(reg) 0usize,
-                u = in(reg) t.u.add(k * t.sub_step),
-                su = in(reg) t.stride,
-                q = in(reg) t.q.add(k * qbytes),
-                sq = in(reg) 64usize,
-                c = in(reg) sums.as_mut_ptr(),
-                sc = in(reg) 64usize,
-                options(nostack),
-            );
-        }
+        tile_product(t, sub, k, &mut sums);
         let d = _mm512_loadu_ps(t.d.add(16 * k));
         let scale = t.scale.add(16 * k);
         for (r, a) in acc.iter_mut().enumerate() {
