@@ -745,6 +745,7 @@ unsafe fn amx_panel(
             d: a.d[t * subs * T..].as_ptr(),
             init: a.init[t * subs * T..].as_ptr(),
             sums: a.sums[t * subs * T..].as_ptr(),
+            prefetch: a.tiles <= 2,
         };
         // SAFETY: as above.
         unsafe { amx::gemm_16x16(&tile, sub, subs, &mut res) };

@@ -179,6 +179,8 @@ pub(crate) struct AmxTile {
     pub(crate) init: *const i32,
     /// Per sub-block, the 16 tokens' `d * sum(q_a)` (used with `bias`).
     pub(crate) sums: *const f32,
+    /// Prefetch the weight rows ahead (the panel meets few token tiles).
+    pub(crate) prefetch: bool,
 }
 
 /// Loads the tile configuration for sub-blocks of `sub` elements into this
@@ -251,6 +253,15 @@ pub(crate) unsafe fn gemm_16x16(t: &AmxTile, sub: usize, subs: usize, out: &mut 
     let mut acc = [_mm512_setzero_ps(); 16];
     let mut sums = [[0i32; 16]; 16];
     for k in 0..subs {
+        // With one token tile (a server's decode step) every weight tile
+        // comes from DRAM and is used once: ask for the rows' bytes four
+        // sub-blocks ahead (hints; never fault).
+        if t.prefetch {
+            let ahead = t.u.wrapping_add((k + 4) * t.sub_step);
+            for r in 0..16 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(r * t.stride).cast());
+            }
+        }
         tile_product(t, sub, k, &mut sums);
         let d = _mm512_loadu_ps(t.d.add(16 * k));
         let scale = t.scale.add(16 * k);
