@@ -150,6 +150,16 @@ pub(crate) fn placement(
     p
 }
 
+/// The bf16 product that a matrix held for the AMX GEMM takes from
+/// `BF16_MIN_BATCH` tokens, when this CPU has it (`dims[0]`: the row length).
+fn bf16_note(dims: &[u64]) -> String {
+    let cols = dims.first().copied().unwrap_or(0) as usize;
+    match ferrox_quant::gemm::bf16_kernel(cols) {
+        Some(g) => format!("; {g}, widened to bf16 per call (batches of {}+)", ferrox_quant::gemm::BF16_MIN_BATCH),
+        None => String::new(),
+    }
+}
+
 /// What a tensor of `role` (or no role) costs and runs on the CPU.
 pub(crate) fn cpu_placement(
     name: &str,
@@ -170,10 +180,10 @@ pub(crate) fn cpu_placement(
                     },
                     match k.gemm {
                         Some((isa, g)) if ferrox_quant::gemm::reads_in_place(kind, isa) => {
-                            format!("cpu gemm: {g}, {kind} read in place (batches of {}+)", ferrox_quant::gemm::MIN_BATCH)
+                            format!("cpu gemm: {g}, {kind} read in place (batches of {}+){}", ferrox_quant::gemm::MIN_BATCH, bf16_note(dims))
                         }
                         Some((ferrox_quant::cpu::Isa::Amx, g)) if crate::backend::cpu::prepacks(name) => {
-                            format!("cpu gemm: {g}, packed at load (batches of {}+)", ferrox_quant::gemm::MIN_BATCH)
+                            format!("cpu gemm: {g}, packed at load (batches of {}+){}", ferrox_quant::gemm::MIN_BATCH, bf16_note(dims))
                         }
                         Some((_, g)) => {
                             format!("cpu gemm: {g}, packed per call (batches of {}+)", ferrox_quant::gemm::MIN_BATCH_UNPACKED)

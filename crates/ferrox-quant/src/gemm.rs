@@ -814,6 +814,12 @@ pub(crate) fn amx_bf16(cols: usize) -> bool {
         })
 }
 
+/// The bf16 product's kernel, by name, where a prepacked matrix of rows of
+/// `cols` takes it ([`amx_bf16`]) for batches of [`BF16_MIN_BATCH`]+.
+pub fn bf16_kernel(cols: usize) -> Option<&'static str> {
+    amx_bf16(cols).then_some("amx::gemm_bf16_32x32")
+}
+
 /// f32 → bf16, round to nearest even (as `vcvtneps2bf16`); NaN stays NaN.
 fn bf16_bits(x: f32) -> u16 {
     let b = x.to_bits();
