@@ -137,7 +137,7 @@ unsafe fn lane_scales(lo: i16, hi: i16) -> __m256i {
 /// block's integer work (measured on Q4_K).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales_mins_k4(s: &[u8; 12]) -> __m256i {
+pub(super) unsafe fn scales_mins_k4(s: &[u8; 12]) -> __m256i {
     const KMASK1: u32 = 0x3f3f_3f3f;
     const KMASK2: u32 = 0x0f0f_0f0f;
     const KMASK3: u32 = 0x0303_0303;
@@ -201,7 +201,7 @@ unsafe fn k4_scales(scales: &[u8; 12], dmin: f32, bsums: &[i16; 16], acc_m: &mut
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps128(v: __m128) -> f32 {
+pub(super) unsafe fn hsum_ps128(v: __m128) -> f32 {
     let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }

@@ -13,8 +13,8 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{
-    bytes_from_bits_32, e8m0_to_f32_half, f16_to_f32, hsum_ps, loadu, lookup_nibbles_32, nibbles_32,
-    IQ4NL_VALUES, MXFP4_VALUES,
+    bytes_from_bits_32, e8m0_to_f32_half, f16_to_f32, hsum_ps, hsum_ps128, loadu, lookup_nibbles_32, nibbles_32,
+    scales_mins_k4, IQ4NL_VALUES, MXFP4_VALUES,
 };
 use crate::blocks::*;
 use crate::cpu::blocks_of;
@@ -215,4 +215,268 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
         |x| x.d.to_bits(),
         row_bytes,
     )
+}
+
+// ------------------------------------------- 256-element K kinds, 512 bits
+//
+// A K super-block is 256 elements, so a 64-byte activation load covers two
+// 32-element sub-blocks (Q4_K/Q5_K) or four 16-element ones (Q6_K) and a
+// whole block is four `zmm` products. Weight codes are unsigned, so they go
+// straight into `maddubs` (u8 x s8 → i16 pairs, no saturation at these
+// ranges), and `vpdpwssd` multiplies the pairs by the sub-block scales and
+// accumulates in one instruction (AVX2 needs `madd` + `add` and a shuffle
+// per 16 elements). Offsets and mins come back through the activation's
+// `bsums`. The same code serves one row (tails) and four rows (the
+// activation block loaded once for four weight rows) through `R`.
+
+/// Word masks of a `zmm`: its low and high 256 bits.
+const LO_WORDS: __mmask32 = 0x0000_FFFF;
+const HI_WORDS: __mmask32 = 0xFFFF_0000;
+
+/// `vpermw` indices putting word `2j` of a scale vector in the low 256 bits
+/// and word `2j + 1` in the high 256 bits (`K4_PAIR_IDX[j]`): the scales of
+/// Q4_K/Q5_K sub-blocks `2j` and `2j + 1`, one per 32 elements.
+static K4_PAIR_IDX: [[u16; 32]; 4] = {
+    let mut m = [[0u16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut w = 0;
+        while w < 32 {
+            m[j][w] = (2 * j + w / 16) as u16;
+            w += 1;
+        }
+        j += 1;
+    }
+    m
+};
+
+/// `vpermw` indices putting word `4t + i` of a scale vector in 128-bit lane
+/// `i` (`K6_QUAD_IDX[t]`): the scales of the four 16-element Q6_K
+/// sub-blocks of elements `64t..64t + 64`.
+static K6_QUAD_IDX: [[u16; 32]; 4] = {
+    let mut m = [[0u16; 32]; 4];
+    let mut t = 0;
+    while t < 4 {
+        let mut w = 0;
+        while w < 32 {
+            m[t][w] = (4 * t + w / 8) as u16;
+            w += 1;
+        }
+        t += 1;
+    }
+    m
+};
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_idx(idx: &[u16; 32]) -> __m512i {
+    _mm512_loadu_si512(idx.as_ptr().cast())
+}
+
+/// The rows `PREFETCH_ROWS` further on, `lines` cache lines of block `x`
+/// (a hint; never faults). Only the four-row kernels prefetch: the one-row
+/// kernels serve tails, and the matvec's one-row path prefetches itself.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn prefetch_block<X>(x: &X, ahead: usize) {
+    let p = (x as *const X).cast::<i8>().wrapping_add(ahead);
+    let mut off = 0;
+    while off < core::mem::size_of::<X>() {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        off += 64;
+    }
+}
+
+/// `[d * ya, dmin * ya, 0, 0]` of a Q4_K/Q5_K block (its two f16 scales
+/// are adjacent).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn d_dmin(d: F16, dmin: F16, ya: __m128) -> __m128 {
+    let bits = u32::from(d.to_bits()) | (u32::from(dmin.to_bits()) << 16);
+    _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)), ya)
+}
+
+/// The Q8_K block's eight 32-element sums (i16 words; |sum| <= 32 * 127).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn bsums32(y: &BlockQ8K) -> __m128i {
+    let b = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+    _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1))
+}
+
+/// Q4_K and Q5_K rows: `hi5` adds the fifth bits (Q5_K) to step `j`'s 64
+/// codes, or is the identity (Q4_K).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_rows<X: K4Block, const R: usize>(
+    w: [&[X]; R],
+    a: &[BlockQ8K],
+    row_bytes: usize,
+    hi5: impl Fn(&X, __m512i, usize) -> __m512i,
+) -> [f32; R] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let idx: [__m512i; 4] = core::array::from_fn(|j| load_idx(&K4_PAIR_IDX[j]));
+    let ahead = crate::cpu::PREFETCH_ROWS * row_bytes;
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc_m = [_mm_setzero_ps(); R];
+    for (b, y) in a.iter().enumerate() {
+        let aq: [__m512i; 4] = core::array::from_fn(|j| _mm512_loadu_si512(y.qs.as_ptr().add(64 * j).cast()));
+        let pair = bsums32(y);
+        let ya = _mm_set1_ps(y.d);
+        for r in 0..R {
+            let x = &w[r][b];
+            if R > 1 {
+                prefetch_block(x, ahead);
+            }
+            let dd = d_dmin(x.d(), x.dmin(), ya);
+            // Scales in words 0..8, mins in 8..16; the mins' term now.
+            let sm = scales_mins_k4(x.scales());
+            let mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), pair);
+            acc_m[r] = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, 0x55), _mm_cvtepi32_ps(mins), acc_m[r]);
+            let smz = _mm512_castsi256_si512(sm); // only words 0..8 are read
+            let mut sumi = _mm512_setzero_si512();
+            for (j, &aj) in aq.iter().enumerate() {
+                // Low nibbles (sub-block 2j) in the low half, high (2j + 1) in the high.
+                let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qs().as_ptr().add(32 * j).cast()));
+                let q = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(q, HI_WORDS, q), m4);
+                let q = hi5(x, q, j);
+                let p = _mm512_maddubs_epi16(q, aj);
+                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[j], smz));
+            }
+            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum_ps128(acc_m[r]))
+}
+
+/// What [`k4_rows`] reads of a Q4_K or Q5_K block.
+trait K4Block {
+    fn d(&self) -> F16;
+    fn dmin(&self) -> F16;
+    fn scales(&self) -> &[u8; 12];
+    fn qs(&self) -> &[u8; 128];
+}
+
+impl K4Block for BlockQ4K {
+    fn d(&self) -> F16 { self.d }
+    fn dmin(&self) -> F16 { self.dmin }
+    fn scales(&self) -> &[u8; 12] { &self.scales }
+    fn qs(&self) -> &[u8; 128] { &self.qs }
+}
+
+impl K4Block for BlockQ5K {
+    fn d(&self) -> F16 { self.d }
+    fn dmin(&self) -> F16 { self.dmin }
+    fn scales(&self) -> &[u8; 12] { &self.scales }
+    fn qs(&self) -> &[u8; 128] { &self.qs }
+}
+
+/// Q5_K's fifth bits for step `j`: element `64j + i` has it at bit `2j` of
+/// `qh[i]`, element `64j + 32 + i` at bit `2j + 1`; one byte-mask test, and
+/// 16 added where it is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q5k_hi5(x: &BlockQ5K, q: __m512i, j: usize) -> __m512i {
+    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qh.as_ptr().cast()));
+    let bits = _mm512_inserti64x4::<1>(
+        _mm512_set1_epi8((1u8 << (2 * j)) as i8),
+        _mm256_set1_epi8((2u8 << (2 * j)) as i8),
+    );
+    _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bits), q, _mm512_set1_epi8(0x10))
+}
+
+/// Q6_K rows: codes `q + 32` (0..64) from 4 low and 2 high bits, the -32
+/// taken out through the activation's 16-sums, one scale per 16 elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k_rows<const R: usize>(w: [&[BlockQ6K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m2 = _mm512_set1_epi8(0x30);
+    let idx: [__m512i; 4] = core::array::from_fn(|t| load_idx(&K6_QUAD_IDX[t]));
+    let ahead = crate::cpu::PREFETCH_ROWS * row_bytes;
+    let table = f16_table();
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (b, y) in a.iter().enumerate() {
+        let aq: [__m512i; 4] = core::array::from_fn(|t| _mm512_loadu_si512(y.qs.as_ptr().add(64 * t).cast()));
+        let neg_bs = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_loadu_si256(y.bsums.as_ptr().cast()));
+        for r in 0..R {
+            let x = &w[r][b];
+            if R > 1 {
+                prefetch_block(x, ahead);
+            }
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast()));
+            // -32 * sum(scale * bsum16) starts the block's sum.
+            let mut sumi = _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, neg_bs)));
+            let scz = _mm512_castsi256_si512(sc16);
+            for n in 0..2 {
+                let ql = _mm512_loadu_si512(x.ql.as_ptr().add(64 * n).cast());
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qh.as_ptr().add(32 * n).cast()));
+                // Elements 128n..+64: low nibbles of ql, qh bits 0-1 (low
+                // half) and 2-3 (high half) at bits 4-5.
+                let h0 = _mm512_and_si512(_mm512_mask_slli_epi16::<4>(_mm512_slli_epi16::<2>(qh), LO_WORDS, qh), m2);
+                // Elements 128n+64..+64: high nibbles, qh bits 4-5 and 6-7.
+                let h1 = _mm512_and_si512(_mm512_mask_srli_epi16::<2>(qh, HI_WORDS, qh), m2);
+                // (a & c) | b: nibble, then the two high bits.
+                let q0 = _mm512_ternarylogic_epi32::<0xEC>(ql, h0, m4);
+                let q1 = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(ql), h1, m4);
+                for (m, q) in [q0, q1].into_iter().enumerate() {
+                    let t = 2 * n + m;
+                    let p = _mm512_maddubs_epi16(q, aq[t]);
+                    sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[t], scz));
+                }
+            }
+            let d = *table.get_unchecked(usize::from(x.d.to_bits())) * y.d;
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]))
+}
+
+/// The `R` rows of `w` (`R` x `row_bytes`) as blocks of `B`.
+#[inline]
+unsafe fn rows_n<B: Block, const R: usize>(w: &[u8], row_bytes: usize) -> [&[B]; R] {
+    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    k4_rows::<BlockQ4K, 1>([blocks_of(w)], blocks_of(a), w.len(), |_, q, _| q)[0]
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    k4_rows::<BlockQ5K, 1>([blocks_of(w)], blocks_of(a), w.len(), |x, q, j| q5k_hi5(x, q, j))[0]
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    q6k_rows::<1>([blocks_of(w)], blocks_of(a), w.len())[0]
+}
+
+/// # Safety
+/// As [`dot4_q8_0`], with a Q8_K activation row (`p` unused: the Q8_K
+/// block carries its f32 scale and sums).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q4_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    k4_rows::<BlockQ4K, 4>(rows_n(w, row_bytes), blocks_of(a), row_bytes, |_, q, _| q)
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q5_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    k4_rows::<BlockQ5K, 4>(rows_n(w, row_bytes), blocks_of(a), row_bytes, |x, q, j| q5k_hi5(x, q, j))
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q6_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    q6k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
 }
