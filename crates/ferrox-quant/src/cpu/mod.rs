@@ -222,6 +222,8 @@ pub fn simd_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
             Q4K => Some("avx512::dot_q4_k_q8_k"),
             Q5K => Some("avx512::dot_q5_k_q8_k"),
             Q6K => Some("avx512::dot_q6_k_q8_k"),
+            Q3K => Some("avx512::dot_q3_k_q8_k"),
+            Q2K => Some("avx512::dot_q2_k_q8_k"),
             _ => None, // capability table: partial by design
         },
         Isa::Amx => None, // no dot kernels of its own: AVX-512's serve (fallback)
@@ -411,6 +413,8 @@ pub fn dot4_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
         (Isa::Avx512Vnni, Q4K) => Some("avx512::dot4_q4_k"),
         (Isa::Avx512Vnni, Q5K) => Some("avx512::dot4_q5_k"),
         (Isa::Avx512Vnni, Q6K) => Some("avx512::dot4_q6_k"),
+        (Isa::Avx512Vnni, Q3K) => Some("avx512::dot4_q3_k"),
+        (Isa::Avx512Vnni, Q2K) => Some("avx512::dot4_q2_k"),
         _ => None, // capability table: partial by design
     }
 }

@@ -1,10 +1,13 @@
-//! AVX-512 VNNI kernels for the 32-element block kinds.
+//! AVX-512 VNNI kernels for the 32-element block kinds and the K kinds.
 //!
-//! The key decision: stay at 256-bit width (`avx512vl`) and use VNNI's
-//! `vpdpbusd` for the 8-bit products, one instruction where AVX2 needs
-//! `maddubs` + `madd`; the block layout (32 elements, one scale) maps to one
-//! 256-bit register, and 512-bit registers would only add shuffles. Kinds
-//! without a kernel here fall back to AVX2 (see `Isa::fallback`).
+//! The key decision: width follows the block. The 32-element kinds stay at
+//! 256 bits (`avx512vl`) and use VNNI's `vpdpbusd` for the 8-bit products,
+//! one instruction where AVX2 needs `maddubs` + `madd`; their block (32
+//! elements, one scale) maps to one 256-bit register, and 512-bit registers
+//! would only add shuffles. The K kinds (256-element super-blocks) take 64
+//! elements per 512-bit step, with `vpdpwssd` applying the sub-block scales
+//! (see "256-element K kinds, 512 bits" below). Kinds without a kernel here
+//! fall back to AVX2 (see `Isa::fallback`).
 //!
 //! Every function here is `unsafe` for one reason, stated once: it must only
 //! run on a CPU with AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI, and its slices
@@ -385,51 +388,172 @@ unsafe fn q5k_hi5(x: &BlockQ5K, q: __m512i, j: usize) -> __m512i {
     _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bits), q, _mm512_set1_epi8(0x10))
 }
 
-/// Q6_K rows: codes `q + 32` (0..64) from 4 low and 2 high bits, the -32
-/// taken out through the activation's 16-sums, one scale per 16 elements.
+/// Rows of the kinds with one scale per 16 elements (Q6_K, Q3_K, Q2_K).
+/// `codes(x, n)` gives elements `128n..128n + 128` of a block as two
+/// `zmm` of unsigned codes (`q + off`); `scales` the 16 scales as i16
+/// words; `mins` Q2_K's 16 mins (subtracted as `dmin * min * bsum16`);
+/// `dd` the block's `[d, dmin] * ya`. The offset `off` comes back as
+/// `-off * sum(scale * bsum16)`, the block's integer sum's starting value.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6k_rows<const R: usize>(w: [&[BlockQ6K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m2 = _mm512_set1_epi8(0x30);
+unsafe fn k16_rows<X, const R: usize>(
+    w: [&[X]; R],
+    a: &[BlockQ8K],
+    row_bytes: usize,
+    off: i32,
+    dd: impl Fn(&X, __m128) -> __m128,
+    scales: impl Fn(&X) -> __m256i,
+    mins: impl Fn(&X) -> Option<__m256i>,
+    codes: impl Fn(&X, usize) -> [__m512i; 2],
+) -> [f32; R] {
     let idx: [__m512i; 4] = core::array::from_fn(|t| load_idx(&K6_QUAD_IDX[t]));
     let ahead = crate::cpu::PREFETCH_ROWS * row_bytes;
-    let table = f16_table();
     let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc_m = [_mm256_setzero_ps(); R];
     for (b, y) in a.iter().enumerate() {
         let aq: [__m512i; 4] = core::array::from_fn(|t| _mm512_loadu_si512(y.qs.as_ptr().add(64 * t).cast()));
-        let neg_bs = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_loadu_si256(y.bsums.as_ptr().cast()));
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let neg_bs = _mm256_sub_epi16(_mm256_setzero_si256(), bs);
+        let ya = _mm_set1_ps(y.d);
         for r in 0..R {
             let x = &w[r][b];
             if R > 1 {
                 prefetch_block(x, ahead);
             }
-            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast()));
-            // -32 * sum(scale * bsum16) starts the block's sum.
-            let mut sumi = _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, neg_bs)));
-            let scz = _mm512_castsi256_si512(sc16);
+            let d = dd(x, ya);
+            let sc16 = scales(x);
+            if let Some(m16) = mins(x) {
+                let m = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
+                acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(d, d, 0x55))), m, acc_m[r]);
+            }
+            // |scale * bsum16| pairs <= 2 * 128 * 2032: times 32 fits i32.
+            let init = _mm256_mullo_epi32(_mm256_madd_epi16(sc16, neg_bs), _mm256_set1_epi32(off));
+            let mut sumi = _mm512_zextsi256_si512(init);
+            let scz = _mm512_castsi256_si512(sc16); // only words 0..16 are read
             for n in 0..2 {
-                let ql = _mm512_loadu_si512(x.ql.as_ptr().add(64 * n).cast());
-                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qh.as_ptr().add(32 * n).cast()));
-                // Elements 128n..+64: low nibbles of ql, qh bits 0-1 (low
-                // half) and 2-3 (high half) at bits 4-5.
-                let h0 = _mm512_and_si512(_mm512_mask_slli_epi16::<4>(_mm512_slli_epi16::<2>(qh), LO_WORDS, qh), m2);
-                // Elements 128n+64..+64: high nibbles, qh bits 4-5 and 6-7.
-                let h1 = _mm512_and_si512(_mm512_mask_srli_epi16::<2>(qh, HI_WORDS, qh), m2);
-                // (a & c) | b: nibble, then the two high bits.
-                let q0 = _mm512_ternarylogic_epi32::<0xEC>(ql, h0, m4);
-                let q1 = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(ql), h1, m4);
-                for (m, q) in [q0, q1].into_iter().enumerate() {
+                for (m, q) in codes(x, n).into_iter().enumerate() {
                     let t = 2 * n + m;
                     let p = _mm512_maddubs_epi16(q, aq[t]);
                     sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[t], scz));
                 }
             }
-            let d = *table.get_unchecked(usize::from(x.d.to_bits())) * y.d;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(d), _mm512_cvtepi32_ps(sumi), acc[r]);
         }
     }
-    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]))
+    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum_ps(acc_m[r]))
+}
+
+/// Q6_K rows: codes `q + 32` (0..64) from 4 low and 2 high bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k_rows<const R: usize>(w: [&[BlockQ6K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m2 = _mm512_set1_epi8(0x30);
+    k16_rows(
+        w,
+        a,
+        row_bytes,
+        32,
+        |x, ya| d_dmin(x.d, x.d, ya),
+        |x| _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast())),
+        |_| None,
+        |x, n| {
+            let ql = _mm512_loadu_si512(x.ql.as_ptr().add(64 * n).cast());
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qh.as_ptr().add(32 * n).cast()));
+            // Elements 128n..+64: low nibbles of ql, qh bits 0-1 (low
+            // half) and 2-3 (high half) at bits 4-5.
+            let h0 = _mm512_and_si512(_mm512_mask_slli_epi16::<4>(_mm512_slli_epi16::<2>(qh), LO_WORDS, qh), m2);
+            // Elements 128n+64..+64: high nibbles, qh bits 4-5 and 6-7.
+            let h1 = _mm512_and_si512(_mm512_mask_srli_epi16::<2>(qh, HI_WORDS, qh), m2);
+            // (a & c) | b: the nibble, then the two high bits.
+            [
+                _mm512_ternarylogic_epi32::<0xEC>(ql, h0, m4),
+                _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(ql), h1, m4),
+            ]
+        },
+    )
+}
+
+/// Q3_K and Q2_K's two-bit fields of elements `128n..128n + 128`: element
+/// `128n + 32j + i` is bits `2j..2j + 2` of `qs[32n + i]`; step `m` covers
+/// `j = 2m` (low half) and `2m + 1` (high half).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn two_bit_codes(qs: &[u8; 64], n: usize) -> [__m512i; 2] {
+    let m3 = _mm512_set1_epi8(3);
+    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.as_ptr().add(32 * n).cast()));
+    let q4 = _mm512_srli_epi16::<4>(q);
+    [
+        _mm512_and_si512(_mm512_mask_srli_epi16::<2>(q, HI_WORDS, q), m3),
+        _mm512_and_si512(_mm512_mask_srli_epi16::<2>(q4, HI_WORDS, q4), m3),
+    ]
+}
+
+/// ggml's 6-bit signed scale unpacking of Q3_K (as `avx2::q3_k_scales`),
+/// on four words and one vector subtract, widened to i16 words.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3k_scales16(s: &[u8; 12]) -> __m256i {
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, t) = (w(0), w(1), w(2));
+    let (k1, k2) = (0x0303_0303_u32, 0x0f0f_0f0f_u32);
+    let v = _mm_set_epi32(
+        (((a1 >> 4) & k2) | (((t >> 6) & k1) << 4)) as i32,
+        (((a0 >> 4) & k2) | (((t >> 4) & k1) << 4)) as i32,
+        ((a1 & k2) | (((t >> 2) & k1) << 4)) as i32,
+        ((a0 & k2) | ((t & k1) << 4)) as i32,
+    );
+    _mm256_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)))
+}
+
+/// Q3_K rows: codes `q + 4` (0..8), the third bit from `hmask` (bit
+/// `4n + j` of `hmask[i]` for element `128n + 32j + i`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3k_rows<const R: usize>(w: [&[BlockQ3K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
+    let four = _mm512_set1_epi8(4);
+    k16_rows(
+        w,
+        a,
+        row_bytes,
+        4,
+        |x, ya| d_dmin(x.d, x.d, ya),
+        |x| q3k_scales16(&x.scales),
+        |_| None,
+        |x, n| {
+            let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.hmask.as_ptr().cast()));
+            let c = two_bit_codes(&x.qs, n);
+            core::array::from_fn(|m| {
+                let bit = 4 * n + 2 * m;
+                let bits = _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi8((1u8 << bit) as i8),
+                    _mm256_set1_epi8((1u8 << (bit + 1)) as i8),
+                );
+                _mm512_mask_add_epi8(c[m], _mm512_test_epi8_mask(hm, bits), c[m], four)
+            })
+        },
+    )
+}
+
+/// Q2_K rows: codes 0..4, scales in the low nibbles, mins in the high.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q2k_rows<const R: usize>(w: [&[BlockQ2K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
+    let m4 = _mm_set1_epi8(0x0F);
+    k16_rows(
+        w,
+        a,
+        row_bytes,
+        0,
+        |x, ya| d_dmin(x.d, x.dmin, ya),
+        |x| _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128(x.scales.as_ptr().cast()), m4)),
+        |x| {
+            let s = _mm_loadu_si128(x.scales.as_ptr().cast());
+            Some(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(s), m4)))
+        },
+        |x, n| two_bit_codes(&x.qs, n),
+    )
 }
 
 /// The `R` rows of `w` (`R` x `row_bytes`) as blocks of `B`.
@@ -460,6 +584,20 @@ pub(crate) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    q3k_rows::<1>([blocks_of(w)], blocks_of(a), w.len())[0]
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    q2k_rows::<1>([blocks_of(w)], blocks_of(a), w.len())[0]
+}
+
+/// # Safety
 /// As [`dot4_q8_0`], with a Q8_K activation row (`p` unused: the Q8_K
 /// block carries its f32 scale and sums).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -479,4 +617,18 @@ pub(crate) unsafe fn dot4_q5_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate:
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q6_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
     q6k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q3_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    q3k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q2_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    q2k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
 }
