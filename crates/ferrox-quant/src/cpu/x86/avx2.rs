@@ -137,7 +137,7 @@ unsafe fn lane_scales(lo: i16, hi: i16) -> __m256i {
 /// block's integer work (measured on Q4_K).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scales_mins_k4(s: &[u8; 12]) -> __m256i {
+unsafe fn scales_mins_k4(s: &[u8; 12]) -> __m256i {
     const KMASK1: u32 = 0x3f3f_3f3f;
     const KMASK2: u32 = 0x0f0f_0f0f;
     const KMASK3: u32 = 0x0303_0303;

@@ -17,7 +17,7 @@ use core::arch::x86_64::*;
 
 use super::avx2::{
     bytes_from_bits_32, e8m0_to_f32_half, f16_to_f32, hsum_ps, hsum_ps128, loadu, lookup_nibbles_32, nibbles_32,
-    scales_mins_k4, IQ4NL_VALUES, MXFP4_VALUES,
+    IQ4NL_VALUES, MXFP4_VALUES,
 };
 use crate::blocks::*;
 use crate::cpu::blocks_of;
@@ -236,23 +236,6 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
 const LO_WORDS: __mmask32 = 0x0000_FFFF;
 const HI_WORDS: __mmask32 = 0xFFFF_0000;
 
-/// `vpermw` indices putting word `2j` of a scale vector in the low 256 bits
-/// and word `2j + 1` in the high 256 bits (`K4_PAIR_IDX[j]`): the scales of
-/// Q4_K/Q5_K sub-blocks `2j` and `2j + 1`, one per 32 elements.
-static K4_PAIR_IDX: [[u16; 32]; 4] = {
-    let mut m = [[0u16; 32]; 4];
-    let mut j = 0;
-    while j < 4 {
-        let mut w = 0;
-        while w < 32 {
-            m[j][w] = (2 * j + w / 16) as u16;
-            w += 1;
-        }
-        j += 1;
-    }
-    m
-};
-
 /// `vpermw` indices putting word `4t + i` of a scale vector in 128-bit lane
 /// `i` (`K6_QUAD_IDX[t]`): the scales of the four 16-element Q6_K
 /// sub-blocks of elements `64t..64t + 64`.
@@ -307,8 +290,59 @@ unsafe fn bsums32(y: &BlockQ8K) -> __m128i {
     _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1))
 }
 
+/// `vpermw` indices for row pair member `h` (words `16h..16h + 16` of a
+/// [`k4_header`] word vector) and step `j`: scale `2j` in the low 256 bits,
+/// `2j + 1` in the high (`K4_ROW_IDX[h][j]`).
+static K4_ROW_IDX: [[[u16; 32]; 4]; 2] = {
+    let mut m = [[[0u16; 32]; 4]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut j = 0;
+        while j < 4 {
+            let mut w = 0;
+            while w < 32 {
+                m[h][j][w] = (16 * h + 2 * j + w / 16) as u16;
+                w += 1;
+            }
+            j += 1;
+        }
+        h += 1;
+    }
+    m
+};
+
+/// The 16-byte headers (`d`, `dmin`, 12 scale bytes) of block `b` of up to
+/// four Q4_K/Q5_K rows, unpacked together: ggml's 6-bit scale/min
+/// unpacking (as `avx2::scales_mins_k4`) on the four rows' words at once.
+/// Returns the words (rows 0 and 1, rows 2 and 3: per row 8 scales then 8
+/// mins) and `[d, dmin]` per row times `ya`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_header<X: K4Block, const R: usize>(w: &[&[X]; R], b: usize, ya: __m256) -> ([__m512i; 2], __m256) {
+    const { assert!(R == 1 || R == 4) };
+    let h = |r: usize| _mm_loadu_si128((&w[r][b] as *const X).cast());
+    let mut s = _mm512_zextsi128_si512(h(0));
+    if R == 4 {
+        s = _mm512_inserti32x4::<1>(s, h(1));
+        s = _mm512_inserti32x4::<2>(s, h(2));
+        s = _mm512_inserti32x4::<3>(s, h(3));
+    }
+    // Per row the dwords [d|dmin, u0, u1, u2] become [sc_lo, sc_hi, mn_lo, mn_hi]:
+    // sc_lo = u0 & 3f, sc_hi = (u2 & 0f) | (u0 >> 6 & 3) << 4,
+    // mn_lo = u1 & 3f, mn_hi = (u2 >> 4 & 0f) | (u1 >> 6 & 3) << 4 (bytewise).
+    let p = _mm512_srlv_epi32(_mm512_shuffle_epi32::<0b11_10_11_01>(s), _mm512_set4_epi32(4, 0, 0, 0));
+    let q = _mm512_shuffle_epi32::<0b10_10_01_01>(s);
+    let lo = _mm512_and_si512(p, _mm512_set4_epi32(0x0f0f_0f0f, 0x3f3f_3f3f, 0x0f0f_0f0f, 0x3f3f_3f3f));
+    let hi = _mm512_and_si512(_mm512_srli_epi32::<2>(q), _mm512_set4_epi32(0x3030_3030, 0, 0x3030_3030, 0));
+    let sm = _mm512_or_si512(lo, hi);
+    let w01 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(sm));
+    let w23 = if R == 4 { _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64::<1>(sm)) } else { _mm512_setzero_si512() };
+    let dd = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s));
+    ([w01, w23], _mm256_mul_ps(_mm256_cvtph_ps(dd), ya))
+}
+
 /// Q4_K and Q5_K rows: `hi5` adds the fifth bits (Q5_K) to step `j`'s 64
-/// codes, or is the identity (Q4_K).
+/// codes, or is the identity (Q4_K). `R` is 1 or 4.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn k4_rows<X: K4Block, const R: usize>(
@@ -318,25 +352,30 @@ unsafe fn k4_rows<X: K4Block, const R: usize>(
     hi5: impl Fn(&X, __m512i, usize) -> __m512i,
 ) -> [f32; R] {
     let m4 = _mm512_set1_epi8(0x0F);
-    let idx: [__m512i; 4] = core::array::from_fn(|j| load_idx(&K4_PAIR_IDX[j]));
+    let idx: [[__m512i; 4]; 2] = core::array::from_fn(|h| core::array::from_fn(|j| load_idx(&K4_ROW_IDX[h][j])));
+    // The mins' partial sums land in 128-bit lanes (row 2, 0, 3, 1): their
+    // dmin per lane, and where each row's sum ends up.
+    let dmin_idx = _mm512_set_epi32(3, 3, 3, 3, 7, 7, 7, 7, 1, 1, 1, 1, 5, 5, 5, 5);
     let ahead = crate::cpu::PREFETCH_ROWS * row_bytes;
     let mut acc = [_mm512_setzero_ps(); R];
-    let mut acc_m = [_mm_setzero_ps(); R];
+    let mut acc_m = _mm512_setzero_ps();
     for (b, y) in a.iter().enumerate() {
         let aq: [__m512i; 4] = core::array::from_fn(|j| _mm512_loadu_si512(y.qs.as_ptr().add(64 * j).cast()));
-        let pair = bsums32(y);
-        let ya = _mm_set1_ps(y.d);
+        // The eight 32-sums in words 8..16 of each 256-bit half (against the mins).
+        let pair = _mm512_broadcast_i64x4(_mm256_set_m128i(bsums32(y), _mm_setzero_si128()));
+        let (words, dv) = k4_header(&w, b, _mm256_set1_ps(y.d));
+        let dv = _mm512_castps256_ps512(dv);
+        // Mins: rows 0/1 in lanes 1/3 of the first madd, rows 2/3 in lanes
+        // 1/3 of the second, moved to lanes 0/2.
+        let m01 = _mm512_madd_epi16(words[0], pair);
+        let m23 = _mm512_madd_epi16(words[1], pair);
+        let mall = _mm512_mask_shuffle_i32x4::<0xF5>(m01, 0x0F0F, m23, m23);
+        acc_m = _mm512_fmadd_ps(_mm512_permutexvar_ps(dmin_idx, dv), _mm512_cvtepi32_ps(mall), acc_m);
         for r in 0..R {
             let x = &w[r][b];
             if R > 1 {
                 prefetch_block(x, ahead);
             }
-            let dd = d_dmin(x.d(), x.dmin(), ya);
-            // Scales in words 0..8, mins in 8..16; the mins' term now.
-            let sm = scales_mins_k4(x.scales());
-            let mins = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), pair);
-            acc_m[r] = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, 0x55), _mm_cvtepi32_ps(mins), acc_m[r]);
-            let smz = _mm512_castsi256_si512(sm); // only words 0..8 are read
             let mut sumi = _mm512_setzero_si512();
             for (j, &aj) in aq.iter().enumerate() {
                 // Low nibbles (sub-block 2j) in the low half, high (2j + 1) in the high.
@@ -344,35 +383,44 @@ unsafe fn k4_rows<X: K4Block, const R: usize>(
                 let q = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(q, HI_WORDS, q), m4);
                 let q = hi5(x, q, j);
                 let p = _mm512_maddubs_epi16(q, aj);
-                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[j], smz));
+                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[r % 2][j], words[r / 2]));
             }
-            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc[r]);
+            let d = _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r as i32), dv);
+            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[r]);
         }
     }
-    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum_ps128(acc_m[r]))
+    // Row r's mins are in 128-bit lane [1, 3, 0, 2][r].
+    let lane = |l: usize| -> __m128 {
+        match l {
+            0 => _mm512_castps512_ps128(acc_m),
+            1 => _mm512_extractf32x4_ps::<1>(acc_m),
+            2 => _mm512_extractf32x4_ps::<2>(acc_m),
+            _ => _mm512_extractf32x4_ps::<3>(acc_m),
+        }
+    };
+    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum_ps128(lane([1, 3, 0, 2][r])))
 }
 
-/// What [`k4_rows`] reads of a Q4_K or Q5_K block.
+/// What [`k4_rows`] reads of a Q4_K or Q5_K block: its `qs`, and (by
+/// [`k4_header`]) its first 16 bytes, `d`, `dmin` and the 12 scale bytes
+/// (both layouts start so, asserted below).
 trait K4Block {
-    fn d(&self) -> F16;
-    fn dmin(&self) -> F16;
-    fn scales(&self) -> &[u8; 12];
     fn qs(&self) -> &[u8; 128];
 }
 
 impl K4Block for BlockQ4K {
-    fn d(&self) -> F16 { self.d }
-    fn dmin(&self) -> F16 { self.dmin }
-    fn scales(&self) -> &[u8; 12] { &self.scales }
     fn qs(&self) -> &[u8; 128] { &self.qs }
 }
 
 impl K4Block for BlockQ5K {
-    fn d(&self) -> F16 { self.d }
-    fn dmin(&self) -> F16 { self.dmin }
-    fn scales(&self) -> &[u8; 12] { &self.scales }
     fn qs(&self) -> &[u8; 128] { &self.qs }
 }
+
+const _: () = {
+    assert!(core::mem::offset_of!(BlockQ4K, d) == 0 && core::mem::offset_of!(BlockQ5K, d) == 0);
+    assert!(core::mem::offset_of!(BlockQ4K, dmin) == 2 && core::mem::offset_of!(BlockQ5K, dmin) == 2);
+    assert!(core::mem::offset_of!(BlockQ4K, scales) == 4 && core::mem::offset_of!(BlockQ5K, scales) == 4);
+};
 
 /// Q5_K's fifth bits for step `j`: element `64j + i` has it at bit `2j` of
 /// `qh[i]`, element `64j + 32 + i` at bit `2j + 1`; one byte-mask test, and
