@@ -176,18 +176,12 @@ unsafe fn dot4_blocks<X>(
     acc.map(|v| hsum_ps(v))
 }
 
-/// The four rows of `w` (4 x `row_bytes`) as blocks of `B`.
-#[inline]
-unsafe fn rows4<B: Block>(w: &[u8], row_bytes: usize) -> [&[B]; 4] {
-    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
-}
-
 /// # Safety
 /// See the module doc; `w` is four rows of `row_bytes`, `a` one activation
 /// row of the same length, `p` prepared from `a`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
-    let rows = rows4::<BlockQ8_0>(w, row_bytes);
+    let rows = rows_n::<BlockQ8_0, 4>(w, row_bytes);
     dot4_blocks(rows, blocks_of(a), p, 0, |x| loadu(x.qs.as_ptr().cast()), |x| x.d.to_bits(), row_bytes)
 }
 
@@ -195,7 +189,7 @@ pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
 /// As [`dot4_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
-    let rows = rows4::<BlockQ4_0>(w, row_bytes);
+    let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
     dot4_blocks(rows, blocks_of(a), p, 8, |x| nibbles_32(&x.qs), |x| x.d.to_bits(), row_bytes)
 }
 
@@ -203,7 +197,7 @@ pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
 /// As [`dot4_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
-    let rows = rows4::<BlockQ5_0>(w, row_bytes);
+    let rows = rows_n::<BlockQ5_0, 4>(w, row_bytes);
     let bit4 = _mm256_set1_epi8(0x10);
     dot4_blocks(
         rows,
@@ -223,14 +217,14 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
 // ------------------------------------------- 256-element K kinds, 512 bits
 //
 // A K super-block is 256 elements, so a 64-byte activation load covers two
-// 32-element sub-blocks (Q4_K/Q5_K) or four 16-element ones (Q6_K) and a
-// whole block is four `zmm` products. Weight codes are unsigned, so they go
-// straight into `maddubs` (u8 x s8 → i16 pairs, no saturation at these
-// ranges), and `vpdpwssd` multiplies the pairs by the sub-block scales and
-// accumulates in one instruction (AVX2 needs `madd` + `add` and a shuffle
-// per 16 elements). Offsets and mins come back through the activation's
-// `bsums`. The same code serves one row (tails) and four rows (the
-// activation block loaded once for four weight rows) through `R`.
+// 32-element sub-blocks (Q4_K/Q5_K) or four 16-element ones (Q6_K, Q3_K,
+// Q2_K) and a whole block is four `zmm` products. Weight codes are
+// unsigned, so they go straight into `maddubs` (u8 x s8 → i16 pairs, no
+// saturation at these ranges), and `vpdpwssd` multiplies the pairs by the
+// sub-block scales and accumulates in one instruction (AVX2 needs `madd` +
+// `add` and a shuffle per 16 elements). Offsets and mins come back through
+// the activation's `bsums`. The same code serves one row (tails) and four
+// rows (the activation block loaded once for four weight rows) through `R`.
 
 /// Word masks of a `zmm`: its low and high 256 bits.
 const LO_WORDS: __mmask32 = 0x0000_FFFF;
@@ -259,9 +253,10 @@ unsafe fn load_idx(idx: &[u16; 32]) -> __m512i {
     _mm512_loadu_si512(idx.as_ptr().cast())
 }
 
-/// The rows `PREFETCH_ROWS` further on, `lines` cache lines of block `x`
-/// (a hint; never faults). Only the four-row kernels prefetch: the one-row
-/// kernels serve tails, and the matvec's one-row path prefetches itself.
+/// Every cache line of block `x`'s copy `ahead` bytes further on (the rows
+/// `PREFETCH_ROWS` down; a hint, never faults). Only the four-row kernels
+/// prefetch: the one-row kernels serve tails, and the matvec's one-row path
+/// prefetches itself.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn prefetch_block<X>(x: &X, ahead: usize) {
@@ -273,8 +268,8 @@ unsafe fn prefetch_block<X>(x: &X, ahead: usize) {
     }
 }
 
-/// `[d * ya, dmin * ya, 0, 0]` of a Q4_K/Q5_K block (its two f16 scales
-/// are adjacent).
+/// `[d * ya, dmin * ya, 0, 0]` from a block's f16 scales (kinds without
+/// `dmin` pass `d` twice).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn d_dmin(d: F16, dmin: F16, ya: __m128) -> __m128 {
