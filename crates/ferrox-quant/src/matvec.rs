@@ -194,14 +194,14 @@ pub fn matmul_with(
         }
     }
     let act = act.bytes();
-    // Four rows per call where the level has it (Q8_0 activations only).
+    // Four rows per call where the level has it (Q8_0 and Q8_K activations).
     let dot4 = cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa));
     let preps: Vec<cpu::ActPrep> = match dot4 {
         Some(_) => act
             .chunks_exact(p.act_bytes.max(1))
             .map(|a| {
                 let mut prep = cpu::ActPrep::default();
-                prep.q8_0(a).map(|()| prep)
+                prep.prepare(p.act, a).map(|()| prep)
             })
             .collect::<Result<_, _>>()?,
         None => Vec::new(),

@@ -219,6 +219,11 @@ pub fn simd_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
             Q5_0 => Some("avx512::dot_q5_0_q8_0"),
             IQ4NL => Some("avx512::dot_iq4_nl_q8_0"),
             MXFP4 => Some("avx512::dot_mxfp4_q8_0"),
+            Q4K => Some("avx512::dot_q4_k_q8_k"),
+            Q5K => Some("avx512::dot_q5_k_q8_k"),
+            Q6K => Some("avx512::dot_q6_k_q8_k"),
+            Q3K => Some("avx512::dot_q3_k_q8_k"),
+            Q2K => Some("avx512::dot_q2_k_q8_k"),
             _ => None, // capability table: partial by design
         },
         Isa::Amx => None, // no dot kernels of its own: AVX-512's serve (fallback)
@@ -341,7 +346,7 @@ pub fn select(kind: QuantKind, isa: Isa) -> Option<Kernel> {
 pub(crate) const PREFETCH_ROWS: usize = 8;
 
 /// An activation row's per-block scales (f32) and quant sums, computed once
-/// per matvec for the four-row kernels.
+/// per matvec for the four-row kernels (Q8_0 rows; a Q8_K row needs none).
 #[derive(Debug, Default, Clone)]
 pub struct ActPrep {
     /// Block scales.
@@ -351,6 +356,26 @@ pub struct ActPrep {
 }
 
 impl ActPrep {
+    /// Prepares an activation row of `act` for the four-row kernels: Q8_0
+    /// as [`ActPrep::q8_0`]; Q8_K is only checked (whole, aligned blocks),
+    /// since its blocks already hold an f32 scale and 16-element sums.
+    pub fn prepare(&mut self, act: QuantKind, a: &[u8]) -> Result<(), CpuError> {
+        match act {
+            QuantKind::Q8_0 => self.q8_0(a),
+            QuantKind::Q8K => {
+                check_aligned(act, a)?;
+                let bb = act.block_bytes();
+                if !a.len().is_multiple_of(bb) {
+                    return Err(CpuError::Shape { what: "Q8_K activation bytes", expected: a.len() / bb * bb, got: a.len() });
+                }
+                self.d.clear();
+                self.sum.clear();
+                Ok(())
+            }
+            _ => Err(QuantError::NoDot { kind: act }.into()), // capability table: the preps that exist
+        }
+    }
+
     /// Prepares a Q8_0 activation row (whole, aligned blocks).
     pub fn q8_0(&mut self, a: &[u8]) -> Result<(), CpuError> {
         check_aligned(QuantKind::Q8_0, a)?;
@@ -377,13 +402,19 @@ impl ActPrep {
 pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: &[u8], p: &ActPrep) -> [f32; 4];
 
 /// The four-row kernel `(kind, isa)` claims, by name (hand-written; a test
-/// ties it to [`dot4_fn`]). Only Q8_0-activation kinds: the prep is Q8_0's.
+/// ties it to [`dot4_fn`]). Only kinds whose activation [`ActPrep::prepare`]
+/// takes: Q8_0 (prepared) and Q8_K (carries its f32 scale and sums itself).
 pub fn dot4_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     use QuantKind::*;
     match (isa, kind) {
         (Isa::Avx512Vnni, Q8_0) => Some("avx512::dot4_q8_0"),
         (Isa::Avx512Vnni, Q4_0) => Some("avx512::dot4_q4_0"),
         (Isa::Avx512Vnni, Q5_0) => Some("avx512::dot4_q5_0"),
+        (Isa::Avx512Vnni, Q4K) => Some("avx512::dot4_q4_k"),
+        (Isa::Avx512Vnni, Q5K) => Some("avx512::dot4_q5_k"),
+        (Isa::Avx512Vnni, Q6K) => Some("avx512::dot4_q6_k"),
+        (Isa::Avx512Vnni, Q3K) => Some("avx512::dot4_q3_k"),
+        (Isa::Avx512Vnni, Q2K) => Some("avx512::dot4_q2_k"),
         _ => None, // capability table: partial by design
     }
 }

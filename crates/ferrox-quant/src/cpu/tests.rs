@@ -243,17 +243,24 @@ fn every_claimed_four_row_kernel_is_dispatched_and_nothing_else() {
         for &k in QuantKind::ALL {
             assert_eq!(dot4_kernel(k, isa).is_some(), dot4_fn(k, isa).is_some(), "{k} at {isa}");
             if dot4_kernel(k, isa).is_some() {
-                assert_eq!(k.vec_dot_kind(), Some(QuantKind::Q8_0), "{k}: the four-row prep is Q8_0's");
+                let act = k.vec_dot_kind();
+                assert!(
+                    matches!(act, Some(QuantKind::Q8_0 | QuantKind::Q8K)),
+                    "{k}: activation {act:?} has no four-row prep (ActPrep::prepare)"
+                );
             }
         }
     }
 }
 
-/// Each four-row kernel against the scalar twin row by row, including
-/// all-extreme blocks (the unsigned-code offset and the sign trick at their limits).
+/// Each four-row kernel against the scalar twin row by row, on rows
+/// quantized from floats (all-extreme ones too: the unsigned-code offset
+/// and the sign trick at their limits) and on rows of random bytes (every
+/// packed field, e.g. the K kinds' 6-bit scales and mins, at any value).
 #[test]
 fn four_row_kernels_match_the_scalar_twin() {
     let mut rng = SmallRng::seed_from_u64(21);
+    let mut checked = 0;
     for &isa in Isa::ALL {
         for &kind in QuantKind::ALL {
             let Some(f) = dot4_fn(kind, isa) else { continue };
@@ -261,25 +268,85 @@ fn four_row_kernels_match_the_scalar_twin() {
                 eprintln!("NOT CHECKED: {kind} four-row kernel at {isa} (this CPU lacks it)");
                 continue;
             }
-            for nb in [1usize, 2, 7, 20] {
-                let cols = nb * 32;
-                for extreme in [false, true] {
+            let act = kind.vec_dot_kind().unwrap();
+            for nb in [1usize, 2, 3, 7, 20] {
+                let cols = nb * kind.block_elems();
+                let rb = crate::row_bytes(kind, cols).unwrap();
+                let ab = crate::row_bytes(act, cols).unwrap();
+                for source in ["floats", "extreme", "bytes"] {
                     let gen = |rng: &mut SmallRng| -> f32 {
-                        if extreme { if rng.gen_bool(0.5) { 1.0 } else { -1.0 } } else { rng.gen_range(-1.0..1.0) }
+                        if source == "extreme" { if rng.gen_bool(0.5) { 1.0 } else { -1.0 } } else { rng.gen_range(-1.0..1.0) }
                     };
                     let w: Vec<f32> = (0..4 * cols).map(|_| gen(&mut rng)).collect();
                     let x: Vec<f32> = (0..cols).map(|_| gen(&mut rng)).collect();
-                    let wq = aligned_bytes(&crate::quantize_to_vec(kind, &w).unwrap());
-                    let xq = aligned_bytes(&crate::quantize_to_vec(QuantKind::Q8_0, &x).unwrap());
-                    let rb = crate::row_bytes(kind, cols).unwrap();
-                    let (wb, xb) = (&as_bytes(&wq)[..4 * rb], &as_bytes(&xq)[..crate::row_bytes(QuantKind::Q8_0, cols).unwrap()]);
+                    let wq = if source == "bytes" {
+                        aligned_bytes(&random_row(kind, 4 * nb, &mut rng))
+                    } else {
+                        aligned_bytes(&crate::quantize_to_vec(kind, &w).unwrap())
+                    };
+                    let xq = aligned_bytes(&crate::quantize_to_vec(act, &x).unwrap());
+                    let (wb, xb) = (&as_bytes(&wq)[..4 * rb], &as_bytes(&xq)[..ab]);
                     let mut p = ActPrep::default();
-                    p.q8_0(xb).unwrap();
+                    p.prepare(act, xb).unwrap();
                     // SAFETY: level available (checked); four whole aligned rows and one prepared activation row.
                     let got = unsafe { f(wb, rb, xb, &p) };
                     for r in 0..4 {
-                        let want = crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
-                        assert!((got[r] - want).abs() <= 1e-4 * want.abs().max(1.0), "{kind} at {isa}, {nb} blocks, row {r}: {} vs {want}", got[r]);
+                        let w_r = &wb[r * rb..(r + 1) * rb];
+                        let want = crate::scalar::vec_dot(kind, w_r, xb).unwrap();
+                        let deq_w = crate::dequantize_to_vec(kind, w_r, cols).unwrap();
+                        let deq_a = crate::dequantize_to_vec(act, xb, cols).unwrap();
+                        let scale: f64 = deq_w.iter().zip(&deq_a).map(|(x, y)| (x * y).abs() as f64).sum();
+                        assert!(
+                            (got[r] - want).abs() <= 1e-4 * want.abs().max(1.0) || close(got[r], want, scale),
+                            "{kind} at {isa}, {nb} blocks, {source}, row {r}: {} vs {want} (sum|terms| {scale})",
+                            got[r]
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("compared {checked} four-row kernel rows with the scalar twins");
+}
+
+/// The matvec over row counts that leave every remainder of four (the
+/// four-row kernel's tail goes to the one-row kernel) and several tasks,
+/// for each kind with a four-row kernel, against the scalar twin per row.
+#[test]
+fn matvecs_with_four_row_kernels_match_the_twin_on_odd_row_counts() {
+    let mut rng = SmallRng::seed_from_u64(0x4040);
+    for &isa in Isa::ALL {
+        for &kind in QuantKind::ALL {
+            if dot4_fn(kind, isa).is_none() {
+                continue;
+            }
+            if !isa.is_available() {
+                eprintln!("NOT CHECKED: {kind} four-row matvec at {isa} (this CPU lacks it)");
+                continue;
+            }
+            let act = kind.vec_dot_kind().unwrap();
+            let cols = 768; // whole blocks of every kind: 3 K super-blocks, 24 legacy blocks
+            for rows in [1usize, 2, 3, 5, 6, 7, 37, 70] {
+                let wq = aligned_bytes(&random_row(kind, rows * cols / kind.block_elems(), &mut rng));
+                let rb = crate::row_bytes(kind, cols).unwrap();
+                let wb = &as_bytes(&wq)[..rows * rb];
+                let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let xq = aligned_bytes(&crate::quantize_to_vec(act, &x).unwrap());
+                let xb = &as_bytes(&xq)[..crate::row_bytes(act, cols).unwrap()];
+                for threads in [1, 2] {
+                    let mut y = vec![f32::NAN; rows];
+                    crate::matvec::matmul_with(isa, kind, wb, rows, cols, &x, &mut y, 1, threads).unwrap();
+                    let deq_a = crate::dequantize_to_vec(act, xb, cols).unwrap();
+                    for (r, &g) in y.iter().enumerate() {
+                        let w_r = &wb[r * rb..(r + 1) * rb];
+                        let want = crate::scalar::vec_dot(kind, w_r, xb).unwrap();
+                        let deq_w = crate::dequantize_to_vec(kind, w_r, cols).unwrap();
+                        let scale: f64 = deq_w.iter().zip(&deq_a).map(|(x, y)| (x * y).abs() as f64).sum();
+                        assert!(
+                            close(g, want, scale),
+                            "{kind} at {isa}, {rows} rows, {threads} threads, row {r}: {g} vs {want} (sum|terms| {scale})"
+                        );
                     }
                 }
             }

@@ -201,7 +201,7 @@ unsafe fn k4_scales(scales: &[u8; 12], dmin: f32, bsums: &[i16; 16], acc_m: &mut
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps128(v: __m128) -> f32 {
+pub(super) unsafe fn hsum_ps128(v: __m128) -> f32 {
     let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }

@@ -1,10 +1,13 @@
-//! AVX-512 VNNI kernels for the 32-element block kinds.
+//! AVX-512 VNNI kernels for the 32-element block kinds and the K kinds.
 //!
-//! The key decision: stay at 256-bit width (`avx512vl`) and use VNNI's
-//! `vpdpbusd` for the 8-bit products, one instruction where AVX2 needs
-//! `maddubs` + `madd`; the block layout (32 elements, one scale) maps to one
-//! 256-bit register, and 512-bit registers would only add shuffles. Kinds
-//! without a kernel here fall back to AVX2 (see `Isa::fallback`).
+//! The key decision: width follows the block. The 32-element kinds stay at
+//! 256 bits (`avx512vl`) and use VNNI's `vpdpbusd` for the 8-bit products,
+//! one instruction where AVX2 needs `maddubs` + `madd`; their block (32
+//! elements, one scale) maps to one 256-bit register, and 512-bit registers
+//! would only add shuffles. The K kinds (256-element super-blocks) take 64
+//! elements per 512-bit step, with `vpdpwssd` applying the sub-block scales
+//! (see "256-element K kinds, 512 bits" below). Kinds without a kernel here
+//! fall back to AVX2 (see `Isa::fallback`).
 //!
 //! Every function here is `unsafe` for one reason, stated once: it must only
 //! run on a CPU with AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI, and its slices
@@ -13,7 +16,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{
-    bytes_from_bits_32, e8m0_to_f32_half, f16_to_f32, hsum_ps, loadu, lookup_nibbles_32, nibbles_32,
+    bytes_from_bits_32, e8m0_to_f32_half, f16_to_f32, hsum_ps, hsum_ps128, loadu, lookup_nibbles_32, nibbles_32,
     IQ4NL_VALUES, MXFP4_VALUES,
 };
 use crate::blocks::*;
@@ -176,18 +179,12 @@ unsafe fn dot4_blocks<X>(
     acc.map(|v| hsum_ps(v))
 }
 
-/// The four rows of `w` (4 x `row_bytes`) as blocks of `B`.
-#[inline]
-unsafe fn rows4<B: Block>(w: &[u8], row_bytes: usize) -> [&[B]; 4] {
-    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
-}
-
 /// # Safety
 /// See the module doc; `w` is four rows of `row_bytes`, `a` one activation
 /// row of the same length, `p` prepared from `a`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
-    let rows = rows4::<BlockQ8_0>(w, row_bytes);
+    let rows = rows_n::<BlockQ8_0, 4>(w, row_bytes);
     dot4_blocks(rows, blocks_of(a), p, 0, |x| loadu(x.qs.as_ptr().cast()), |x| x.d.to_bits(), row_bytes)
 }
 
@@ -195,7 +192,7 @@ pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
 /// As [`dot4_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
-    let rows = rows4::<BlockQ4_0>(w, row_bytes);
+    let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
     dot4_blocks(rows, blocks_of(a), p, 8, |x| nibbles_32(&x.qs), |x| x.d.to_bits(), row_bytes)
 }
 
@@ -203,7 +200,7 @@ pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
 /// As [`dot4_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
-    let rows = rows4::<BlockQ5_0>(w, row_bytes);
+    let rows = rows_n::<BlockQ5_0, 4>(w, row_bytes);
     let bit4 = _mm256_set1_epi8(0x10);
     dot4_blocks(
         rows,
@@ -218,4 +215,466 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::
         |x| x.d.to_bits(),
         row_bytes,
     )
+}
+
+// ------------------------------------------- 256-element K kinds, 512 bits
+//
+// A K super-block is 256 elements, so a 64-byte activation load covers two
+// 32-element sub-blocks (Q4_K/Q5_K) or four 16-element ones (Q6_K, Q3_K,
+// Q2_K) and a whole block is four `zmm` products. Weight codes are
+// unsigned, so they go straight into `maddubs` (u8 x s8 → i16 pairs, no
+// saturation at these ranges), and `vpdpwssd` multiplies the pairs by the
+// sub-block scales and accumulates in one instruction (AVX2 needs `madd` +
+// `add` and a shuffle per 16 elements). Offsets and mins come back through
+// the activation's `bsums`. The same code serves one row (tails) and four
+// rows (the activation block loaded once for four weight rows) through `R`.
+
+/// Word masks of a `zmm`: its low and high 256 bits.
+const LO_WORDS: __mmask32 = 0x0000_FFFF;
+const HI_WORDS: __mmask32 = 0xFFFF_0000;
+
+/// `vpermw` indices putting word `4t + i` of a scale vector in 128-bit lane
+/// `i` (`K6_QUAD_IDX[t]`): the scales of the four 16-element Q6_K
+/// sub-blocks of elements `64t..64t + 64`.
+static K6_QUAD_IDX: [[u16; 32]; 4] = {
+    let mut m = [[0u16; 32]; 4];
+    let mut t = 0;
+    while t < 4 {
+        let mut w = 0;
+        while w < 32 {
+            m[t][w] = (4 * t + w / 8) as u16;
+            w += 1;
+        }
+        t += 1;
+    }
+    m
+};
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn load_idx(idx: &[u16; 32]) -> __m512i {
+    _mm512_loadu_si512(idx.as_ptr().cast())
+}
+
+/// Every cache line of block `x`'s copy `ahead` bytes further on (the rows
+/// `PREFETCH_ROWS` down; a hint, never faults). Only the four-row kernels
+/// prefetch: the one-row kernels serve tails, and the matvec's one-row path
+/// prefetches itself.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn prefetch_block<X>(x: &X, ahead: usize) {
+    let p = (x as *const X).cast::<i8>().wrapping_add(ahead);
+    let mut off = 0;
+    while off < core::mem::size_of::<X>() {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        off += 64;
+    }
+}
+
+/// `[d * ya, dmin * ya, 0, 0]` from a block's f16 scales (kinds without
+/// `dmin` pass `d` twice).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn d_dmin(d: F16, dmin: F16, ya: __m128) -> __m128 {
+    let bits = u32::from(d.to_bits()) | (u32::from(dmin.to_bits()) << 16);
+    _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)), ya)
+}
+
+/// The Q8_K block's eight 32-element sums (i16 words; |sum| <= 32 * 127).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn bsums32(y: &BlockQ8K) -> __m128i {
+    let b = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+    _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1))
+}
+
+/// `vpermw` indices for row pair member `h` (words `16h..16h + 16` of a
+/// [`k4_header`] word vector) and step `j`: scale `2j` in the low 256 bits,
+/// `2j + 1` in the high (`K4_ROW_IDX[h][j]`).
+static K4_ROW_IDX: [[[u16; 32]; 4]; 2] = {
+    let mut m = [[[0u16; 32]; 4]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut j = 0;
+        while j < 4 {
+            let mut w = 0;
+            while w < 32 {
+                m[h][j][w] = (16 * h + 2 * j + w / 16) as u16;
+                w += 1;
+            }
+            j += 1;
+        }
+        h += 1;
+    }
+    m
+};
+
+/// The 16-byte headers (`d`, `dmin`, 12 scale bytes) of block `b` of up to
+/// four Q4_K/Q5_K rows, unpacked together: ggml's 6-bit scale/min
+/// unpacking (as `avx2::scales_mins_k4`) on the four rows' words at once.
+/// Returns the words (rows 0 and 1, rows 2 and 3: per row 8 scales then 8
+/// mins) and `[d, dmin]` per row times `ya`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_header<X: K4Block, const R: usize>(w: &[&[X]; R], b: usize, ya: __m256) -> ([__m512i; 2], __m256) {
+    const { assert!(R == 1 || R == 4) };
+    let h = |r: usize| _mm_loadu_si128((&w[r][b] as *const X).cast());
+    let mut s = _mm512_zextsi128_si512(h(0));
+    if R == 4 {
+        s = _mm512_inserti32x4::<1>(s, h(1));
+        s = _mm512_inserti32x4::<2>(s, h(2));
+        s = _mm512_inserti32x4::<3>(s, h(3));
+    }
+    // Per row the dwords [d|dmin, u0, u1, u2] become [sc_lo, sc_hi, mn_lo, mn_hi]:
+    // sc_lo = u0 & 3f, sc_hi = (u2 & 0f) | (u0 >> 6 & 3) << 4,
+    // mn_lo = u1 & 3f, mn_hi = (u2 >> 4 & 0f) | (u1 >> 6 & 3) << 4 (bytewise).
+    let p = _mm512_srlv_epi32(_mm512_shuffle_epi32::<0b11_10_11_01>(s), _mm512_set4_epi32(4, 0, 0, 0));
+    let q = _mm512_shuffle_epi32::<0b10_10_01_01>(s);
+    let lo = _mm512_and_si512(p, _mm512_set4_epi32(0x0f0f_0f0f, 0x3f3f_3f3f, 0x0f0f_0f0f, 0x3f3f_3f3f));
+    let hi = _mm512_and_si512(_mm512_srli_epi32::<2>(q), _mm512_set4_epi32(0x3030_3030, 0, 0x3030_3030, 0));
+    let sm = _mm512_or_si512(lo, hi);
+    let w01 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(sm));
+    let w23 = if R == 4 { _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64::<1>(sm)) } else { _mm512_setzero_si512() };
+    let dd = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s));
+    ([w01, w23], _mm256_mul_ps(_mm256_cvtph_ps(dd), ya))
+}
+
+/// Q4_K and Q5_K rows: `hi5` adds the fifth bits (Q5_K) to step `j`'s 64
+/// codes, or is the identity (Q4_K). `R` is 1 or 4.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k4_rows<X: K4Block, const R: usize>(
+    w: [&[X]; R],
+    a: &[BlockQ8K],
+    row_bytes: usize,
+    hi5: impl Fn(&X, __m512i, usize) -> __m512i,
+) -> [f32; R] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let idx: [[__m512i; 4]; 2] = core::array::from_fn(|h| core::array::from_fn(|j| load_idx(&K4_ROW_IDX[h][j])));
+    // The mins' partial sums land in 128-bit lanes (row 2, 0, 3, 1): their
+    // dmin per lane, and where each row's sum ends up.
+    let dmin_idx = _mm512_set_epi32(3, 3, 3, 3, 7, 7, 7, 7, 1, 1, 1, 1, 5, 5, 5, 5);
+    let ahead = crate::cpu::PREFETCH_ROWS * row_bytes;
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc_m = _mm512_setzero_ps();
+    for (b, y) in a.iter().enumerate() {
+        let aq: [__m512i; 4] = core::array::from_fn(|j| _mm512_loadu_si512(y.qs.as_ptr().add(64 * j).cast()));
+        // The eight 32-sums in words 8..16 of each 256-bit half (against the mins).
+        let pair = _mm512_broadcast_i64x4(_mm256_set_m128i(bsums32(y), _mm_setzero_si128()));
+        let (words, dv) = k4_header(&w, b, _mm256_set1_ps(y.d));
+        let dv = _mm512_castps256_ps512(dv);
+        // Mins: rows 0/1 in lanes 1/3 of the first madd, rows 2/3 in lanes
+        // 1/3 of the second, moved to lanes 0/2.
+        let m01 = _mm512_madd_epi16(words[0], pair);
+        let m23 = _mm512_madd_epi16(words[1], pair);
+        let mall = _mm512_mask_shuffle_i32x4::<0xF5>(m01, 0x0F0F, m23, m23);
+        acc_m = _mm512_fmadd_ps(_mm512_permutexvar_ps(dmin_idx, dv), _mm512_cvtepi32_ps(mall), acc_m);
+        for r in 0..R {
+            let x = &w[r][b];
+            if R > 1 {
+                prefetch_block(x, ahead);
+            }
+            let mut sumi = _mm512_setzero_si512();
+            for (j, &aj) in aq.iter().enumerate() {
+                // Low nibbles (sub-block 2j) in the low half, high (2j + 1) in the high.
+                let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qs().as_ptr().add(32 * j).cast()));
+                let q = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(q, HI_WORDS, q), m4);
+                let q = hi5(x, q, j);
+                let p = _mm512_maddubs_epi16(q, aj);
+                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[r % 2][j], words[r / 2]));
+            }
+            let d = _mm512_permutexvar_ps(_mm512_set1_epi32(2 * r as i32), dv);
+            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    // Row r's mins are in 128-bit lane [1, 3, 0, 2][r].
+    let lane = |l: usize| -> __m128 {
+        match l {
+            0 => _mm512_castps512_ps128(acc_m),
+            1 => _mm512_extractf32x4_ps::<1>(acc_m),
+            2 => _mm512_extractf32x4_ps::<2>(acc_m),
+            _ => _mm512_extractf32x4_ps::<3>(acc_m),
+        }
+    };
+    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum_ps128(lane([1, 3, 0, 2][r])))
+}
+
+/// What [`k4_rows`] reads of a Q4_K or Q5_K block: its `qs`, and (by
+/// [`k4_header`]) its first 16 bytes, `d`, `dmin` and the 12 scale bytes
+/// (both layouts start so, asserted below).
+trait K4Block {
+    fn qs(&self) -> &[u8; 128];
+}
+
+impl K4Block for BlockQ4K {
+    fn qs(&self) -> &[u8; 128] { &self.qs }
+}
+
+impl K4Block for BlockQ5K {
+    fn qs(&self) -> &[u8; 128] { &self.qs }
+}
+
+const _: () = {
+    assert!(core::mem::offset_of!(BlockQ4K, d) == 0 && core::mem::offset_of!(BlockQ5K, d) == 0);
+    assert!(core::mem::offset_of!(BlockQ4K, dmin) == 2 && core::mem::offset_of!(BlockQ5K, dmin) == 2);
+    assert!(core::mem::offset_of!(BlockQ4K, scales) == 4 && core::mem::offset_of!(BlockQ5K, scales) == 4);
+};
+
+/// Q5_K's fifth bits for step `j`: element `64j + i` has it at bit `2j` of
+/// `qh[i]`, element `64j + 32 + i` at bit `2j + 1`; one byte-mask test, and
+/// 16 added where it is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q5k_hi5(x: &BlockQ5K, q: __m512i, j: usize) -> __m512i {
+    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qh.as_ptr().cast()));
+    let bits = _mm512_inserti64x4::<1>(
+        _mm512_set1_epi8((1u8 << (2 * j)) as i8),
+        _mm256_set1_epi8((2u8 << (2 * j)) as i8),
+    );
+    _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bits), q, _mm512_set1_epi8(0x10))
+}
+
+/// Rows of the kinds with one scale per 16 elements (Q6_K, Q3_K, Q2_K).
+/// `codes(x, n)` gives elements `128n..128n + 128` of a block as two
+/// `zmm` of unsigned codes (`q + off`); `scales` the 16 scales as i16
+/// words; `mins` Q2_K's 16 mins (subtracted as `dmin * min * bsum16`);
+/// `dd` the block's `[d, dmin] * ya`. The offset `off` comes back as
+/// `-off * sum(scale * bsum16)`, the block's integer sum's starting value.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k16_rows<X, const R: usize>(
+    w: [&[X]; R],
+    a: &[BlockQ8K],
+    row_bytes: usize,
+    off: i32,
+    dd: impl Fn(&X, __m128) -> __m128,
+    scales: impl Fn(&X) -> __m256i,
+    mins: impl Fn(&X) -> Option<__m256i>,
+    codes: impl Fn(&X, usize) -> [__m512i; 2],
+) -> [f32; R] {
+    let idx: [__m512i; 4] = core::array::from_fn(|t| load_idx(&K6_QUAD_IDX[t]));
+    let ahead = crate::cpu::PREFETCH_ROWS * row_bytes;
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc_m = [_mm256_setzero_ps(); R];
+    for (b, y) in a.iter().enumerate() {
+        let aq: [__m512i; 4] = core::array::from_fn(|t| _mm512_loadu_si512(y.qs.as_ptr().add(64 * t).cast()));
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let neg_bs = _mm256_sub_epi16(_mm256_setzero_si256(), bs);
+        let ya = _mm_set1_ps(y.d);
+        for r in 0..R {
+            let x = &w[r][b];
+            if R > 1 {
+                prefetch_block(x, ahead);
+            }
+            let d = dd(x, ya);
+            let sc16 = scales(x);
+            if let Some(m16) = mins(x) {
+                let m = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
+                acc_m[r] = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(d, d, 0x55))), m, acc_m[r]);
+            }
+            // |scale * bsum16| pairs <= 2 * 128 * 2032: times 32 fits i32.
+            let init = _mm256_mullo_epi32(_mm256_madd_epi16(sc16, neg_bs), _mm256_set1_epi32(off));
+            let mut sumi = _mm512_zextsi256_si512(init);
+            let scz = _mm512_castsi256_si512(sc16); // only words 0..16 are read
+            for n in 0..2 {
+                for (m, q) in codes(x, n).into_iter().enumerate() {
+                    let t = 2 * n + m;
+                    let p = _mm512_maddubs_epi16(q, aq[t]);
+                    sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[t], scz));
+                }
+            }
+            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(d), _mm512_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    core::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum_ps(acc_m[r]))
+}
+
+/// Q6_K rows: codes `q + 32` (0..64) from 4 low and 2 high bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6k_rows<const R: usize>(w: [&[BlockQ6K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m2 = _mm512_set1_epi8(0x30);
+    k16_rows(
+        w,
+        a,
+        row_bytes,
+        32,
+        |x, ya| d_dmin(x.d, x.d, ya),
+        |x| _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast())),
+        |_| None,
+        |x, n| {
+            let ql = _mm512_loadu_si512(x.ql.as_ptr().add(64 * n).cast());
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qh.as_ptr().add(32 * n).cast()));
+            // Elements 128n..+64: low nibbles of ql, qh bits 0-1 (low
+            // half) and 2-3 (high half) at bits 4-5.
+            let h0 = _mm512_and_si512(_mm512_mask_slli_epi16::<4>(_mm512_slli_epi16::<2>(qh), LO_WORDS, qh), m2);
+            // Elements 128n+64..+64: high nibbles, qh bits 4-5 and 6-7.
+            let h1 = _mm512_and_si512(_mm512_mask_srli_epi16::<2>(qh, HI_WORDS, qh), m2);
+            // (a & c) | b: the nibble, then the two high bits.
+            [
+                _mm512_ternarylogic_epi32::<0xEC>(ql, h0, m4),
+                _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16::<4>(ql), h1, m4),
+            ]
+        },
+    )
+}
+
+/// Q3_K and Q2_K's two-bit fields of elements `128n..128n + 128`: element
+/// `128n + 32j + i` is bits `2j..2j + 2` of `qs[32n + i]`; step `m` covers
+/// `j = 2m` (low half) and `2m + 1` (high half).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn two_bit_codes(qs: &[u8; 64], n: usize) -> [__m512i; 2] {
+    let m3 = _mm512_set1_epi8(3);
+    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.as_ptr().add(32 * n).cast()));
+    let q4 = _mm512_srli_epi16::<4>(q);
+    [
+        _mm512_and_si512(_mm512_mask_srli_epi16::<2>(q, HI_WORDS, q), m3),
+        _mm512_and_si512(_mm512_mask_srli_epi16::<2>(q4, HI_WORDS, q4), m3),
+    ]
+}
+
+/// ggml's 6-bit signed scale unpacking of Q3_K (as `avx2::q3_k_scales`),
+/// on four words and one vector subtract, widened to i16 words.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3k_scales16(s: &[u8; 12]) -> __m256i {
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, t) = (w(0), w(1), w(2));
+    let (k1, k2) = (0x0303_0303_u32, 0x0f0f_0f0f_u32);
+    let v = _mm_set_epi32(
+        (((a1 >> 4) & k2) | (((t >> 6) & k1) << 4)) as i32,
+        (((a0 >> 4) & k2) | (((t >> 4) & k1) << 4)) as i32,
+        ((a1 & k2) | (((t >> 2) & k1) << 4)) as i32,
+        ((a0 & k2) | ((t & k1) << 4)) as i32,
+    );
+    _mm256_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)))
+}
+
+/// Q3_K rows: codes `q + 4` (0..8), the third bit from `hmask` (bit
+/// `4n + j` of `hmask[i]` for element `128n + 32j + i`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q3k_rows<const R: usize>(w: [&[BlockQ3K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
+    let four = _mm512_set1_epi8(4);
+    k16_rows(
+        w,
+        a,
+        row_bytes,
+        4,
+        |x, ya| d_dmin(x.d, x.d, ya),
+        |x| q3k_scales16(&x.scales),
+        |_| None,
+        |x, n| {
+            let hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(x.hmask.as_ptr().cast()));
+            let c = two_bit_codes(&x.qs, n);
+            core::array::from_fn(|m| {
+                let bit = 4 * n + 2 * m;
+                let bits = _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi8((1u8 << bit) as i8),
+                    _mm256_set1_epi8((1u8 << (bit + 1)) as i8),
+                );
+                _mm512_mask_add_epi8(c[m], _mm512_test_epi8_mask(hm, bits), c[m], four)
+            })
+        },
+    )
+}
+
+/// Q2_K rows: codes 0..4, scales in the low nibbles, mins in the high.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q2k_rows<const R: usize>(w: [&[BlockQ2K]; R], a: &[BlockQ8K], row_bytes: usize) -> [f32; R] {
+    let m4 = _mm_set1_epi8(0x0F);
+    k16_rows(
+        w,
+        a,
+        row_bytes,
+        0,
+        |x, ya| d_dmin(x.d, x.dmin, ya),
+        |x| _mm256_cvtepu8_epi16(_mm_and_si128(_mm_loadu_si128(x.scales.as_ptr().cast()), m4)),
+        |x| {
+            let s = _mm_loadu_si128(x.scales.as_ptr().cast());
+            Some(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(s), m4)))
+        },
+        |x, n| two_bit_codes(&x.qs, n),
+    )
+}
+
+/// The `R` rows of `w` (`R` x `row_bytes`) as blocks of `B`.
+#[inline]
+unsafe fn rows_n<B: Block, const R: usize>(w: &[u8], row_bytes: usize) -> [&[B]; R] {
+    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    k4_rows::<BlockQ4K, 1>([blocks_of(w)], blocks_of(a), w.len(), |_, q, _| q)[0]
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    k4_rows::<BlockQ5K, 1>([blocks_of(w)], blocks_of(a), w.len(), |x, q, j| q5k_hi5(x, q, j))[0]
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    q6k_rows::<1>([blocks_of(w)], blocks_of(a), w.len())[0]
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    q3k_rows::<1>([blocks_of(w)], blocks_of(a), w.len())[0]
+}
+
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    q2k_rows::<1>([blocks_of(w)], blocks_of(a), w.len())[0]
+}
+
+/// # Safety
+/// As [`dot4_q8_0`], with a Q8_K activation row (`p` unused: the Q8_K
+/// block carries its f32 scale and sums).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q4_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    k4_rows::<BlockQ4K, 4>(rows_n(w, row_bytes), blocks_of(a), row_bytes, |_, q, _| q)
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q5_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    k4_rows::<BlockQ5K, 4>(rows_n(w, row_bytes), blocks_of(a), row_bytes, |x, q, j| q5k_hi5(x, q, j))
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q6_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    q6k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q3_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    q3k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q4_k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q2_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
+    q2k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
 }

@@ -1,6 +1,6 @@
 //! x86-64 kernels. AVX2 is the baseline SIMD level; the AVX-512 level has
-//! VNNI kernels for the 32-element kinds and reuses AVX2 for the rest
-//! through [`super::Isa::fallback`].
+//! VNNI kernels for the 32-element kinds and Q2_K..Q6_K (one and four rows)
+//! and reuses AVX2 for the rest through [`super::Isa::fallback`].
 
 pub(crate) mod amx;
 mod avx2;
@@ -42,6 +42,11 @@ pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
         Q8_0 => avx512::dot4_q8_0,
         Q4_0 => avx512::dot4_q4_0,
         Q5_0 => avx512::dot4_q5_0,
+        Q4K => avx512::dot4_q4_k,
+        Q5K => avx512::dot4_q5_k,
+        Q6K => avx512::dot4_q6_k,
+        Q3K => avx512::dot4_q3_k,
+        Q2K => avx512::dot4_q2_k,
         _ => return None, // capability table: partial by design
     };
     Some(f)
@@ -61,6 +66,11 @@ pub(super) fn avx512_dot_fn(kind: QuantKind) -> Option<DotFn> {
         Q5_0 => avx512::dot_q5_0_q8_0,
         IQ4NL => avx512::dot_iq4_nl_q8_0,
         MXFP4 => avx512::dot_mxfp4_q8_0,
+        Q4K => avx512::dot_q4_k_q8_k,
+        Q5K => avx512::dot_q5_k_q8_k,
+        Q6K => avx512::dot_q6_k_q8_k,
+        Q3K => avx512::dot_q3_k_q8_k,
+        Q2K => avx512::dot_q2_k_q8_k,
         _ => return None, // capability table: partial by design
     };
     Some(f)
