@@ -6,6 +6,12 @@
 // kinds, one sub-block of a 256-wide K-quant block). The matvec, get_rows
 // and dequantize-to-f16 kernels are each written once over that function,
 // so a kind is added by writing its unit and one line of each table.
+//
+// Q4_0, Q8_0 and Q6_K rows are stored repacked on the device (`upload_matrix`
+// in device.rs): each block without its f16 scale, block after block (so the
+// quants of a block start 16-byte aligned and load as uint4), then the
+// blocks' scales, then padding to a multiple of 16 bytes. The other kinds
+// keep the GGUF block layout.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -54,11 +60,11 @@ __device__ __forceinline__ void deq_bf16(const u8* row, int u, int cols, float v
 }
 
 __device__ __forceinline__ void deq_q4_0(const u8* row, int u, int cols, float v[32]) {
-    const u8* b = row + u * 18;
-    float d = h2f(ld16(b));
+    const u8* b = row + u * 16;  // repacked: quants, then the scales
+    float d = h2f(ld16(row + (cols >> 5) * 16 + 2 * u));
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        u8 q = b[2 + j];
+        u8 q = b[j];
         v[j] = ((int)(q & 0xF) - 8) * d;
         v[j + 16] = ((int)(q >> 4) - 8) * d;
     }
@@ -104,10 +110,10 @@ __device__ __forceinline__ void deq_q5_1(const u8* row, int u, int cols, float v
 }
 
 __device__ __forceinline__ void deq_q8_0(const u8* row, int u, int cols, float v[32]) {
-    const u8* b = row + u * 34;
-    float d = h2f(ld16(b));
+    const u8* b = row + u * 32;  // repacked: quants, then the scales
+    float d = h2f(ld16(row + (cols >> 5) * 32 + 2 * u));
 #pragma unroll
-    for (int j = 0; j < 32; j++) v[j] = (float)((i8)b[2 + j]) * d;
+    for (int j = 0; j < 32; j++) v[j] = (float)((i8)b[j]) * d;
 }
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
@@ -152,13 +158,13 @@ __device__ __forceinline__ void deq_q5_k(const u8* row, int u, int cols, float v
 }
 
 __device__ __forceinline__ void deq_q6_k(const u8* row, int u, int cols, float v[32]) {
-    const u8* b = row + (u >> 3) * 210;
+    const u8* b = row + (u >> 3) * 208;  // repacked: ql, qh, scales; then the d's
     int s = u & 7;
     int half = s >> 2, quarter = s & 3;
     const u8* ql = b + half * 64 + (quarter & 1) * 32;
     const u8* qh = b + 128 + half * 32;
     const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
-    float d = h2f(ld16(b + 208));
+    float d = h2f(ld16(row + (cols >> 8) * 208 + 2 * (u >> 3)));
     int lshift = (quarter >> 1) * 4;
     int hshift = quarter * 2;
 #pragma unroll
@@ -280,11 +286,11 @@ DEFINE_KIND(q5_k)
 DEFINE_KIND(q6_k)
 
 // ---- decode matvec on int8 activations (dp4a), for the kinds decode reads
-// most. Each block first quantizes its token's activations to 8 bits per
-// 32-element unit (d = max|x| / 127, q = round(x / d)) into shared memory,
-// then each warp takes rows; a lane takes one 32-element unit of the row at
-// a time and dots its 32 weights against the unit's 32 int8 activations
-// with __dp4a. `dot_<kind>` returns the unit's dot in weight-scale units
+// most. The activations are quantized once per input to 8 bits per
+// 32-element unit (d = max|x| / 127, q = round(x / d)) into a q8 buffer
+// (`quant_lane`, below: fused into the norm and the GLU, or its own
+// launch); a lane takes one 32-element unit of a row at a time and dots its
+// 32 weights against the unit's 32 int8 activations with __dp4a. `dot_<kind>` returns the unit's dot in weight-scale units
 // times the activation scale: sum_i w_i * xq_i * dx.
 
 #define MMVQ_WARPS 8
@@ -295,21 +301,23 @@ __device__ __forceinline__ u32 ld_a2(const u8* p) {
 }
 
 // qx: the unit's 32 int8 activations as 8 ints; dx its scale; sx = dx * sum(q).
-__device__ __forceinline__ float dot_q4_0(const u8* row, int u, const int* qx, float dx, float sx) {
-    const u8* b = row + u * 18;
-    float d = h2f(*(const u16*)b);
+__device__ __forceinline__ float dot_q4_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+    // Repacked: the block's 16 quant bytes, 16-byte aligned; its scale after
+    // all the row's quants.
+    uint4 v = *(const uint4*)(row + u * 16);
+    float d = h2f(*(const u16*)(row + (cols >> 5) * 16 + 2 * u));
+    u32 w[4] = {v.x, v.y, v.z, v.w};
     int acc = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        u32 v = ld_a2(b + 2 + 4 * j);
-        acc = __dp4a((int)(v & 0x0F0F0F0Fu), qx[j], acc);
-        acc = __dp4a((int)((v >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
+        acc = __dp4a((int)(w[j] & 0x0F0F0F0Fu), qx[j], acc);
+        acc = __dp4a((int)((w[j] >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
     }
     // (q - 8) * d: the offset is -8 * sum(q) * dx.
     return d * (dx * (float)acc - 8.0f * sx);
 }
 
-__device__ __forceinline__ float dot_q5_0(const u8* row, int u, const int* qx, float dx, float sx) {
+__device__ __forceinline__ float dot_q5_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
     const u8* b = row + u * 22;
     float d = h2f(*(const u16*)b);
     u32 qh = ld_a2(b + 2);
@@ -327,16 +335,20 @@ __device__ __forceinline__ float dot_q5_0(const u8* row, int u, const int* qx, f
     return d * (dx * (float)acc - 16.0f * sx);
 }
 
-__device__ __forceinline__ float dot_q8_0(const u8* row, int u, const int* qx, float dx, float sx) {
-    const u8* b = row + u * 34;
-    float d = h2f(*(const u16*)b);
+__device__ __forceinline__ float dot_q8_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+    // Repacked: the block's 32 quant bytes, 16-byte aligned; its scale after
+    // all the row's quants.
+    const uint4* q = (const uint4*)(row + u * 32);
+    uint4 a = q[0], c = q[1];
+    float d = h2f(*(const u16*)(row + (cols >> 5) * 32 + 2 * u));
+    u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
     int acc = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) acc = __dp4a((int)ld_a2(b + 2 + 4 * j), qx[j], acc);
+    for (int j = 0; j < 8; j++) acc = __dp4a((int)w[j], qx[j], acc);
     return d * dx * (float)acc;
 }
 
-__device__ __forceinline__ float dot_q4_k(const u8* row, int u, const int* qx, float dx, float sx) {
+__device__ __forceinline__ float dot_q4_k(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
     const u8* b = row + (u >> 3) * 144;
     int s = u & 7;
     float d = h2f(*(const u16*)b), dmin = h2f(*(const u16*)(b + 2));
@@ -352,21 +364,26 @@ __device__ __forceinline__ float dot_q4_k(const u8* row, int u, const int* qx, f
     return d * sc * dx * (float)acc - dmin * m * sx;
 }
 
-__device__ __forceinline__ float dot_q6_k(const u8* row, int u, const int* qx, float dx, float sx) {
-    const u8* b = row + (u >> 3) * 210;
+__device__ __forceinline__ float dot_q6_k(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+    // Repacked: 208-byte blocks (ql, qh, scales), 16-byte aligned; the d's
+    // after all the row's blocks.
+    const u8* b = row + (u >> 3) * 208;
     int s = u & 7;
     int half = s >> 2, quarter = s & 3;
-    const u8* ql = b + half * 64 + (quarter & 1) * 32;
-    const u8* qh = b + 128 + half * 32;
+    const uint4* ql = (const uint4*)(b + half * 64 + (quarter & 1) * 32);
+    const uint4* qh = (const uint4*)(b + 128 + half * 32);
     const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
-    float d = h2f(*(const u16*)(b + 208));
+    float d = h2f(*(const u16*)(row + (cols >> 8) * 208 + 2 * (u >> 3)));
+    uint4 l0 = ql[0], l1 = ql[1], h0 = qh[0], h1 = qh[1];
+    u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
     int lshift = (quarter >> 1) * 4;
     int hshift = quarter * 2;
     int acc0 = 0, acc1 = 0;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        u32 lo = (ld_a2(ql + 4 * j) >> lshift) & 0x0F0F0F0Fu;
-        u32 hi = ((ld_a2(qh + 4 * j) >> hshift) & 0x03030303u) << 4;
+        u32 lo = (lw[j] >> lshift) & 0x0F0F0F0Fu;
+        u32 hi = ((hw[j] >> hshift) & 0x03030303u) << 4;
         int q = (int)__vsub4(lo | hi, 0x20202020u);
         if (j < 4) acc0 = __dp4a(q, qx[j], acc0);
         else acc1 = __dp4a(q, qx[j], acc1);
@@ -374,37 +391,32 @@ __device__ __forceinline__ float dot_q6_k(const u8* row, int u, const int* qx, f
     return d * dx * (float)(sc[0] * acc0 + sc[1] * acc1);
 }
 
-// One thread quantizes one 32-element unit of x: eight independent 16-byte
-// loads, then d = max|x| / 127, q = round(x / d), packed four to an int.
-__device__ __forceinline__ void quantize_unit(const float* xt, int u, int* qs, float2* ds) {
-    const float4* xu = (const float4*)(xt + u * 32);
-    float4 v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = xu[i];
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+// The activations of a decode matvec, quantized once per input (not in
+// every block) into a q8 buffer that every matvec over that input reads:
+// `qs` the int8 values, 32 per 32-element unit (so a unit is two int4),
+// `ds` per unit (d, d * sum(q)) with d = max|x| / 127 and q = round(x / d).
+// A warp quantizes one unit, a lane one element: `v` is the lane's value,
+// `i` its index in the flattened [tokens, cols] input (cols % 32 == 0).
+// Every lane of the warp must call it (shuffles).
+__device__ __forceinline__ void quant_lane(float v, long long i, i8* qs, float2* ds) {
+    float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
-    int sum = 0;
-    int pk[8];
+    int q = d > 0.0f ? (int)roundf(v / d) : 0;
+    int sum = q;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int a = d > 0.0f ? (int)roundf(v[i].x / d) : 0;
-        int b = d > 0.0f ? (int)roundf(v[i].y / d) : 0;
-        int c = d > 0.0f ? (int)roundf(v[i].z / d) : 0;
-        int e = d > 0.0f ? (int)roundf(v[i].w / d) : 0;
-        sum += a + b + c + e;
-        pk[i] = (a & 0xff) | ((b & 0xff) << 8) | ((c & 0xff) << 16) | ((e & 0xff) << 24);
-    }
-    int4* dst = (int4*)(qs + u * 8);
-    dst[0] = make_int4(pk[0], pk[1], pk[2], pk[3]);
-    dst[1] = make_int4(pk[4], pk[5], pk[6], pk[7]);
-    ds[u] = make_float2(d, d * (float)sum);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    qs[i] = (i8)q;
+    if ((threadIdx.x & 31) == 0) ds[i >> 5] = make_float2(d, d * (float)sum);
 }
 
-// Shared memory of a block: n_units * 32 int8 activations, then n_units
-// (dx, sx) pairs.
+// x [n] (n % 32 == 0) into the q8 buffer. One thread per element.
+extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ qs,
+                                       float2* __restrict__ ds, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i - (threadIdx.x & 31) >= n) return;  // whole warps only (n % 32 == 0)
+    quant_lane(x[i], i, qs, ds);
+}
+
 // Up to three matrices of one kind over the same activations in one launch
 // (a layer's Q, K and V, or gate and up): `MmvqMats` lists them; the blocks
 // cover their rows in order. One matrix is the case m[1].rows == 0.
@@ -415,38 +427,52 @@ struct MmvqMats {
     long long row_bytes[3];
 };
 
+// A block is 8 warps; `wpr` warps (1, 2, 4 or 8) share a row, so a block
+// takes 8 / wpr rows. A lane takes the row's 32-element units u = part * 32
+// + lane, + 32 * wpr, ...: it reads the unit's weights (consecutive lanes,
+// consecutive units) and the unit's 32 int8 activations and scale from the
+// q8 buffer (L1/L2-resident), four units in flight at a time, no shared
+// memory staging and no barrier before the weight loads.
 #define DEFINE_MMVQ(NAME)                                                                          \
-    extern "C" __global__ void mmvq_##NAME(MmvqMats m, const float* x, int cols) {               \
-        extern __shared__ int smem[];                                                             \
+    extern "C" __global__ void mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
+                                           const float2* __restrict__ dsx, int cols, int wpr) {  \
+        __shared__ float red[MMVQ_WARPS];                                                         \
         int n_units = cols >> 5;                                                                  \
-        int* qs = smem;                                                                           \
-        float2* ds = (float2*)(smem + n_units * 8);                                               \
         int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                     \
+        int part = warp % wpr;                                                                    \
         int t = blockIdx.y;                                                                       \
-        const float* xt = x + (size_t)t * cols;                                                   \
-        for (int u = threadIdx.x; u < n_units; u += blockDim.x) quantize_unit(xt, u, qs, ds);     \
-        __syncthreads();                                                                          \
-        int r = blockIdx.x * MMVQ_WARPS + warp;                                                   \
+        int r = blockIdx.x * (MMVQ_WARPS / wpr) + warp / wpr;                                     \
         int k = 0;                                                                                \
+        bool ok = true;                                                                           \
         if (r >= m.rows[0]) {                                                                     \
             r -= m.rows[0];                                                                       \
             k = 1;                                                                                \
             if (r >= m.rows[1]) {                                                                 \
                 r -= m.rows[1];                                                                   \
                 k = 2;                                                                            \
-                if (r >= m.rows[2]) return;                                                       \
+                if (r >= m.rows[2]) ok = false;                                                   \
             }                                                                                     \
         }                                                                                         \
-        const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                      \
         float acc = 0.0f;                                                                         \
-        for (int u = lane; u < n_units; u += 32) {                                                \
-            float2 dd = ds[u];                                                                    \
-            int4 qa = ((const int4*)qs)[2 * u], qb = ((const int4*)qs)[2 * u + 1];                \
-            int qx[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                         \
-            acc += dot_##NAME(row, u, qx, dd.x, dd.y);                                            \
+        if (ok) {                                                                                 \
+            const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                  \
+            const int4* qt = qx + (size_t)t * n_units * 2;                                        \
+            const float2* dt = dsx + (size_t)t * n_units;                                         \
+            _Pragma("unroll 4") for (int u = part * 32 + lane; u < n_units; u += 32 * wpr) {      \
+                float2 dd = dt[u];                                                                \
+                int4 qa = qt[2 * u], qb = qt[2 * u + 1];                                          \
+                int q8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                     \
+                acc += dot_##NAME(row, u, cols, q8, dd.x, dd.y);                                      \
+            }                                                                                     \
         }                                                                                         \
         acc = warp_sum(acc);                                                                      \
-        if (lane == 0) m.y[k][(size_t)t * m.rows[k] + r] = acc;                                   \
+        if (wpr > 1) {                                                                            \
+            if (lane == 0) red[warp] = acc;                                                       \
+            __syncthreads();                                                                      \
+            if (part != 0) return;                                                                \
+            for (int j = 1; j < wpr; j++) acc += red[warp + j];                                   \
+        }                                                                                         \
+        if (ok && lane == 0) m.y[k][(size_t)t * m.rows[k] + r] = acc;                             \
     }
 
 DEFINE_MMVQ(q4_0)
@@ -456,25 +482,38 @@ DEFINE_MMVQ(q4_k)
 DEFINE_MMVQ(q6_k)
 
 // F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
-extern "C" __global__ void matvec_f16_v8(const u8* w, const float* x, float* y, int rows, int cols,
-                                         long long row_bytes) {
-    int r = blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+// `wpr` warps share a row, as in the int8 kernels; four loads in flight.
+extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* __restrict__ x,
+                                         float* __restrict__ y, int rows, int cols,
+                                         long long row_bytes, int wpr) {
+    __shared__ float red[MMVQ_WARPS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = warp % wpr;
+    int r = blockIdx.x * (MMVQ_WARPS / wpr) + warp / wpr;
     int t = blockIdx.y;
-    if (r >= rows) return;
-    const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
-    const float4* xt = (const float4*)(x + (size_t)t * cols);
-    int n8 = cols >> 3;
+    bool ok = r < rows;
     float acc = 0.0f;
-    for (int i = lane; i < n8; i += 32) {
-        uint4 h = row[i];
-        float4 a = xt[2 * i], b = xt[2 * i + 1];
-        acc += h2f((u16)h.x) * a.x + h2f((u16)(h.x >> 16)) * a.y + h2f((u16)h.y) * a.z +
-               h2f((u16)(h.y >> 16)) * a.w + h2f((u16)h.z) * b.x + h2f((u16)(h.z >> 16)) * b.y +
-               h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
+    if (ok) {
+        const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
+        const float4* xt = (const float4*)(x + (size_t)t * cols);
+        int n8 = cols >> 3;
+#pragma unroll 4
+        for (int i = part * 32 + lane; i < n8; i += 32 * wpr) {
+            uint4 h = row[i];
+            float4 a = xt[2 * i], b = xt[2 * i + 1];
+            acc += h2f((u16)h.x) * a.x + h2f((u16)(h.x >> 16)) * a.y + h2f((u16)h.y) * a.z +
+                   h2f((u16)(h.y >> 16)) * a.w + h2f((u16)h.z) * b.x + h2f((u16)(h.z >> 16)) * b.y +
+                   h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
+        }
     }
     acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)t * rows + r] = acc;
+    if (wpr > 1) {
+        if (lane == 0) red[warp] = acc;
+        __syncthreads();
+        if (part != 0) return;
+        for (int j = 1; j < wpr; j++) acc += red[warp + j];
+    }
+    if (ok && lane == 0) y[(size_t)t * rows + r] = acc;
 }
 
 // Index of the largest value of each row (ties: the lowest index; NaN never
@@ -544,30 +583,41 @@ extern "C" __global__ void rms_norm(float* x, const float* w, int width, float e
 
 // One block per row: x += b (when b is given, written back), then
 // out = x / rms(x) * w. Out of place, so the residual stream stays intact.
+// When `qs` is given (width % 32 == 0), `out` is also quantized into the
+// q8 buffer the decode matvecs read (`quant_lane`). Every load of a row is
+// issued before the first store (the pointers are restrict: the 8 values a
+// thread keeps are read in one round trip, not eight).
 #define NORM_KEEP 8
-extern "C" __global__ void add_rms_norm(float* x, const float* b, const float* w, float* out,
-                                        int width, float eps) {
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ b,
+                                        const float* __restrict__ w, float* __restrict__ out,
+                                        int width, float eps, i8* __restrict__ qs,
+                                        float2* __restrict__ ds) {
     __shared__ float red[32];
     float* r = x + (size_t)blockIdx.x * width;
     const float* br = b ? b + (size_t)blockIdx.x * width : 0;
     float* o = out + (size_t)blockIdx.x * width;
     // The first NORM_KEEP values of each thread stay in registers between
     // the two passes; wider rows re-read the rest.
-    float keep[NORM_KEEP];
-    float s = 0.0f;
+    float keep[NORM_KEEP], add[NORM_KEEP], wk[NORM_KEEP];
 #pragma unroll
     for (int k = 0; k < NORM_KEEP; k++) {
         int i = threadIdx.x + k * blockDim.x;
-        float v = 0.0f;
-        if (i < width) {
-            v = r[i];
-            if (br) {
-                v += br[i];
-                r[i] = v;
-            }
+        keep[k] = i < width ? r[i] : 0.0f;
+        add[k] = (br && i < width) ? br[i] : 0.0f;
+        wk[k] = i < width ? w[i] : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+        keep[k] += add[k];
+        s += keep[k] * keep[k];
+    }
+    if (br) {
+#pragma unroll
+        for (int k = 0; k < NORM_KEEP; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < width) r[i] = keep[k];
         }
-        keep[k] = v;
-        s += v * v;
     }
     for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i < width; i += blockDim.x) {
         float v = r[i];
@@ -579,12 +629,23 @@ extern "C" __global__ void add_rms_norm(float* x, const float* b, const float* w
     }
     s = block_sum(s, red);
     float scale = rsqrtf(s / width + eps);
+    i8* qr = qs ? qs + (size_t)blockIdx.x * width : 0;
+    float2* dr = qs ? ds + (size_t)blockIdx.x * (width >> 5) : 0;
 #pragma unroll
     for (int k = 0; k < NORM_KEEP; k++) {
         int i = threadIdx.x + k * blockDim.x;
-        if (i < width) o[i] = keep[k] * scale * w[i];
+        // Whole warps are in or out of the row (width % 32 == 0 when qs).
+        if (i - (threadIdx.x & 31) < width) {
+            float v = i < width ? keep[k] * scale * wk[k] : 0.0f;
+            if (i < width) o[i] = v;
+            if (qr) quant_lane(v, i, qr, dr);
+        }
     }
-    for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i < width; i += blockDim.x) o[i] = r[i] * scale * w[i];
+    for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i - (int)(threadIdx.x & 31) < width; i += blockDim.x) {
+        float v = i < width ? r[i] * scale * w[i] : 0.0f;
+        if (i < width) o[i] = v;
+        if (qr) quant_lane(v, i, qr, dr);
+    }
 }
 
 // One thread per (token, head, rotated pair). `halves` pairs i with
@@ -703,27 +764,35 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
 // Attention with the query heads of one KV head together: one block per
 // (token, KV head), 256 threads. Scores: a thread per key of a 256-key chunk,
 // all the group's heads at once (16-byte key loads, queries broadcast from
-// shared memory, no shuffles). Values: a thread per (head, value dim),
-// looping over the chunk's keys. Online softmax across chunks. Needs
-// head_dim % 8 == 0, group <= 8, group * head_dim <= 2048 and
-// group * head_dim_v <= 2048 (the host falls back to `attention` otherwise).
+// shared memory, no shuffles). Softmax: a warp per head (one barrier a
+// chunk, not two per head). Values, when group * head_dim_v <= 512 and
+// head_dim_v % 32 == 0 (`GA_FAST`): a warp per key (warp w takes keys w,
+// w + 8, ...), a lane per value dim for every head of the group, partial
+// sums kept in registers across chunks and added across warps once at the
+// end; otherwise a thread per (head, value dim) looping over the chunk's
+// keys. Online softmax across chunks. Needs head_dim % 8 == 0, group <= 8,
+// group * head_dim <= 2048 and group * head_dim_v <= 2048 (the host falls
+// back to `attention` otherwise).
 #define GA_THREADS 256
 #define GA_MAXG 8
 #define GA_ACC 8
+#define GA_FAST 512
 extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u16* vc, float* out,
                                          const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                          int hd, int hdv, int n_ctx, float scale, float softcap,
                                          int window) {
     extern __shared__ float gsm[];
-    __shared__ float red[32];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
     int G = n_head / n_head_kv;
     float* sq = gsm;                // G * hd
     float* sp = gsm + G * hd;       // G * GA_THREADS
+    float* part = sp + G * GA_THREADS;  // 8 warps * G * hdv (fast path)
     int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
     int s = seq[t], p = pos[t];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int tid = threadIdx.x;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    bool fast = G * hdv <= GA_FAST && (hdv & 31) == 0 && hdv <= 128;
+    int nd = hdv >> 5;  // value dims a lane takes per head (fast path), <= 4
     const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * hd;
     for (int i = tid; i < G * hd; i += blockDim.x) sq[i] = qh[i];
     if (tid < G) {
@@ -734,9 +803,11 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
     size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
     const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;
     const u16* vb = vc + (size_t)s * n_ctx * vd + (size_t)kvh * hdv;
-    float acc[GA_ACC];
+    // Fast path: acc[g * 4 + i] is head g, value dim i * 32 + lane.
+    // Slow path: acc[k] is element tid + k * GA_THREADS of [G, hdv].
+    float acc[GA_MAXG * 4];
 #pragma unroll
-    for (int k = 0; k < GA_ACC; k++) acc[k] = 0.0f;
+    for (int k = 0; k < GA_MAXG * 4; k++) acc[k] = 0.0f;
     for (int c0 = lo; c0 <= p; c0 += GA_THREADS) {
         int nc = min(GA_THREADS, p + 1 - c0);
         if (tid < nc) {
@@ -744,6 +815,7 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
             float d[GA_MAXG];
 #pragma unroll
             for (int g = 0; g < GA_MAXG; g++) d[g] = 0.0f;
+#pragma unroll 4
             for (int i = 0; i < hd; i += 8) {
                 uint4 kk = kr[i >> 3];
                 float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
@@ -767,37 +839,87 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
             }
         }
         __syncthreads();
-        for (int g = 0; g < G; g++) {
-            float mine = tid < nc ? sp[g * GA_THREADS + tid] : -INF_F;
-            float cm = block_max(mine, red);
-            float mo = sm_m[g];
+        // A warp per head: the chunk's max, the exponentials, their sum.
+        if (warp < G) {
+            float* pg = sp + warp * GA_THREADS;
+            float cm = -INF_F;
+            for (int j = lane; j < nc; j += 32) cm = fmaxf(cm, pg[j]);
+            cm = warp_max(cm);
+            float mo = sm_m[warp];
             float mn = fmaxf(mo, cm);
-            float e = tid < nc ? expf(mine - mn) : 0.0f;
-            if (tid < nc) sp[g * GA_THREADS + tid] = e;
-            float cs = block_sum(e, red);
-            __syncthreads();
-            if (tid == 0) {
+            float cs = 0.0f;
+            for (int j = lane; j < nc; j += 32) {
+                float e = expf(pg[j] - mn);
+                pg[j] = e;
+                cs += e;
+            }
+            cs = warp_sum(cs);
+            if (lane == 0) {
                 float corr = expf(mo - mn);
-                sm_corr[g] = corr;
-                sm_l[g] = sm_l[g] * corr + cs;
-                sm_m[g] = mn;
+                sm_corr[warp] = corr;
+                sm_l[warp] = sm_l[warp] * corr + cs;
+                sm_m[warp] = mn;
             }
         }
         __syncthreads();
+        if (fast) {
 #pragma unroll
-        for (int k = 0; k < GA_ACC; k++) {
-            int idx = tid + k * GA_THREADS;
-            if (idx < G * hdv) {
-                int g = idx / hdv, dd = idx - g * hdv;
-                const float* pg = sp + g * GA_THREADS;
-                const u16* vcol = vb + dd + (size_t)c0 * vd;
-                float a = acc[k] * sm_corr[g];
+            for (int g = 0; g < GA_MAXG; g++) {
+                if (g < G) {
+                    float corr = sm_corr[g];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[g * 4 + i] *= corr;
+                }
+            }
+#pragma unroll 2
+            for (int j = warp; j < nc; j += GA_THREADS / 32) {
+                const u16* vr = vb + (size_t)(c0 + j) * vd + lane;
+                float vv[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) vv[i] = i < nd ? h2f(vr[i * 32]) : 0.0f;
+#pragma unroll
+                for (int g = 0; g < GA_MAXG; g++) {
+                    if (g < G) {
+                        float pj = sp[g * GA_THREADS + j];
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[g * 4 + i] += pj * vv[i];
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < GA_ACC; k++) {
+                int idx = tid + k * GA_THREADS;
+                if (idx < G * hdv) {
+                    int g = idx / hdv, dd = idx - g * hdv;
+                    const float* pg = sp + g * GA_THREADS;
+                    const u16* vcol = vb + dd + (size_t)c0 * vd;
+                    float a = acc[k] * sm_corr[g];
 #pragma unroll 8
-                for (int j = 0; j < nc; j++) a += pg[j] * h2f(vcol[(size_t)j * vd]);
-                acc[k] = a;
+                    for (int j = 0; j < nc; j++) a += pg[j] * h2f(vcol[(size_t)j * vd]);
+                    acc[k] = a;
+                }
             }
         }
         __syncthreads();
+    }
+    if (fast) {
+        // Each warp's partial sums, then a thread per output adds the 8.
+#pragma unroll
+        for (int g = 0; g < GA_MAXG; g++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (g < G && i < nd) part[(warp * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
+        }
+        __syncthreads();
+        for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
+            float a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
+            int g = idx / hdv, dd = idx - g * hdv;
+            out[((size_t)t * n_head + (size_t)kvh * G + g) * hdv + dd] = a / sm_l[g];
+        }
+        return;
     }
 #pragma unroll
     for (int k = 0; k < GA_ACC; k++) {
@@ -820,12 +942,19 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // serve separate gate/up buffers (stride = width, up_off unused) and a fused
 // [gate | up] row (stride = 2 * width, up_off = width).
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, long long n,
-                               int width, int stride, int act) {
+                               int width, int stride, int act, i8* qs, float2* ds) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long long r = i / width, c = i % width;
-    float g = gate[r * stride + c], u = up[r * stride + c];
-    out[i] = (act == 0 ? silu(g) : gelu_tanh(g)) * u;
+    // With `qs` (n % 32 == 0) the output is also quantized into the q8
+    // buffer (a warp per 32-element unit), so whole warps stay in.
+    if (i - (threadIdx.x & 31) >= n) return;
+    float v = 0.0f;
+    if (i < n) {
+        long long r = i / width, c = i % width;
+        float g = gate[r * stride + c], u = up[r * stride + c];
+        v = (act == 0 ? silu(g) : gelu_tanh(g)) * u;
+        out[i] = v;
+    }
+    if (qs) quant_lane(v, i, qs, ds);
 }
 
 extern "C" __global__ void add(float* a, const float* b, long long n) {
