@@ -307,11 +307,14 @@ pub struct Device {
     scratch: Mutex<Scratch>,
     q8_tag: Mutex<Option<Q8Tag>>,
     /// Units of a row one warp of the int8 matvec takes before the row is
-    /// split over more warps (`FERROX_CUDA_MMVQ_UNITS`, default 64).
+    /// split over more warps (`FERROX_CUDA_MMVQ_UNITS`, default 128).
     mmvq_units: usize,
     /// 16-byte loads of a row one warp of the F16 matvec takes before the
     /// row is split (`FERROX_CUDA_F16_LOADS`, default 128).
     f16_loads: usize,
+    /// Kernels launched as programmatic dependent launches (Hopper and
+    /// later; `FERROX_CUDA_PDL=0` turns it off).
+    pdl: bool,
     /// Batches of at least this many tokens take the grouped attention
     /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too, see
     /// benchmarks/cuda.md); smaller batches take the per-head kernel.
@@ -443,8 +446,9 @@ impl Device {
             arch,
             scratch: Mutex::new(Scratch::default()),
             q8_tag: Mutex::new(None),
-            mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 64),
+            mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 128),
             f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 128),
+            pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -546,6 +550,9 @@ impl Device {
         what: &'static str,
         args: &'a [&'a dyn Arg],
     ) -> Result<(), CudaError> {
+        if self.pdl {
+            return self.launch_pdl(f, cfg, what, args);
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             a.push(&mut b);
@@ -556,6 +563,48 @@ impl Device {
         // enough for the grid it launches.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {what}")))?;
         Ok(())
+    }
+
+    /// [`Device::launch_keep`] as a programmatic dependent launch: the
+    /// kernel may start while the previous one on the stream still runs; it
+    /// waits for it at its `PDL_ENTER` (every kernel in `kernels.cu` has one
+    /// before it touches anything but weights).
+    fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        what: &'static str,
+        args: &[&dyn Arg],
+    ) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        self.ctx
+            .bind_to_thread()
+            .map_err(drv(format!("launching {what}")))?;
+        let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(|a| a.param()).collect();
+        // SAFETY: a zeroed attribute is a valid plain-C value; the id and
+        // the union member for that id are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as in `launch_keep` (each caller passes its kernel's
+        // argument list, in order, with buffers sized for the grid); `params`
+        // points at `args`' values, which outlive the call, and the driver
+        // copies them before returning.
+        unsafe { sys::cuLaunchKernelEx(&lc, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(drv(format!("launching {what}")))
     }
 
     // ---- memory
@@ -1693,6 +1742,8 @@ impl Device {
 /// A kernel argument by value: the C types `kernels.cu` declares.
 trait Arg {
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+    /// The address of the value, as `cuLaunchKernelEx` takes each argument.
+    fn param(&self) -> *mut std::ffi::c_void;
 }
 
 macro_rules! arg {
@@ -1700,6 +1751,9 @@ macro_rules! arg {
         impl Arg for $t {
             fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
                 b.arg(self);
+            }
+            fn param(&self) -> *mut std::ffi::c_void {
+                self as *const Self as *mut std::ffi::c_void
             }
         }
     )*};

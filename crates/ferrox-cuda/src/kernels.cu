@@ -20,6 +20,33 @@ typedef signed char i8;
 
 #define INF_F __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (Hopper): the host launches each kernel so
+// that it may start while the previous one still runs (FERROX_CUDA_PDL).
+// Every kernel enters through PDL_ENTER before it touches any activation,
+// index or cache memory: it waits there until the previous kernel has
+// finished and its writes are visible, then lets the next kernel start
+// launching. Only immutable weights are touched before it (the matvecs
+// prefetch their rows into L2 while the previous kernel runs). On older
+// architectures, and when the host launches plainly, it does nothing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTER()                                              \
+    do {                                                         \
+        asm volatile("griddepcontrol.wait;" ::: "memory");       \
+        asm volatile("griddepcontrol.launch_dependents;" :::);   \
+    } while (0)
+#else
+#define PDL_ENTER() \
+    do {            \
+    } while (0)
+#endif
+
+// Brings `bytes` of immutable weights from `p` towards L2, a 128-byte line
+// per lane at `first`, `first + stride`, ... (before PDL_ENTER).
+__device__ __forceinline__ void prefetch_l2(const u8* p, long long bytes, int first, int stride) {
+    for (long long o = (long long)first * 128; o < bytes; o += (long long)stride * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
@@ -214,7 +241,7 @@ __device__ float block_max(float v, float* red) {
 
 #define DEFINE_KIND(NAME)                                                                          \
     extern "C" __global__ void matvec_##NAME(const u8* w, const float* x, float* y, int rows,    \
-                                             int cols, long long row_bytes) {                    \
+                                             int cols, long long row_bytes) { PDL_ENTER();                    \
         int r = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);                                    \
         int lane = threadIdx.x & 31;                                                              \
         int t = blockIdx.y;                                                                       \
@@ -240,7 +267,7 @@ __device__ float block_max(float v, float* red) {
         if (lane == 0) y[(size_t)t * rows + r] = acc;                                             \
     }                                                                                             \
     extern "C" __global__ void get_rows_##NAME(const u8* w, const u32* ids, float* out, int cols, \
-                                               long long row_bytes) {                            \
+                                               long long row_bytes) { PDL_ENTER();                            \
         int t = blockIdx.x;                                                                       \
         const u8* row = w + (size_t)ids[t] * row_bytes;                                           \
         for (int u = threadIdx.x; u * 32 < cols; u += blockDim.x) {                               \
@@ -251,7 +278,7 @@ __device__ float block_max(float v, float* red) {
         }                                                                                         \
     }                                                                                             \
     extern "C" __global__ void dequant_f16_##NAME(const u8* w, u16* out, int cols,                \
-                                                  long long row_bytes) {                         \
+                                                  long long row_bytes) { PDL_ENTER();                         \
         int r = blockIdx.x;                                                                       \
         const u8* row = w + (size_t)r * row_bytes;                                                \
         for (int u = threadIdx.x; u * 32 < cols; u += blockDim.x) {                               \
@@ -411,7 +438,7 @@ __device__ __forceinline__ void quant_lane(float v, long long i, i8* qs, float2*
 
 // x [n] (n % 32 == 0) into the q8 buffer. One thread per element.
 extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ qs,
-                                       float2* __restrict__ ds, long long n) {
+                                       float2* __restrict__ ds, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i - (threadIdx.x & 31) >= n) return;  // whole warps only (n % 32 == 0)
     quant_lane(x[i], i, qs, ds);
@@ -453,16 +480,32 @@ struct MmvqMats {
                 if (r >= m.rows[2]) ok = false;                                                   \
             }                                                                                     \
         }                                                                                         \
+        if (ok) prefetch_l2(m.w[k] + (size_t)r * m.row_bytes[k], m.row_bytes[k], part * 32 + lane, \
+                            32 * wpr);                                                            \
+        PDL_ENTER();                                                                              \
         float acc = 0.0f;                                                                         \
         if (ok) {                                                                                 \
             const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                  \
             const int4* qt = qx + (size_t)t * n_units * 2;                                        \
             const float2* dt = dsx + (size_t)t * n_units;                                         \
-            _Pragma("unroll 4") for (int u = part * 32 + lane; u < n_units; u += 32 * wpr) {      \
+            int u = part * 32 + lane, step = 32 * wpr;                                            \
+            /* Four units a step with no guard between them (straight-line                        \
+               code, so the compiler issues all their loads first), then the                      \
+               rest one at a time. */                                                             \
+            for (; u + 3 * step < n_units; u += 4 * step) {                                       \
+                _Pragma("unroll") for (int j = 0; j < 4; j++) {                                   \
+                    int uj = u + j * step;                                                        \
+                    float2 dd = dt[uj];                                                           \
+                    int4 qa = qt[2 * uj], qb = qt[2 * uj + 1];                                    \
+                    int q8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                 \
+                    acc += dot_##NAME(row, uj, cols, q8, dd.x, dd.y);                             \
+                }                                                                                 \
+            }                                                                                     \
+            for (; u < n_units; u += step) {                                                      \
                 float2 dd = dt[u];                                                                \
                 int4 qa = qt[2 * u], qb = qt[2 * u + 1];                                          \
                 int q8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                     \
-                acc += dot_##NAME(row, u, cols, q8, dd.x, dd.y);                                      \
+                acc += dot_##NAME(row, u, cols, q8, dd.x, dd.y);                                  \
             }                                                                                     \
         }                                                                                         \
         acc = warp_sum(acc);                                                                      \
@@ -481,6 +524,13 @@ DEFINE_MMVQ(q8_0)
 DEFINE_MMVQ(q4_k)
 DEFINE_MMVQ(q6_k)
 
+__device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
+    float4 a = x[0], b = x[1];
+    return h2f((u16)h.x) * a.x + h2f((u16)(h.x >> 16)) * a.y + h2f((u16)h.y) * a.z +
+           h2f((u16)(h.y >> 16)) * a.w + h2f((u16)h.z) * b.x + h2f((u16)(h.z >> 16)) * b.y +
+           h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
+}
+
 // F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
 // `wpr` warps share a row, as in the int8 kernels; four loads in flight.
 extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* __restrict__ x,
@@ -492,19 +542,23 @@ extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* 
     int r = blockIdx.x * (MMVQ_WARPS / wpr) + warp / wpr;
     int t = blockIdx.y;
     bool ok = r < rows;
+    if (ok) prefetch_l2(w + (size_t)r * row_bytes, row_bytes, part * 32 + lane, 32 * wpr);
+    PDL_ENTER();
     float acc = 0.0f;
     if (ok) {
         const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
         const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
-#pragma unroll 4
-        for (int i = part * 32 + lane; i < n8; i += 32 * wpr) {
-            uint4 h = row[i];
-            float4 a = xt[2 * i], b = xt[2 * i + 1];
-            acc += h2f((u16)h.x) * a.x + h2f((u16)(h.x >> 16)) * a.y + h2f((u16)h.y) * a.z +
-                   h2f((u16)(h.y >> 16)) * a.w + h2f((u16)h.z) * b.x + h2f((u16)(h.z >> 16)) * b.y +
-                   h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
+        int i = part * 32 + lane, step = 32 * wpr;
+        // Four loads a step with no guard between them, then the rest.
+        for (; i + 3 * step < n8; i += 4 * step) {
+            uint4 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) h[j] = row[i + j * step];
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc += dot8_f16(h[j], xt + 2 * (i + j * step));
         }
+        for (; i < n8; i += step) acc += dot8_f16(row[i], xt + 2 * i);
     }
     acc = warp_sum(acc);
     if (wpr > 1) {
@@ -518,7 +572,7 @@ extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* 
 
 // Index of the largest value of each row (ties: the lowest index; NaN never
 // wins). One block per row.
-extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
+extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) { PDL_ENTER();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* r = x + (size_t)blockIdx.x * width;
@@ -565,13 +619,13 @@ extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
 
 // ---- element-wise and row operations on f32 activations.
 
-extern "C" __global__ void f32_to_f16(const float* x, u16* y, long long n) {
+extern "C" __global__ void f32_to_f16(const float* x, u16* y, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2h(x[i]);
 }
 
 // One block per row, in place: x = x / rms(x) * w.
-extern "C" __global__ void rms_norm(float* x, const float* w, int width, float eps) {
+extern "C" __global__ void rms_norm(float* x, const float* w, int width, float eps) { PDL_ENTER();
     __shared__ float red[32];
     float* r = x + (size_t)blockIdx.x * width;
     float s = 0.0f;
@@ -591,7 +645,7 @@ extern "C" __global__ void rms_norm(float* x, const float* w, int width, float e
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ b,
                                         const float* __restrict__ w, float* __restrict__ out,
                                         int width, float eps, i8* __restrict__ qs,
-                                        float2* __restrict__ ds) {
+                                        float2* __restrict__ ds) { PDL_ENTER();
     __shared__ float red[32];
     float* r = x + (size_t)blockIdx.x * width;
     const float* br = b ? b + (size_t)blockIdx.x * width : 0;
@@ -654,7 +708,7 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
 // same positions: queries and keys in one launch.
 extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads, int head_dim,
                                 int n_rot, int halves, float base, float freq_scale,
-                                float attn_factor, const float* factors, float* x2, int n_heads2) {
+                                float attn_factor, const float* factors, float* x2, int n_heads2) { PDL_ENTER();
     if (blockIdx.y == 1) {
         x = x2;
         n_heads = n_heads2;
@@ -683,7 +737,7 @@ extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads
 // Keys (blockIdx.z == 0) and values (1) in one launch.
 extern "C" __global__ void kv_store(const float* ksrc, u16* kcache, int kdim, const float* vsrc,
                                     u16* vcache, int vdim, const u32* seq, const u32* pos,
-                                    int n_ctx) {
+                                    int n_ctx) { PDL_ENTER();
     int t = blockIdx.y;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     const float* src = blockIdx.z ? vsrc : ksrc;
@@ -704,7 +758,7 @@ extern "C" __global__ void kv_store(const float* ksrc, u16* kcache, int kdim, co
 extern "C" __global__ void attention(const float* q, const u16* kc, const u16* vc, float* out,
                                      const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                      int hd, int hdv, int n_ctx, float scale, float softcap,
-                                     int window) {
+                                     int window) { PDL_ENTER();
     __shared__ float sq[256];
     __shared__ float sp[ATTN_CHUNK];
     __shared__ float red[32];
@@ -780,7 +834,7 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
 extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u16* vc, float* out,
                                          const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                          int hd, int hdv, int n_ctx, float scale, float softcap,
-                                         int window) {
+                                         int window) { PDL_ENTER();
     extern __shared__ float gsm[];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
     int G = n_head / n_head_kv;
@@ -942,7 +996,7 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // serve separate gate/up buffers (stride = width, up_off unused) and a fused
 // [gate | up] row (stride = 2 * width, up_off = width).
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, long long n,
-                               int width, int stride, int act, i8* qs, float2* ds) {
+                               int width, int stride, int act, i8* qs, float2* ds) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     // With `qs` (n % 32 == 0) the output is also quantized into the q8
     // buffer (a warp per 32-element unit), so whole warps stay in.
@@ -957,22 +1011,22 @@ extern "C" __global__ void glu(const float* gate, const float* up, float* out, l
     if (qs) quant_lane(v, i, qs, ds);
 }
 
-extern "C" __global__ void add(float* a, const float* b, long long n) {
+extern "C" __global__ void add(float* a, const float* b, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) a[i] += b[i];
 }
 
-extern "C" __global__ void add_bias(float* y, const float* b, long long n, int width) {
+extern "C" __global__ void add_bias(float* y, const float* b, long long n, int width) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += b[i % width];
 }
 
-extern "C" __global__ void scale(float* x, float s, long long n) {
+extern "C" __global__ void scale(float* x, float s, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
-extern "C" __global__ void softcap(float* x, float cap, long long n) {
+extern "C" __global__ void softcap(float* x, float cap, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
@@ -980,7 +1034,7 @@ extern "C" __global__ void softcap(float* x, float cap, long long n) {
 // dst[r, c] = src[rows[r] * src_width + c0 + c] for c < width: gathers rows
 // (c0 = 0, width = src_width) and splits columns (rows = identity).
 extern "C" __global__ void copy_cols(const float* src, const u32* rows, float* dst, int n_rows,
-                                     int src_width, int c0, int width) {
+                                     int src_width, int c0, int width) { PDL_ENTER();
     int r = blockIdx.y;
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n_rows || c >= width) return;
