@@ -234,8 +234,6 @@ pub fn mmvq_kind(kind: QuantKind) -> bool {
     )
 }
 
-/// Rows a block of the mmvq and vectorized F16 kernels takes (`MMVQ_WARPS`).
-const MMVQ_WARPS: usize = 8;
 
 /// The activations as the mmvq kernels see them: quantized per 32 elements
 /// (`d = max|x| / 127`, `q = round(x / d)`) and expanded back to `q * d`,
@@ -306,11 +304,11 @@ pub struct Device {
     arch: String,
     scratch: Mutex<Scratch>,
     q8_tag: Mutex<Option<Q8Tag>>,
-    /// Units of a row one warp of the int8 matvec takes before the row is
-    /// split over more warps (`FERROX_CUDA_MMVQ_UNITS`, default 128).
+    /// Units of a row one lane of the int8 matvec takes
+    /// (`FERROX_CUDA_MMVQ_UNITS`, default 4): sets the lanes per row.
     mmvq_units: usize,
-    /// 16-byte loads of a row one warp of the F16 matvec takes before the
-    /// row is split (`FERROX_CUDA_F16_LOADS`, default 128).
+    /// 16-byte loads of a row one lane of the F16 matvec takes
+    /// (`FERROX_CUDA_F16_LOADS`, default 4).
     f16_loads: usize,
     /// Kernels launched as programmatic dependent launches (Hopper and
     /// later; `FERROX_CUDA_PDL=0` turns it off).
@@ -446,8 +444,8 @@ impl Device {
             arch,
             scratch: Mutex::new(Scratch::default()),
             q8_tag: Mutex::new(None),
-            mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 128),
-            f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 128),
+            mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 4),
+            f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
                 .ok()
@@ -832,15 +830,15 @@ impl Device {
                 }
                 // F16 rows with 16-byte loads; every other kind the unit decoder.
                 let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
-                if w.kind == QuantKind::F16 && w.cols.is_multiple_of(8) {
-                    // Warps per row so that a lane has about four 16-byte loads.
-                    let wpr = warps_per_row(w.cols / 8, self.f16_loads);
+                if f16_fits(w) {
+                    // Lanes per row so that a lane has about four 16-byte loads.
+                    let lpr = lanes_per_row(w.cols / 8, self.f16_loads);
                     let cfg = LaunchConfig {
-                        grid_dim: (w.rows.div_ceil(MMVQ_WARPS / wpr) as u32, n as u32, 1),
-                        block_dim: (32 * MMVQ_WARPS as u32, 1, 1),
+                        grid_dim: (w.rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+                        block_dim: (256, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    let wpr = wpr as i32;
+                    let lpr = lpr as i32;
                     return self.launch(
                         &self.fns.matvec_f16_v8,
                         cfg,
@@ -852,7 +850,7 @@ impl Device {
                             &int("matvec", w.rows)?,
                             &int("matvec", w.cols)?,
                             &(w.row_bytes as i64),
-                            &wpr,
+                            &lpr,
                         ],
                     );
                 }
@@ -953,31 +951,20 @@ impl Device {
             )?;
             self.set_q8_tag(Some(tag));
         }
-        let mut m = MmvqMats {
-            w: [0; 3],
-            y: [0; 3],
-            rows: [0; 3],
-            row_bytes: [0; 3],
-        };
-        for (i, (w, y)) in mats.iter().enumerate() {
-            m.w[i] = self.ptr(&w.data);
-            m.y[i] = *y;
-            m.rows[i] = int("mmvq", w.rows)?;
-            m.row_bytes[i] = w.row_bytes as i64;
-        }
+        let m = mmvq_mats(self, mats)?;
         let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
-        let wpr = warps_per_row(cols / 32, self.mmvq_units);
+        let lpr = lanes_per_row(cols / 32, self.mmvq_units);
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(MMVQ_WARPS / wpr) as u32, n as u32, 1),
-            block_dim: (32 * MMVQ_WARPS as u32, 1, 1),
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let wpr = wpr as i32;
+        let lpr = lpr as i32;
         self.launch_keep(
             f,
             cfg,
             "int8 matvec",
-            &[&m, &qs, &ds, &int("mmvq", cols)?, &wpr],
+            &[&m, &qs, &ds, &int("mmvq", cols)?, &lpr],
         )
     }
 
@@ -1802,10 +1789,33 @@ fn repack(kind: QuantKind, bytes: &[u8], rows: usize, row_bytes: usize) -> Optio
     Some((out, rb))
 }
 
-/// Warps of a block that share one row (1, 2, 4 or 8): enough that a lane
-/// has about `per_warp / 32` loads of the row (four in flight at a time).
-fn warps_per_row(loads: usize, per_warp: usize) -> usize {
-    (loads / per_warp).clamp(1, MMVQ_WARPS).next_power_of_two().min(MMVQ_WARPS)
+/// Lanes of a 256-thread block that share one row of the matvec kernels
+/// (a power of two, 8 to 256): about `per_lane` loads (units) a lane, the
+/// kernels issuing four at a time.
+fn lanes_per_row(loads: usize, per_lane: usize) -> usize {
+    (loads / per_lane.max(1)).next_power_of_two().clamp(8, 256)
+}
+
+/// The kernel argument listing up to three matrices and their outputs.
+fn mmvq_mats(d: &Device, mats: &[(&Matrix, u64)]) -> Result<MmvqMats, CudaError> {
+    let mut m = MmvqMats {
+        w: [0; 3],
+        y: [0; 3],
+        rows: [0; 3],
+        row_bytes: [0; 3],
+    };
+    for (i, (w, y)) in mats.iter().enumerate().take(3) {
+        m.w[i] = d.ptr(&w.data);
+        m.y[i] = *y;
+        m.rows[i] = int("matvec", w.rows)?;
+        m.row_bytes[i] = w.row_bytes as i64;
+    }
+    Ok(m)
+}
+
+/// Whether `w` runs on the 16-byte-load F16 matvec.
+fn f16_fits(w: &Matrix) -> bool {
+    w.kind == QuantKind::F16 && w.cols.is_multiple_of(8) && w.row_bytes == 2 * w.cols
 }
 
 /// Whether `w` runs on the int8-activation matvec: a kind that has one,

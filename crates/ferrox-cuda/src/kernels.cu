@@ -454,21 +454,39 @@ struct MmvqMats {
     long long row_bytes[3];
 };
 
-// A block is 8 warps; `wpr` warps (1, 2, 4 or 8) share a row, so a block
-// takes 8 / wpr rows. A lane takes the row's 32-element units u = part * 32
-// + lane, + 32 * wpr, ...: it reads the unit's weights (consecutive lanes,
-// consecutive units) and the unit's 32 int8 activations and scale from the
-// q8 buffer (L1/L2-resident), four units in flight at a time, no shared
-// memory staging and no barrier before the weight loads.
+// A block is 256 threads; `lpr` lanes (8, 16, ..., 256: a power of two)
+// share a row, so a block takes 256 / lpr rows. A lane takes the row's
+// 32-element units u = sub, sub + lpr, ...: it reads the unit's weights
+// (consecutive lanes, consecutive units) and the unit's 32 int8 activations
+// and scale from the q8 buffer (L1/L2-resident), four units' loads issued
+// together, no shared-memory staging and no barrier before the weight
+// loads. The host picks lpr so that a lane has about four units.
+// The sum over the `lpr` lanes of each row: shuffles within a warp, then
+// (rows wider than a warp) shared memory. Every thread of the block must
+// call it. Returns whether this thread holds its row's total (sub == 0).
+__device__ __forceinline__ bool row_sum(float* acc, int lpr, int sub, float* red) {
+    float a = *acc;
+    int w = lpr < 32 ? lpr : 32;
+    for (int o = w >> 1; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    if (lpr > 32) {
+        int warp = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0) red[warp] = a;
+        __syncthreads();
+        if (sub == 0)
+            for (int j = 1; j < (lpr >> 5); j++) a += red[warp + j];
+    }
+    *acc = a;
+    return sub == 0;
+}
+
 #define DEFINE_MMVQ(NAME)                                                                          \
     extern "C" __global__ void mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
-                                           const float2* __restrict__ dsx, int cols, int wpr) {  \
+                                           const float2* __restrict__ dsx, int cols, int lpr) {  \
         __shared__ float red[MMVQ_WARPS];                                                         \
         int n_units = cols >> 5;                                                                  \
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                     \
-        int part = warp % wpr;                                                                    \
+        int sub = threadIdx.x & (lpr - 1);                                                        \
         int t = blockIdx.y;                                                                       \
-        int r = blockIdx.x * (MMVQ_WARPS / wpr) + warp / wpr;                                     \
+        int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;                              \
         int k = 0;                                                                                \
         bool ok = true;                                                                           \
         if (r >= m.rows[0]) {                                                                     \
@@ -480,15 +498,14 @@ struct MmvqMats {
                 if (r >= m.rows[2]) ok = false;                                                   \
             }                                                                                     \
         }                                                                                         \
-        if (ok) prefetch_l2(m.w[k] + (size_t)r * m.row_bytes[k], m.row_bytes[k], part * 32 + lane, \
-                            32 * wpr);                                                            \
+        if (ok) prefetch_l2(m.w[k] + (size_t)r * m.row_bytes[k], m.row_bytes[k], sub, lpr);      \
         PDL_ENTER();                                                                              \
         float acc = 0.0f;                                                                         \
         if (ok) {                                                                                 \
             const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                  \
             const int4* qt = qx + (size_t)t * n_units * 2;                                        \
             const float2* dt = dsx + (size_t)t * n_units;                                         \
-            int u = part * 32 + lane, step = 32 * wpr;                                            \
+            int u = sub, step = lpr;                                                              \
             /* Four units a step with no guard between them (straight-line                        \
                code, so the compiler issues all their loads first), then the                      \
                rest one at a time. */                                                             \
@@ -508,14 +525,7 @@ struct MmvqMats {
                 acc += dot_##NAME(row, u, cols, q8, dd.x, dd.y);                                  \
             }                                                                                     \
         }                                                                                         \
-        acc = warp_sum(acc);                                                                      \
-        if (wpr > 1) {                                                                            \
-            if (lane == 0) red[warp] = acc;                                                       \
-            __syncthreads();                                                                      \
-            if (part != 0) return;                                                                \
-            for (int j = 1; j < wpr; j++) acc += red[warp + j];                                   \
-        }                                                                                         \
-        if (ok && lane == 0) m.y[k][(size_t)t * m.rows[k] + r] = acc;                             \
+        if (row_sum(&acc, lpr, sub, red) && ok) m.y[k][(size_t)t * m.rows[k] + r] = acc;          \
     }
 
 DEFINE_MMVQ(q4_0)
@@ -532,24 +542,23 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
 }
 
 // F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
-// `wpr` warps share a row, as in the int8 kernels; four loads in flight.
+// `lpr` lanes share a row, as in the int8 kernels; four loads in flight.
 extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* __restrict__ x,
                                          float* __restrict__ y, int rows, int cols,
-                                         long long row_bytes, int wpr) {
+                                         long long row_bytes, int lpr) {
     __shared__ float red[MMVQ_WARPS];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int part = warp % wpr;
-    int r = blockIdx.x * (MMVQ_WARPS / wpr) + warp / wpr;
+    int sub = threadIdx.x & (lpr - 1);
+    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;
     int t = blockIdx.y;
     bool ok = r < rows;
-    if (ok) prefetch_l2(w + (size_t)r * row_bytes, row_bytes, part * 32 + lane, 32 * wpr);
+    if (ok) prefetch_l2(w + (size_t)r * row_bytes, row_bytes, sub, lpr);
     PDL_ENTER();
     float acc = 0.0f;
     if (ok) {
         const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
         const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
-        int i = part * 32 + lane, step = 32 * wpr;
+        int i = sub, step = lpr;
         // Four loads a step with no guard between them, then the rest.
         for (; i + 3 * step < n8; i += 4 * step) {
             uint4 h[4];
@@ -560,14 +569,7 @@ extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* 
         }
         for (; i < n8; i += step) acc += dot8_f16(row[i], xt + 2 * i);
     }
-    acc = warp_sum(acc);
-    if (wpr > 1) {
-        if (lane == 0) red[warp] = acc;
-        __syncthreads();
-        if (part != 0) return;
-        for (int j = 1; j < wpr; j++) acc += red[warp + j];
-    }
-    if (ok && lane == 0) y[(size_t)t * rows + r] = acc;
+    if (row_sum(&acc, lpr, sub, red) && ok) y[(size_t)t * rows + r] = acc;
 }
 
 // Index of the largest value of each row (ties: the lowest index; NaN never
