@@ -1411,6 +1411,8 @@ impl Device {
             && g <= 8
             && g * hd <= 2048
             && g * hdv <= 2048;
+        // The grouped kernel's fast value path (`GA_FAST` in kernels.cu).
+        let ga_fast = g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128;
         let (f, blocks, threads, smem) = if gqa {
             (
                 &self.fns.attention_gqa,
@@ -1418,11 +1420,15 @@ impl Device {
                 256,
                 // Queries, a chunk's scores, and (the fast value path,
                 // `GA_FAST` in kernels.cu) 8 warps' partial sums.
-                (g * hd + g * 256 + if g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128 { 8 * g * hdv } else { 0 }) * 4,
+                (g * hd + g * 256 + if ga_fast { 8 * g * hdv } else { 0 }) * 4,
             )
         } else {
             (&self.fns.attention, n * a.n_head, 128, 0)
         };
+        // The grouped kernel's fast value path also quantizes its output
+        // into the q8 scratch for the output projection (decode).
+        let q8 = gqa && ga_fast && self.wants_q8(n, a.n_head * hdv);
+        let (qs, ds) = if q8 { self.q8_scratch(n * a.n_head * hdv)? } else { (0, 0) };
         let cfg = LaunchConfig {
             grid_dim: (int("attention", blocks)? as u32, 1, 1),
             block_dim: (threads, 1, 1),
@@ -1447,8 +1453,18 @@ impl Device {
                 &a.scale,
                 &a.softcap.unwrap_or(0.0),
                 &(a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32),
+                &qs,
+                &ds,
             ],
-        )
+        )?;
+        if q8 {
+            self.set_q8_tag(Some(Q8Tag {
+                buf: out.id,
+                elems: n * a.n_head * hdv,
+                width: a.n_head * hdv,
+            }));
+        }
+        Ok(())
     }
 
     /// `out = act(gate) * up` element-wise.

@@ -760,7 +760,7 @@ extern "C" __global__ void kv_store(const float* ksrc, u16* kcache, int kdim, co
 extern "C" __global__ void attention(const float* q, const u16* kc, const u16* vc, float* out,
                                      const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                      int hd, int hdv, int n_ctx, float scale, float softcap,
-                                     int window) { PDL_ENTER();
+                                     int window, i8* qs, float2* ds) { PDL_ENTER();
     __shared__ float sq[256];
     __shared__ float sp[ATTN_CHUNK];
     __shared__ float red[32];
@@ -836,7 +836,7 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
 extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u16* vc, float* out,
                                          const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                          int hd, int hdv, int n_ctx, float scale, float softcap,
-                                         int window) { PDL_ENTER();
+                                         int window, i8* qs, float2* ds) { PDL_ENTER();
     extern __shared__ float gsm[];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
     int G = n_head / n_head_kv;
@@ -968,12 +968,17 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
                 if (g < G && i < nd) part[(warp * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
         }
         __syncthreads();
+        // (G * hdv % 32 == 0 here, so whole warps stay in the loop and a
+        // warp's 32 outputs are one unit of the q8 copy, when `qs` is given.)
         for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
             float a = 0.0f;
 #pragma unroll
             for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
-            int g = idx / hdv, dd = idx - g * hdv;
-            out[((size_t)t * n_head + (size_t)kvh * G + g) * hdv + dd] = a / sm_l[g];
+            int g = idx / hdv;
+            long long o = ((long long)t * n_head + (long long)kvh * G) * hdv + idx;
+            float v = a / sm_l[g];
+            out[o] = v;
+            if (qs) quant_lane(v, o, qs, ds);
         }
         return;
     }

@@ -1163,6 +1163,7 @@ mod tests {
         };
         let cpu = Cpu::new(2);
         let mut r = rng();
+        let mut q8_checked = 0;
         // 36: a head size the grouped kernel does not take (the per-head
         // kernel runs); the others run the grouped one.
         for (hd, window, softcap) in [
@@ -1216,6 +1217,26 @@ mod tests {
                     .unwrap();
                 let e = rel(&read(c, &dout), &ho);
                 assert!(e < 1e-4, "attention hd {hd} window {window:?} softcap {softcap:?}, batch of {n}: relative error {e:e}");
+                // Decode batches of the grouped kernel's fast path also leave
+                // a q8 copy of the output for the next matvec: it must give,
+                // bit for bit, what quantizing the same values separately gives.
+                if c.device().q8_holds(&dout) {
+                    let (bytes, _) = matrix(&mut r, QuantKind::Q8_0, 5, qd);
+                    let w = CudaWeight::Matrix(c.device().upload_matrix(QuantKind::Q8_0, &bytes, 5, qd).unwrap());
+                    let mut fused = c.alloc(n * 5).unwrap();
+                    c.matmul(&w, &dout, &mut fused, n).unwrap();
+                    let mut fresh = c.alloc(dout.len()).unwrap();
+                    c.copy(&dout, &mut fresh).unwrap();
+                    let mut sep = c.alloc(n * 5).unwrap();
+                    c.matmul(&w, &fresh, &mut sep, n).unwrap();
+                    let (a, b) = (read(c, &fused), read(c, &sep));
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "attention hd {hd}, batch of {n}: its q8 copy differs from quantize_q8 ({:e})",
+                        rel(&a, &b)
+                    );
+                    q8_checked += 1;
+                }
             }
             let mut far = Batch::default();
             far.push(0, n_ctx as u32, 0, true);
@@ -1231,6 +1252,7 @@ mod tests {
                 "a position outside the cache must be an error"
             );
         }
+        assert!(q8_checked > 0, "no decode batch left a q8 copy of the attention output");
     }
 
     fn tiny(arch: Arch) -> std::path::PathBuf {
