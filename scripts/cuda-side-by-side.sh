@@ -13,7 +13,9 @@
 #   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
 #   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
-# Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), KINDS, REPS.
+# Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), KINDS, REPS, NO_LLAMA=1,
+# SKIP_KB=1, KB_SHAPES="2048x2048 ..." (kernel_bench at decode shapes too), PROFILE=1 (ncu),
+# PROFILE_COLD=0 (only the warm-cache decode profiles), PROFILE_KINDS="Q4_0 F16", AB_GRAPHS=1.
 set -u
 D=${D:-target/h-cuda}
 OUT=${OUT:-/tmp/ferrox-out}
@@ -62,6 +64,12 @@ fi
 if [ -x $D/kernel_bench ] && [ "${SKIP_KB:-0}" != 1 ]; then
   timeout 150 $D/kernel_bench >$LOG/kernel_bench.txt 2>&1
   summary+=("kernel_bench rc=$?")
+  # KB_SHAPES="2048x2048 8192x2048": the decode shapes too (L2-resident
+  # when small: two copies alternate, so these read partly from L2).
+  for sh in ${KB_SHAPES:-}; do
+    echo "== ${sh}" >>$LOG/kernel_bench.txt
+    timeout 100 $D/kernel_bench ${sh%x*} ${sh#*x} >>$LOG/kernel_bench.txt 2>&1
+  done
   echo "$(el) kernel_bench done"
 fi
 
@@ -110,14 +118,24 @@ for l in open('$LOG/llama-$k.jsonl'):
 done
 if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
   # Per-kernel GPU time of one prefill and of 16 decode steps (Q4_0), and
-  # decode with the CUDA graphs off, for the A/B.
-  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-    $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 512 -n 0 -r 1 >$LOG/ncu-pp.txt 2>&1
-  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-    $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 16 -r 1 >$LOG/ncu-tg.txt 2>&1
+  # decode with the CUDA graphs off, for the A/B. PROFILE_COLD=0 skips
+  # the cold-cache runs (ncu flushes the caches between kernels).
+  if [ "${PROFILE_COLD:-1}" = 1 ]; then
+    timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+      $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 512 -n 0 -r 1 >$LOG/ncu-pp.txt 2>&1
+    timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+      $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 16 -r 1 >$LOG/ncu-tg.txt 2>&1
+  fi
+  # Warm caches (no flush between kernels), as in a real decode step: the
+  # weights are cold anyway (each token streams far more than the L2).
+  for k in ${PROFILE_KINDS:-Q4_0}; do
+    f=$M/$k.gguf; [ $k = F16 ] && f=$M/f16.gguf
+    timeout 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+      $D/ferrox bench --backend cuda -m $f -p 0 -n 16 -r 1 >$LOG/ncu-tg-warm-$k.txt 2>&1
+  done
   FERROX_CUDA_GRAPHS=0 timeout 60 $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 128 -r 3 >$LOG/nographs.txt 2>&1
   echo "$(el) profiled"
-  grep -c "gpu__time_duration" $LOG/ncu-pp.txt $LOG/ncu-tg.txt; tail -3 $LOG/ncu-tg.txt
+  grep -c "gpu__time_duration" $LOG/ncu-*.txt
   cat $LOG/nographs.txt
 fi
 if [ "${AB_GRAPHS:-0}" = 1 ]; then

@@ -21,6 +21,14 @@ use crate::{drv, kernel_suffix, CudaError};
 pub struct Buf {
     s: CudaSlice<f32>,
     len: usize,
+    /// Unique per buffer (never reused, unlike a device address): names
+    /// the buffer whose quantized copy the q8 scratch holds.
+    id: u64,
+}
+
+fn next_buf_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Buf {
@@ -216,7 +224,7 @@ struct KindFns {
 }
 
 /// The kinds whose decode matvec runs on int8 activations (`mmvq_<kind>`
-/// in `kernels.cu`): activations quantized per 32 elements in the kernel,
+/// in `kernels.cu`): activations quantized per 32 elements once per input (q8 scratch),
 /// `__dp4a` dot products. Tested against the scalar twin on the same
 /// quantized activations ([`mmvq_quantize_activations`]).
 pub fn mmvq_kind(kind: QuantKind) -> bool {
@@ -226,12 +234,6 @@ pub fn mmvq_kind(kind: QuantKind) -> bool {
     )
 }
 
-/// Rows a block of the mmvq and vectorized F16 kernels takes (`MMVQ_WARPS`).
-const MMVQ_WARPS: usize = 8;
-
-/// The most shared memory a block may take without an opt-in: the mmvq
-/// kernels keep 40 bytes per 32 columns, so rows up to 39 321 columns.
-const MMVQ_MAX_SMEM: usize = 48 * 1024;
 
 /// The activations as the mmvq kernels see them: quantized per 32 elements
 /// (`d = max|x| / 127`, `q = round(x / d)`) and expanded back to `q * d`,
@@ -251,6 +253,7 @@ pub fn mmvq_quantize_activations(x: &[f32]) -> Vec<f32> {
 struct Fns {
     kinds: HashMap<QuantKind, KindFns>,
     f32_to_f16: CudaFunction,
+    quantize_q8: CudaFunction,
     rms_norm: CudaFunction,
     add_rms_norm: CudaFunction,
     argmax_rows: CudaFunction,
@@ -272,6 +275,22 @@ struct Scratch {
     w16: Option<CudaSlice<u16>>,
     x16: Option<CudaSlice<u16>>,
     ids: Option<CudaSlice<u32>>,
+    /// The q8 activations of the decode matvecs: int8 values, then the
+    /// per-unit (d, d * sum) pairs (`quant_lane` in `kernels.cu`).
+    q8: Option<CudaSlice<u8>>,
+    /// q8 buffers outgrown: kept, since a recorded graph may still read
+    /// them (a graph holds raw addresses).
+    retired: Vec<CudaSlice<u8>>,
+}
+
+/// Which input the q8 scratch holds right now: the buffer, how many floats
+/// of it, in rows of how many. Set by the launch that wrote it, cleared by
+/// every other launch or copy (any of them may have changed that input).
+#[derive(Clone, Copy, PartialEq, Debug)]
+struct Q8Tag {
+    buf: u64,
+    elems: usize,
+    width: usize,
 }
 
 /// One opened GPU with one stream. Opened once and passed around; dropping
@@ -284,6 +303,16 @@ pub struct Device {
     name: String,
     arch: String,
     scratch: Mutex<Scratch>,
+    q8_tag: Mutex<Option<Q8Tag>>,
+    /// Units of a row one lane of the int8 matvec takes
+    /// (`FERROX_CUDA_MMVQ_UNITS`, default 4): sets the lanes per row.
+    mmvq_units: usize,
+    /// 16-byte loads of a row one lane of the F16 matvec takes
+    /// (`FERROX_CUDA_F16_LOADS`, default 4).
+    f16_loads: usize,
+    /// Kernels launched as programmatic dependent launches (Hopper and
+    /// later; `FERROX_CUDA_PDL=0` turns it off).
+    pdl: bool,
     /// Batches of at least this many tokens take the grouped attention
     /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too, see
     /// benchmarks/cuda.md); smaller batches take the per-head kernel.
@@ -296,6 +325,15 @@ fn shape(op: &'static str, why: String) -> CudaError {
 
 fn int(op: &'static str, v: usize) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| shape(op, format!("{v} does not fit a 32-bit kernel argument")))
+}
+
+/// A positive number from the environment (a tuning knob), else `default`.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
 }
 
 fn grid(n: usize, block: u32) -> LaunchConfig {
@@ -370,6 +408,7 @@ impl Device {
         let fns = Fns {
             kinds,
             f32_to_f16: f("f32_to_f16")?,
+            quantize_q8: f("quantize_q8")?,
             rms_norm: f("rms_norm")?,
             add_rms_norm: f("add_rms_norm")?,
             argmax_rows: f("argmax_rows")?,
@@ -404,6 +443,10 @@ impl Device {
             name,
             arch,
             scratch: Mutex::new(Scratch::default()),
+            q8_tag: Mutex::new(None),
+            mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 4),
+            f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
+            pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -433,6 +476,53 @@ impl Device {
             .map_err(drv("synchronizing the stream"))
     }
 
+    fn set_q8_tag(&self, t: Option<Q8Tag>) {
+        if let Ok(mut g) = self.q8_tag.lock() {
+            *g = t;
+        }
+    }
+
+    fn q8_tag(&self) -> Option<Q8Tag> {
+        self.q8_tag.lock().ok().and_then(|g| *g)
+    }
+
+    /// The q8 scratch for `elems` activations (a multiple of 32): the
+    /// addresses of its int8 values and of its per-unit scales. Grows, never
+    /// shrinks; an outgrown buffer is retired, not freed (graphs).
+    fn q8_scratch(&self, elems: usize) -> Result<(u64, u64), CudaError> {
+        let need = elems + elems / 32 * 8;
+        let mut sc = self
+            .scratch
+            .lock()
+            .map_err(|_| shape("q8 scratch", "scratch lock poisoned".into()))?;
+        if sc.q8.as_ref().is_none_or(|s| s.len() < need) {
+            let fresh = self
+                .stream
+                .alloc_zeros::<u8>(need.max(4096).next_power_of_two())
+                .map_err(drv(format!("allocating {need} bytes of q8 scratch")))?;
+            if let Some(old) = sc.q8.replace(fresh) {
+                sc.retired.push(old);
+            }
+        }
+        let p = sc.q8.as_ref().map_or(0, |s| self.ptr(s));
+        Ok((p, p + elems as u64))
+    }
+
+    /// Whether the q8 scratch holds `b`'s quantized copy right now (the
+    /// last launch wrote it): the next int8 matvec over `b` reads it
+    /// without quantizing again. For tests.
+    pub fn q8_holds(&self, b: &Buf) -> bool {
+        self.q8_tag().is_some_and(|t| t.buf == b.id)
+    }
+
+    /// Whether a launch over `rows x width` floats should also write the q8
+    /// copy (the next matmul over them takes the int8 decode path).
+    fn wants_q8(&self, rows: usize, width: usize) -> bool {
+        width.is_multiple_of(32)
+            && self.matmul_path(rows) == MatmulPath::Matvec
+            && rows <= 65535
+    }
+
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         // Event tracking is off, so the guard this returns does nothing.
         s.device_ptr(&self.stream).0
@@ -445,6 +535,22 @@ impl Device {
         what: &'static str,
         args: &'a [&'a dyn Arg],
     ) -> Result<(), CudaError> {
+        self.set_q8_tag(None);
+        self.launch_keep(f, cfg, what, args)
+    }
+
+    /// [`Device::launch`] for the kernels that only read the q8 scratch's
+    /// input: the tag stays.
+    fn launch_keep<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        cfg: LaunchConfig,
+        what: &'static str,
+        args: &'a [&'a dyn Arg],
+    ) -> Result<(), CudaError> {
+        if self.pdl {
+            return self.launch_pdl(f, cfg, what, args);
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             a.push(&mut b);
@@ -455,6 +561,48 @@ impl Device {
         // enough for the grid it launches.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {what}")))?;
         Ok(())
+    }
+
+    /// [`Device::launch_keep`] as a programmatic dependent launch: the
+    /// kernel may start while the previous one on the stream still runs; it
+    /// waits for it at its `PDL_ENTER` (every kernel in `kernels.cu` has one
+    /// before it touches anything but weights).
+    fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        what: &'static str,
+        args: &[&dyn Arg],
+    ) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        self.ctx
+            .bind_to_thread()
+            .map_err(drv(format!("launching {what}")))?;
+        let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(|a| a.param()).collect();
+        // SAFETY: a zeroed attribute is a valid plain-C value; the id and
+        // the union member for that id are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as in `launch_keep` (each caller passes its kernel's
+        // argument list, in order, with buffers sized for the grid); `params`
+        // points at `args`' values, which outlive the call, and the driver
+        // copies them before returning.
+        unsafe { sys::cuLaunchKernelEx(&lc, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(drv(format!("launching {what}")))
     }
 
     // ---- memory
@@ -481,10 +629,20 @@ impl Device {
                 format!("an empty {rows}x{cols} {kind} matrix"),
             ));
         }
-        let data = self
-            .stream
-            .clone_htod(bytes)
-            .map_err(drv(format!("uploading {} bytes", bytes.len())))?;
+        let (data, row_bytes) = match repack(kind, bytes, rows, row_bytes) {
+            Some((packed, rb)) => (
+                self.stream
+                    .clone_htod(&packed)
+                    .map_err(drv(format!("uploading {} bytes", packed.len())))?,
+                rb,
+            ),
+            None => (
+                self.stream
+                    .clone_htod(bytes)
+                    .map_err(drv(format!("uploading {} bytes", bytes.len())))?,
+                row_bytes,
+            ),
+        };
         Ok(Matrix {
             kind,
             rows,
@@ -500,7 +658,7 @@ impl Device {
             return self.alloc(0);
         }
         let s = self.stream.clone_htod(v).map_err(drv("uploading floats"))?;
-        Ok(Buf { s, len: v.len() })
+        Ok(Buf { s, len: v.len(), id: next_buf_id() })
     }
 
     /// Uploads indices (token ids, positions, slots, rows).
@@ -523,7 +681,7 @@ impl Device {
             .stream
             .alloc_zeros(len.max(1))
             .map_err(drv(format!("allocating {len} floats")))?;
-        Ok(Buf { s, len })
+        Ok(Buf { s, len, id: next_buf_id() })
     }
 
     /// Copies the first `dst.len()` floats of `src` to the host, waiting for
@@ -671,20 +829,38 @@ impl Device {
                     return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
                 }
                 // F16 rows with 16-byte loads; every other kind the unit decoder.
-                let (f, rows_per_block, smem) =
-                    if w.kind == QuantKind::F16 && w.cols.is_multiple_of(8) {
-                        (&self.fns.matvec_f16_v8, MMVQ_WARPS, 0)
-                    } else {
-                        (&fns.matvec, 4, 0)
-                    };
-                let cfg = LaunchConfig {
-                    grid_dim: (w.rows.div_ceil(rows_per_block) as u32, n as u32, 1),
-                    block_dim: (32 * rows_per_block as u32, 1, 1),
-                    shared_mem_bytes: smem as u32,
-                };
                 let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
+                if f16_fits(w) {
+                    // Lanes per row so that a lane has about four 16-byte loads.
+                    let lpr = lanes_per_row(w.cols / 8, self.f16_loads);
+                    let cfg = LaunchConfig {
+                        grid_dim: (w.rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let lpr = lpr as i32;
+                    return self.launch(
+                        &self.fns.matvec_f16_v8,
+                        cfg,
+                        "matvec",
+                        &[
+                            &wp,
+                            &xp,
+                            &yp,
+                            &int("matvec", w.rows)?,
+                            &int("matvec", w.cols)?,
+                            &(w.row_bytes as i64),
+                            &lpr,
+                        ],
+                    );
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (w.rows.div_ceil(4) as u32, n as u32, 1),
+                    block_dim: (32 * 4, 1, 1),
+                    shared_mem_bytes: 0,
+                };
                 self.launch(
-                    f,
+                    &fns.matvec,
                     cfg,
                     "matvec",
                     &[
@@ -739,6 +915,8 @@ impl Device {
 
     /// One launch of the int8-activation kernel over up to three matrices of
     /// one kind and width (checked by the callers: [`mmvq_fits`], shapes).
+    /// The activations are quantized once into the q8 scratch, unless the
+    /// launch that wrote `x` (the fused norm, the GLU) already did.
     fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
         let w0 = mats[0].0;
         let f = self
@@ -755,29 +933,38 @@ impl Device {
                 format!("{} matrices, {n} tokens in one launch", mats.len()),
             ));
         }
-        let mut m = MmvqMats {
-            w: [0; 3],
-            y: [0; 3],
-            rows: [0; 3],
-            row_bytes: [0; 3],
+        let cols = w0.cols;
+        let elems = n * cols;
+        let (qs, ds) = self.q8_scratch(elems)?;
+        let tag = Q8Tag {
+            buf: x.id,
+            elems,
+            width: cols,
         };
-        for (i, (w, y)) in mats.iter().enumerate() {
-            m.w[i] = self.ptr(&w.data);
-            m.y[i] = *y;
-            m.rows[i] = int("mmvq", w.rows)?;
-            m.row_bytes[i] = w.row_bytes as i64;
+        if self.q8_tag() != Some(tag) {
+            let ne = elems as i64;
+            self.launch(
+                &self.fns.quantize_q8,
+                grid(elems, 256),
+                "quantize_q8",
+                &[&self.ptr(&x.s), &qs, &ds, &ne],
+            )?;
+            self.set_q8_tag(Some(tag));
         }
+        let m = mmvq_mats(self, mats)?;
         let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        let lpr = lanes_per_row(cols / 32, self.mmvq_units);
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(MMVQ_WARPS) as u32, n as u32, 1),
-            block_dim: (32 * MMVQ_WARPS as u32, 1, 1),
-            shared_mem_bytes: (w0.cols / 32 * 40) as u32,
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
         };
-        self.launch(
+        let lpr = lpr as i32;
+        self.launch_keep(
             f,
             cfg,
             "int8 matvec",
-            &[&m, &self.ptr(&x.s), &int("mmvq", w0.cols)?],
+            &[&m, &qs, &ds, &int("mmvq", cols)?, &lpr],
         )
     }
 
@@ -837,6 +1024,7 @@ impl Device {
         )?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let yp = self.ptr(&y.s);
+        self.set_q8_tag(None);
         // SAFETY: A is the rows x cols f16 copy of W (row-major, so column-
         // major cols x rows, transposed), B the n x cols f16 activations
         // (column-major cols x n), C the n x rows f32 output (column-major
@@ -957,13 +1145,18 @@ impl Device {
         }
         // Up to 8 values a thread stay in registers: 1024 threads for rows
         // up to 8192 wide, in one pass over memory.
-        let threads = (w.len.div_ceil(8).next_power_of_two()).clamp(128, 1024) as u32;
+        // Two values a thread where the row allows (the q8 quantization after
+        // the norm runs a warp reduction per value a thread holds).
+        let threads = (w.len.div_ceil(2).next_power_of_two()).clamp(128, 1024) as u32;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
         let bp = b.map_or(0u64, |b| self.ptr(&b.s));
+        // The normed rows feed a decode matvec next: quantize them here too.
+        let q8 = self.wants_q8(rows, w.len);
+        let (qs, ds) = if q8 { self.q8_scratch(out.len)? } else { (0, 0) };
         self.launch(
             &self.fns.add_rms_norm,
             cfg,
@@ -975,8 +1168,18 @@ impl Device {
                 &self.ptr(&out.s),
                 &int("add_rms_norm", w.len)?,
                 &eps,
+                &qs,
+                &ds,
             ],
-        )
+        )?;
+        if q8 {
+            self.set_q8_tag(Some(Q8Tag {
+                buf: out.id,
+                elems: out.len,
+                width: w.len,
+            }));
+        }
+        Ok(())
     }
 
     /// The index of the largest value of each `width`-wide row of `x` (ties:
@@ -1208,16 +1411,24 @@ impl Device {
             && g <= 8
             && g * hd <= 2048
             && g * hdv <= 2048;
+        // The grouped kernel's fast value path (`GA_FAST` in kernels.cu).
+        let ga_fast = g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128;
         let (f, blocks, threads, smem) = if gqa {
             (
                 &self.fns.attention_gqa,
                 n * a.n_head_kv,
                 256,
-                (g * hd + g * 256) * 4,
+                // Queries, a chunk's scores, and (the fast value path,
+                // `GA_FAST` in kernels.cu) 8 warps' partial sums.
+                (g * hd + g * 256 + if ga_fast { 8 * g * hdv } else { 0 }) * 4,
             )
         } else {
             (&self.fns.attention, n * a.n_head, 128, 0)
         };
+        // The grouped kernel's fast value path also quantizes its output
+        // into the q8 scratch for the output projection (decode).
+        let q8 = gqa && ga_fast && self.wants_q8(n, a.n_head * hdv);
+        let (qs, ds) = if q8 { self.q8_scratch(n * a.n_head * hdv)? } else { (0, 0) };
         let cfg = LaunchConfig {
             grid_dim: (int("attention", blocks)? as u32, 1, 1),
             block_dim: (threads, 1, 1),
@@ -1242,8 +1453,18 @@ impl Device {
                 &a.scale,
                 &a.softcap.unwrap_or(0.0),
                 &(a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32),
+                &qs,
+                &ds,
             ],
-        )
+        )?;
+        if q8 {
+            self.set_q8_tag(Some(Q8Tag {
+                buf: out.id,
+                elems: n * a.n_head * hdv,
+                width: a.n_head * hdv,
+            }));
+        }
+        Ok(())
     }
 
     /// `out = act(gate) * up` element-wise.
@@ -1301,12 +1522,24 @@ impl Device {
             Act::Silu => 0i32,
             Act::Gelu => 1,
         };
+        // The product feeds the down matvec next: quantize it here too.
+        let wu = width as usize;
+        let q8 = wu > 0 && self.wants_q8(out.len / wu, wu);
+        let (qs, ds) = if q8 { self.q8_scratch(out.len)? } else { (0, 0) };
         self.launch(
             &self.fns.glu,
             grid(out.len, 256),
             "glu",
-            &[&gate, &up, &self.ptr(&out.s), &n, &width, &stride, &a],
-        )
+            &[&gate, &up, &self.ptr(&out.s), &n, &width, &stride, &a, &qs, &ds],
+        )?;
+        if q8 {
+            self.set_q8_tag(Some(Q8Tag {
+                buf: out.id,
+                elems: out.len,
+                width: wu,
+            }));
+        }
+        Ok(())
     }
 
     /// `dst = src`.
@@ -1320,6 +1553,7 @@ impl Device {
         if src.len == 0 {
             return Ok(());
         }
+        self.set_q8_tag(None);
         self.stream
             .memcpy_dtod(&src.s.slice(..src.len), &mut dst.s.slice_mut(..src.len))
             .map_err(drv("copying"))
@@ -1511,6 +1745,8 @@ impl Device {
 /// A kernel argument by value: the C types `kernels.cu` declares.
 trait Arg {
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+    /// The address of the value, as `cuLaunchKernelEx` takes each argument.
+    fn param(&self) -> *mut std::ffi::c_void;
 }
 
 macro_rules! arg {
@@ -1518,6 +1754,9 @@ macro_rules! arg {
         impl Arg for $t {
             fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
                 b.arg(self);
+            }
+            fn param(&self) -> *mut std::ffi::c_void {
+                self as *const Self as *mut std::ffi::c_void
             }
         }
     )*};
@@ -1538,8 +1777,65 @@ struct MmvqMats {
 // SAFETY: plain old data with the C layout the kernel declares.
 unsafe impl cudarc::driver::DeviceRepr for MmvqMats {}
 
+/// The device layout of the kinds whose blocks keep an f16 scale beside
+/// 2-byte-aligned quants (Q4_0, Q8_0: scale first; Q6_K: scale last): per
+/// row, every block's other bytes block after block (16, 32 or 208 bytes, so
+/// each block's quants start 16-byte aligned and load as uint4), then the
+/// blocks' scales, padded to 16 bytes. `None` for kinds kept as in the file.
+/// The kernels' `deq_`/`dot_` functions read this layout (`kernels.cu`).
+fn repack(kind: QuantKind, bytes: &[u8], rows: usize, row_bytes: usize) -> Option<(Vec<u8>, usize)> {
+    let (block, scale_at) = match kind {
+        QuantKind::Q4_0 => (18, 0),
+        QuantKind::Q8_0 => (34, 0),
+        QuantKind::Q6K => (210, 208),
+        _ => return None,
+    };
+    let nb = row_bytes / block;
+    let body = block - 2;
+    let rb = row_bytes.next_multiple_of(16);
+    let mut out = vec![0u8; rb * rows];
+    for (src, dst) in bytes.chunks_exact(row_bytes).zip(out.chunks_exact_mut(rb)) {
+        let (bodies, scales) = dst.split_at_mut(nb * body);
+        for (b, blk) in src.chunks_exact(block).enumerate() {
+            let (lo, hi) = if scale_at == 0 { (2, block) } else { (0, scale_at) };
+            bodies[b * body..][..body].copy_from_slice(&blk[lo..hi]);
+            scales[2 * b..][..2].copy_from_slice(&blk[scale_at..scale_at + 2]);
+        }
+    }
+    Some((out, rb))
+}
+
+/// Lanes of a 256-thread block that share one row of the matvec kernels
+/// (a power of two, 8 to 256): about `per_lane` loads (units) a lane, the
+/// kernels issuing four at a time.
+fn lanes_per_row(loads: usize, per_lane: usize) -> usize {
+    (loads / per_lane.max(1)).next_power_of_two().clamp(8, 256)
+}
+
+/// The kernel argument listing up to three matrices and their outputs.
+fn mmvq_mats(d: &Device, mats: &[(&Matrix, u64)]) -> Result<MmvqMats, CudaError> {
+    let mut m = MmvqMats {
+        w: [0; 3],
+        y: [0; 3],
+        rows: [0; 3],
+        row_bytes: [0; 3],
+    };
+    for (i, (w, y)) in mats.iter().enumerate().take(3) {
+        m.w[i] = d.ptr(&w.data);
+        m.y[i] = *y;
+        m.rows[i] = int("matvec", w.rows)?;
+        m.row_bytes[i] = w.row_bytes as i64;
+    }
+    Ok(m)
+}
+
+/// Whether `w` runs on the 16-byte-load F16 matvec.
+fn f16_fits(w: &Matrix) -> bool {
+    w.kind == QuantKind::F16 && w.cols.is_multiple_of(8) && w.row_bytes == 2 * w.cols
+}
+
 /// Whether `w` runs on the int8-activation matvec: a kind that has one,
-/// whole 32-element units, and its activations fit a block's shared memory.
+/// whole 32-element units.
 fn mmvq_fits(w: &Matrix) -> bool {
-    mmvq_kind(w.kind) && w.cols.is_multiple_of(32) && w.cols / 32 * 40 <= MMVQ_MAX_SMEM
+    mmvq_kind(w.kind) && w.cols.is_multiple_of(32)
 }

@@ -6,6 +6,12 @@
 // kinds, one sub-block of a 256-wide K-quant block). The matvec, get_rows
 // and dequantize-to-f16 kernels are each written once over that function,
 // so a kind is added by writing its unit and one line of each table.
+//
+// Q4_0, Q8_0 and Q6_K rows are stored repacked on the device (`upload_matrix`
+// in device.rs): each block without its f16 scale, block after block (so the
+// quants of a block start 16-byte aligned and load as uint4), then the
+// blocks' scales, then padding to a multiple of 16 bytes. The other kinds
+// keep the GGUF block layout.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -13,6 +19,33 @@ typedef unsigned int u32;
 typedef signed char i8;
 
 #define INF_F __int_as_float(0x7f800000)
+
+// Programmatic dependent launch (Hopper): the host launches each kernel so
+// that it may start while the previous one still runs (FERROX_CUDA_PDL).
+// Every kernel enters through PDL_ENTER before it touches any activation,
+// index or cache memory: it waits there until the previous kernel has
+// finished and its writes are visible, then lets the next kernel start
+// launching. Only immutable weights are touched before it (the matvecs
+// prefetch their rows into L2 while the previous kernel runs). On older
+// architectures, and when the host launches plainly, it does nothing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTER()                                              \
+    do {                                                         \
+        asm volatile("griddepcontrol.wait;" ::: "memory");       \
+        asm volatile("griddepcontrol.launch_dependents;" :::);   \
+    } while (0)
+#else
+#define PDL_ENTER() \
+    do {            \
+    } while (0)
+#endif
+
+// Brings `bytes` of immutable weights from `p` towards L2, a 128-byte line
+// per lane at `first`, `first + stride`, ... (before PDL_ENTER).
+__device__ __forceinline__ void prefetch_l2(const u8* p, long long bytes, int first, int stride) {
+    for (long long o = (long long)first * 128; o < bytes; o += (long long)stride * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
 
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
@@ -54,11 +87,11 @@ __device__ __forceinline__ void deq_bf16(const u8* row, int u, int cols, float v
 }
 
 __device__ __forceinline__ void deq_q4_0(const u8* row, int u, int cols, float v[32]) {
-    const u8* b = row + u * 18;
-    float d = h2f(ld16(b));
+    const u8* b = row + u * 16;  // repacked: quants, then the scales
+    float d = h2f(ld16(row + (cols >> 5) * 16 + 2 * u));
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        u8 q = b[2 + j];
+        u8 q = b[j];
         v[j] = ((int)(q & 0xF) - 8) * d;
         v[j + 16] = ((int)(q >> 4) - 8) * d;
     }
@@ -104,10 +137,10 @@ __device__ __forceinline__ void deq_q5_1(const u8* row, int u, int cols, float v
 }
 
 __device__ __forceinline__ void deq_q8_0(const u8* row, int u, int cols, float v[32]) {
-    const u8* b = row + u * 34;
-    float d = h2f(ld16(b));
+    const u8* b = row + u * 32;  // repacked: quants, then the scales
+    float d = h2f(ld16(row + (cols >> 5) * 32 + 2 * u));
 #pragma unroll
-    for (int j = 0; j < 32; j++) v[j] = (float)((i8)b[2 + j]) * d;
+    for (int j = 0; j < 32; j++) v[j] = (float)((i8)b[j]) * d;
 }
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
@@ -152,13 +185,13 @@ __device__ __forceinline__ void deq_q5_k(const u8* row, int u, int cols, float v
 }
 
 __device__ __forceinline__ void deq_q6_k(const u8* row, int u, int cols, float v[32]) {
-    const u8* b = row + (u >> 3) * 210;
+    const u8* b = row + (u >> 3) * 208;  // repacked: ql, qh, scales; then the d's
     int s = u & 7;
     int half = s >> 2, quarter = s & 3;
     const u8* ql = b + half * 64 + (quarter & 1) * 32;
     const u8* qh = b + 128 + half * 32;
     const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
-    float d = h2f(ld16(b + 208));
+    float d = h2f(ld16(row + (cols >> 8) * 208 + 2 * (u >> 3)));
     int lshift = (quarter >> 1) * 4;
     int hshift = quarter * 2;
 #pragma unroll
@@ -208,7 +241,7 @@ __device__ float block_max(float v, float* red) {
 
 #define DEFINE_KIND(NAME)                                                                          \
     extern "C" __global__ void matvec_##NAME(const u8* w, const float* x, float* y, int rows,    \
-                                             int cols, long long row_bytes) {                    \
+                                             int cols, long long row_bytes) { PDL_ENTER();                    \
         int r = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);                                    \
         int lane = threadIdx.x & 31;                                                              \
         int t = blockIdx.y;                                                                       \
@@ -234,7 +267,7 @@ __device__ float block_max(float v, float* red) {
         if (lane == 0) y[(size_t)t * rows + r] = acc;                                             \
     }                                                                                             \
     extern "C" __global__ void get_rows_##NAME(const u8* w, const u32* ids, float* out, int cols, \
-                                               long long row_bytes) {                            \
+                                               long long row_bytes) { PDL_ENTER();                            \
         int t = blockIdx.x;                                                                       \
         const u8* row = w + (size_t)ids[t] * row_bytes;                                           \
         for (int u = threadIdx.x; u * 32 < cols; u += blockDim.x) {                               \
@@ -245,7 +278,7 @@ __device__ float block_max(float v, float* red) {
         }                                                                                         \
     }                                                                                             \
     extern "C" __global__ void dequant_f16_##NAME(const u8* w, u16* out, int cols,                \
-                                                  long long row_bytes) {                         \
+                                                  long long row_bytes) { PDL_ENTER();                         \
         int r = blockIdx.x;                                                                       \
         const u8* row = w + (size_t)r * row_bytes;                                                \
         for (int u = threadIdx.x; u * 32 < cols; u += blockDim.x) {                               \
@@ -280,11 +313,11 @@ DEFINE_KIND(q5_k)
 DEFINE_KIND(q6_k)
 
 // ---- decode matvec on int8 activations (dp4a), for the kinds decode reads
-// most. Each block first quantizes its token's activations to 8 bits per
-// 32-element unit (d = max|x| / 127, q = round(x / d)) into shared memory,
-// then each warp takes rows; a lane takes one 32-element unit of the row at
-// a time and dots its 32 weights against the unit's 32 int8 activations
-// with __dp4a. `dot_<kind>` returns the unit's dot in weight-scale units
+// most. The activations are quantized once per input to 8 bits per
+// 32-element unit (d = max|x| / 127, q = round(x / d)) into a q8 buffer
+// (`quant_lane`, below: fused into the norm and the GLU, or its own
+// launch); a lane takes one 32-element unit of a row at a time and dots its
+// 32 weights against the unit's 32 int8 activations with __dp4a. `dot_<kind>` returns the unit's dot in weight-scale units
 // times the activation scale: sum_i w_i * xq_i * dx.
 
 #define MMVQ_WARPS 8
@@ -295,21 +328,23 @@ __device__ __forceinline__ u32 ld_a2(const u8* p) {
 }
 
 // qx: the unit's 32 int8 activations as 8 ints; dx its scale; sx = dx * sum(q).
-__device__ __forceinline__ float dot_q4_0(const u8* row, int u, const int* qx, float dx, float sx) {
-    const u8* b = row + u * 18;
-    float d = h2f(*(const u16*)b);
+__device__ __forceinline__ float dot_q4_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+    // Repacked: the block's 16 quant bytes, 16-byte aligned; its scale after
+    // all the row's quants.
+    uint4 v = *(const uint4*)(row + u * 16);
+    float d = h2f(*(const u16*)(row + (cols >> 5) * 16 + 2 * u));
+    u32 w[4] = {v.x, v.y, v.z, v.w};
     int acc = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        u32 v = ld_a2(b + 2 + 4 * j);
-        acc = __dp4a((int)(v & 0x0F0F0F0Fu), qx[j], acc);
-        acc = __dp4a((int)((v >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
+        acc = __dp4a((int)(w[j] & 0x0F0F0F0Fu), qx[j], acc);
+        acc = __dp4a((int)((w[j] >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
     }
     // (q - 8) * d: the offset is -8 * sum(q) * dx.
     return d * (dx * (float)acc - 8.0f * sx);
 }
 
-__device__ __forceinline__ float dot_q5_0(const u8* row, int u, const int* qx, float dx, float sx) {
+__device__ __forceinline__ float dot_q5_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
     const u8* b = row + u * 22;
     float d = h2f(*(const u16*)b);
     u32 qh = ld_a2(b + 2);
@@ -327,16 +362,20 @@ __device__ __forceinline__ float dot_q5_0(const u8* row, int u, const int* qx, f
     return d * (dx * (float)acc - 16.0f * sx);
 }
 
-__device__ __forceinline__ float dot_q8_0(const u8* row, int u, const int* qx, float dx, float sx) {
-    const u8* b = row + u * 34;
-    float d = h2f(*(const u16*)b);
+__device__ __forceinline__ float dot_q8_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+    // Repacked: the block's 32 quant bytes, 16-byte aligned; its scale after
+    // all the row's quants.
+    const uint4* q = (const uint4*)(row + u * 32);
+    uint4 a = q[0], c = q[1];
+    float d = h2f(*(const u16*)(row + (cols >> 5) * 32 + 2 * u));
+    u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
     int acc = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) acc = __dp4a((int)ld_a2(b + 2 + 4 * j), qx[j], acc);
+    for (int j = 0; j < 8; j++) acc = __dp4a((int)w[j], qx[j], acc);
     return d * dx * (float)acc;
 }
 
-__device__ __forceinline__ float dot_q4_k(const u8* row, int u, const int* qx, float dx, float sx) {
+__device__ __forceinline__ float dot_q4_k(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
     const u8* b = row + (u >> 3) * 144;
     int s = u & 7;
     float d = h2f(*(const u16*)b), dmin = h2f(*(const u16*)(b + 2));
@@ -352,21 +391,26 @@ __device__ __forceinline__ float dot_q4_k(const u8* row, int u, const int* qx, f
     return d * sc * dx * (float)acc - dmin * m * sx;
 }
 
-__device__ __forceinline__ float dot_q6_k(const u8* row, int u, const int* qx, float dx, float sx) {
-    const u8* b = row + (u >> 3) * 210;
+__device__ __forceinline__ float dot_q6_k(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+    // Repacked: 208-byte blocks (ql, qh, scales), 16-byte aligned; the d's
+    // after all the row's blocks.
+    const u8* b = row + (u >> 3) * 208;
     int s = u & 7;
     int half = s >> 2, quarter = s & 3;
-    const u8* ql = b + half * 64 + (quarter & 1) * 32;
-    const u8* qh = b + 128 + half * 32;
+    const uint4* ql = (const uint4*)(b + half * 64 + (quarter & 1) * 32);
+    const uint4* qh = (const uint4*)(b + 128 + half * 32);
     const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
-    float d = h2f(*(const u16*)(b + 208));
+    float d = h2f(*(const u16*)(row + (cols >> 8) * 208 + 2 * (u >> 3)));
+    uint4 l0 = ql[0], l1 = ql[1], h0 = qh[0], h1 = qh[1];
+    u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
     int lshift = (quarter >> 1) * 4;
     int hshift = quarter * 2;
     int acc0 = 0, acc1 = 0;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        u32 lo = (ld_a2(ql + 4 * j) >> lshift) & 0x0F0F0F0Fu;
-        u32 hi = ((ld_a2(qh + 4 * j) >> hshift) & 0x03030303u) << 4;
+        u32 lo = (lw[j] >> lshift) & 0x0F0F0F0Fu;
+        u32 hi = ((hw[j] >> hshift) & 0x03030303u) << 4;
         int q = (int)__vsub4(lo | hi, 0x20202020u);
         if (j < 4) acc0 = __dp4a(q, qx[j], acc0);
         else acc1 = __dp4a(q, qx[j], acc1);
@@ -374,37 +418,32 @@ __device__ __forceinline__ float dot_q6_k(const u8* row, int u, const int* qx, f
     return d * dx * (float)(sc[0] * acc0 + sc[1] * acc1);
 }
 
-// One thread quantizes one 32-element unit of x: eight independent 16-byte
-// loads, then d = max|x| / 127, q = round(x / d), packed four to an int.
-__device__ __forceinline__ void quantize_unit(const float* xt, int u, int* qs, float2* ds) {
-    const float4* xu = (const float4*)(xt + u * 32);
-    float4 v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = xu[i];
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+// The activations of a decode matvec, quantized once per input (not in
+// every block) into a q8 buffer that every matvec over that input reads:
+// `qs` the int8 values, 32 per 32-element unit (so a unit is two int4),
+// `ds` per unit (d, d * sum(q)) with d = max|x| / 127 and q = round(x / d).
+// A warp quantizes one unit, a lane one element: `v` is the lane's value,
+// `i` its index in the flattened [tokens, cols] input (cols % 32 == 0).
+// Every lane of the warp must call it (shuffles).
+__device__ __forceinline__ void quant_lane(float v, long long i, i8* qs, float2* ds) {
+    float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
-    int sum = 0;
-    int pk[8];
+    int q = d > 0.0f ? (int)roundf(v / d) : 0;
+    int sum = q;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int a = d > 0.0f ? (int)roundf(v[i].x / d) : 0;
-        int b = d > 0.0f ? (int)roundf(v[i].y / d) : 0;
-        int c = d > 0.0f ? (int)roundf(v[i].z / d) : 0;
-        int e = d > 0.0f ? (int)roundf(v[i].w / d) : 0;
-        sum += a + b + c + e;
-        pk[i] = (a & 0xff) | ((b & 0xff) << 8) | ((c & 0xff) << 16) | ((e & 0xff) << 24);
-    }
-    int4* dst = (int4*)(qs + u * 8);
-    dst[0] = make_int4(pk[0], pk[1], pk[2], pk[3]);
-    dst[1] = make_int4(pk[4], pk[5], pk[6], pk[7]);
-    ds[u] = make_float2(d, d * (float)sum);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    qs[i] = (i8)q;
+    if ((threadIdx.x & 31) == 0) ds[i >> 5] = make_float2(d, d * (float)sum);
 }
 
-// Shared memory of a block: n_units * 32 int8 activations, then n_units
-// (dx, sx) pairs.
+// x [n] (n % 32 == 0) into the q8 buffer. One thread per element.
+extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ qs,
+                                       float2* __restrict__ ds, long long n) { PDL_ENTER();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i - (threadIdx.x & 31) >= n) return;  // whole warps only (n % 32 == 0)
+    quant_lane(x[i], i, qs, ds);
+}
+
 // Up to three matrices of one kind over the same activations in one launch
 // (a layer's Q, K and V, or gate and up): `MmvqMats` lists them; the blocks
 // cover their rows in order. One matrix is the case m[1].rows == 0.
@@ -415,38 +454,78 @@ struct MmvqMats {
     long long row_bytes[3];
 };
 
+// A block is 256 threads; `lpr` lanes (8, 16, ..., 256: a power of two)
+// share a row, so a block takes 256 / lpr rows. A lane takes the row's
+// 32-element units u = sub, sub + lpr, ...: it reads the unit's weights
+// (consecutive lanes, consecutive units) and the unit's 32 int8 activations
+// and scale from the q8 buffer (L1/L2-resident), four units' loads issued
+// together, no shared-memory staging and no barrier before the weight
+// loads. The host picks lpr so that a lane has about four units.
+// The sum over the `lpr` lanes of each row: shuffles within a warp, then
+// (rows wider than a warp) shared memory. Every thread of the block must
+// call it. Returns whether this thread holds its row's total (sub == 0).
+__device__ __forceinline__ bool row_sum(float* acc, int lpr, int sub, float* red) {
+    float a = *acc;
+    int w = lpr < 32 ? lpr : 32;
+    for (int o = w >> 1; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    if (lpr > 32) {
+        int warp = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0) red[warp] = a;
+        __syncthreads();
+        if (sub == 0)
+            for (int j = 1; j < (lpr >> 5); j++) a += red[warp + j];
+    }
+    *acc = a;
+    return sub == 0;
+}
+
 #define DEFINE_MMVQ(NAME)                                                                          \
-    extern "C" __global__ void mmvq_##NAME(MmvqMats m, const float* x, int cols) {               \
-        extern __shared__ int smem[];                                                             \
+    extern "C" __global__ void mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
+                                           const float2* __restrict__ dsx, int cols, int lpr) {  \
+        __shared__ float red[MMVQ_WARPS];                                                         \
         int n_units = cols >> 5;                                                                  \
-        int* qs = smem;                                                                           \
-        float2* ds = (float2*)(smem + n_units * 8);                                               \
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                     \
+        int sub = threadIdx.x & (lpr - 1);                                                        \
         int t = blockIdx.y;                                                                       \
-        const float* xt = x + (size_t)t * cols;                                                   \
-        for (int u = threadIdx.x; u < n_units; u += blockDim.x) quantize_unit(xt, u, qs, ds);     \
-        __syncthreads();                                                                          \
-        int r = blockIdx.x * MMVQ_WARPS + warp;                                                   \
+        int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;                              \
         int k = 0;                                                                                \
+        bool ok = true;                                                                           \
         if (r >= m.rows[0]) {                                                                     \
             r -= m.rows[0];                                                                       \
             k = 1;                                                                                \
             if (r >= m.rows[1]) {                                                                 \
                 r -= m.rows[1];                                                                   \
                 k = 2;                                                                            \
-                if (r >= m.rows[2]) return;                                                       \
+                if (r >= m.rows[2]) ok = false;                                                   \
             }                                                                                     \
         }                                                                                         \
-        const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                      \
+        if (ok) prefetch_l2(m.w[k] + (size_t)r * m.row_bytes[k], m.row_bytes[k], sub, lpr);      \
+        PDL_ENTER();                                                                              \
         float acc = 0.0f;                                                                         \
-        for (int u = lane; u < n_units; u += 32) {                                                \
-            float2 dd = ds[u];                                                                    \
-            int4 qa = ((const int4*)qs)[2 * u], qb = ((const int4*)qs)[2 * u + 1];                \
-            int qx[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                         \
-            acc += dot_##NAME(row, u, qx, dd.x, dd.y);                                            \
+        if (ok) {                                                                                 \
+            const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                  \
+            const int4* qt = qx + (size_t)t * n_units * 2;                                        \
+            const float2* dt = dsx + (size_t)t * n_units;                                         \
+            int u = sub, step = lpr;                                                              \
+            /* Four units a step with no guard between them (straight-line                        \
+               code, so the compiler issues all their loads first), then the                      \
+               rest one at a time. */                                                             \
+            for (; u + 3 * step < n_units; u += 4 * step) {                                       \
+                _Pragma("unroll") for (int j = 0; j < 4; j++) {                                   \
+                    int uj = u + j * step;                                                        \
+                    float2 dd = dt[uj];                                                           \
+                    int4 qa = qt[2 * uj], qb = qt[2 * uj + 1];                                    \
+                    int q8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                 \
+                    acc += dot_##NAME(row, uj, cols, q8, dd.x, dd.y);                             \
+                }                                                                                 \
+            }                                                                                     \
+            for (; u < n_units; u += step) {                                                      \
+                float2 dd = dt[u];                                                                \
+                int4 qa = qt[2 * u], qb = qt[2 * u + 1];                                          \
+                int q8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                     \
+                acc += dot_##NAME(row, u, cols, q8, dd.x, dd.y);                                  \
+            }                                                                                     \
         }                                                                                         \
-        acc = warp_sum(acc);                                                                      \
-        if (lane == 0) m.y[k][(size_t)t * m.rows[k] + r] = acc;                                   \
+        if (row_sum(&acc, lpr, sub, red) && ok) m.y[k][(size_t)t * m.rows[k] + r] = acc;          \
     }
 
 DEFINE_MMVQ(q4_0)
@@ -455,31 +534,47 @@ DEFINE_MMVQ(q8_0)
 DEFINE_MMVQ(q4_k)
 DEFINE_MMVQ(q6_k)
 
+__device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
+    float4 a = x[0], b = x[1];
+    return h2f((u16)h.x) * a.x + h2f((u16)(h.x >> 16)) * a.y + h2f((u16)h.y) * a.z +
+           h2f((u16)(h.y >> 16)) * a.w + h2f((u16)h.z) * b.x + h2f((u16)(h.z >> 16)) * b.y +
+           h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
+}
+
 // F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
-extern "C" __global__ void matvec_f16_v8(const u8* w, const float* x, float* y, int rows, int cols,
-                                         long long row_bytes) {
-    int r = blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+// `lpr` lanes share a row, as in the int8 kernels; four loads in flight.
+extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* __restrict__ x,
+                                         float* __restrict__ y, int rows, int cols,
+                                         long long row_bytes, int lpr) {
+    __shared__ float red[MMVQ_WARPS];
+    int sub = threadIdx.x & (lpr - 1);
+    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;
     int t = blockIdx.y;
-    if (r >= rows) return;
-    const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
-    const float4* xt = (const float4*)(x + (size_t)t * cols);
-    int n8 = cols >> 3;
+    bool ok = r < rows;
+    if (ok) prefetch_l2(w + (size_t)r * row_bytes, row_bytes, sub, lpr);
+    PDL_ENTER();
     float acc = 0.0f;
-    for (int i = lane; i < n8; i += 32) {
-        uint4 h = row[i];
-        float4 a = xt[2 * i], b = xt[2 * i + 1];
-        acc += h2f((u16)h.x) * a.x + h2f((u16)(h.x >> 16)) * a.y + h2f((u16)h.y) * a.z +
-               h2f((u16)(h.y >> 16)) * a.w + h2f((u16)h.z) * b.x + h2f((u16)(h.z >> 16)) * b.y +
-               h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
+    if (ok) {
+        const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
+        const float4* xt = (const float4*)(x + (size_t)t * cols);
+        int n8 = cols >> 3;
+        int i = sub, step = lpr;
+        // Four loads a step with no guard between them, then the rest.
+        for (; i + 3 * step < n8; i += 4 * step) {
+            uint4 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) h[j] = row[i + j * step];
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc += dot8_f16(h[j], xt + 2 * (i + j * step));
+        }
+        for (; i < n8; i += step) acc += dot8_f16(row[i], xt + 2 * i);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[(size_t)t * rows + r] = acc;
+    if (row_sum(&acc, lpr, sub, red) && ok) y[(size_t)t * rows + r] = acc;
 }
 
 // Index of the largest value of each row (ties: the lowest index; NaN never
 // wins). One block per row.
-extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
+extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) { PDL_ENTER();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* r = x + (size_t)blockIdx.x * width;
@@ -526,13 +621,13 @@ extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
 
 // ---- element-wise and row operations on f32 activations.
 
-extern "C" __global__ void f32_to_f16(const float* x, u16* y, long long n) {
+extern "C" __global__ void f32_to_f16(const float* x, u16* y, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2h(x[i]);
 }
 
 // One block per row, in place: x = x / rms(x) * w.
-extern "C" __global__ void rms_norm(float* x, const float* w, int width, float eps) {
+extern "C" __global__ void rms_norm(float* x, const float* w, int width, float eps) { PDL_ENTER();
     __shared__ float red[32];
     float* r = x + (size_t)blockIdx.x * width;
     float s = 0.0f;
@@ -544,30 +639,41 @@ extern "C" __global__ void rms_norm(float* x, const float* w, int width, float e
 
 // One block per row: x += b (when b is given, written back), then
 // out = x / rms(x) * w. Out of place, so the residual stream stays intact.
+// When `qs` is given (width % 32 == 0), `out` is also quantized into the
+// q8 buffer the decode matvecs read (`quant_lane`). Every load of a row is
+// issued before the first store (the pointers are restrict: the 8 values a
+// thread keeps are read in one round trip, not eight).
 #define NORM_KEEP 8
-extern "C" __global__ void add_rms_norm(float* x, const float* b, const float* w, float* out,
-                                        int width, float eps) {
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ b,
+                                        const float* __restrict__ w, float* __restrict__ out,
+                                        int width, float eps, i8* __restrict__ qs,
+                                        float2* __restrict__ ds) { PDL_ENTER();
     __shared__ float red[32];
     float* r = x + (size_t)blockIdx.x * width;
     const float* br = b ? b + (size_t)blockIdx.x * width : 0;
     float* o = out + (size_t)blockIdx.x * width;
     // The first NORM_KEEP values of each thread stay in registers between
     // the two passes; wider rows re-read the rest.
-    float keep[NORM_KEEP];
-    float s = 0.0f;
+    float keep[NORM_KEEP], add[NORM_KEEP], wk[NORM_KEEP];
 #pragma unroll
     for (int k = 0; k < NORM_KEEP; k++) {
         int i = threadIdx.x + k * blockDim.x;
-        float v = 0.0f;
-        if (i < width) {
-            v = r[i];
-            if (br) {
-                v += br[i];
-                r[i] = v;
-            }
+        keep[k] = i < width ? r[i] : 0.0f;
+        add[k] = (br && i < width) ? br[i] : 0.0f;
+        wk[k] = i < width ? w[i] : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+        keep[k] += add[k];
+        s += keep[k] * keep[k];
+    }
+    if (br) {
+#pragma unroll
+        for (int k = 0; k < NORM_KEEP; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < width) r[i] = keep[k];
         }
-        keep[k] = v;
-        s += v * v;
     }
     for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i < width; i += blockDim.x) {
         float v = r[i];
@@ -579,12 +685,23 @@ extern "C" __global__ void add_rms_norm(float* x, const float* b, const float* w
     }
     s = block_sum(s, red);
     float scale = rsqrtf(s / width + eps);
+    i8* qr = qs ? qs + (size_t)blockIdx.x * width : 0;
+    float2* dr = qs ? ds + (size_t)blockIdx.x * (width >> 5) : 0;
 #pragma unroll
     for (int k = 0; k < NORM_KEEP; k++) {
         int i = threadIdx.x + k * blockDim.x;
-        if (i < width) o[i] = keep[k] * scale * w[i];
+        // Whole warps are in or out of the row (width % 32 == 0 when qs).
+        if (i - (threadIdx.x & 31) < width) {
+            float v = i < width ? keep[k] * scale * wk[k] : 0.0f;
+            if (i < width) o[i] = v;
+            if (qr) quant_lane(v, i, qr, dr);
+        }
     }
-    for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i < width; i += blockDim.x) o[i] = r[i] * scale * w[i];
+    for (int i = threadIdx.x + NORM_KEEP * blockDim.x; i - (int)(threadIdx.x & 31) < width; i += blockDim.x) {
+        float v = i < width ? r[i] * scale * w[i] : 0.0f;
+        if (i < width) o[i] = v;
+        if (qr) quant_lane(v, i, qr, dr);
+    }
 }
 
 // One thread per (token, head, rotated pair). `halves` pairs i with
@@ -593,7 +710,7 @@ extern "C" __global__ void add_rms_norm(float* x, const float* b, const float* w
 // same positions: queries and keys in one launch.
 extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads, int head_dim,
                                 int n_rot, int halves, float base, float freq_scale,
-                                float attn_factor, const float* factors, float* x2, int n_heads2) {
+                                float attn_factor, const float* factors, float* x2, int n_heads2) { PDL_ENTER();
     if (blockIdx.y == 1) {
         x = x2;
         n_heads = n_heads2;
@@ -622,7 +739,7 @@ extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads
 // Keys (blockIdx.z == 0) and values (1) in one launch.
 extern "C" __global__ void kv_store(const float* ksrc, u16* kcache, int kdim, const float* vsrc,
                                     u16* vcache, int vdim, const u32* seq, const u32* pos,
-                                    int n_ctx) {
+                                    int n_ctx) { PDL_ENTER();
     int t = blockIdx.y;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     const float* src = blockIdx.z ? vsrc : ksrc;
@@ -643,7 +760,7 @@ extern "C" __global__ void kv_store(const float* ksrc, u16* kcache, int kdim, co
 extern "C" __global__ void attention(const float* q, const u16* kc, const u16* vc, float* out,
                                      const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                      int hd, int hdv, int n_ctx, float scale, float softcap,
-                                     int window) {
+                                     int window, i8* qs, float2* ds) { PDL_ENTER();
     __shared__ float sq[256];
     __shared__ float sp[ATTN_CHUNK];
     __shared__ float red[32];
@@ -703,27 +820,35 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
 // Attention with the query heads of one KV head together: one block per
 // (token, KV head), 256 threads. Scores: a thread per key of a 256-key chunk,
 // all the group's heads at once (16-byte key loads, queries broadcast from
-// shared memory, no shuffles). Values: a thread per (head, value dim),
-// looping over the chunk's keys. Online softmax across chunks. Needs
-// head_dim % 8 == 0, group <= 8, group * head_dim <= 2048 and
-// group * head_dim_v <= 2048 (the host falls back to `attention` otherwise).
+// shared memory, no shuffles). Softmax: a warp per head (one barrier a
+// chunk, not two per head). Values, when group * head_dim_v <= 512 and
+// head_dim_v % 32 == 0 (`GA_FAST`): a warp per key (warp w takes keys w,
+// w + 8, ...), a lane per value dim for every head of the group, partial
+// sums kept in registers across chunks and added across warps once at the
+// end; otherwise a thread per (head, value dim) looping over the chunk's
+// keys. Online softmax across chunks. Needs head_dim % 8 == 0, group <= 8,
+// group * head_dim <= 2048 and group * head_dim_v <= 2048 (the host falls
+// back to `attention` otherwise).
 #define GA_THREADS 256
 #define GA_MAXG 8
 #define GA_ACC 8
+#define GA_FAST 512
 extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u16* vc, float* out,
                                          const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                          int hd, int hdv, int n_ctx, float scale, float softcap,
-                                         int window) {
+                                         int window, i8* qs, float2* ds) { PDL_ENTER();
     extern __shared__ float gsm[];
-    __shared__ float red[32];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
     int G = n_head / n_head_kv;
     float* sq = gsm;                // G * hd
     float* sp = gsm + G * hd;       // G * GA_THREADS
+    float* part = sp + G * GA_THREADS;  // 8 warps * G * hdv (fast path)
     int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
     int s = seq[t], p = pos[t];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int tid = threadIdx.x;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    bool fast = G * hdv <= GA_FAST && (hdv & 31) == 0 && hdv <= 128;
+    int nd = hdv >> 5;  // value dims a lane takes per head (fast path), <= 4
     const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * hd;
     for (int i = tid; i < G * hd; i += blockDim.x) sq[i] = qh[i];
     if (tid < G) {
@@ -734,9 +859,11 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
     size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
     const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;
     const u16* vb = vc + (size_t)s * n_ctx * vd + (size_t)kvh * hdv;
-    float acc[GA_ACC];
+    // Fast path: acc[g * 4 + i] is head g, value dim i * 32 + lane.
+    // Slow path: acc[k] is element tid + k * GA_THREADS of [G, hdv].
+    float acc[GA_MAXG * 4];
 #pragma unroll
-    for (int k = 0; k < GA_ACC; k++) acc[k] = 0.0f;
+    for (int k = 0; k < GA_MAXG * 4; k++) acc[k] = 0.0f;
     for (int c0 = lo; c0 <= p; c0 += GA_THREADS) {
         int nc = min(GA_THREADS, p + 1 - c0);
         if (tid < nc) {
@@ -744,6 +871,7 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
             float d[GA_MAXG];
 #pragma unroll
             for (int g = 0; g < GA_MAXG; g++) d[g] = 0.0f;
+#pragma unroll 4
             for (int i = 0; i < hd; i += 8) {
                 uint4 kk = kr[i >> 3];
                 float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
@@ -767,37 +895,92 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
             }
         }
         __syncthreads();
-        for (int g = 0; g < G; g++) {
-            float mine = tid < nc ? sp[g * GA_THREADS + tid] : -INF_F;
-            float cm = block_max(mine, red);
-            float mo = sm_m[g];
+        // A warp per head: the chunk's max, the exponentials, their sum.
+        if (warp < G) {
+            float* pg = sp + warp * GA_THREADS;
+            float cm = -INF_F;
+            for (int j = lane; j < nc; j += 32) cm = fmaxf(cm, pg[j]);
+            cm = warp_max(cm);
+            float mo = sm_m[warp];
             float mn = fmaxf(mo, cm);
-            float e = tid < nc ? expf(mine - mn) : 0.0f;
-            if (tid < nc) sp[g * GA_THREADS + tid] = e;
-            float cs = block_sum(e, red);
-            __syncthreads();
-            if (tid == 0) {
+            float cs = 0.0f;
+            for (int j = lane; j < nc; j += 32) {
+                float e = expf(pg[j] - mn);
+                pg[j] = e;
+                cs += e;
+            }
+            cs = warp_sum(cs);
+            if (lane == 0) {
                 float corr = expf(mo - mn);
-                sm_corr[g] = corr;
-                sm_l[g] = sm_l[g] * corr + cs;
-                sm_m[g] = mn;
+                sm_corr[warp] = corr;
+                sm_l[warp] = sm_l[warp] * corr + cs;
+                sm_m[warp] = mn;
             }
         }
         __syncthreads();
+        if (fast) {
 #pragma unroll
-        for (int k = 0; k < GA_ACC; k++) {
-            int idx = tid + k * GA_THREADS;
-            if (idx < G * hdv) {
-                int g = idx / hdv, dd = idx - g * hdv;
-                const float* pg = sp + g * GA_THREADS;
-                const u16* vcol = vb + dd + (size_t)c0 * vd;
-                float a = acc[k] * sm_corr[g];
+            for (int g = 0; g < GA_MAXG; g++) {
+                if (g < G) {
+                    float corr = sm_corr[g];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[g * 4 + i] *= corr;
+                }
+            }
+#pragma unroll 2
+            for (int j = warp; j < nc; j += GA_THREADS / 32) {
+                const u16* vr = vb + (size_t)(c0 + j) * vd + lane;
+                float vv[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) vv[i] = i < nd ? h2f(vr[i * 32]) : 0.0f;
+#pragma unroll
+                for (int g = 0; g < GA_MAXG; g++) {
+                    if (g < G) {
+                        float pj = sp[g * GA_THREADS + j];
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[g * 4 + i] += pj * vv[i];
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < GA_ACC; k++) {
+                int idx = tid + k * GA_THREADS;
+                if (idx < G * hdv) {
+                    int g = idx / hdv, dd = idx - g * hdv;
+                    const float* pg = sp + g * GA_THREADS;
+                    const u16* vcol = vb + dd + (size_t)c0 * vd;
+                    float a = acc[k] * sm_corr[g];
 #pragma unroll 8
-                for (int j = 0; j < nc; j++) a += pg[j] * h2f(vcol[(size_t)j * vd]);
-                acc[k] = a;
+                    for (int j = 0; j < nc; j++) a += pg[j] * h2f(vcol[(size_t)j * vd]);
+                    acc[k] = a;
+                }
             }
         }
         __syncthreads();
+    }
+    if (fast) {
+        // Each warp's partial sums, then a thread per output adds the 8.
+#pragma unroll
+        for (int g = 0; g < GA_MAXG; g++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (g < G && i < nd) part[(warp * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
+        }
+        __syncthreads();
+        // (G * hdv % 32 == 0 here, so whole warps stay in the loop and a
+        // warp's 32 outputs are one unit of the q8 copy, when `qs` is given.)
+        for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
+            float a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
+            int g = idx / hdv;
+            long long o = ((long long)t * n_head + (long long)kvh * G) * hdv + idx;
+            float v = a / sm_l[g];
+            out[o] = v;
+            if (qs) quant_lane(v, o, qs, ds);
+        }
+        return;
     }
 #pragma unroll
     for (int k = 0; k < GA_ACC; k++) {
@@ -820,30 +1003,37 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // serve separate gate/up buffers (stride = width, up_off unused) and a fused
 // [gate | up] row (stride = 2 * width, up_off = width).
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, long long n,
-                               int width, int stride, int act) {
+                               int width, int stride, int act, i8* qs, float2* ds) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long long r = i / width, c = i % width;
-    float g = gate[r * stride + c], u = up[r * stride + c];
-    out[i] = (act == 0 ? silu(g) : gelu_tanh(g)) * u;
+    // With `qs` (n % 32 == 0) the output is also quantized into the q8
+    // buffer (a warp per 32-element unit), so whole warps stay in.
+    if (i - (threadIdx.x & 31) >= n) return;
+    float v = 0.0f;
+    if (i < n) {
+        long long r = i / width, c = i % width;
+        float g = gate[r * stride + c], u = up[r * stride + c];
+        v = (act == 0 ? silu(g) : gelu_tanh(g)) * u;
+        out[i] = v;
+    }
+    if (qs) quant_lane(v, i, qs, ds);
 }
 
-extern "C" __global__ void add(float* a, const float* b, long long n) {
+extern "C" __global__ void add(float* a, const float* b, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) a[i] += b[i];
 }
 
-extern "C" __global__ void add_bias(float* y, const float* b, long long n, int width) {
+extern "C" __global__ void add_bias(float* y, const float* b, long long n, int width) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += b[i % width];
 }
 
-extern "C" __global__ void scale(float* x, float s, long long n) {
+extern "C" __global__ void scale(float* x, float s, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
-extern "C" __global__ void softcap(float* x, float cap, long long n) {
+extern "C" __global__ void softcap(float* x, float cap, long long n) { PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
@@ -851,7 +1041,7 @@ extern "C" __global__ void softcap(float* x, float cap, long long n) {
 // dst[r, c] = src[rows[r] * src_width + c0 + c] for c < width: gathers rows
 // (c0 = 0, width = src_width) and splits columns (rows = identity).
 extern "C" __global__ void copy_cols(const float* src, const u32* rows, float* dst, int n_rows,
-                                     int src_width, int c0, int width) {
+                                     int src_width, int c0, int width) { PDL_ENTER();
     int r = blockIdx.y;
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n_rows || c >= width) return;

@@ -844,6 +844,77 @@ mod tests {
         }
     }
 
+    /// The q8 activations the fused norm and the GLU write for the next
+    /// int8 matvec give, bit for bit, what quantizing the same input in its
+    /// own launch gives; and a launch that changes the input in between
+    /// makes the matvec quantize again (no stale copy is read).
+    #[test]
+    fn fused_q8_activations_match_a_separate_quantize_and_never_go_stale() {
+        let Some(c) = gpu("CUDA q8 activations fused into add_rms_norm and glu vs quantize_q8") else {
+            return;
+        };
+        let d = c.device();
+        let mut r = rng();
+        let (rows, cols) = (37usize, 512usize);
+        for kind in claimed().into_iter().filter(|&k| ferrox_cuda::mmvq_kind(k)) {
+            let (bytes, _) = matrix(&mut r, kind, rows, cols);
+            let w = CudaWeight::Matrix(d.upload_matrix(kind, &bytes, rows, cols).unwrap());
+            for n in [1usize, 3] {
+                let g = CudaWeight::Vector(d.upload_f32(&rand_vec(&mut r, cols, 1.5)).unwrap());
+                let mut x = d.upload_f32(&rand_vec(&mut r, n * cols, 3.0)).unwrap();
+                let b = d.upload_f32(&rand_vec(&mut r, n * cols, 1.0)).unwrap();
+                let mut normed = d.upload_f32(&vec![f32::NAN; n * cols]).unwrap();
+                // Separate: the same values in a fresh buffer.
+                let matvec = |x: &ferrox_cuda::Buf| {
+                    let mut y = d.upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                    c.matmul(&w, x, &mut y, n).unwrap();
+                    read(c, &y)
+                };
+                let fresh = |x: &ferrox_cuda::Buf| {
+                    let mut f = c.alloc(x.len()).unwrap();
+                    c.copy(x, &mut f).unwrap();
+                    f
+                };
+                c.add_rms_norm(&mut x, Some(&b), &g, 1e-6, &mut normed).unwrap();
+                assert!(d.q8_holds(&normed), "{kind}: add_rms_norm left no q8 copy");
+                let fused = matvec(&normed);
+                let sep = matvec(&fresh(&normed));
+                assert!(
+                    fused.iter().zip(&sep).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kind} n={n}: the fused norm's q8 differs from quantize_q8 ({:e})",
+                    rel(&fused, &sep)
+                );
+
+                let up = d.upload_f32(&rand_vec(&mut r, n * cols, 2.0)).unwrap();
+                let mut h = d.upload_f32(&vec![f32::NAN; n * cols]).unwrap();
+                for act in [Activation::SiluGated, Activation::GeluGated] {
+                    c.glu(act, &normed, &up, &mut h).unwrap();
+                    assert!(d.q8_holds(&h), "{kind}: glu left no q8 copy");
+                    let fused = matvec(&h);
+                    let sep = matvec(&fresh(&h));
+                    assert!(
+                        fused.iter().zip(&sep).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{kind} n={n} {act:?}: the GLU's q8 differs from quantize_q8 ({:e})",
+                        rel(&fused, &sep)
+                    );
+                }
+
+                // Changed after its q8 copy was written: the matvec must see
+                // the change.
+                c.add_rms_norm(&mut x, None, &g, 1e-6, &mut normed).unwrap();
+                c.scale(&mut normed, -2.5).unwrap();
+                assert!(!d.q8_holds(&normed), "{kind}: scale left the q8 tag in place");
+                let after = matvec(&normed);
+                let want = matvec(&fresh(&normed));
+                assert!(
+                    after.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kind} n={n}: a stale q8 copy was read after the input changed ({:e})",
+                    rel(&after, &want)
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_claimed_kind_get_rows_matches_the_scalar_twin() {
         let Some(c) = gpu("CUDA get_rows vs the scalar twin, every claimed kind") else {
@@ -1092,6 +1163,7 @@ mod tests {
         };
         let cpu = Cpu::new(2);
         let mut r = rng();
+        let mut q8_checked = 0;
         // 36: a head size the grouped kernel does not take (the per-head
         // kernel runs); the others run the grouped one.
         for (hd, window, softcap) in [
@@ -1145,6 +1217,26 @@ mod tests {
                     .unwrap();
                 let e = rel(&read(c, &dout), &ho);
                 assert!(e < 1e-4, "attention hd {hd} window {window:?} softcap {softcap:?}, batch of {n}: relative error {e:e}");
+                // Decode batches of the grouped kernel's fast path also leave
+                // a q8 copy of the output for the next matvec: it must give,
+                // bit for bit, what quantizing the same values separately gives.
+                if c.device().q8_holds(&dout) {
+                    let (bytes, _) = matrix(&mut r, QuantKind::Q8_0, 5, qd);
+                    let w = CudaWeight::Matrix(c.device().upload_matrix(QuantKind::Q8_0, &bytes, 5, qd).unwrap());
+                    let mut fused = c.alloc(n * 5).unwrap();
+                    c.matmul(&w, &dout, &mut fused, n).unwrap();
+                    let mut fresh = c.alloc(dout.len()).unwrap();
+                    c.copy(&dout, &mut fresh).unwrap();
+                    let mut sep = c.alloc(n * 5).unwrap();
+                    c.matmul(&w, &fresh, &mut sep, n).unwrap();
+                    let (a, b) = (read(c, &fused), read(c, &sep));
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "attention hd {hd}, batch of {n}: its q8 copy differs from quantize_q8 ({:e})",
+                        rel(&a, &b)
+                    );
+                    q8_checked += 1;
+                }
             }
             let mut far = Batch::default();
             far.push(0, n_ctx as u32, 0, true);
@@ -1160,6 +1252,7 @@ mod tests {
                 "a position outside the cache must be an error"
             );
         }
+        assert!(q8_checked > 0, "no decode batch left a q8 copy of the attention output");
     }
 
     fn tiny(arch: Arch) -> std::path::PathBuf {
