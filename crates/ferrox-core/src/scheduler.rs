@@ -290,6 +290,9 @@ impl Scheduler {
                 cfg.n_slots, cfg.n_ctx, cfg.n_batch
             )));
         }
+        // Batches here depend on load, and prompt prefixes are reused: one
+        // rounding at every batch size keeps a seeded request reproducible.
+        model.backend().prefer_exact_products();
         let ctx = model.new_context(cfg.n_ctx, cfg.n_slots)?;
         let shared = Arc::new(Shared {
             cfg,

@@ -1788,7 +1788,7 @@ fn repack(kind: QuantKind, bytes: &[u8], rows: usize, row_bytes: usize) -> Optio
         QuantKind::Q4_0 => (18, 0),
         QuantKind::Q8_0 => (34, 0),
         QuantKind::Q6K => (210, 208),
-        _ => return None,
+        _ => return None, // capability table: the other kinds stay as in the file
     };
     let nb = row_bytes / block;
     let body = block - 2;

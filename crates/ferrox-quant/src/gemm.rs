@@ -967,14 +967,20 @@ unsafe fn amx_panels_bf16(w: [Option<PanelRef<'_>>; 2], offset: i32, shape: &Amx
         unsafe { amx::configure_bf16() };
         for t in (0..a.tiles).step_by(2) {
             let b = [a.b[t * cols * T..].as_ptr(), a.b[(t + 1) * cols * T..].as_ptr()];
+            // SAFETY: configured above; `buf` is 32 rows of `cols` bf16 and
+            // each token tile `cols * 16` values (tiles t and t + 1 exist:
+            // their number is rounded up to even).
             unsafe { amx::gemm_bf16_32x32(buf.as_ptr(), cols * 2, b, cols / 32, &mut res) };
             for (p, res) in res.iter().enumerate() {
                 let (rp, nr) = (r0 + p * T, T.min(rows.saturating_sub(r0 + p * T)));
                 for (q, res) in res.iter().enumerate().filter(|&(q, _)| t + q < a.tiles && nr > 0) {
+                    // SAFETY: rows `rp..rp + nr` are inside `y` and this
+                    // caller's alone; token tile `t + q` exists.
                     unsafe { store_tile(res, t + q, nr, n, rows, rp, out) };
                 }
             }
         }
+        // SAFETY: as above.
         unsafe { amx::release() };
     });
 }
@@ -1096,7 +1102,11 @@ impl PackedMatrix {
     /// `Y = X W^T` for `n` activation rows (`x` is `n x cols`, `y` is
     /// `n x rows`), with AMX. `weights` are the stored bytes the matrix was
     /// made from (read when the kind is read in place).
-    pub fn matmul(&self, weights: &[u8], x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
+    ///
+    /// With `bf16`, batches of [`BF16_MIN_BATCH`]+ take the bf16 product where
+    /// the CPU has it ([`bf16_kernel`]); without, every batch takes the
+    /// integer one (8-bit activations, as the per-token dot products).
+    pub fn matmul(&self, weights: &[u8], x: &[f32], y: &mut [f32], n: usize, threads: usize, bf16: bool) -> Result<(), CpuError> {
         let row_bytes = crate::row_bytes(self.kind, self.cols)?;
         if self.in_place && weights.len() != self.rows.saturating_mul(row_bytes) {
             return Err(CpuError::Shape {
@@ -1144,7 +1154,7 @@ impl PackedMatrix {
         return Err(CpuError::IsaUnavailable { isa: Isa::Amx });
         let out = Shared(y.as_mut_ptr());
         #[cfg(target_arch = "x86_64")]
-        if n >= BF16_MIN_BATCH && amx_bf16(self.cols) {
+        if bf16 && n >= BF16_MIN_BATCH && amx_bf16(self.cols) {
             let acts = Bf16Acts::new(x, n, self.cols, threads);
             let panels = self.rows.div_ceil(AMX_T);
             ThreadPool::global().run(threads, panels.div_ceil(2), &|pp| {
@@ -1322,9 +1332,13 @@ mod tests {
                 );
                 if let Some(pm) = PackedMatrix::new(isa, kind, wb, rows, cols, 2).unwrap() {
                     let mut yp = vec![f32::NAN; n * rows];
-                    pm.matmul(wb, &x, &mut yp, n, 2).unwrap();
+                    pm.matmul(wb, &x, &mut yp, n, 2, true).unwrap();
                     if n >= BF16_MIN_BATCH && amx_bf16(cols) {
                         check_bf16_product(kind, wb, rows, cols, &x, &yp);
+                        // Without bf16 (a server's exact products): the integer path.
+                        let mut yi = vec![f32::NAN; n * rows];
+                        pm.matmul(wb, &x, &mut yi, n, 2, false).unwrap();
+                        assert_eq!(yi, y, "{kind}: prepacked integer GEMM at n={n} differs from per-call packing");
                     } else {
                         // Packed at load or per call: the same arithmetic, bit for bit.
                         assert_eq!(yp, y, "{kind}: prepacked AMX GEMM differs from per-call packing");

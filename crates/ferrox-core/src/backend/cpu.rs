@@ -28,6 +28,8 @@ pub struct Cpu {
     /// RoPE angles of the last position lists, shared by every layer of a
     /// forward pass (and by its queries and keys).
     rope_cache: Arc<Mutex<RopeCache>>,
+    /// No bf16 products for large batches ([`DeviceBackend::prefer_exact_products`]).
+    exact: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Below this many elements an element-wise op runs on the calling thread:
@@ -91,7 +93,7 @@ impl Cpu {
         } else {
             threads
         };
-        Cpu { threads, isa: Isa::active(), rope_cache: Arc::default() }
+        Cpu { threads, isa: Isa::active(), rope_cache: Arc::default(), exact: Arc::default() }
     }
 
     /// The instruction-set level kernels are chosen for.
@@ -345,6 +347,10 @@ impl DeviceBackend for Cpu {
         0
     }
 
+    fn prefer_exact_products(&self) {
+        self.exact.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn place(&self, t: &HostTensor<'_>) -> Result<CpuWeight, BackendError> {
         if t.rows <= 1 {
             let n = t.cols;
@@ -437,7 +443,8 @@ impl DeviceBackend for Cpu {
         };
         let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
         if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
-            return p.matmul(w.bytes(), x, y, n, self.threads).map_err(BackendError::new);
+            let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
+            return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);
         }
         ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
     }

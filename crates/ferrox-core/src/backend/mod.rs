@@ -247,6 +247,13 @@ pub trait DeviceBackend: Send + Sync {
     /// Host↔device copies a decode step makes (ids and positions in,
     /// logits out); reported by `ferrox kernels`, 0 for the CPU.
     fn crossings_per_token(&self) -> u32;
+    /// Keeps one rounding for products at every batch size from now on.
+    /// The CPU otherwise takes bf16 products from 64 tokens (faster
+    /// prefill) where smaller batches quantize activations to 8 bits; a
+    /// server must not, since its batches mix sequences as load comes and
+    /// goes and it reuses cached prompt prefixes: the same request with the
+    /// same seed would sample differently. The default does nothing.
+    fn prefer_exact_products(&self) {}
     /// Places one weight for its whole lifetime (upload, repack, or borrow).
     fn place(&self, t: &HostTensor<'_>) -> Result<Self::Weight, BackendError>;
     /// A zeroed activation buffer of `len` floats.
