@@ -201,6 +201,32 @@ impl GgufFile {
         self.storage.bytes()
     }
 
+    /// Drops this process's mapping of the whole pages inside `bytes` (a
+    /// range of this file's mapping) from memory: a caller that copied them
+    /// into another layout keeps resident only that copy. Reading them again
+    /// faults them back in from the file, unchanged. Returns whether
+    /// anything was released (`false` for owned storage or a foreign range).
+    pub fn release_pages(&self, bytes: &[u8]) -> bool {
+        let Storage::Mmap(m) = &self.storage else {
+            return false;
+        };
+        let base = m.as_ptr() as usize;
+        let (lo, hi) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+        if lo < base || hi > base + m.len() {
+            return false;
+        }
+        const PAGE: usize = 4096;
+        let (start, end) = ((lo - base).next_multiple_of(PAGE), (hi - base) / PAGE * PAGE);
+        if end <= start {
+            return false;
+        }
+        // SAFETY: the mapping is a read-only private file mapping that
+        // nothing ever writes through; MADV_DONTNEED on it only drops pages,
+        // and later reads fetch the same bytes from the file. Slices into the
+        // range stay valid (the addresses stay mapped).
+        unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) }.is_ok()
+    }
+
     /// Absolute file offset where the data section starts.
     pub fn data_offset(&self) -> u64 {
         self.data_offset

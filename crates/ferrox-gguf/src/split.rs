@@ -166,6 +166,11 @@ impl GgufModel {
         })
     }
 
+    /// Drops the mapped pages inside `bytes` from memory ([`GgufFile::release_pages`]).
+    pub fn release_pages(&self, bytes: &[u8]) -> bool {
+        self.parts.iter().any(|p| p.release_pages(bytes))
+    }
+
     /// The parts, in order (one for an unsplit model).
     pub fn parts(&self) -> &[GgufFile] {
         &self.parts

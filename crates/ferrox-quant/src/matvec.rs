@@ -288,6 +288,58 @@ mod tests {
         QuantKind::TQ2_0,
     ];
 
+    /// The interleaved Q8_0 decode matvec against the scalar twin (the same
+    /// quantized activation, `scalar::vec_dot` per row), and its rows
+    /// against `dequantize` bit for bit: rows of quantized floats and rows of
+    /// random bytes (every quant value, -128 included; scales kept finite).
+    #[test]
+    fn interleaved_q8_0_matches_the_scalar_twin_and_dequantize() {
+        let isa = Isa::detect();
+        let mut rng = SmallRng::seed_from_u64(16);
+        for (rows, cols) in [(16, 32), (48, 96), (32, 640)] {
+            let rb = crate::row_bytes(QuantKind::Q8_0, cols).unwrap();
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let mut wq = aligned_quantized(QuantKind::Q8_0, &w);
+            {
+                let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut wq)[..rows * rb];
+                for blk in bytes[rb * (rows / 2)..].chunks_exact_mut(34) {
+                    blk[2..].iter_mut().for_each(|q| *q = rng.gen());
+                    blk[..2].copy_from_slice(&half::f16::from_f32(rng.gen_range(-0.02..0.02)).to_le_bytes());
+                }
+            }
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * rb];
+            let Some(m) = InterleavedQ8_0::new(isa, wb, rows, cols).unwrap() else {
+                eprintln!("NOT CHECKED: the interleaved Q8_0 matvec needs AVX-512 VNNI, which this CPU lacks");
+                return;
+            };
+            let mut want = vec![0f32; cols];
+            let mut got = vec![0f32; cols];
+            for r in 0..rows {
+                crate::dequantize(QuantKind::Q8_0, &wb[r * rb..(r + 1) * rb], &mut want).unwrap();
+                m.row(r, &mut got).unwrap();
+                assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{rows}x{cols}: row {r} differs from dequantize");
+            }
+            for (n, threads) in [(1, 1), (3, 2)] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let mut y = vec![f32::NAN; n * rows];
+                m.matmul(&x, &mut y, n, threads).unwrap();
+                for t in 0..n {
+                    let xq = aligned_quantized(QuantKind::Q8_0, &x[t * cols..(t + 1) * cols]);
+                    let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..rb];
+                    for r in 0..rows {
+                        let want = crate::scalar::vec_dot(QuantKind::Q8_0, &wb[r * rb..(r + 1) * rb], xb).unwrap();
+                        let got = y[t * rows + r];
+                        assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{rows}x{cols} n={n}: row {r} token {t}: {got} vs scalar {want}");
+                    }
+                }
+            }
+        }
+        // Rows not in whole sixteens: no interleaved form (the caller keeps
+        // the four-row kernel).
+        let wq = aligned_quantized(QuantKind::Q8_0, &vec![0.5; 17 * 32]);
+        assert!(InterleavedQ8_0::new(isa, &bytemuck::cast_slice::<u64, u8>(&wq)[..17 * 34], 17, 32).unwrap().is_none());
+    }
+
     #[test]
     fn matvec_matches_the_scalar_twin_row_by_row_on_any_thread_count() {
         let mut rng = SmallRng::seed_from_u64(7);
@@ -371,5 +423,138 @@ mod tests {
             matmul_with(Isa::Neon, k, wb, 3, 128, &x, &mut y, 1, 1),
             Err(CpuError::IsaUnavailable { .. })
         ) || Isa::Neon.is_available());
+    }
+}
+
+/// A Q8_0 matrix interleaved 16 rows at a time for the AVX-512 VNNI decode
+/// matvec (`cpu::x86::vnni16`), made once at load. Same size as the stored
+/// matrix.
+pub struct InterleavedQ8_0 {
+    bytes: Vec<u64>,
+    rows: usize,
+    cols: usize,
+}
+
+impl InterleavedQ8_0 {
+    /// Interleaves `weights` (`rows x cols` of Q8_0), or `None` where the
+    /// layout does not apply: not x86-64 with AVX-512 VNNI, or `rows` not a
+    /// multiple of 16.
+    pub fn new(isa: Isa, weights: &[u8], rows: usize, cols: usize) -> Result<Option<InterleavedQ8_0>, CpuError> {
+        Self::new_releasing(isa, weights, rows, cols, |_| {})
+    }
+
+    /// As [`InterleavedQ8_0::new`], handing `done` each stretch of
+    /// `weights` (about 1 MiB) once it has been copied, so that the caller
+    /// can drop the source pages as it goes and peak memory stays near one
+    /// copy.
+    pub fn new_releasing(isa: Isa, weights: &[u8], rows: usize, cols: usize, mut done: impl FnMut(&[u8])) -> Result<Option<InterleavedQ8_0>, CpuError> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !isa.includes(Isa::Avx512Vnni) || !rows.is_multiple_of(16) || rows == 0 {
+                return Ok(None);
+            }
+            let row_bytes = crate::row_bytes(QuantKind::Q8_0, cols)?;
+            if weights.len() != rows.saturating_mul(row_bytes) {
+                return Err(CpuError::Shape { what: "weight bytes", expected: rows.saturating_mul(row_bytes), got: weights.len() });
+            }
+            let mut bytes = vec![0u64; weights.len().div_ceil(8)];
+            let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut bytes)[..weights.len()];
+            // 16-row groups are contiguous in both layouts: copy a stretch of
+            // whole groups at a time.
+            let stretch = ((1 << 20) / (16 * row_bytes.max(1))).max(1) * 16;
+            // A stretch is handed back four stretches later: the kernel maps
+            // pages around each fault (and whole 2 MiB folios), so a stretch
+            // dropped right away would come back with its neighbour's reads.
+            const LAG: usize = 4;
+            let spans: Vec<(usize, usize)> = (0..rows).step_by(stretch).map(|r0| (r0, (r0 + stretch).min(rows))).collect();
+            for (i, &(r0, r1)) in spans.iter().enumerate() {
+                let (src, dst) = (&weights[r0 * row_bytes..r1 * row_bytes], &mut out[r0 * row_bytes..r1 * row_bytes]);
+                cpu::x86::vnni16::interleave(src, r1 - r0, row_bytes, dst);
+                if let Some(&(a, b)) = i.checked_sub(LAG).and_then(|j| spans.get(j)) {
+                    done(&weights[a * row_bytes..b * row_bytes]);
+                }
+            }
+            if let Some(&(a, _)) = spans.len().checked_sub(LAG).and_then(|j| spans.get(j)).or(spans.first()) {
+                done(&weights[a * row_bytes..]);
+            }
+            Ok(Some(InterleavedQ8_0 { bytes, rows, cols }))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, weights, rows, cols, &mut done);
+            Ok(None)
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len() * 8
+    }
+
+    /// Row `r` dequantized into `out` (`cols` values), bit for bit as
+    /// [`crate::dequantize`] gives it from the stored blocks (`d * q`).
+    pub fn row(&self, r: usize, out: &mut [f32]) -> Result<(), CpuError> {
+        if r >= self.rows || out.len() != self.cols {
+            return Err(CpuError::Shape { what: "interleaved row", expected: self.cols, got: out.len() });
+        }
+        const GB: usize = 32 + 512;
+        let (nb, lane) = (self.cols / 32, r % 16);
+        let w: &[u8] = bytemuck::cast_slice(&self.bytes);
+        let group = &w[r / 16 * nb * GB..][..nb * GB];
+        for (b, o) in out.chunks_exact_mut(32).enumerate() {
+            let blk = &group[b * GB..(b + 1) * GB];
+            let d = half::f16::from_le_bytes([blk[2 * lane], blk[2 * lane + 1]]).to_f32();
+            for (e, v) in o.iter_mut().enumerate() {
+                let q = (blk[32 + (e / 4) * 64 + lane * 4 + e % 4] ^ 0x80) as i8;
+                *v = d * f32::from(q);
+            }
+        }
+        Ok(())
+    }
+
+    /// `y = x W^T` for `n` activation rows (`x` is `n x cols`, `y` is
+    /// `n x rows`): the activation quantized to Q8_0 as for the dot kernels.
+    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
+        let (rows, cols) = (self.rows, self.cols);
+        if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
+            return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use cpu::x86::vnni16::{group_dot, GROUP_BLOCK};
+            let nb = cols / 32;
+            let w: &[u8] = bytemuck::cast_slice(&self.bytes);
+            let groups = rows / 16;
+            let per_task = groups.div_ceil(threads.max(1) * 8).max(1);
+            let mut act = vec![0u64; (nb * 34).div_ceil(8)];
+            let mut prep = cpu::ActPrep::default();
+            for t in 0..n {
+                let a = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut act)[..nb * 34];
+                cpu::quantize_act(QuantKind::Q8_0, Isa::Avx512Vnni, &x[t * cols..(t + 1) * cols], a)?;
+                prep.q8_0(a)?;
+                let a: &[u8] = a;
+                let out = OutPtr(y[t * rows..].as_mut_ptr());
+                // Sixteen blocks of groups ahead (~8.5 KiB), into L2.
+                let prefetch = 16 * GROUP_BLOCK;
+                ThreadPool::global().run(threads, groups.div_ceil(per_task), &|task| {
+                    #[allow(clippy::redundant_locals)]
+                    let out = &out;
+                    for g in task * per_task..((task + 1) * per_task).min(groups) {
+                        // SAFETY: AVX-512 VNNI (checked at `new`); group `g` is
+                        // `nb * GROUP_BLOCK` bytes of `w`, `a` is `nb` blocks.
+                        let r = unsafe { group_dot(&w[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK], nb, a, &prep.d, &prep.sum, prefetch) };
+                        // SAFETY: rows 16g..16g + 16 of token t's output row
+                        // are inside `y` and this task's alone.
+                        unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add(g * 16), 16) };
+                    }
+                });
+            }
+            Ok(())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (x, y, n, threads, rows, cols);
+            Err(CpuError::IsaUnavailable { isa: Isa::Avx512Vnni })
+        }
     }
 }

@@ -177,6 +177,25 @@ pub fn prepacks(name: &str) -> bool {
     *ON.get_or_init(|| std::env::var("FERROX_CPU_PREPACK").map_or(true, |v| v != "0")) && name.starts_with("blk.")
 }
 
+/// Whether the Q8_0 matrix `name` is interleaved 16 rows at a time at load
+/// for the decode matvec (`ferrox_quant::matvec::InterleavedQ8_0`), its
+/// mapped pages then released so that only the copy stays resident: the
+/// output head and embedding (the largest matrix of small models, read
+/// whole every token; the layers' Q8_0 matrices stay in place, since the
+/// prefill GEMM reads them there). Needs AVX-512 VNNI and rows in whole
+/// sixteens. `FERROX_CPU_INTERLEAVE=0` turns it off.
+pub fn interleaves(name: &str, kind: QuantKind, rows: usize) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    kind == QuantKind::Q8_0
+        && !name.starts_with("blk.")
+        && rows.is_multiple_of(16)
+        && Isa::active().includes(Isa::Avx512Vnni)
+        && *ON.get_or_init(|| std::env::var("FERROX_CPU_INTERLEAVE").map_or(true, |v| v != "0"))
+}
+
+/// The decode kernel of an interleaved Q8_0 matrix ([`interleaves`]).
+pub const INTERLEAVED_KERNEL: &str = "avx512::vnni16_q8_0";
+
 /// What the CPU runs for a `kind` matrix on this machine, or `None` for a
 /// kind without a dot product.
 pub fn kernel_for(kind: QuantKind) -> Option<CpuKernel> {
@@ -208,6 +227,8 @@ pub enum CpuWeight {
         owner: Arc<ferrox_gguf::GgufModel>,
         /// The same matrix unpacked for the AMX GEMM ([`prepacks`]).
         packed: Option<Box<ferrox_quant::gemm::PackedMatrix>>,
+        /// The same matrix interleaved for the decode matvec ([`interleaves`]).
+        inter: Option<Box<ferrox_quant::matvec::InterleavedQ8_0>>,
     },
     /// A vector converted to f32 at load (norms, biases, RoPE factors).
     Vector(Vec<f32>),
@@ -374,6 +395,18 @@ impl DeviceBackend for Cpu {
         } else {
             None
         };
+        let inter = if interleaves(t.name, t.kind, t.rows) {
+            // Only the copy is read per token from now on: the mapped pages
+            // are dropped as they are copied (peak memory near one copy) and
+            // come back from the file for what still reads them in place.
+            ferrox_quant::matvec::InterleavedQ8_0::new_releasing(self.isa, t.bytes, t.rows, t.cols, |done| {
+                t.owner.release_pages(done);
+            })
+            .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
+            .map(Box::new)
+        } else {
+            None
+        };
         Ok(CpuWeight::Mapped {
             kind: t.kind,
             rows: t.rows,
@@ -382,6 +415,7 @@ impl DeviceBackend for Cpu {
             len: t.bytes.len(),
             owner: Arc::clone(t.owner),
             packed,
+            inter,
         })
     }
 
@@ -421,7 +455,7 @@ impl DeviceBackend for Cpu {
     }
 
     fn get_rows(&self, table: &CpuWeight, ids: &[u32], out: &mut Vec<f32>) -> Result<(), BackendError> {
-        let CpuWeight::Mapped { kind, rows, cols, .. } = table else {
+        let CpuWeight::Mapped { kind, rows, cols, inter, .. } = table else {
             return Err(BackendError("get_rows needs a matrix".into()));
         };
         check_len("get_rows output", out, ids.len() * cols)?;
@@ -431,6 +465,12 @@ impl DeviceBackend for Cpu {
             if id as usize >= *rows {
                 return Err(BackendError(format!("token id {id} outside the embedding table ({rows} rows)")));
             }
+            if let Some(m) = inter {
+                // From the copy: the mapped pages were released at load and
+                // stay out of memory (a lookup there maps whole folios).
+                m.row(id as usize, &mut out[i * cols..(i + 1) * cols]).map_err(BackendError::new)?;
+                continue;
+            }
             let row = &bytes[id as usize * rb..(id as usize + 1) * rb];
             ferrox_quant::dequantize(*kind, row, &mut out[i * cols..(i + 1) * cols]).map_err(BackendError::new)?;
         }
@@ -438,13 +478,16 @@ impl DeviceBackend for Cpu {
     }
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, y: &mut Vec<f32>, n: usize) -> Result<(), BackendError> {
-        let CpuWeight::Mapped { kind, rows, cols, packed, .. } = w else {
+        let CpuWeight::Mapped { kind, rows, cols, packed, inter, .. } = w else {
             return Err(BackendError("matmul needs a matrix".into()));
         };
         let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
         if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
             let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
             return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);
+        }
+        if let Some(m) = inter {
+            return m.matmul(x, y, n, self.threads).map_err(BackendError::new);
         }
         ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
     }

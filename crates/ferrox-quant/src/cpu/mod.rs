@@ -18,7 +18,7 @@ use crate::{QuantError, QuantKind, VecDot};
 mod pool;
 mod vecops;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 

@@ -6,6 +6,7 @@ pub(crate) mod amx;
 mod avx2;
 mod avx512;
 mod avx512_gemm;
+pub(crate) mod vnni16;
 
 use super::DotFn;
 use crate::QuantKind;
