@@ -177,7 +177,7 @@ pub(crate) fn cpu_placement(
                     match k.four_rows {
                         _ if crate::backend::cpu::interleaves(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => format!(
                             "cpu matvec: {}, 16 rows interleaved at load (act {})",
-                            crate::backend::cpu::INTERLEAVED_KERNEL,
+                            ferrox_quant::matvec::InterleavedQ8_0::KERNEL,
                             k.act
                         ),
                         Some(f) => format!("cpu matvec: {f}, four rows per call (act {})", k.act),

@@ -487,15 +487,7 @@ impl Matmul<'_> {
                     panel.s.clear();
                     panel.s.resize(shape.subs * AMX_T, 0.0);
                     q8_0_panel_scales(self.weights, self.row_bytes, p, &mut panel.s);
-                    let u = &self.weights[r0 * self.row_bytes + 2..(r0 + AMX_T) * self.row_bytes];
-                    let w = PanelRef {
-                        u,
-                        stride: self.row_bytes,
-                        sub_step: 34,
-                        signed: true,
-                        scale: &panel.s,
-                        bias: None,
-                    };
+                    let w = PanelRef::q8_0_in_place(self.weights, self.row_bytes, p, &panel.s);
                     // SAFETY: the AMX level is available (checked by the caller);
                     // row i's sub-block k is bytes i*stride + 34k .. +32 of `u`,
                     // the last ending exactly at its end.
@@ -639,6 +631,20 @@ struct PanelRef<'a> {
 }
 
 impl<'a> PanelRef<'a> {
+    /// Full Q8_0 panel `p` of `weights` read in place: the signed quants where
+    /// they are (rows `row_bytes` apart, sub-blocks 34 bytes apart, past each
+    /// block's scale), with the rows' scales gathered as f32 in `scale`.
+    fn q8_0_in_place(weights: &'a [u8], row_bytes: usize, p: usize, scale: &'a [f32]) -> PanelRef<'a> {
+        PanelRef {
+            u: &weights[p * AMX_T * row_bytes + 2..(p + 1) * AMX_T * row_bytes],
+            stride: row_bytes,
+            sub_step: 34,
+            signed: true,
+            scale,
+            bias: None,
+        }
+    }
+
     /// A panel packed as [`pack_panel`] packs it.
     fn packed(
         u: &'a [u8],
@@ -820,25 +826,16 @@ pub fn bf16_kernel(cols: usize) -> Option<&'static str> {
     amx_bf16(cols).then_some("amx::gemm_bf16_32x32")
 }
 
-/// f32 → bf16, round to nearest even (as `vcvtneps2bf16`); NaN stays NaN.
-fn bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) as u16) | 0x40;
-    }
-    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
-}
-
 /// Activations for the bf16 product: per 16-token tile and 32-element
 /// chunk, 16 rows of 64 bytes, row `i` holding each token's elements
 /// `2i, 2i + 1` as a bf16 pair (the layout `tdpbf16ps` wants).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg(target_arch = "x86_64")]
 struct Bf16Acts {
     b: Vec<u16>,
     tiles: usize,
 }
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg(target_arch = "x86_64")]
 impl Bf16Acts {
     fn new(x: &[f32], n: usize, cols: usize, threads: usize) -> Bf16Acts {
         const T: usize = AMX_T;
@@ -853,21 +850,9 @@ impl Bf16Acts {
             // SAFETY: token tile `t` owns its `cols * 16` values.
             let b = unsafe { bp.slice(t * cols * T, cols * T) };
             let rows: Vec<&[f32]> = (t * T..(t * T + T).min(n)).map(|c| &x[c * cols..][..cols]).collect();
-            #[cfg(target_arch = "x86_64")]
-            if cpu::amx::bf16_usable() {
-                // SAFETY: AVX-512 F/BF16 (checked); `b` is `cols * 16`.
-                unsafe { bf16_tile_acts(&rows, cols, b) };
-                return;
-            }
-            for (j, row) in rows.iter().enumerate() {
-                for (kc, chunk) in row.chunks_exact(32).enumerate() {
-                    for (i, pair) in chunk.chunks_exact(2).enumerate() {
-                        let at = kc * 512 + i * 32 + j * 2;
-                        b[at] = bf16_bits(pair[0]);
-                        b[at + 1] = bf16_bits(pair[1]);
-                    }
-                }
-            }
+            // SAFETY: AVX-512 F/BF16 (the product is only taken where
+            // `amx_bf16` found them); `b` is `cols * 16`, `cols` whole chunks.
+            unsafe { bf16_tile_acts(&rows, cols, b) };
         });
         a
     }
@@ -1087,8 +1072,7 @@ impl PackedMatrix {
         let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
         let scale = &self.scale[p * ps..(p + 1) * ps];
         if self.in_place && (p + 1) * AMX_T <= self.rows {
-            let u = &weights[p * AMX_T * row_bytes + 2..(p + 1) * AMX_T * row_bytes];
-            return PanelRef { u, stride: row_bytes, sub_step: 34, signed: true, scale, bias: None };
+            return PanelRef::q8_0_in_place(weights, row_bytes, p, scale);
         }
         let at = if self.in_place { 0 } else { p * pu };
         PanelRef::packed(&self.u[at..at + pu], shape, scale, self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]))
@@ -1290,6 +1274,15 @@ mod tests {
     /// f64. What may differ is the f32 accumulation order and, rarely, one
     /// bf16 rounding of a weight whose f32 value the kernel forms by a fused
     /// multiply-add: both far inside 2^-12 of sum |w x|.
+    /// f32 → bf16, round to nearest even (as `vcvtneps2bf16`); NaN stays NaN.
+    fn bf16_bits(x: f32) -> u16 {
+        let b = x.to_bits();
+        if x.is_nan() {
+            return ((b >> 16) as u16) | 0x40;
+        }
+        ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+    }
+
     fn check_bf16_product(kind: QuantKind, wb: &[u8], rows: usize, cols: usize, x: &[f32], y: &[f32]) {
         let bf = |v: f32| f64::from(f32::from_bits(u32::from(bf16_bits(v)) << 16));
         let mut w = vec![0f32; rows * cols];

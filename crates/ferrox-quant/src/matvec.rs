@@ -486,10 +486,8 @@ impl InterleavedQ8_0 {
         }
     }
 
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.bytes.len() * 8
-    }
+    /// The decode kernel, by name (`ferrox kernels`).
+    pub const KERNEL: &'static str = "avx512::vnni16_q8_0";
 
     /// Row `r` dequantized into `out` (`cols` values), bit for bit as
     /// [`crate::dequantize`] gives it from the stored blocks (`d * q`).
@@ -497,19 +495,16 @@ impl InterleavedQ8_0 {
         if r >= self.rows || out.len() != self.cols {
             return Err(CpuError::Shape { what: "interleaved row", expected: self.cols, got: out.len() });
         }
-        const GB: usize = 32 + 512;
-        let (nb, lane) = (self.cols / 32, r % 16);
-        let w: &[u8] = bytemuck::cast_slice(&self.bytes);
-        let group = &w[r / 16 * nb * GB..][..nb * GB];
-        for (b, o) in out.chunks_exact_mut(32).enumerate() {
-            let blk = &group[b * GB..(b + 1) * GB];
-            let d = half::f16::from_le_bytes([blk[2 * lane], blk[2 * lane + 1]]).to_f32();
-            for (e, v) in o.iter_mut().enumerate() {
-                let q = (blk[32 + (e / 4) * 64 + lane * 4 + e % 4] ^ 0x80) as i8;
-                *v = d * f32::from(q);
-            }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use cpu::x86::vnni16::{dequantize_row, GROUP_BLOCK};
+            let nb = self.cols / 32;
+            let w: &[u8] = bytemuck::cast_slice(&self.bytes);
+            dequantize_row(&w[r / 16 * nb * GROUP_BLOCK..][..nb * GROUP_BLOCK], nb, r % 16, out);
+            Ok(())
         }
-        Ok(())
+        #[cfg(not(target_arch = "x86_64"))]
+        Err(CpuError::IsaUnavailable { isa: Isa::Avx512Vnni }) // never made there (`new`)
     }
 
     /// `y = x W^T` for `n` activation rows (`x` is `n x cols`, `y` is

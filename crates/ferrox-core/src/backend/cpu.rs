@@ -193,9 +193,6 @@ pub fn interleaves(name: &str, kind: QuantKind, rows: usize) -> bool {
         && *ON.get_or_init(|| std::env::var("FERROX_CPU_INTERLEAVE").map_or(true, |v| v != "0"))
 }
 
-/// The decode kernel of an interleaved Q8_0 matrix ([`interleaves`]).
-pub const INTERLEAVED_KERNEL: &str = "avx512::vnni16_q8_0";
-
 /// What the CPU runs for a `kind` matrix on this machine, or `None` for a
 /// kind without a dot product.
 pub fn kernel_for(kind: QuantKind) -> Option<CpuKernel> {

@@ -40,6 +40,18 @@ pub(crate) fn interleave(src: &[u8], rows: usize, row_bytes: usize, out: &mut [u
     }
 }
 
+/// Row `lane` of group `w` (`nb` blocks, interleaved) dequantized into
+/// `out` (`nb * 32` values), `d * q` as the stored blocks give it.
+pub(crate) fn dequantize_row(w: &[u8], nb: usize, lane: usize, out: &mut [f32]) {
+    for (blk, o) in w.chunks_exact(GROUP_BLOCK).take(nb).zip(out.chunks_exact_mut(32)) {
+        let d = half::f16::from_le_bytes([blk[2 * lane], blk[2 * lane + 1]]).to_f32();
+        for (e, v) in o.iter_mut().enumerate() {
+            let q = (blk[32 + (e / 4) * 64 + lane * 4 + e % 4] ^ 0x80) as i8;
+            *v = d * f32::from(q);
+        }
+    }
+}
+
 /// The 16 rows of group `w` (`nb` blocks, interleaved) against one Q8_0
 /// activation row `a` (its blocks' scales `d` and quant sums `sum`).
 ///
