@@ -36,16 +36,27 @@ pub struct Cpu {
 /// waking the pool costs more than the work (a decode step's vectors).
 const PAR_MIN_ELEMS: usize = 16 * 1024;
 
-/// Runs `f` over `rows` rows in contiguous ranges on the pool when the op
-/// has at least `PAR_MIN_ELEMS` elements (`width` per row), else inline.
-fn par_rows(threads: usize, rows: usize, width: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-    if threads <= 1 || rows < 2 || rows * width < PAR_MIN_ELEMS {
-        f(0..rows);
+/// Runs `f(first_row, rows)` over `data` cut into rows of `width` (the last
+/// one may be short), in contiguous runs of rows on the pool when the work
+/// (`cost` per element) reaches `PAR_MIN_ELEMS`, else once over all of it.
+fn par_rows<T: Send>(threads: usize, data: &mut [T], width: usize, cost: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    let rows = data.len().div_ceil(width.max(1));
+    if threads <= 1 || rows < 2 || data.len() * cost < PAR_MIN_ELEMS {
+        f(0, data);
         return;
     }
-    let tasks = rows.min(threads * 4);
-    let per = rows.div_ceil(tasks);
-    ThreadPool::global().run(threads, rows.div_ceil(per), &|i| f(i * per..((i + 1) * per).min(rows)));
+    let per = rows.div_ceil(rows.min(threads * 4));
+    let len = data.len();
+    let base = OutPtr(data.as_mut_ptr());
+    ThreadPool::global().run(threads, rows.div_ceil(per), &|i| {
+        #[allow(clippy::redundant_locals)]
+        let base = base;
+        let (lo, hi) = (i * per * width, ((i + 1) * per * width).min(len));
+        // SAFETY: task `i` owns rows `i * per..(i + 1) * per`, disjoint from
+        // every other task's and inside `data`, whose borrow outlives the
+        // pool's join.
+        f(i * per, unsafe { std::slice::from_raw_parts_mut(base.0.add(lo), hi - lo) });
+    });
 }
 
 /// The RoPE (cos, sin) pairs of one position list and parameter set, as
@@ -123,13 +134,9 @@ impl Cpu {
         let half = p.n_rot / 2;
         let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
         let mut cs = vec![(0.0f32, 0.0f32); positions.len() * half];
-        let cp = OutPtr(cs.as_mut_ptr().cast());
-        par_rows(self.threads, positions.len(), half * 8, &|r| {
-            #[allow(clippy::redundant_locals)]
-            let cp = cp;
-            // SAFETY: positions `r`'s pairs are this task's alone, inside `cs`.
-            let out = unsafe { std::slice::from_raw_parts_mut(cp.0.cast::<(f32, f32)>().add(r.start * half), r.len() * half) };
-            for (&pos, c) in positions[r].iter().zip(out.chunks_exact_mut(half.max(1))) {
+        // A sine and a cosine per element: worth the pool 8x sooner.
+        par_rows(self.threads, &mut cs, half.max(1), 8, &|first, out| {
+            for (&pos, c) in positions[first..].iter().zip(out.chunks_exact_mut(half.max(1))) {
                 // ggml builds theta by repeated multiplication; doing the same
                 // keeps the angles bit-identical to llama.cpp's.
                 let mut theta_base = pos as f32;
@@ -340,13 +347,19 @@ fn glu_span(act: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
 }
 
 /// A raw pointer to disjoint output rows written by pool tasks.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every task writes a disjoint range (one (token, head) pair), and
-// the pool joins all tasks before the borrow of the buffer ends.
-unsafe impl Send for OutPtr {}
+struct OutPtr<T = f32>(*mut T);
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for OutPtr<T> {}
+// SAFETY: every task writes a disjoint range (rows of its own, or one
+// (token, head) pair), and the pool joins all tasks before the borrow of
+// the buffer ends.
+unsafe impl<T: Send> Send for OutPtr<T> {}
 // SAFETY: as above.
-unsafe impl Sync for OutPtr {}
+unsafe impl<T: Send> Sync for OutPtr<T> {}
 
 impl DeviceBackend for Cpu {
     type Weight = CpuWeight;
@@ -503,15 +516,7 @@ impl DeviceBackend for Cpu {
         if w.is_empty() || x.len() % w.len() != 0 {
             return Err(shape("rms_norm width", w.len(), x.len()));
         }
-        let width = w.len();
-        let xp = OutPtr(x.as_mut_ptr());
-        par_rows(self.threads, x.len() / width, width, &|r| {
-            #[allow(clippy::redundant_locals)]
-            let xp = xp;
-            // SAFETY: rows `r` of `x` are this task's alone, inside `x`.
-            let rows = unsafe { std::slice::from_raw_parts_mut(xp.0.add(r.start * width), r.len() * width) };
-            rows.chunks_exact_mut(width).for_each(|row| rms_norm_row(row, w, eps));
-        });
+        par_rows(self.threads, x, w.len(), 1, &|_, rows| rows.chunks_exact_mut(w.len()).for_each(|row| rms_norm_row(row, w, eps)));
         Ok(())
     }
 
@@ -525,14 +530,16 @@ impl DeviceBackend for Cpu {
             check_len("add", a, x.len())?;
         }
         check_len("rms_norm output", out, x.len())?;
-        let (xp, op) = (OutPtr(x.as_mut_ptr()), OutPtr(out.as_mut_ptr()));
-        par_rows(self.threads, x.len() / width, width, &|r| {
+        // Split `out`; the same rows of `x` go with them.
+        let xp = OutPtr(x.as_mut_ptr());
+        par_rows(self.threads, out, width, 1, &|first, os| {
             #[allow(clippy::redundant_locals)]
-            let (xp, op) = (xp, op);
-            let (at, len) = (r.start * width, r.len() * width);
-            // SAFETY: rows `r` of `x` and of `out` (same length, checked) are
-            // this task's alone.
-            let (xs, os) = unsafe { (std::slice::from_raw_parts_mut(xp.0.add(at), len), std::slice::from_raw_parts_mut(op.0.add(at), len)) };
+            let xp = xp;
+            let at = first * width;
+            // SAFETY: `x` has `out`'s length (checked), and these rows of it
+            // go with this task's rows of `out`: its alone.
+            let xs = unsafe { std::slice::from_raw_parts_mut(xp.0.add(at), os.len()) };
+            let len = os.len();
             if let Some(a) = add {
                 xs.iter_mut().zip(&a[at..at + len]).for_each(|(x, a)| *x += a);
             }
@@ -564,14 +571,8 @@ impl DeviceBackend for Cpu {
         let cs = self.rope_angles(positions, p, factors);
         let half = p.n_rot / 2;
         let row = n_heads * head_dim;
-        let xp = OutPtr(x.as_mut_ptr());
-        par_rows(self.threads, positions.len(), row, &|r| {
-            #[allow(clippy::redundant_locals)]
-            let xp = xp;
-            // SAFETY: tokens `r` of `x` are this task's alone, inside `x`
-            // (its length was checked above).
-            let rows = unsafe { std::slice::from_raw_parts_mut(xp.0.add(r.start * row), r.len() * row) };
-            for (t, xr) in r.zip(rows.chunks_exact_mut(row)) {
+        par_rows(self.threads, x, row.max(1), 1, &|first, rows| {
+            for (t, xr) in (first..).zip(rows.chunks_exact_mut(row.max(1))) {
                 let cs = &cs[t * half..(t + 1) * half];
                 for h in xr.chunks_exact_mut(head_dim) {
                     for (i, &(cos, sin)) in cs.iter().enumerate() {
@@ -668,16 +669,9 @@ impl DeviceBackend for Cpu {
         check_len("glu out", out, gate.len())?;
         // One "row" per 1024 elements: the op has no row structure of its own.
         const W: usize = 1024;
-        let op = OutPtr(out.as_mut_ptr());
-        let len = gate.len();
-        par_rows(self.threads, len.div_ceil(W), W, &|r| {
-            #[allow(clippy::redundant_locals)]
-            let op = op;
-            let (lo, hi) = (r.start * W, (r.end * W).min(len));
-            // SAFETY: elements lo..hi of `out` (checked to be gate's length)
-            // are this task's alone.
-            let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(lo), hi - lo) };
-            glu_span(act, &gate[lo..hi], &up[lo..hi], o);
+        par_rows(self.threads, out, W, 1, &|first, o| {
+            let lo = first * W;
+            glu_span(act, &gate[lo..lo + o.len()], &up[lo..lo + o.len()], o);
         });
         Ok(())
     }
@@ -688,13 +682,8 @@ impl DeviceBackend for Cpu {
         }
         let n = fused.len() / (2 * width);
         check_len("fused glu out", out, n * width)?;
-        let op = OutPtr(out.as_mut_ptr());
-        par_rows(self.threads, n, width, &|r| {
-            #[allow(clippy::redundant_locals)]
-            let op = op;
-            // SAFETY: rows `r` of `out` (n x width, checked) are this task's alone.
-            let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(r.start * width), r.len() * width) };
-            for (row, o) in fused[r.start * 2 * width..r.end * 2 * width].chunks_exact(2 * width).zip(o.chunks_exact_mut(width)) {
+        par_rows(self.threads, out, width, 1, &|first, o| {
+            for (row, o) in fused[first * 2 * width..].chunks_exact(2 * width).zip(o.chunks_exact_mut(width)) {
                 let (g, u) = row.split_at(width);
                 glu_span(act, g, u, o);
             }
