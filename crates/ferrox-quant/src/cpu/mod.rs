@@ -340,9 +340,12 @@ pub fn select(kind: QuantKind, isa: Isa) -> Option<Kernel> {
 
 /// How far ahead, in rows, matvecs prefetch weights: one core keeps more DRAM
 /// reads in flight than its hardware prefetcher would. Shared by the
-/// four-row kernels (into L1; 262144x640 Q8_0 head, 2 threads: none 14.1
-/// GB/s, 4 rows 20.0, 8 rows 21.7, 16 rows 21.2) and the one-row path of
-/// `matvec` (into L2; see its `prefetch_row`).
+/// four-row kernels and the one-row path of `matvec` (`prefetch_row`, into
+/// L2). The 32-element kinds' four-row kernels prefetch into L2 too
+/// (262144x640 Q8_0 head, 2 threads, into L1: none 14.1 GB/s, 4 rows 20.0,
+/// 8 rows 21.7, 16 rows 21.2; into L2 about 10% more, 8 rows as good as any
+/// of 4–24); the K kinds' (`avx512::prefetch_block`) into L1, measured the
+/// same either way on Gemma's files.
 pub(crate) const PREFETCH_ROWS: usize = 8;
 
 /// An activation row's per-block scales (f32) and quant sums, computed once
