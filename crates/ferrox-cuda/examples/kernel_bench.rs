@@ -2,6 +2,7 @@
 //! CUDA events on the device's stream (median of repeats after a warm-up).
 //! `cargo run --release -p ferrox-cuda --example kernel_bench [ROWS COLS]`;
 //! the H200 figures and command are in `benchmarks/cuda.md`.
+//! `KB_KINDS=Q4_0,Q4_K` limits the kinds; `KB_GEMM=0` skips the GEMM column.
 
 use std::time::Instant;
 
@@ -78,31 +79,42 @@ fn main() {
         "{:<6} {:>10} {:>12} {:>10} {:>14} {:>12}",
         "kind", "MiB", "matvec us", "GB/s", "gemm512 ms", "TFLOP/s"
     );
+    let only: Option<Vec<String>> = std::env::var("KB_KINDS")
+        .ok()
+        .map(|v| v.split(',').map(|k| k.trim().to_string()).collect());
+    let gemm = std::env::var("KB_GEMM").map_or(true, |v| v != "0");
     for &kind in QuantKind::ALL {
-        if ferrox_cuda::kernel_suffix(kind).is_none() {
+        if ferrox_cuda::kernel_suffix(kind).is_none()
+            || only.as_ref().is_some_and(|o| !o.iter().any(|k| k == kind.name()))
+        {
             continue;
         }
         let t0 = Instant::now();
         let bytes = quantize_par(kind, &src, rows, cols);
         let q_s = t0.elapsed().as_secs_f64();
-        // Two copies, alternated, so the 60 MB L2 does not hold the weights.
-        let w = [
-            dev.upload_matrix(kind, &bytes, rows, cols).unwrap(),
-            dev.upload_matrix(kind, &bytes, rows, cols).unwrap(),
-        ];
-        let x = dev.upload_f32(&src[..512 * cols]).unwrap();
+        // Copies alternated, at least 256 MB of them, so the 60 MB L2 does
+        // not hold the weights (decode streams each matrix from DRAM).
+        let copies = (256usize << 20).div_ceil(bytes.len()).clamp(2, 128);
+        let w: Vec<_> = (0..copies)
+            .map(|_| dev.upload_matrix(kind, &bytes, rows, cols).unwrap())
+            .collect();
+        let x = dev.upload_f32(&src[..512.min(rows) * cols]).unwrap();
         let mut y = dev.alloc(512 * rows).unwrap();
         let mut i = 0;
         let mv = time(&mut || {
-            dev.matmul_with(MatmulPath::Matvec, &w[i % 2], &x, &mut y, 1)
+            dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, &mut y, 1)
                 .unwrap();
             i += 1;
         });
-        let gm = time(&mut || {
-            dev.matmul_with(MatmulPath::Gemm, &w[i % 2], &x, &mut y, 512)
-                .unwrap();
-            i += 1;
-        });
+        let gm = if gemm {
+            time(&mut || {
+                dev.matmul_with(MatmulPath::Gemm, &w[i % copies], &x, &mut y, 512)
+                    .unwrap();
+                i += 1;
+            })
+        } else {
+            f64::NAN
+        };
         let gb = bytes.len() as f64 / (mv * 1e-3) / 1e9;
         let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (gm * 1e-3) / 1e12;
         println!(

@@ -219,6 +219,8 @@ struct KindFns {
     matvec: CudaFunction,
     /// The int8-activation (dp4a) matvec, for the kinds that have one.
     mmvq: Option<CudaFunction>,
+    /// The same with a warp per 2 / per 4 rows (`mmvq2_<kind>`, `mmvq4_<kind>`).
+    mmvq_rows: Option<[CudaFunction; 2]>,
     get_rows: CudaFunction,
     dequant: CudaFunction,
 }
@@ -307,6 +309,9 @@ pub struct Device {
     /// Units of a row one lane of the int8 matvec takes
     /// (`FERROX_CUDA_MMVQ_UNITS`, default 4): sets the lanes per row.
     mmvq_units: usize,
+    /// Rows a warp takes in the int8 matvec (`FERROX_CUDA_MMVQ_ROWS`: 2 or
+    /// 4; 1, the default, is the lanes-per-row kernel).
+    mmvq_rows: usize,
     /// 16-byte loads of a row one lane of the F16 matvec takes
     /// (`FERROX_CUDA_F16_LOADS`, default 4).
     f16_loads: usize,
@@ -399,6 +404,11 @@ impl Device {
                         } else {
                             None
                         },
+                        mmvq_rows: if mmvq_kind(k) {
+                            Some([f(&format!("mmvq2_{s}"))?, f(&format!("mmvq4_{s}"))?])
+                        } else {
+                            None
+                        },
                         get_rows: f(&format!("get_rows_{s}"))?,
                         dequant: f(&format!("dequant_f16_{s}"))?,
                     },
@@ -445,6 +455,7 @@ impl Device {
             scratch: Mutex::new(Scratch::default()),
             q8_tag: Mutex::new(None),
             mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 4),
+            mmvq_rows: env_usize("FERROX_CUDA_MMVQ_ROWS", 1),
             f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
@@ -953,6 +964,20 @@ impl Device {
         }
         let m = mmvq_mats(self, mats)?;
         let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        let fr = self.kind_fns(w0.kind, "matvec")?.mmvq_rows.as_ref();
+        if let (Some(fr), r @ (2 | 4)) = (fr, self.mmvq_rows) {
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(4 * r) as u32, n as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            return self.launch_keep(
+                &fr[r / 4],
+                cfg,
+                "int8 matvec",
+                &[&m, &qs, &ds, &int("mmvq", cols)?],
+            );
+        }
         let lpr = lanes_per_row(cols / 32, self.mmvq_units);
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),

@@ -327,31 +327,54 @@ __device__ __forceinline__ u32 ld_a2(const u8* p) {
     return (u32)q[0] | ((u32)q[1] << 16);
 }
 
+// Each kind's unit in two steps: `ld_<kind>` issues the unit's weight
+// loads (read-only, `ld.global.nc`) into a small struct, `dot_<kind>` dots
+// it with the unit's activations. The kernels load every unit a lane takes
+// in a step before the first dot, so a lane has all of them in flight at
+// once (written as one function, the compiler issued each unit's loads
+// after the previous unit's dot: one DRAM round trip per unit).
 // qx: the unit's 32 int8 activations as 8 ints; dx its scale; sx = dx * sum(q).
-__device__ __forceinline__ float dot_q4_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+// The dot returns the unit's dot in weight-scale units times dx.
+
+__device__ __forceinline__ uint4 ldg4(const u8* p) { return __ldg((const uint4*)p); }
+__device__ __forceinline__ u16 ldg2(const u8* p) { return __ldg((const unsigned short*)p); }
+
+struct Wq4_0 { uint4 q; u16 d; };
+__device__ __forceinline__ Wq4_0 ld_q4_0(const u8* row, int u, int cols) {
     // Repacked: the block's 16 quant bytes, 16-byte aligned; its scale after
     // all the row's quants.
-    uint4 v = *(const uint4*)(row + u * 16);
-    float d = h2f(*(const u16*)(row + (cols >> 5) * 16 + 2 * u));
-    u32 w[4] = {v.x, v.y, v.z, v.w};
+    return Wq4_0{ldg4(row + u * 16), ldg2(row + (cols >> 5) * 16 + 2 * u)};
+}
+__device__ __forceinline__ float dot_q4_0(const Wq4_0& w, const int* qx, float dx, float sx) {
+    u32 q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
     int acc = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        acc = __dp4a((int)(w[j] & 0x0F0F0F0Fu), qx[j], acc);
-        acc = __dp4a((int)((w[j] >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
+        acc = __dp4a((int)(q[j] & 0x0F0F0F0Fu), qx[j], acc);
+        acc = __dp4a((int)((q[j] >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
     }
     // (q - 8) * d: the offset is -8 * sum(q) * dx.
-    return d * (dx * (float)acc - 8.0f * sx);
+    return h2f(w.d) * (dx * (float)acc - 8.0f * sx);
 }
 
-__device__ __forceinline__ float dot_q5_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+struct Wq5_0 { u16 d, h0, h1; u16 v[8]; };
+__device__ __forceinline__ Wq5_0 ld_q5_0(const u8* row, int u, int cols) {
+    // GGUF layout, 22-byte blocks: 2-byte loads only.
     const u8* b = row + u * 22;
-    float d = h2f(*(const u16*)b);
-    u32 qh = ld_a2(b + 2);
+    Wq5_0 w;
+    w.d = ldg2(b);
+    w.h0 = ldg2(b + 2);
+    w.h1 = ldg2(b + 4);
+#pragma unroll
+    for (int j = 0; j < 8; j++) w.v[j] = ldg2(b + 6 + 2 * j);
+    return w;
+}
+__device__ __forceinline__ float dot_q5_0(const Wq5_0& w, const int* qx, float dx, float sx) {
+    u32 qh = (u32)w.h0 | ((u32)w.h1 << 16);
     int acc = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        u32 v = ld_a2(b + 6 + 4 * j);
+        u32 v = (u32)w.v[2 * j] | ((u32)w.v[2 * j + 1] << 16);
         // The high bits of elements 4j..4j+3 (low nibbles) and 4j+16.. (high).
         u32 h0 = (qh >> (4 * j)) & 0xF, h1 = (qh >> (4 * j + 16)) & 0xF;
         u32 hb0 = ((h0 & 1) << 4) | ((h0 & 2) << 11) | ((h0 & 4) << 18) | ((h0 & 8) << 25);
@@ -359,53 +382,71 @@ __device__ __forceinline__ float dot_q5_0(const u8* row, int u, int cols, const 
         acc = __dp4a((int)((v & 0x0F0F0F0Fu) | hb0), qx[j], acc);
         acc = __dp4a((int)(((v >> 4) & 0x0F0F0F0Fu) | hb1), qx[j + 4], acc);
     }
-    return d * (dx * (float)acc - 16.0f * sx);
+    return h2f(w.d) * (dx * (float)acc - 16.0f * sx);
 }
 
-__device__ __forceinline__ float dot_q8_0(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+struct Wq8_0 { uint4 a, c; u16 d; };
+__device__ __forceinline__ Wq8_0 ld_q8_0(const u8* row, int u, int cols) {
     // Repacked: the block's 32 quant bytes, 16-byte aligned; its scale after
     // all the row's quants.
-    const uint4* q = (const uint4*)(row + u * 32);
-    uint4 a = q[0], c = q[1];
-    float d = h2f(*(const u16*)(row + (cols >> 5) * 32 + 2 * u));
-    u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    return Wq8_0{ldg4(row + u * 32), ldg4(row + u * 32 + 16), ldg2(row + (cols >> 5) * 32 + 2 * u)};
+}
+__device__ __forceinline__ float dot_q8_0(const Wq8_0& w, const int* qx, float dx, float sx) {
+    u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.c.x, w.c.y, w.c.z, w.c.w};
     int acc = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) acc = __dp4a((int)w[j], qx[j], acc);
-    return d * dx * (float)acc;
+    for (int j = 0; j < 8; j++) acc = __dp4a((int)q[j], qx[j], acc);
+    return h2f(w.d) * dx * (float)acc;
 }
 
-__device__ __forceinline__ float dot_q4_k(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
+// Q4_K keeps the GGUF layout (144-byte blocks, 16-byte aligned): the
+// block's 16-byte head (d, dmin, the 12 bytes of 6-bit scales and mins)
+// and the 32 quant bytes the unit's nibbles live in.
+struct Wq4_k { uint4 h, a, c; int s; };
+__device__ __forceinline__ Wq4_k ld_q4_k(const u8* row, int u, int cols) {
     const u8* b = row + (u >> 3) * 144;
     int s = u & 7;
-    float d = h2f(*(const u16*)b), dmin = h2f(*(const u16*)(b + 2));
+    return Wq4_k{ldg4(b), ldg4(b + 16 + (s >> 1) * 32), ldg4(b + 32 + (s >> 1) * 32), s};
+}
+__device__ __forceinline__ float dot_q4_k(const Wq4_k& w, const int* qx, float dx, float sx) {
+    float d = h2f((u16)w.h.x), dmin = h2f((u16)(w.h.x >> 16));
+    // scale_min_k4 on the head's words (bytes 4.., no run-time indexing
+    // of a register array).
+    int sh = 8 * (w.s & 3);
+    u32 a = w.h.y >> sh, b = w.h.z >> sh, c = w.h.w >> sh;
     int sc, m;
-    scale_min_k4(s, b + 4, &sc, &m);
-    const uint4* q = (const uint4*)(b + 16 + (s >> 1) * 32);
-    uint4 a = q[0], c = q[1];
-    u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-    int shift = (s & 1) * 4;
+    if (w.s < 4) {
+        sc = a & 63;
+        m = b & 63;
+    } else {
+        sc = (c & 0xF) | (((a >> 6) & 3) << 4);
+        m = ((c >> 4) & 0xF) | (((b >> 6) & 3) << 4);
+    }
+    u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.c.x, w.c.y, w.c.z, w.c.w};
+    int shift = (w.s & 1) * 4;
     int acc = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) acc = __dp4a((int)((w[j] >> shift) & 0x0F0F0F0Fu), qx[j], acc);
+    for (int j = 0; j < 8; j++) acc = __dp4a((int)((q[j] >> shift) & 0x0F0F0F0Fu), qx[j], acc);
     return d * sc * dx * (float)acc - dmin * m * sx;
 }
 
-__device__ __forceinline__ float dot_q6_k(const u8* row, int u, int cols, const int* qx, float dx, float sx) {
-    // Repacked: 208-byte blocks (ql, qh, scales), 16-byte aligned; the d's
-    // after all the row's blocks.
+// Q6_K repacked: 208-byte blocks (ql, qh, scales), 16-byte aligned; the d's
+// after all the row's blocks.
+struct Wq6_k { uint4 l0, l1, h0, h1; u16 sc, d; int quarter; };
+__device__ __forceinline__ Wq6_k ld_q6_k(const u8* row, int u, int cols) {
     const u8* b = row + (u >> 3) * 208;
     int s = u & 7;
     int half = s >> 2, quarter = s & 3;
-    const uint4* ql = (const uint4*)(b + half * 64 + (quarter & 1) * 32);
-    const uint4* qh = (const uint4*)(b + 128 + half * 32);
-    const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
-    float d = h2f(*(const u16*)(row + (cols >> 8) * 208 + 2 * (u >> 3)));
-    uint4 l0 = ql[0], l1 = ql[1], h0 = qh[0], h1 = qh[1];
-    u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-    u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    int lshift = (quarter >> 1) * 4;
-    int hshift = quarter * 2;
+    const u8* ql = b + half * 64 + (quarter & 1) * 32;
+    const u8* qh = b + 128 + half * 32;
+    return Wq6_k{ldg4(ql), ldg4(ql + 16), ldg4(qh), ldg4(qh + 16),
+                 ldg2(b + 192 + half * 8 + quarter * 2), ldg2(row + (cols >> 8) * 208 + 2 * (u >> 3)), quarter};
+}
+__device__ __forceinline__ float dot_q6_k(const Wq6_k& w, const int* qx, float dx, float sx) {
+    u32 lw[8] = {w.l0.x, w.l0.y, w.l0.z, w.l0.w, w.l1.x, w.l1.y, w.l1.z, w.l1.w};
+    u32 hw[8] = {w.h0.x, w.h0.y, w.h0.z, w.h0.w, w.h1.x, w.h1.y, w.h1.z, w.h1.w};
+    int lshift = (w.quarter >> 1) * 4;
+    int hshift = w.quarter * 2;
     int acc0 = 0, acc1 = 0;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -415,7 +456,8 @@ __device__ __forceinline__ float dot_q6_k(const u8* row, int u, int cols, const 
         if (j < 4) acc0 = __dp4a(q, qx[j], acc0);
         else acc1 = __dp4a(q, qx[j], acc1);
     }
-    return d * dx * (float)(sc[0] * acc0 + sc[1] * acc1);
+    int sc0 = (int)(signed char)(w.sc & 0xFF), sc1 = (int)(signed char)(w.sc >> 8);
+    return h2f(w.d) * dx * (float)(sc0 * acc0 + sc1 * acc1);
 }
 
 // The activations of a decode matvec, quantized once per input (not in
@@ -479,6 +521,39 @@ __device__ __forceinline__ bool row_sum(float* acc, int lpr, int sub, float* red
     return sub == 0;
 }
 
+// Matrix `k` of `m` without indexing the parameter's arrays at run time
+// (that copies the struct to local memory).
+__device__ __forceinline__ const u8* mats_w(const MmvqMats& m, int k) { return k == 0 ? m.w[0] : k == 1 ? m.w[1] : m.w[2]; }
+__device__ __forceinline__ float* mats_y(const MmvqMats& m, int k) { return k == 0 ? m.y[0] : k == 1 ? m.y[1] : m.y[2]; }
+__device__ __forceinline__ int mats_rows(const MmvqMats& m, int k) { return k == 0 ? m.rows[0] : k == 1 ? m.rows[1] : m.rows[2]; }
+__device__ __forceinline__ long long mats_rb(const MmvqMats& m, int k) {
+    return k == 0 ? m.row_bytes[0] : k == 1 ? m.row_bytes[1] : m.row_bytes[2];
+}
+// Row `r` of the launch's concatenated rows as (matrix, row); false past the end.
+__device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
+    *k = 0;
+    if (*r >= m.rows[0]) {
+        *r -= m.rows[0];
+        *k = 1;
+        if (*r >= m.rows[1]) {
+            *r -= m.rows[1];
+            *k = 2;
+            if (*r >= m.rows[2]) return false;
+        }
+    }
+    return true;
+}
+
+// One unit's activations from the q8 buffer: 8 ints and (d, d * sum).
+#define LOAD_ACTS(QT, DT, U, Q8, DD)                                                             \
+    float2 DD = (DT)[U];                                                                          \
+    int Q8[8];                                                                                    \
+    {                                                                                             \
+        int4 qa_ = (QT)[2 * (U)], qb_ = (QT)[2 * (U) + 1];                                        \
+        Q8[0] = qa_.x; Q8[1] = qa_.y; Q8[2] = qa_.z; Q8[3] = qa_.w;                               \
+        Q8[4] = qb_.x; Q8[5] = qb_.y; Q8[6] = qb_.z; Q8[7] = qb_.w;                               \
+    }
+
 #define DEFINE_MMVQ(NAME)                                                                          \
     extern "C" __global__ void mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
                                            const float2* __restrict__ dsx, int cols, int lpr) {  \
@@ -486,46 +561,32 @@ __device__ __forceinline__ bool row_sum(float* acc, int lpr, int sub, float* red
         int n_units = cols >> 5;                                                                  \
         int sub = threadIdx.x & (lpr - 1);                                                        \
         int t = blockIdx.y;                                                                       \
-        int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;                              \
-        int k = 0;                                                                                \
-        bool ok = true;                                                                           \
-        if (r >= m.rows[0]) {                                                                     \
-            r -= m.rows[0];                                                                       \
-            k = 1;                                                                                \
-            if (r >= m.rows[1]) {                                                                 \
-                r -= m.rows[1];                                                                   \
-                k = 2;                                                                            \
-                if (r >= m.rows[2]) ok = false;                                                   \
-            }                                                                                     \
-        }                                                                                         \
-        if (ok) prefetch_l2(m.w[k] + (size_t)r * m.row_bytes[k], m.row_bytes[k], sub, lpr);      \
+        int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;                           \
+        bool ok = mats_row(m, &r, &k);                                                            \
+        const u8* row = mats_w(m, k) + (size_t)r * mats_rb(m, k);                                 \
+        if (ok) prefetch_l2(row, mats_rb(m, k), sub, lpr);                                        \
         PDL_ENTER();                                                                              \
         float acc = 0.0f;                                                                         \
         if (ok) {                                                                                 \
-            const u8* row = m.w[k] + (size_t)r * m.row_bytes[k];                                  \
             const int4* qt = qx + (size_t)t * n_units * 2;                                        \
             const float2* dt = dsx + (size_t)t * n_units;                                         \
             int u = sub, step = lpr;                                                              \
-            /* Four units a step with no guard between them (straight-line                        \
-               code, so the compiler issues all their loads first), then the                      \
-               rest one at a time. */                                                             \
+            /* Four units a step: all four units' weight loads first. */                          \
             for (; u + 3 * step < n_units; u += 4 * step) {                                       \
+                W##NAME w[4];                                                                     \
+                _Pragma("unroll") for (int j = 0; j < 4; j++) w[j] = ld_##NAME(row, u + j * step, cols); \
                 _Pragma("unroll") for (int j = 0; j < 4; j++) {                                   \
-                    int uj = u + j * step;                                                        \
-                    float2 dd = dt[uj];                                                           \
-                    int4 qa = qt[2 * uj], qb = qt[2 * uj + 1];                                    \
-                    int q8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                 \
-                    acc += dot_##NAME(row, uj, cols, q8, dd.x, dd.y);                             \
+                    LOAD_ACTS(qt, dt, u + j * step, q8, dd);                                      \
+                    acc += dot_##NAME(w[j], q8, dd.x, dd.y);                                      \
                 }                                                                                 \
             }                                                                                     \
             for (; u < n_units; u += step) {                                                      \
-                float2 dd = dt[u];                                                                \
-                int4 qa = qt[2 * u], qb = qt[2 * u + 1];                                          \
-                int q8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};                     \
-                acc += dot_##NAME(row, u, cols, q8, dd.x, dd.y);                                  \
+                W##NAME w = ld_##NAME(row, u, cols);                                              \
+                LOAD_ACTS(qt, dt, u, q8, dd);                                                     \
+                acc += dot_##NAME(w, q8, dd.x, dd.y);                                             \
             }                                                                                     \
         }                                                                                         \
-        if (row_sum(&acc, lpr, sub, red) && ok) m.y[k][(size_t)t * m.rows[k] + r] = acc;          \
+        if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc; \
     }
 
 DEFINE_MMVQ(q4_0)
@@ -533,6 +594,73 @@ DEFINE_MMVQ(q5_0)
 DEFINE_MMVQ(q8_0)
 DEFINE_MMVQ(q4_k)
 DEFINE_MMVQ(q6_k)
+
+// The same products with a warp per R consecutive rows (R = 2, 4): a lane
+// takes the units lane, lane + 32, ... of all R rows, so the unit's int8
+// activations and scale are loaded once for R rows, and a lane has 2R
+// weight units in flight (two units a step). Blocks of 128 threads (4
+// warps, 4R rows). Each row resolves its matrix on its own (R rows may
+// straddle two matrices); rows past the end read row 0 of the last
+// matrix's first row pointer and write nothing.
+#define DEFINE_MMVQR(NAME, R)                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) mmvq##R##_##NAME(                          \
+        MmvqMats m, const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols) {      \
+        int lane = threadIdx.x & 31;                                                              \
+        int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                       \
+        int t = blockIdx.y;                                                                       \
+        int n_units = cols >> 5;                                                                  \
+        const u8* rp[R];                                                                          \
+        float* yp[R];                                                                             \
+        bool ok[R];                                                                               \
+        _Pragma("unroll") for (int j = 0; j < R; j++) {                                           \
+            int r = r0 + j, k;                                                                    \
+            ok[j] = mats_row(m, &r, &k);                                                          \
+            rp[j] = ok[j] ? mats_w(m, k) + (size_t)r * mats_rb(m, k) : m.w[0];                    \
+            yp[j] = ok[j] ? mats_y(m, k) + (size_t)t * mats_rows(m, k) + r : nullptr;             \
+            if (ok[j]) prefetch_l2(rp[j], mats_rb(m, k), lane, 32);                               \
+        }                                                                                         \
+        PDL_ENTER();                                                                              \
+        float acc[R];                                                                             \
+        _Pragma("unroll") for (int j = 0; j < R; j++) acc[j] = 0.0f;                              \
+        const int4* qt = qx + (size_t)t * n_units * 2;                                            \
+        const float2* dt = dsx + (size_t)t * n_units;                                             \
+        int u = lane;                                                                             \
+        for (; u + 32 < n_units; u += 64) {                                                       \
+            W##NAME w0[R], w1[R];                                                                 \
+            _Pragma("unroll") for (int j = 0; j < R; j++) {                                       \
+                w0[j] = ld_##NAME(rp[j], u, cols);                                                \
+                w1[j] = ld_##NAME(rp[j], u + 32, cols);                                           \
+            }                                                                                     \
+            LOAD_ACTS(qt, dt, u, q0, d0);                                                         \
+            LOAD_ACTS(qt, dt, u + 32, q1, d1);                                                    \
+            _Pragma("unroll") for (int j = 0; j < R; j++) {                                       \
+                acc[j] += dot_##NAME(w0[j], q0, d0.x, d0.y);                                      \
+                acc[j] += dot_##NAME(w1[j], q1, d1.x, d1.y);                                      \
+            }                                                                                     \
+        }                                                                                         \
+        if (u < n_units) {                                                                        \
+            W##NAME w0[R];                                                                        \
+            _Pragma("unroll") for (int j = 0; j < R; j++) w0[j] = ld_##NAME(rp[j], u, cols);      \
+            LOAD_ACTS(qt, dt, u, q0, d0);                                                         \
+            _Pragma("unroll") for (int j = 0; j < R; j++) acc[j] += dot_##NAME(w0[j], q0, d0.x, d0.y); \
+        }                                                                                         \
+        _Pragma("unroll") for (int j = 0; j < R; j++) {                                           \
+            float a = acc[j];                                                                     \
+            _Pragma("unroll") for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o); \
+            if (lane == j && ok[j]) *yp[j] = a;                                                   \
+        }                                                                                         \
+    }
+
+DEFINE_MMVQR(q4_0, 2)
+DEFINE_MMVQR(q5_0, 2)
+DEFINE_MMVQR(q8_0, 2)
+DEFINE_MMVQR(q4_k, 2)
+DEFINE_MMVQR(q6_k, 2)
+DEFINE_MMVQR(q4_0, 4)
+DEFINE_MMVQR(q5_0, 4)
+DEFINE_MMVQR(q8_0, 4)
+DEFINE_MMVQR(q4_k, 4)
+DEFINE_MMVQR(q6_k, 4)
 
 __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
     float4 a = x[0], b = x[1];

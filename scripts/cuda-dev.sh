@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A development call on the H200 (device tool, kind nvidia-h200): GPU tests,
+# kernel_bench at decode shapes under env variants, optional ncu sections,
+# and decode A/B of env variants on synthetic llama-1b files quantized there
+# by `ferrox quantize`. Binaries are built here and carried in $D (see the
+# header of scripts/cuda-side-by-side.sh; same layout).
+# Env: SKIP_TESTS=1; KB_SHAPES ("2048x2048 8192x2048 ..."), KB_KINDS (Q4_0,Q4_K,...);
+# VARIANTS: ';'-separated env settings compared in every step ("" is the default),
+# e.g. "FERROX_CUDA_MMVQ_ROWS=1;FERROX_CUDA_MMVQ_ROWS=2"; KINDS (Q4_K Q4_0 Q8_0);
+# NCU_SHAPE (e.g. 8192x2048): ncu's detailed sections on kernel_bench at that shape;
+# REPS (decode repetitions, 3).
+set -u
+D=${D:-target/h-cuda5}
+OUT=${OUT:-/tmp/ferrox-out}
+LOG=$OUT; mkdir -p $LOG
+export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root}
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee $LOG/gpu.txt
+IFS=';' read -r -a VARS <<< "${VARIANTS:-}"
+[ ${#VARS[@]} = 0 ] && VARS=("")
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout 300 $D/tests/ferrox_core backend:: --test-threads=1 >$LOG/tests.log 2>&1
+  echo "$(el) tests rc=$?: $(grep -E '^test result' $LOG/tests.log | tail -1)"
+  grep -E "NOT CHECKED|panicked|FAILED" $LOG/tests.log | head -8
+  # The matvec/GEMM tests again under each non-default variant.
+  for v in "${VARS[@]}"; do
+    [ -z "$v" ] && continue
+    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::matmul_many backend::cuda::tests::fused_q8 backend::cuda::tests::every_architecture --test-threads=1 >$LOG/tests-variant.log 2>&1
+    echo "$(el) matvec tests [$v] rc=$?: $(grep -E '^test result' $LOG/tests-variant.log | tail -1)"
+    grep -E "panicked|FAILED" $LOG/tests-variant.log | head -4
+  done
+fi
+
+for sh in ${KB_SHAPES:-}; do
+  for v in "${VARS[@]}"; do
+    echo "== $sh [$v]" >>$LOG/kernel_bench.txt
+    env $v KB_GEMM=0 timeout 120 $D/kernel_bench ${sh%x*} ${sh#*x} >>$LOG/kernel_bench.txt 2>&1
+  done
+done
+[ -n "${KB_SHAPES:-}" ] && { echo "$(el) kernel_bench"; cat $LOG/kernel_bench.txt | grep -v "^kind\|^device"; }
+
+if [ -n "${NCU_SHAPE:-}" ] && command -v ncu >/dev/null; then
+  for v in "${VARS[@]}"; do
+    tag=$(echo "$v" | tr -c 'A-Za-z0-9\n' '_')
+    env $v KB_GEMM=0 timeout 200 ncu --clock-control none -k "regex:mmvq|matvec" -c 4 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      $D/kernel_bench ${NCU_SHAPE%x*} ${NCU_SHAPE#*x} >$LOG/ncu-$tag.txt 2>&1
+    echo "$(el) ncu [$v] rc=$?"
+  done
+fi
+
+if [ -n "${KINDS-Q4_K Q4_0 Q8_0}" ]; then
+  M=/tmp/models; mkdir -p $M
+  export PYTHONPATH=$PWD/$D
+  python3 $D/make_synthetic_gguf.py --shape ${SHAPE:-llama-1b} --out $M/f16.gguf --seed 0 --jobs 8 >$LOG/synth.log 2>&1
+  echo "$(el) synthetic rc=$?"
+  for k in ${KINDS-Q4_K Q4_0 Q8_0}; do
+    $D/ferrox quantize $M/f16.gguf $M/$k.gguf $k -f >>$LOG/quantize.log 2>&1
+    for v in "${VARS[@]}"; do
+      bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; esac
+      r=$(env $v timeout 120 $bin bench --backend cuda -m $M/$k.gguf -p ${PP:-0} -n 128 -r ${REPS:-3} -o jsonl 2>>$LOG/bench.err |
+        python3 -c "import json,sys; print(' '.join('%s %.1f±%.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], r['avg_ts'], r['stddev_ts']) for r in map(json.loads, sys.stdin)))")
+      echo "$k [$v] $r" | tee -a $LOG/decode.txt
+    done
+  done
+fi
+echo "$(el) end"
