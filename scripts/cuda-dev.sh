@@ -23,10 +23,15 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 300 $D/tests/ferrox_core backend:: --test-threads=1 >$LOG/tests.log 2>&1
   echo "$(el) tests rc=$?: $(grep -E '^test result' $LOG/tests.log | tail -1)"
   grep -E "NOT CHECKED|panicked|FAILED" $LOG/tests.log | head -8
+  if [ "${SABOTAGE:-0}" = 1 ] && [ -x $D/tests-sabotaged/ferrox_core ]; then
+    timeout 300 $D/tests-sabotaged/ferrox_core backend:: --test-threads=1 >$LOG/tests-sabotaged.log 2>&1
+    echo "$(el) SABOTAGED tests rc=$?: $(grep -E '^test result' $LOG/tests-sabotaged.log | tail -1)"
+    grep -E "^test .*FAILED|panicked" $LOG/tests-sabotaged.log | head -12
+  fi
   # The matvec/GEMM tests again under each non-default variant.
   for v in "${VARS[@]}"; do
     [ -z "$v" ] && continue
-    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::matmul_many backend::cuda::tests::fused_q8 backend::cuda::tests::every_architecture --test-threads=1 >$LOG/tests-variant.log 2>&1
+    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::matmul_many backend::cuda::tests::fused backend::cuda::tests::every_architecture backend::cuda::tests::greedy --test-threads=1 >$LOG/tests-variant.log 2>&1
     echo "$(el) matvec tests [$v] rc=$?: $(grep -E '^test result' $LOG/tests-variant.log | tail -1)"
     grep -E "panicked|FAILED" $LOG/tests-variant.log | head -4
   done
@@ -56,13 +61,39 @@ if [ -n "${KINDS-Q4_K Q4_0 Q8_0}" ]; then
   python3 $D/make_synthetic_gguf.py --shape ${SHAPE:-llama-1b} --out $M/f16.gguf --seed 0 --jobs 8 >$LOG/synth.log 2>&1
   echo "$(el) synthetic rc=$?"
   for k in ${KINDS-Q4_K Q4_0 Q8_0}; do
-    $D/ferrox quantize $M/f16.gguf $M/$k.gguf $k -f >>$LOG/quantize.log 2>&1
-    for v in "${VARS[@]}"; do
+    [ $k = F16 ] || $D/ferrox quantize $M/f16.gguf $M/$k.gguf $k -f >>$LOG/quantize.log 2>&1
+    [ $k = F16 ] && ln -sf $M/f16.gguf $M/F16.gguf
+    # ROUNDS rounds, the variants' order reversed every other round (runs
+    # of one binary differ by more than their own spread between processes).
+    order=("${VARS[@]}")
+    for ((round = 0; round < ${ROUNDS:-1}; round++)); do
+    if (( round % 2 == 1 )); then order=(); for ((i=${#VARS[@]}-1; i>=0; i--)); do order+=("${VARS[i]}"); done; else order=("${VARS[@]}"); fi
+    for v in "${order[@]}"; do
       bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; esac
       r=$(env $v timeout 120 $bin bench --backend cuda -m $M/$k.gguf -p ${PP:-0} -n 128 -r ${REPS:-3} -o jsonl 2>>$LOG/bench.err |
         python3 -c "import json,sys; print(' '.join('%s %.1f±%.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], r['avg_ts'], r['stddev_ts']) for r in map(json.loads, sys.stdin)))")
       echo "$k [$v] $r" | tee -a $LOG/decode.txt
     done
+    done
+  done
+  # Medians over the rounds, per kind and variant.
+  python3 - $LOG/decode.txt <<'PY'
+import re, sys, statistics, collections
+d = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    m = re.match(r"(\S+) \[(.*)\] .*tg128 ([0-9.]+)", line)
+    if m: d[(m.group(1), m.group(2))].append(float(m.group(3)))
+for (k, v), xs in d.items():
+    print(f"median {k} [{v}] tg128 {statistics.median(xs):.1f} over {len(xs)}: {' '.join('%.0f' % x for x in xs)}")
+PY
+fi
+if [ -n "${PROFILE_DECODE:-}" ] && command -v ncu >/dev/null; then
+  # Per-kernel GPU time of 16 decode steps, warm caches (as in a real step).
+  for k in $PROFILE_DECODE; do
+    timeout 200 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+      $D/ferrox bench --backend cuda -m $M/$k.gguf -p 0 -n 16 -r 1 >$LOG/ncu-decode-$k.txt 2>&1
+    echo "$(el) ncu decode $k rc=$?"
+    grep -E "Invocations|gpu__time_duration" $LOG/ncu-decode-$k.txt | paste - - | sed -E 's/, Device 0, CC 9.0//; s/gpu__time_duration.sum//; s/[[:space:]]+/ /g' | head -40
   done
 fi
 echo "$(el) end"

@@ -219,8 +219,8 @@ struct KindFns {
     matvec: CudaFunction,
     /// The int8-activation (dp4a) matvec, for the kinds that have one.
     mmvq: Option<CudaFunction>,
-    /// The same with a warp per 2 / per 4 rows (`mmvq2_<kind>`, `mmvq4_<kind>`).
-    mmvq_rows: Option<[CudaFunction; 2]>,
+    /// The gate and up matvecs with the GLU (`mmvq_glu_<kind>`).
+    mmvq_glu: Option<CudaFunction>,
     get_rows: CudaFunction,
     dequant: CudaFunction,
 }
@@ -262,6 +262,7 @@ struct Fns {
     matvec_f16_v8: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
+    rope_kv: CudaFunction,
     attention: CudaFunction,
     attention_gqa: CudaFunction,
     glu: CudaFunction,
@@ -278,8 +279,10 @@ struct Scratch {
     x16: Option<CudaSlice<u16>>,
     ids: Option<CudaSlice<u32>>,
     /// The q8 activations of the decode matvecs: int8 values, then the
-    /// per-unit (d, d * sum) pairs (`quant_lane` in `kernels.cu`).
-    q8: Option<CudaSlice<u8>>,
+    /// per-unit (d, d * sum) pairs (`quant_lane` in `kernels.cu`). Two
+    /// slots: a launch that reads one q8 input and writes the next (the
+    /// gate/up matvec with the GLU) writes slot 1.
+    q8: [Option<CudaSlice<u8>>; 2],
     /// q8 buffers outgrown: kept, since a recorded graph may still read
     /// them (a graph holds raw addresses).
     retired: Vec<CudaSlice<u8>>,
@@ -293,6 +296,8 @@ struct Q8Tag {
     buf: u64,
     elems: usize,
     width: usize,
+    /// The scratch slot ([`Scratch::q8`]).
+    slot: usize,
 }
 
 /// One opened GPU with one stream. Opened once and passed around; dropping
@@ -309,9 +314,9 @@ pub struct Device {
     /// Units of a row one lane of the int8 matvec takes
     /// (`FERROX_CUDA_MMVQ_UNITS`, default 4): sets the lanes per row.
     mmvq_units: usize,
-    /// Rows a warp takes in the int8 matvec (`FERROX_CUDA_MMVQ_ROWS`: 2 or
-    /// 4; 1, the default, is the lanes-per-row kernel).
-    mmvq_rows: usize,
+    /// Fused launches (RoPE with the cache store, the GLU in the gate/up
+    /// matvec); `FERROX_CUDA_FUSE=0` turns them off, for measuring.
+    fuse: bool,
     /// 16-byte loads of a row one lane of the F16 matvec takes
     /// (`FERROX_CUDA_F16_LOADS`, default 4).
     f16_loads: usize,
@@ -404,8 +409,8 @@ impl Device {
                         } else {
                             None
                         },
-                        mmvq_rows: if mmvq_kind(k) {
-                            Some([f(&format!("mmvq2_{s}"))?, f(&format!("mmvq4_{s}"))?])
+                        mmvq_glu: if mmvq_kind(k) {
+                            Some(f(&format!("mmvq_glu_{s}"))?)
                         } else {
                             None
                         },
@@ -425,6 +430,7 @@ impl Device {
             matvec_f16_v8: f("matvec_f16_v8")?,
             rope: f("rope")?,
             kv_store: f("kv_store")?,
+            rope_kv: f("rope_kv")?,
             attention: f("attention")?,
             attention_gqa: f("attention_gqa")?,
             glu: f("glu")?,
@@ -455,7 +461,7 @@ impl Device {
             scratch: Mutex::new(Scratch::default()),
             q8_tag: Mutex::new(None),
             mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 4),
-            mmvq_rows: env_usize("FERROX_CUDA_MMVQ_ROWS", 1),
+            fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
             f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
@@ -463,6 +469,11 @@ impl Device {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1),
         })
+    }
+
+    /// Whether fused launches are on (`FERROX_CUDA_FUSE`, default on).
+    pub fn fuses(&self) -> bool {
+        self.fuse
     }
 
     /// The device's name (`NVIDIA H200`).
@@ -501,22 +512,51 @@ impl Device {
     /// addresses of its int8 values and of its per-unit scales. Grows, never
     /// shrinks; an outgrown buffer is retired, not freed (graphs).
     fn q8_scratch(&self, elems: usize) -> Result<(u64, u64), CudaError> {
+        self.q8_scratch_slot(elems, 0)
+    }
+
+    fn q8_scratch_slot(&self, elems: usize, slot: usize) -> Result<(u64, u64), CudaError> {
         let need = elems + elems / 32 * 8;
         let mut sc = self
             .scratch
             .lock()
             .map_err(|_| shape("q8 scratch", "scratch lock poisoned".into()))?;
-        if sc.q8.as_ref().is_none_or(|s| s.len() < need) {
+        if sc.q8[slot].as_ref().is_none_or(|s| s.len() < need) {
             let fresh = self
                 .stream
                 .alloc_zeros::<u8>(need.max(4096).next_power_of_two())
                 .map_err(drv(format!("allocating {need} bytes of q8 scratch")))?;
-            if let Some(old) = sc.q8.replace(fresh) {
+            if let Some(old) = sc.q8[slot].replace(fresh) {
                 sc.retired.push(old);
             }
         }
-        let p = sc.q8.as_ref().map_or(0, |s| self.ptr(s));
+        let p = sc.q8[slot].as_ref().map_or(0, |s| self.ptr(s));
         Ok((p, p + elems as u64))
+    }
+
+    /// The q8 copy of `x` (`elems` floats in rows of `width`): where the
+    /// last launch left it, else quantized now into slot 0.
+    fn q8_input(&self, x: &Buf, elems: usize, width: usize) -> Result<(u64, u64), CudaError> {
+        if let Some(t) = self.q8_tag() {
+            if t.buf == x.id && t.elems == elems && t.width == width {
+                return self.q8_scratch_slot(elems, t.slot);
+            }
+        }
+        let (qs, ds) = self.q8_scratch(elems)?;
+        let ne = elems as i64;
+        self.launch(
+            &self.fns.quantize_q8,
+            grid(elems, 256),
+            "quantize_q8",
+            &[&self.ptr(&x.s), &qs, &ds, &ne],
+        )?;
+        self.set_q8_tag(Some(Q8Tag {
+            buf: x.id,
+            elems,
+            width,
+            slot: 0,
+        }));
+        Ok((qs, ds))
     }
 
     /// Whether the q8 scratch holds `b`'s quantized copy right now (the
@@ -945,39 +985,9 @@ impl Device {
             ));
         }
         let cols = w0.cols;
-        let elems = n * cols;
-        let (qs, ds) = self.q8_scratch(elems)?;
-        let tag = Q8Tag {
-            buf: x.id,
-            elems,
-            width: cols,
-        };
-        if self.q8_tag() != Some(tag) {
-            let ne = elems as i64;
-            self.launch(
-                &self.fns.quantize_q8,
-                grid(elems, 256),
-                "quantize_q8",
-                &[&self.ptr(&x.s), &qs, &ds, &ne],
-            )?;
-            self.set_q8_tag(Some(tag));
-        }
+        let (qs, ds) = self.q8_input(x, n * cols, cols)?;
         let m = mmvq_mats(self, mats)?;
         let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
-        let fr = self.kind_fns(w0.kind, "matvec")?.mmvq_rows.as_ref();
-        if let (Some(fr), r @ (2 | 4)) = (fr, self.mmvq_rows) {
-            let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(4 * r) as u32, n as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            return self.launch_keep(
-                &fr[r / 4],
-                cfg,
-                "int8 matvec",
-                &[&m, &qs, &ds, &int("mmvq", cols)?],
-            );
-        }
         let lpr = lanes_per_row(cols / 32, self.mmvq_units);
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
@@ -991,6 +1001,88 @@ impl Device {
             "int8 matvec",
             &[&m, &qs, &ds, &int("mmvq", cols)?, &lpr],
         )
+    }
+
+    /// `h = act(x Wg^T) * (x Wu^T)` in one launch (`mmvq_glu_<kind>`),
+    /// with `h`'s q8 copy for the down matvec written beside it: for decode
+    /// batches (the int8 matvec path) over two matrices of one kind and
+    /// shape whose rows come in whole 32s. Returns false, launching
+    /// nothing, where that does not hold (or fusing is off): the caller then
+    /// runs the matvecs and the GLU apart.
+    pub fn gate_up_glu(
+        &self,
+        act: Act,
+        x: &Buf,
+        n: usize,
+        wg: &Matrix,
+        wu: &Matrix,
+        h: &mut Buf,
+    ) -> Result<bool, CudaError> {
+        let same = wg.kind == wu.kind
+            && wg.rows == wu.rows
+            && wg.cols == wu.cols
+            && wg.row_bytes == wu.row_bytes;
+        let f = match self.kind_fns(wg.kind, "matvec")?.mmvq_glu.as_ref() {
+            Some(f) => f,
+            None => return Ok(false),
+        };
+        if !self.fuse
+            || !same
+            || !mmvq_fits(wg)
+            || !wg.rows.is_multiple_of(32)
+            || self.matmul_path(n) != MatmulPath::Matvec
+            || !self.wants_q8(n, wg.rows)
+        {
+            return Ok(false);
+        }
+        let (rows, cols) = (wg.rows, wg.cols);
+        if x.len < n * cols || h.len != n * rows {
+            return Err(shape(
+                "gate_up_glu",
+                format!(
+                    "{n} tokens through 2x{rows}x{cols}: input {} floats, output {}",
+                    x.len, h.len
+                ),
+            ));
+        }
+        let (qs, ds) = self.q8_input(x, n * cols, cols)?;
+        let slot = self.q8_tag().map_or(0, |t| t.slot);
+        let out_slot = 1 - slot;
+        let (hq, hds) = self.q8_scratch_slot(n * rows, out_slot)?;
+        let a = match act {
+            Act::Silu => 0i32,
+            Act::Gelu => 1,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: ((rows / 32) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            f,
+            cfg,
+            "gate/up matvec with the GLU",
+            &[
+                &self.ptr(&wg.data),
+                &self.ptr(&wu.data),
+                &(wg.row_bytes as i64),
+                &int("gate_up_glu", rows)?,
+                &qs,
+                &ds,
+                &int("gate_up_glu", cols)?,
+                &a,
+                &self.ptr(&h.s),
+                &hq,
+                &hds,
+            ],
+        )?;
+        self.set_q8_tag(Some(Q8Tag {
+            buf: h.id,
+            elems: n * rows,
+            width: rows,
+            slot: out_slot,
+        }));
+        Ok(true)
     }
 
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
@@ -1202,6 +1294,7 @@ impl Device {
                 buf: out.id,
                 elems: out.len,
                 width: w.len,
+                slot: 0,
             }));
         }
         Ok(())
@@ -1286,31 +1379,14 @@ impl Device {
         factors: Option<&Buf>,
     ) -> Result<(), CudaError> {
         let n_tok = pos.len;
-        for (len, heads) in [(x.len, r.n_heads)]
-            .into_iter()
-            .chain(second.as_ref().map(|(b, h)| (b.len, *h)))
-        {
-            if len != n_tok * heads * r.head_dim {
-                return Err(shape(
-                    "rope",
-                    format!("{n_tok} tokens of {heads}x{} in {len} floats", r.head_dim),
-                ));
-            }
-        }
-        if r.n_rot > r.head_dim || !r.n_rot.is_multiple_of(2) {
-            return Err(shape(
-                "rope",
-                format!("n_rot {} does not fit head size {}", r.n_rot, r.head_dim),
-            ));
-        }
-        if let Some(f) = factors {
-            if f.len < r.n_rot / 2 {
-                return Err(shape(
-                    "rope",
-                    format!("{} frequency factors for {} pairs", f.len, r.n_rot / 2),
-                ));
-            }
-        }
+        rope_check(
+            n_tok,
+            [(x.len, r.n_heads)]
+                .into_iter()
+                .chain(second.as_ref().map(|(b, h)| (b.len, *h))),
+            r,
+            factors,
+        )?;
         let heads2 = second.as_ref().map_or(0, |(_, h)| *h);
         let total = n_tok * r.n_heads.max(heads2) * (r.n_rot / 2);
         if total == 0 {
@@ -1357,6 +1433,60 @@ impl Device {
         v: &Buf,
         out: &mut Buf,
         a: &AttnShape,
+    ) -> Result<(), CudaError> {
+        self.attend(kv, layer, seq, pos, q, k, v, out, a, None)
+    }
+
+    /// RoPE on `q` and `k` (as [`Device::rope_qk`], `r.n_heads` query heads,
+    /// `a.n_head_kv` key heads), then [`Device::attention`]: the rotation
+    /// and the cache store are one launch (`rope_kv`), so a layer's
+    /// attention is two launches, not three.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_attention(
+        &self,
+        kv: &mut Kv,
+        layer: usize,
+        seq: IndexView<'_>,
+        pos: IndexView<'_>,
+        q: &mut Buf,
+        k: &mut Buf,
+        v: &Buf,
+        out: &mut Buf,
+        a: &AttnShape,
+        r: &RopeShape,
+        factors: Option<&Buf>,
+    ) -> Result<(), CudaError> {
+        rope_check(
+            pos.len,
+            [(q.len, r.n_heads), (k.len, a.n_head_kv)].into_iter(),
+            r,
+            factors,
+        )?;
+        if r.n_heads != a.n_head || r.head_dim != a.head_dim || !r.head_dim.is_multiple_of(2) {
+            return Err(shape(
+                "rope_attention",
+                format!(
+                    "RoPE over {}x{} but attention over {}x{}",
+                    r.n_heads, r.head_dim, a.n_head, a.head_dim
+                ),
+            ));
+        }
+        self.attend(kv, layer, seq, pos, q, k, v, out, a, Some((r, factors)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        kv: &mut Kv,
+        layer: usize,
+        seq: IndexView<'_>,
+        pos: IndexView<'_>,
+        q: &Buf,
+        k: &Buf,
+        v: &Buf,
+        out: &mut Buf,
+        a: &AttnShape,
+        rope: Option<(&RopeShape, Option<&Buf>)>,
     ) -> Result<(), CudaError> {
         let n = seq.len;
         let (hd, hdv) = (a.head_dim, a.head_dim_v);
@@ -1406,6 +1536,39 @@ impl Device {
         if n > 65535 {
             return Err(shape("kv_store", format!("{n} tokens in one launch")));
         }
+        if let Some((r, factors)) = rope {
+            let most = (n * a.n_head * (r.n_rot / 2))
+                .max(n * a.n_head_kv * (hd / 2))
+                .max(n * vd);
+            let mut cfg = grid(most, 256);
+            cfg.grid_dim.1 = 3;
+            self.launch(
+                &self.fns.rope_kv,
+                cfg,
+                "rope_kv",
+                &[
+                    &self.ptr(&q.s),
+                    &self.ptr(&k.s),
+                    &self.ptr(&v.s),
+                    &sp,
+                    &pp,
+                    &int("rope_kv", n)?,
+                    &int("rope_kv", a.n_head)?,
+                    &int("rope_kv", a.n_head_kv)?,
+                    &int("rope_kv", hd)?,
+                    &int("rope_kv", r.n_rot)?,
+                    &i32::from(r.halves),
+                    &r.base,
+                    &r.freq_scale,
+                    &r.attn_factor,
+                    &factors.map_or(0u64, |f| self.ptr(&f.s)),
+                    &self.ptr(&kv.k[layer]),
+                    &self.ptr(&kv.v[layer]),
+                    &int("rope_kv", vd)?,
+                    &n_ctx,
+                ],
+            )?;
+        } else {
         let cfg = LaunchConfig {
             grid_dim: (kd.max(vd).div_ceil(128) as u32, n as u32, 2),
             block_dim: (128, 1, 1),
@@ -1427,6 +1590,7 @@ impl Device {
                 &n_ctx,
             ],
         )?;
+        }
         // The grouped kernel (a block per token and KV head) where its
         // limits allow; the per-head one otherwise.
         let g = a.n_head / a.n_head_kv;
@@ -1487,6 +1651,7 @@ impl Device {
                 buf: out.id,
                 elems: n * a.n_head * hdv,
                 width: a.n_head * hdv,
+                slot: 0,
             }));
         }
         Ok(())
@@ -1562,6 +1727,7 @@ impl Device {
                 buf: out.id,
                 elems: out.len,
                 width: wu,
+                slot: 0,
             }));
         }
         Ok(())
@@ -1863,4 +2029,38 @@ fn f16_fits(w: &Matrix) -> bool {
 /// whole 32-element units.
 fn mmvq_fits(w: &Matrix) -> bool {
     mmvq_kind(w.kind) && w.cols.is_multiple_of(32)
+}
+
+/// The shape checks of a RoPE launch: each `(floats, heads)` buffer holds
+/// `n_tok` tokens of `heads` heads, `n_rot` is even and fits the head, and
+/// the frequency factors (if any) cover every pair.
+fn rope_check(
+    n_tok: usize,
+    bufs: impl Iterator<Item = (usize, usize)>,
+    r: &RopeShape,
+    factors: Option<&Buf>,
+) -> Result<(), CudaError> {
+    for (len, heads) in bufs {
+        if len != n_tok * heads * r.head_dim {
+            return Err(shape(
+                "rope",
+                format!("{n_tok} tokens of {heads}x{} in {len} floats", r.head_dim),
+            ));
+        }
+    }
+    if r.n_rot > r.head_dim || !r.n_rot.is_multiple_of(2) {
+        return Err(shape(
+            "rope",
+            format!("n_rot {} does not fit head size {}", r.n_rot, r.head_dim),
+        ));
+    }
+    if let Some(f) = factors {
+        if f.len < r.n_rot / 2 {
+            return Err(shape(
+                "rope",
+                format!("{} frequency factors for {} pairs", f.len, r.n_rot / 2),
+            ));
+        }
+    }
+    Ok(())
 }

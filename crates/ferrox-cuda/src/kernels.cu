@@ -595,72 +595,80 @@ DEFINE_MMVQ(q8_0)
 DEFINE_MMVQ(q4_k)
 DEFINE_MMVQ(q6_k)
 
-// The same products with a warp per R consecutive rows (R = 2, 4): a lane
-// takes the units lane, lane + 32, ... of all R rows, so the unit's int8
-// activations and scale are loaded once for R rows, and a lane has 2R
-// weight units in flight (two units a step). Blocks of 128 threads (4
-// warps, 4R rows). Each row resolves its matrix on its own (R rows may
-// straddle two matrices); rows past the end read row 0 of the last
-// matrix's first row pointer and write nothing.
-#define DEFINE_MMVQR(NAME, R)                                                                      \
-    extern "C" __global__ void __launch_bounds__(128) mmvq##R##_##NAME(                          \
-        MmvqMats m, const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols) {      \
-        int lane = threadIdx.x & 31;                                                              \
-        int r0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                       \
-        int t = blockIdx.y;                                                                       \
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608f;
+    return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
+}
+
+// The gate and up matvecs and the GLU after them in one launch (decode):
+// 32 rows a block, 8 lanes a row; a lane takes units sub, sub + 8, ... of
+// the row of both matrices, four of each a step (all eight units' loads
+// issued before the first dot), then the block writes h = act(g) * u for
+// its 32 rows and, from one warp, their q8 unit for the down matvec (so
+// rows % 32 == 0). `act`: 0 SiLU, 1 GELU (tanh form), as `glu`. The
+// output q8 buffer is not the input's (two scratch slots).
+#define GLU_LPR 8
+#define DEFINE_MMVQ_GLU(NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) mmvq_glu_##NAME(                           \
+        const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,      \
+        const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols, int act,           \
+        float* __restrict__ h, i8* __restrict__ hq, float2* __restrict__ hds) {                   \
+        __shared__ float hv[32];                                                                  \
         int n_units = cols >> 5;                                                                  \
-        const u8* rp[R];                                                                          \
-        float* yp[R];                                                                             \
-        bool ok[R];                                                                               \
-        _Pragma("unroll") for (int j = 0; j < R; j++) {                                           \
-            int r = r0 + j, k;                                                                    \
-            ok[j] = mats_row(m, &r, &k);                                                          \
-            rp[j] = ok[j] ? mats_w(m, k) + (size_t)r * mats_rb(m, k) : m.w[0];                    \
-            yp[j] = ok[j] ? mats_y(m, k) + (size_t)t * mats_rows(m, k) + r : nullptr;             \
-            if (ok[j]) prefetch_l2(rp[j], mats_rb(m, k), lane, 32);                               \
-        }                                                                                         \
+        int sub = threadIdx.x & (GLU_LPR - 1);                                                    \
+        int t = blockIdx.y;                                                                       \
+        int rl = threadIdx.x / GLU_LPR;                                                           \
+        int r = blockIdx.x * 32 + rl;                                                             \
+        const u8* rg = wg + (size_t)r * row_bytes;                                                \
+        const u8* ru = wu + (size_t)r * row_bytes;                                                \
+        prefetch_l2(rg, row_bytes, sub, GLU_LPR);                                                 \
+        prefetch_l2(ru, row_bytes, sub, GLU_LPR);                                                 \
         PDL_ENTER();                                                                              \
-        float acc[R];                                                                             \
-        _Pragma("unroll") for (int j = 0; j < R; j++) acc[j] = 0.0f;                              \
+        float ag = 0.0f, au = 0.0f;                                                               \
         const int4* qt = qx + (size_t)t * n_units * 2;                                            \
         const float2* dt = dsx + (size_t)t * n_units;                                             \
-        int u = lane;                                                                             \
-        for (; u + 32 < n_units; u += 64) {                                                       \
-            W##NAME w0[R], w1[R];                                                                 \
-            _Pragma("unroll") for (int j = 0; j < R; j++) {                                       \
-                w0[j] = ld_##NAME(rp[j], u, cols);                                                \
-                w1[j] = ld_##NAME(rp[j], u + 32, cols);                                           \
+        int u = sub;                                                                              \
+        for (; u + 3 * GLU_LPR < n_units; u += 4 * GLU_LPR) {                                     \
+            W##NAME g[4], v[4];                                                                   \
+            _Pragma("unroll") for (int j = 0; j < 4; j++) {                                       \
+                g[j] = ld_##NAME(rg, u + j * GLU_LPR, cols);                                      \
+                v[j] = ld_##NAME(ru, u + j * GLU_LPR, cols);                                      \
             }                                                                                     \
-            LOAD_ACTS(qt, dt, u, q0, d0);                                                         \
-            LOAD_ACTS(qt, dt, u + 32, q1, d1);                                                    \
-            _Pragma("unroll") for (int j = 0; j < R; j++) {                                       \
-                acc[j] += dot_##NAME(w0[j], q0, d0.x, d0.y);                                      \
-                acc[j] += dot_##NAME(w1[j], q1, d1.x, d1.y);                                      \
+            _Pragma("unroll") for (int j = 0; j < 4; j++) {                                       \
+                LOAD_ACTS(qt, dt, u + j * GLU_LPR, q8, dd);                                       \
+                ag += dot_##NAME(g[j], q8, dd.x, dd.y);                                           \
+                au += dot_##NAME(v[j], q8, dd.x, dd.y);                                           \
             }                                                                                     \
         }                                                                                         \
-        if (u < n_units) {                                                                        \
-            W##NAME w0[R];                                                                        \
-            _Pragma("unroll") for (int j = 0; j < R; j++) w0[j] = ld_##NAME(rp[j], u, cols);      \
-            LOAD_ACTS(qt, dt, u, q0, d0);                                                         \
-            _Pragma("unroll") for (int j = 0; j < R; j++) acc[j] += dot_##NAME(w0[j], q0, d0.x, d0.y); \
+        for (; u < n_units; u += GLU_LPR) {                                                       \
+            W##NAME g = ld_##NAME(rg, u, cols), v = ld_##NAME(ru, u, cols);                       \
+            LOAD_ACTS(qt, dt, u, q8, dd);                                                         \
+            ag += dot_##NAME(g, q8, dd.x, dd.y);                                                  \
+            au += dot_##NAME(v, q8, dd.x, dd.y);                                                  \
         }                                                                                         \
-        _Pragma("unroll") for (int j = 0; j < R; j++) {                                           \
-            float a = acc[j];                                                                     \
-            _Pragma("unroll") for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o); \
-            if (lane == j && ok[j]) *yp[j] = a;                                                   \
+        _Pragma("unroll") for (int o = GLU_LPR >> 1; o > 0; o >>= 1) {                            \
+            ag += __shfl_xor_sync(0xffffffffu, ag, o);                                            \
+            au += __shfl_xor_sync(0xffffffffu, au, o);                                            \
         }                                                                                         \
+        if (sub == 0) {                                                                           \
+            float y = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;                                 \
+            hv[rl] = y;                                                                           \
+            h[(size_t)t * rows + r] = y;                                                          \
+        }                                                                                         \
+        __syncthreads();                                                                          \
+        if (threadIdx.x < 32)                                                                     \
+            quant_lane(hv[threadIdx.x], (long long)t * rows + blockIdx.x * 32 + threadIdx.x, hq, hds); \
     }
 
-DEFINE_MMVQR(q4_0, 2)
-DEFINE_MMVQR(q5_0, 2)
-DEFINE_MMVQR(q8_0, 2)
-DEFINE_MMVQR(q4_k, 2)
-DEFINE_MMVQR(q6_k, 2)
-DEFINE_MMVQR(q4_0, 4)
-DEFINE_MMVQR(q5_0, 4)
-DEFINE_MMVQR(q8_0, 4)
-DEFINE_MMVQR(q4_k, 4)
-DEFINE_MMVQR(q6_k, 4)
+DEFINE_MMVQ_GLU(q4_0)
+DEFINE_MMVQ_GLU(q5_0)
+DEFINE_MMVQ_GLU(q8_0)
+DEFINE_MMVQ_GLU(q4_k)
+DEFINE_MMVQ_GLU(q6_k)
+
 
 __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
     float4 a = x[0], b = x[1];
@@ -691,11 +699,11 @@ extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* 
         for (; i + 3 * step < n8; i += 4 * step) {
             uint4 h[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) h[j] = row[i + j * step];
+            for (int j = 0; j < 4; j++) h[j] = __ldg(row + i + j * step);
 #pragma unroll
             for (int j = 0; j < 4; j++) acc += dot8_f16(h[j], xt + 2 * (i + j * step));
         }
-        for (; i < n8; i += step) acc += dot8_f16(row[i], xt + 2 * i);
+        for (; i < n8; i += step) acc += dot8_f16(__ldg(row + i), xt + 2 * i);
     }
     if (row_sum(&acc, lpr, sub, red) && ok) y[(size_t)t * rows + r] = acc;
 }
@@ -836,6 +844,18 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
 // i + n_rot/2 (NeoX); otherwise 2i with 2i+1. `factors` may be null.
 // blockIdx.y == 1 rotates a second buffer (`x2`, `n_heads2` heads) with the
 // same positions: queries and keys in one launch.
+// The rotation of pair `i` (of n_rot / 2) at position `p`: cos and sin,
+// scaled by attn_factor.
+__device__ __forceinline__ void rope_cs(u32 p, int i, int n_rot, float base, float freq_scale,
+                                        float attn_factor, const float* factors, float* c, float* s) {
+    float theta_scale = powf(base, -2.0f / n_rot);
+    float theta = (float)p * powf(theta_scale, (float)i);
+    if (factors) theta = theta / factors[i];
+    theta *= freq_scale;
+    *c = cosf(theta) * attn_factor;
+    *s = sinf(theta) * attn_factor;
+}
+
 extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads, int head_dim,
                                 int n_rot, int halves, float base, float freq_scale,
                                 float attn_factor, const float* factors, float* x2, int n_heads2) { PDL_ENTER();
@@ -850,17 +870,67 @@ extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads
     int i = idx % half_rot;
     int h = (idx / half_rot) % n_heads;
     int t = idx / ((long long)half_rot * n_heads);
-    float theta_scale = powf(base, -2.0f / n_rot);
-    float theta = (float)pos[t] * powf(theta_scale, (float)i);
-    if (factors) theta = theta / factors[i];
-    theta *= freq_scale;
-    float c = cosf(theta) * attn_factor, s = sinf(theta) * attn_factor;
+    float c, s;
+    rope_cs(pos[t], i, n_rot, base, freq_scale, attn_factor, factors, &c, &s);
     float* hp = x + ((size_t)t * n_heads + h) * head_dim;
     int a = halves ? i : 2 * i;
     int b = halves ? i + half_rot : 2 * i + 1;
     float x0 = hp[a], x1 = hp[b];
     hp[a] = x0 * c - x1 * s;
     hp[b] = x0 * s + x1 * c;
+}
+
+// RoPE of a layer's queries and keys and the store of its keys and values
+// into the f16 cache, in one launch (the attention kernel then reads the
+// cache): blockIdx.y 0 rotates q; 1 rotates k a pair of elements a thread
+// (pairs past n_rot / 2 are the unrotated tail, copied) and stores the
+// head into the cache; 2 stores v. head_dim is even.
+extern "C" __global__ void rope_kv(float* q, float* k, const float* v, const u32* seq, const u32* pos,
+                                   int n_tok, int n_heads, int n_heads_k, int head_dim, int n_rot,
+                                   int halves, float base, float freq_scale, float attn_factor,
+                                   const float* factors, u16* kcache, u16* vcache, int vdim,
+                                   int n_ctx) { PDL_ENTER();
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int half_rot = n_rot / 2;
+    if (blockIdx.y == 2) {
+        if (idx >= (long long)n_tok * vdim) return;
+        int t = idx / vdim, i = idx % vdim;
+        size_t at = (size_t)seq[t] * n_ctx + pos[t];
+        vcache[at * vdim + i] = f2h(v[idx]);
+        return;
+    }
+    bool keys = blockIdx.y == 1;
+    int heads = keys ? n_heads_k : n_heads;
+    int pairs = keys ? head_dim / 2 : half_rot;
+    if (idx >= (long long)n_tok * heads * pairs) return;
+    int i = idx % pairs;
+    int h = (idx / pairs) % heads;
+    int t = idx / ((long long)pairs * heads);
+    float* hp = (keys ? k : q) + ((size_t)t * heads + h) * head_dim;
+    int a, b;
+    float y0, y1;
+    if (i < half_rot) {
+        float c, s;
+        rope_cs(pos[t], i, n_rot, base, freq_scale, attn_factor, factors, &c, &s);
+        a = halves ? i : 2 * i;
+        b = halves ? i + half_rot : 2 * i + 1;
+        float x0 = hp[a], x1 = hp[b];
+        y0 = x0 * c - x1 * s;
+        y1 = x0 * s + x1 * c;
+        hp[a] = y0;
+        hp[b] = y1;
+    } else {
+        a = n_rot + 2 * (i - half_rot);
+        b = a + 1;
+        y0 = hp[a];
+        y1 = hp[b];
+    }
+    if (keys) {
+        int kdim = n_heads_k * head_dim;
+        u16* kc = kcache + ((size_t)seq[t] * n_ctx + pos[t]) * kdim + (size_t)h * head_dim;
+        kc[a] = f2h(y0);
+        kc[b] = f2h(y1);
+    }
 }
 
 // Writes each token's k/v rows into its (slot, position) of the f16 cache.
@@ -1118,13 +1188,6 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
             out[((size_t)t * n_head + (size_t)kvh * G + g) * hdv + dd] = acc[k] / sm_l[g];
         }
     }
-}
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608f;
-    return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
 }
 
 // act: 0 = SiLU, 1 = GELU (tanh form). `stride`/`up_off` let one kernel

@@ -282,6 +282,39 @@ mod dispatch {
         }
     }
 
+    impl Cuda {
+        /// Every token's slot and position lies inside the KV cache.
+        fn check_slots(&self, kv: &Kv, batch: &Batch) -> Result<(), BackendError> {
+            let n = batch.len();
+            if batch.seq.len() != n || batch.pos.len() != n {
+                return Err(BackendError("batch columns of different lengths".into()));
+            }
+            for t in 0..n {
+                let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
+                if s >= kv.n_slots() || pos >= kv.n_ctx() {
+                    return Err(BackendError(format!(
+                        "token {t}: slot {s} position {pos} outside the KV cache ({} slots x {})",
+                        kv.n_slots(),
+                        kv.n_ctx()
+                    )));
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn attn_shape(p: &AttnParams) -> AttnShape {
+        AttnShape {
+            n_head: p.n_head,
+            n_head_kv: p.n_head_kv,
+            head_dim: p.head_dim,
+            head_dim_v: p.head_dim_v,
+            scale: p.scale,
+            softcap: p.softcap,
+            window: p.window,
+        }
+    }
+
     impl BackendLaunch for Cuda {
         fn has_launch(kind: QuantKind) -> bool {
             ferrox_cuda::kernel_suffix(kind).is_some()
@@ -463,28 +496,8 @@ mod dispatch {
             p: &AttnParams,
         ) -> Result<(), BackendError> {
             let n = batch.len();
-            if batch.seq.len() != n || batch.pos.len() != n {
-                return Err(BackendError("batch columns of different lengths".into()));
-            }
-            for t in 0..n {
-                let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
-                if s >= kv.n_slots() || pos >= kv.n_ctx() {
-                    return Err(BackendError(format!(
-                        "token {t}: slot {s} position {pos} outside the KV cache ({} slots x {})",
-                        kv.n_slots(),
-                        kv.n_ctx()
-                    )));
-                }
-            }
-            let a = AttnShape {
-                n_head: p.n_head,
-                n_head_kv: p.n_head_kv,
-                head_dim: p.head_dim,
-                head_dim_v: p.head_dim_v,
-                scale: p.scale,
-                softcap: p.softcap,
-                window: p.window,
-            };
+            self.check_slots(kv, batch)?;
+            let a = attn_shape(p);
             // Both index vectors must be resident at once: upload them as one.
             let mut both = Vec::with_capacity(2 * n);
             both.extend_from_slice(&batch.seq);
@@ -495,6 +508,70 @@ mod dispatch {
                     .ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
                 self.dev
                     .attention(kv, layer, seq, pos, q, k, v, out, &a)
+                    .map_err(be)
+            })
+        }
+
+        fn gate_up_glu(
+            &self,
+            a: Activation,
+            x: &Buf,
+            n: usize,
+            wg: &CudaWeight,
+            wu: &CudaWeight,
+            gate: &mut Buf,
+            up: &mut Buf,
+            h: &mut Buf,
+        ) -> Result<(), BackendError> {
+            let fused = self
+                .dev
+                .gate_up_glu(act(a), x, n, wg.matrix("gate")?, wu.matrix("up")?, h)
+                .map_err(be)?;
+            if !fused {
+                self.matmul_many(x, n, &mut [(wg, &mut *gate), (wu, &mut *up)])?;
+                self.glu(a, gate, up, h)?;
+            }
+            Ok(())
+        }
+
+        fn rope_attention(
+            &self,
+            kv: &mut Kv,
+            layer: usize,
+            batch: &Batch,
+            q: &mut Buf,
+            k: &mut Buf,
+            v: &Buf,
+            out: &mut Buf,
+            rp: &RopeParams,
+            factors: Option<&CudaWeight>,
+            p: &AttnParams,
+        ) -> Result<(), BackendError> {
+            if !self.dev.fuses() || !p.head_dim.is_multiple_of(2) {
+                self.rope_qk(q, k, &batch.pos, p.n_head, p.n_head_kv, p.head_dim, rp, factors)?;
+                return self.attention(kv, layer, batch, q, k, v, out, p);
+            }
+            let n = batch.len();
+            self.check_slots(kv, batch)?;
+            let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
+            let r = RopeShape {
+                n_heads: p.n_head,
+                head_dim: p.head_dim,
+                n_rot: rp.n_rot,
+                halves: rp.style == RopeStyle::Halves,
+                base: rp.base,
+                freq_scale: rp.freq_scale,
+                attn_factor: rp.attn_factor,
+            };
+            let a = attn_shape(p);
+            let both: Vec<u32> = batch.seq.iter().chain(&batch.pos).copied().collect();
+            self.with_indices(&both, |d| {
+                let (seq, pos) = d
+                    .part(0, n)
+                    .zip(d.part(n, n))
+                    .ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
+                self.dev
+                    .rope_attention(kv, layer, seq, pos, q, k, v, out, &a, &r, factors)
                     .map_err(be)
             })
         }
@@ -1253,6 +1330,139 @@ mod tests {
             );
         }
         assert!(q8_checked > 0, "no decode batch left a q8 copy of the attention output");
+    }
+
+    /// RoPE with the cache store in one launch, then attention: what the
+    /// CPU gives through its separate RoPE and attention, in both styles,
+    /// partial rotation with frequency factors, over prefill and decode
+    /// batches of two slots; the cache the fused launch wrote is read back
+    /// by a later decode step (so a wrong store shows there too).
+    #[test]
+    fn fused_rope_and_cache_store_match_the_cpu_rope_then_attention() {
+        let Some(c) = gpu("CUDA RoPE fused with the KV store (rope_kv) vs the CPU rope then attention") else {
+            return;
+        };
+        if !c.device().fuses() {
+            eprintln!("NOT CHECKED: FERROX_CUDA_FUSE=0, the fused RoPE and cache store did not run");
+            return;
+        }
+        let cpu = Cpu::new(2);
+        let mut r = rng();
+        for (style, n_rot, factors) in [(RopeStyle::Halves, 64, false), (RopeStyle::Interleaved, 32, true), (RopeStyle::Halves, 48, true)] {
+            let hd = 64;
+            let p = AttnParams { n_head: 4, n_head_kv: 2, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None };
+            let rp = RopeParams { style, n_rot, base: 10000.0, freq_scale: 1.0, attn_factor: 1.0 };
+            let (kd, qd) = (p.n_head_kv * hd, p.n_head * hd);
+            let mut hkv = cpu.kv_cache(2, 64, &[kd], &[kd]).unwrap();
+            let mut dkv = c.kv_cache(2, 64, &[kd], &[kd]).unwrap();
+            let ff: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+            let hf = factors.then(|| CpuWeight::Vector(ff.clone()));
+            let df = factors.then(|| CudaWeight::Vector(c.device().upload_f32(&ff).unwrap()));
+            let mut batches = Vec::new();
+            let mut b = Batch::default();
+            for i in 0..7 {
+                b.push(0, i, 1, true);
+            }
+            batches.push(b);
+            for step in 0..3u32 {
+                let mut b = Batch::default();
+                b.push(0, 7 + step, 1, true);
+                b.push(0, step, 0, true);
+                batches.push(b);
+            }
+            let mut b = Batch::default();
+            b.push(0, 10, 1, true);
+            batches.push(b);
+            for b in &batches {
+                let n = b.len();
+                let q = rand_vec(&mut r, n * qd, 2.0);
+                let k = rand_vec(&mut r, n * kd, 2.0);
+                let v = rand_vec(&mut r, n * kd, 1.0);
+                let ((mut hq, mut dq), (mut hk, mut dk), (hv, dv)) = (pair(c, &q), pair(c, &k), pair(c, &v));
+                let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * qd]);
+                cpu.rope_attention(&mut hkv, 0, b, &mut hq, &mut hk, &hv, &mut ho, &rp, hf.as_ref(), &p).unwrap();
+                c.rope_attention(&mut dkv, 0, b, &mut dq, &mut dk, &dv, &mut dout, &rp, df.as_ref(), &p).unwrap();
+                let (eq, eo) = (rel(&read(c, &dq), &hq), rel(&read(c, &dout), &ho));
+                assert!(
+                    eq < 1e-4 && eo < 1e-3,
+                    "{style:?} n_rot {n_rot} factors {factors}, batch of {n}: relative error q {eq:e}, output {eo:e}"
+                );
+            }
+        }
+    }
+
+    /// The gate and up matvecs with the GLU in one launch give what the two
+    /// int8 matvecs and the GLU give apart (the sums in another order: a
+    /// tight relative bound), every int8 kind, both activations, rows in
+    /// 32s, widths with and without a partial step; `gate` and `up` stay
+    /// unwritten (so the fused kernel ran), and the q8 copy of `h` it
+    /// leaves gives the down matvec, bit for bit, what quantizing `h`
+    /// separately gives.
+    #[test]
+    fn fused_gate_up_glu_matches_the_matvecs_then_the_glu() {
+        let Some(c) = gpu("CUDA gate/up matvec fused with the GLU (mmvq_glu) vs the matvecs then the GLU") else {
+            return;
+        };
+        if !c.device().fuses() {
+            eprintln!("NOT CHECKED: FERROX_CUDA_FUSE=0, the fused gate/up/GLU did not run");
+            return;
+        }
+        let d = c.device();
+        let mut r = rng();
+        for kind in claimed().into_iter().filter(|&k| ferrox_cuda::mmvq_kind(k)) {
+            for (rows, cols) in [(64usize, 512usize), (96, if kind.block_elems() == 256 { 768 } else { 544 })] {
+                let (gb, _) = matrix(&mut r, kind, rows, cols);
+                let (ub, _) = matrix(&mut r, kind, rows, cols);
+                let (db, _) = matrix(&mut r, QuantKind::Q8_0, 5, rows);
+                let wg = CudaWeight::Matrix(d.upload_matrix(kind, &gb, rows, cols).unwrap());
+                let wu = CudaWeight::Matrix(d.upload_matrix(kind, &ub, rows, cols).unwrap());
+                let wd = CudaWeight::Matrix(d.upload_matrix(QuantKind::Q8_0, &db, 5, rows).unwrap());
+                for n in [1usize, 3] {
+                    let x = d.upload_f32(&rand_vec(&mut r, n * cols, 2.0)).unwrap();
+                    for act in [Activation::SiluGated, Activation::GeluGated] {
+                        let mut gate = d.upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                        let mut up = d.upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                        let mut h = d.upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                        c.gate_up_glu(act, &x, n, &wg, &wu, &mut gate, &mut up, &mut h).unwrap();
+                        assert!(read(c, &gate).iter().all(|v| v.is_nan()), "{kind}: the fused path did not run (gate written)");
+                        assert!(d.q8_holds(&h), "{kind}: the fused GLU left no q8 copy of h");
+                        let got = read(c, &h);
+                        let mut down = c.alloc(n * 5).unwrap();
+                        c.matmul(&wd, &h, &mut down, n).unwrap();
+                        let fused_down = read(c, &down);
+
+                        let (mut g2, mut u2) = (c.alloc(n * rows).unwrap(), c.alloc(n * rows).unwrap());
+                        c.matmul(&wg, &x, &mut g2, n).unwrap();
+                        c.matmul(&wu, &x, &mut u2, n).unwrap();
+                        let (g2, u2) = (read(c, &g2), read(c, &u2));
+                        let want: Vec<f32> = g2
+                            .iter()
+                            .zip(&u2)
+                            .map(|(&g, &u)| {
+                                let a = match act {
+                                    Activation::SiluGated => g / (1.0 + (-g).exp()),
+                                    Activation::GeluGated => {
+                                        0.5 * g * (1.0 + (0.797_884_6 * g * (1.0 + 0.044715 * g * g)).tanh())
+                                    }
+                                };
+                                a * u
+                            })
+                            .collect();
+                        let e = rel(&got, &want);
+                        assert!(e < 1e-5, "{kind} {rows}x{cols} n={n} {act:?}: relative error {e:e}");
+                        let fresh = d.upload_f32(&got).unwrap();
+                        let mut sep = c.alloc(n * 5).unwrap();
+                        c.matmul(&wd, &fresh, &mut sep, n).unwrap();
+                        let sep = read(c, &sep);
+                        assert!(
+                            fused_down.iter().zip(&sep).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{kind} n={n} {act:?}: the fused GLU's q8 copy differs from quantize_q8 ({:e})",
+                            rel(&fused_down, &sep)
+                        );
+                    }
+                }
+            }
+        }
     }
 
     fn tiny(arch: Arch) -> std::path::PathBuf {

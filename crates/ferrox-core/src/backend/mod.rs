@@ -343,6 +343,48 @@ pub trait DeviceBackend: Send + Sync {
         self.rope(k, positions, n_head_kv, head_dim, p, factors)
     }
 
+    /// `h = act(x Wg^T) * (x Wu^T)` over `n` tokens: the gate and up
+    /// projections and the gated activation. `gate` and `up` are scratch
+    /// (a backend that fuses the three may leave them unwritten). The
+    /// default is [`DeviceBackend::matmul_many`] then [`DeviceBackend::glu`].
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up_glu(
+        &self,
+        act: crate::arch::Activation,
+        x: &Self::Buf,
+        n: usize,
+        wg: &Self::Weight,
+        wu: &Self::Weight,
+        gate: &mut Self::Buf,
+        up: &mut Self::Buf,
+        h: &mut Self::Buf,
+    ) -> Result<(), BackendError> {
+        self.matmul_many(x, n, &mut [(wg, &mut *gate), (wu, &mut *up)])?;
+        self.glu(act, gate, up, h)
+    }
+
+    /// RoPE on a layer's queries and keys at the batch's positions, then
+    /// [`DeviceBackend::attention`] (which stores the keys and values into
+    /// the cache first). The default is [`DeviceBackend::rope_qk`] then
+    /// `attention`; a device backend rotates and stores in one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        batch: &Batch,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        out: &mut Self::Buf,
+        rope: &RopeParams,
+        factors: Option<&Self::Weight>,
+        p: &AttnParams,
+    ) -> Result<(), BackendError> {
+        self.rope_qk(q, k, &batch.pos, p.n_head, p.n_head_kv, p.head_dim, rope, factors)?;
+        self.attention(kv, layer, batch, q, k, v, out, p)
+    }
+
     /// `x += add` (when given), then `out = rms_norm(x) * w`: the residual
     /// add and the next block's norm. The default is the three separate ops;
     /// a backend where a launch costs overrides it with one kernel.

@@ -613,7 +613,6 @@ impl<B: DeviceBackend> Model<B> {
                 be.rms_norm(k, kn, c.rms_eps)?;
             }
             let rp = self.rope_params(l);
-            be.rope_qk(q, k, &batch.pos, c.n_head, c.n_head_kv, c.head_dim, &rp, factors)?;
             let local = c.local_layers.get(l).copied().unwrap_or(false);
             let ap = AttnParams {
                 n_head: c.n_head,
@@ -624,7 +623,7 @@ impl<B: DeviceBackend> Model<B> {
                 softcap: c.attn_softcap,
                 window: if local { c.window } else { None },
             };
-            be.attention(kv, l, batch, q, k, v, attn, &ap)?;
+            be.rope_attention(kv, l, batch, q, k, v, attn, &rp, factors, &ap)?;
             be.matmul(&w.out, attn, o, n)?;
             if let Some(b) = &w.out_bias {
                 be.add_bias(o, b, n)?;
@@ -636,8 +635,7 @@ impl<B: DeviceBackend> Model<B> {
             be.add_rms_norm(x, Some(&*o), &w.ffn_norm, c.rms_eps, cur)?;
             match &w.gate {
                 Some(wg) => {
-                    be.matmul_many(cur, n, &mut [(wg, &mut *gate), (&w.up, &mut *up)])?;
-                    be.glu(spec.activation, gate, up, h)?;
+                    be.gate_up_glu(spec.activation, cur, n, wg, &w.up, gate, up, h)?;
                 }
                 None => {
                     be.matmul(&w.up, cur, up, n)?;
