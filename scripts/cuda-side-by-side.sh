@@ -14,13 +14,13 @@
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
 #   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
 # Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), KINDS, REPS, NO_LLAMA=1,
-# SKIP_KB=1, KB_SHAPES="2048x2048 ..." (kernel_bench at decode shapes too), PROFILE=1 (ncu),
+# LOG (default /tmp/logs), SHAPE (llama-1b), SKIP_KB=1, KB_SHAPES="2048x2048 ..." (kernel_bench at decode shapes too), PROFILE=1 (ncu),
 # PROFILE_COLD=0 (only the warm-cache decode profiles), PROFILE_KINDS="Q4_0 F16", AB_GRAPHS=1.
 set -u
 D=${D:-target/h-cuda}
 OUT=${OUT:-/tmp/ferrox-out}
 mkdir -p "$OUT"
-LOG=/tmp/logs; mkdir -p $LOG
+LOG=${LOG:-/tmp/logs}; mkdir -p $LOG
 export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >$LOG/gpu.txt 2>&1
 cat $LOG/gpu.txt
@@ -34,6 +34,8 @@ LL=/tmp/llama
 mkdir -p $LL
 if [ "${NO_LLAMA:-0}" = 1 ]; then
   echo "llama.cpp: skipped (NO_LLAMA=1)"
+elif [ -f $LL/.built ]; then
+  echo "llama.cpp: built earlier in this call"
 elif ls $D/llama-bin.tgz.* >/dev/null 2>&1; then
   cat $D/llama-bin.tgz.* | tar xzf - -C $LL && touch $LL/.built && echo "$(el) llama.cpp: carried build"
 else
@@ -73,7 +75,7 @@ if [ -x $D/kernel_bench ] && [ "${SKIP_KB:-0}" != 1 ]; then
   echo "$(el) kernel_bench done"
 fi
 
-M=/tmp/models; mkdir -p $M
+M=/tmp/models; rm -rf $M; mkdir -p $M
 export PYTHONPATH=$PWD/$D
 python3 $D/make_synthetic_gguf.py --shape ${SHAPE:-llama-1b} --out $M/f16.gguf --seed 0 --jobs 8 --sha256 >$LOG/synth.log 2>&1
 summary+=("synthetic ${SHAPE:-llama-1b} f16: rc=$? $(grep -i sha256 $LOG/synth.log | tail -1)")
@@ -86,7 +88,7 @@ if [ -f $LL/.built ] && [ "${BRING_LLAMA:-0}" = 1 ]; then
   ls -la $OUT
 fi
 
-files=(F16:$M/f16.gguf)
+files=(); [ "${NO_F16:-0}" = 1 ] || files=(F16:$M/f16.gguf)
 for k in ${KINDS:-Q4_K_M Q8_0 Q4_0}; do
   if [ -f $LL/.built ]; then
     $LL/bin/llama-quantize $M/f16.gguf $M/$k.gguf $k 16 >>$LOG/quantize.log 2>&1
