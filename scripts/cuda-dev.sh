@@ -46,12 +46,14 @@ done
 [ -n "${KB_SHAPES:-}" ] && { echo "$(el) kernel_bench"; cat $LOG/kernel_bench.txt | grep -v "^kind\|^device"; }
 
 if [ -n "${NCU_SHAPE:-}" ] && command -v ncu >/dev/null; then
-  for v in "${VARS[@]}"; do
-    tag=$(echo "$v" | tr -c 'A-Za-z0-9\n' '_')
-    env $v KB_GEMM=0 timeout 200 ncu --clock-control none -k "regex:mmvq|matvec" -c 4 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-      $D/kernel_bench ${NCU_SHAPE%x*} ${NCU_SHAPE#*x} >$LOG/ncu-$tag.txt 2>&1
-    echo "$(el) ncu [$v] rc=$?"
+  # ncu's detailed sections for the kernels matching each NCU_KERNELS regex
+  # (two launches each) in kernel_bench at NCU_SHAPE, default variant only.
+  for kr in ${NCU_KERNELS:-mmvq_q4_k mmvq_glu_q4_k}; do
+    KB_GEMM=0 timeout 200 ncu --clock-control none -k "regex:^$kr\$" -c 2 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+      $D/kernel_bench ${NCU_SHAPE%x*} ${NCU_SHAPE#*x} >$LOG/ncu-$kr.txt 2>&1
+    echo "$(el) ncu $kr rc=$?"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|Active Warps Per" $LOG/ncu-$kr.txt | head -24
   done
 fi
 

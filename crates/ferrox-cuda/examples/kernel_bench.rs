@@ -115,16 +115,31 @@ fn main() {
         } else {
             f64::NAN
         };
+        // The gate/up matvec with the GLU over two of the copies (int8
+        // kinds; its output's q8 copy makes the next call quantize x again,
+        // a small launch counted in).
+        let glu = if ferrox_cuda::mmvq_kind(kind) && rows.is_multiple_of(32) {
+            let mut h = dev.alloc(rows).unwrap();
+            time(&mut || {
+                dev.gate_up_glu(ferrox_cuda::Act::Silu, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
+                    .unwrap();
+                i += 2;
+            })
+        } else {
+            f64::NAN
+        };
         let gb = bytes.len() as f64 / (mv * 1e-3) / 1e9;
         let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (gm * 1e-3) / 1e12;
         println!(
-            "{:<6} {:>10.1} {:>12.1} {:>10.0} {:>14.3} {:>12.1}   (quantized in {q_s:.1}s)",
+            "{:<6} {:>10.1} {:>12.1} {:>10.0} {:>14.3} {:>12.1}   (quantized in {q_s:.1}s; gate/up+GLU {:.1} us, {:.0} GB/s)",
             kind.name(),
             bytes.len() as f64 / (1 << 20) as f64,
             mv * 1e3,
             gb,
             gm,
-            tflops
+            tflops,
+            glu * 1e3,
+            2.0 * bytes.len() as f64 / (glu * 1e-3) / 1e9
         );
     }
 }
