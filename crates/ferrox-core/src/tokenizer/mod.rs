@@ -251,10 +251,10 @@ impl Tokenizer {
         };
 
         let too_long = || TokenizerError::InvalidKey { key: K_TOKENS, why: "the token texts pass 4 GiB".into() };
-        let mut vocab = TextIndex::with_capacity(n, tokens.iter().map(|t| t.as_bytes().len()).sum());
+        let mut vocab = TextIndex::with_capacity(n, tokens.iter().map(<[u8]>::len).sum());
         for (i, t) in tokens.iter().enumerate() {
             let empty;
-            let text = match t.as_bytes() {
+            let text = match t {
                 [] => {
                     empty = format!("[EMPTY_{i}]");
                     empty.as_bytes()
@@ -274,9 +274,8 @@ impl Tokenizer {
                 Some(Value::Array(Array::String(m))) => m,
                 Some(v) => return Err(TokenizerError::InvalidKey { key: K_MERGES, why: format!("expected an array of strings, found {:?}", v.value_type()) }),
             };
-            ranks = TextIndex::with_capacity(merges.len(), merges.iter().map(|m| m.as_bytes().len()).sum());
+            ranks = TextIndex::with_capacity(merges.len(), merges.iter().map(<[u8]>::len).sum());
             for m in merges.iter() {
-                let m = m.as_bytes();
                 // The separator is the first space after the first byte, so a
                 // merge whose left side starts with a space still splits.
                 let key = match m.iter().skip(1).position(|&b| b == b' ') {
