@@ -983,6 +983,8 @@ pub struct PackedMatrix {
     /// partial panel (if any).
     u: Vec<u8>,
     scale: Vec<f32>,
+    /// Sub-block biases per panel; for a matrix read in place (Q8_0 has
+    /// none), only its partial panel's.
     bias: Vec<f32>,
     biased: Vec<bool>,
     /// Q8_0 under AMX: full panels are read from the stored weights (passed
@@ -1032,14 +1034,16 @@ impl PackedMatrix {
         cpu::check_aligned(kind, weights)?;
         let shape = AmxShape::new(info.sub, cols);
         let panels = rows.div_ceil(AMX_T);
+        // Read in place, only a partial last panel packs (at offset 0).
+        let packing = if in_place { usize::from(!rows.is_multiple_of(AMX_T)) } else { panels };
         let mut m = PackedMatrix {
             kind,
             rows,
             cols,
             info,
-            u: vec![0; if in_place { usize::from(!rows.is_multiple_of(AMX_T)) } else { panels } * AMX_T * shape.stride],
+            u: vec![0; packing * AMX_T * shape.stride],
             scale: vec![0.0; panels * AMX_T * shape.subs],
-            bias: vec![0.0; panels * AMX_T * shape.subs],
+            bias: vec![0.0; packing * AMX_T * shape.subs],
             biased: vec![false; panels],
             in_place,
         };
@@ -1051,16 +1055,18 @@ impl PackedMatrix {
         );
         let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
         ThreadPool::global().run(threads, panels, &|p| {
-            // SAFETY: panel `p` owns its slices of the scale, bias and flag
-            // buffers; the `u` slice below is its alone (for a matrix read in
-            // place, only the one partial panel packs, at offset 0).
-            let (s, b, f) = unsafe { (sp.slice(p * ps, ps), bp.slice(p * ps, ps), fp.slice(p, 1)) };
+            // SAFETY: panel `p` owns its slices of the scale and flag
+            // buffers; the `u` and bias slices below are its alone (for a
+            // matrix read in place, only the one partial panel packs, at
+            // offset 0).
+            let (s, f) = unsafe { (sp.slice(p * ps, ps), fp.slice(p, 1)) };
             if in_place && (p + 1) * AMX_T <= rows {
                 q8_0_panel_scales(weights, row_bytes, p, s);
                 return;
             }
+            let at = if in_place { 0 } else { p };
             // SAFETY: as above.
-            let u = unsafe { up.slice(if in_place { 0 } else { p * pu }, pu) };
+            let (u, b) = unsafe { (up.slice(at * pu, pu), bp.slice(at * ps, ps)) };
             f[0] = pack_panel(info, weights, row_bytes, rows, p, &shape, u, s, b);
         });
         Ok(Some(m))
@@ -1074,8 +1080,8 @@ impl PackedMatrix {
         if self.in_place && (p + 1) * AMX_T <= self.rows {
             return PanelRef::q8_0_in_place(weights, row_bytes, p, scale);
         }
-        let at = if self.in_place { 0 } else { p * pu };
-        PanelRef::packed(&self.u[at..at + pu], shape, scale, self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]))
+        let at = if self.in_place { 0 } else { p };
+        PanelRef::packed(&self.u[at * pu..(at + 1) * pu], shape, scale, self.biased[p].then(|| &self.bias[at * ps..(at + 1) * ps]))
     }
 
     /// Bytes held.
