@@ -45,13 +45,17 @@ fn main() {
     // of the head before the copy took them), integer and bf16.
     let wb = &bytemuck::cast_slice::<u64, u8>(&w)[..total];
     let packed = PackedMatrix::new(Isa::active(), QuantKind::Q8_0, wb, rows, cols, threads).expect("valid shape");
-    println!("| n | per token (VNNI) ms | tiles (AMX) ms | per token / tiles | stored, AMX int8 ms | stored, AMX bf16 ms |");
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for n in [1usize, 2, 4, 8, 16, 32, 64, 512] {
+    println!("| n | per token (VNNI) ms | tiles (AMX) ms | per token / tiles | copy, AMX bf16 ms | stored, AMX int8 ms | stored, AMX bf16 ms |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for n in [1usize, 2, 4, 8, 16, 32, 64, 128, 256, 512] {
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 104_729) % 3001) as f32 / 1500.0 - 1.0).collect();
         let mut y = vec![0f32; n * rows];
         let vnni = (n <= 64).then(|| median_ms(|| m.matmul_per_token(&x, &mut y, n, threads).expect("valid shape"), 1.0));
         let amx = m.has_tiles().then(|| median_ms(|| assert!(m.matmul_tiles(&x, &mut y, n, threads).expect("valid shape")), 1.0));
+        let mut copy_bf16 = None;
+        if n >= 64 && m.matmul_bf16(&x, &mut y, n, threads).expect("valid shape") {
+            copy_bf16 = Some(median_ms(|| assert!(m.matmul_bf16(&x, &mut y, n, threads).expect("valid shape")), 1.0));
+        }
         let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         let ratio = match (vnni, amx) {
             (Some(a), Some(b)) => format!("{:.2}x", a / b),
@@ -59,6 +63,6 @@ fn main() {
         };
         let mut stored = |bf16: bool| packed.as_ref().filter(|_| n >= 8).map(|p| median_ms(|| p.matmul(wb, &x, &mut y, n, threads, bf16).expect("valid shape"), 1.0));
         let (i8, b16) = (stored(false), stored(true).filter(|_| n >= 64));
-        println!("| {n} | {} | {} | {ratio} | {} | {} |", fmt(vnni), fmt(amx), fmt(i8), fmt(b16));
+        println!("| {n} | {} | {} | {ratio} | {} | {} | {} |", fmt(vnni), fmt(amx), fmt(copy_bf16), fmt(i8), fmt(b16));
     }
 }

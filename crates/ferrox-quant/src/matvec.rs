@@ -322,7 +322,7 @@ mod tests {
             for (n, threads) in [(1, 1), (3, 2)] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let mut y = vec![f32::NAN; n * rows];
-                m.matmul(&x, &mut y, n, threads).unwrap();
+                m.matmul(&x, &mut y, n, threads, false).unwrap();
                 for t in 0..n {
                     let xq = aligned_quantized(QuantKind::Q8_0, &x[t * cols..(t + 1) * cols]);
                     let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..rb];
@@ -374,7 +374,7 @@ mod tests {
             let mut want = vec![f32::NAN; n * rows];
             m.matmul_per_token(&x, &mut want, n, threads).unwrap();
             let mut got = vec![f32::NAN; n * rows];
-            m.matmul(&x, &mut got, n, threads).unwrap();
+            m.matmul(&x, &mut got, n, threads, false).unwrap();
             assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "n={n}: matmul differs from the per-token product");
             let mut tiles = vec![f32::NAN; n * rows];
             if m.matmul_tiles(&x, &mut tiles, n, threads).unwrap() {
@@ -480,8 +480,16 @@ mod tests {
     }
 }
 
-/// The smallest batch that [`InterleavedQ8_0::matmul`] takes to AMX tiles.
+/// The smallest batch that [`InterleavedQ8_0::matmul`] takes to AMX tiles
+/// (`benches/interleaved.rs`, 262144x640, 2 threads: 1 token 4.1 ms by VNNI
+/// vs 6.8 by tiles, 2 tokens 7.5 vs 6.9, 16 tokens 61 vs 7.7).
 pub const AMX_MIN_TOKENS: usize = 2;
+
+/// The smallest batch that [`InterleavedQ8_0::matmul`] takes to the bf16
+/// product when allowed: the integer tiles are faster up to 64 tokens (35
+/// vs 44 ms on the 262144x640 head), the bf16 product from 128 (69 vs 105;
+/// 512: 218 vs 346), as its sums stay in the tiles.
+pub const BF16_MIN_TOKENS: usize = 128;
 
 /// A Q8_0 matrix interleaved 16 rows at a time for the AVX-512 VNNI decode
 /// matvec (`cpu::x86::vnni16`), made once at load. Same size as the stored
@@ -578,11 +586,35 @@ impl InterleavedQ8_0 {
     /// batches of [`AMX_MIN_TOKENS`]+ by AMX tiles where the level has them,
     /// else token by token. Either way one rounding (8-bit activations,
     /// integer block sums) and the same result per token.
-    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
+    ///
+    /// With `bf16`, batches of [`BF16_MIN_TOKENS`]+ take the bf16 product
+    /// where the CPU has it, as a prepacked matrix does from its own
+    /// threshold (`PackedMatrix::matmul`): the copy widened to bf16 a group
+    /// pair at a time (perplexity's 512 logits a chunk).
+    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize, bf16: bool) -> Result<(), CpuError> {
+        if bf16 && n >= BF16_MIN_TOKENS && self.matmul_bf16(x, y, n, threads)? {
+            return Ok(());
+        }
         if n >= AMX_MIN_TOKENS && self.matmul_tiles(x, y, n, threads)? {
             return Ok(());
         }
         self.matmul_per_token(x, y, n, threads)
+    }
+
+    /// [`InterleavedQ8_0::matmul`]'s bf16 product whatever `n`, or
+    /// `Ok(false)` where the CPU has none (AMX-BF16 and AVX512-BF16).
+    pub fn matmul_bf16(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<bool, CpuError> {
+        let (rows, cols) = (self.rows, self.cols);
+        if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
+            return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });
+        }
+        if !self.has_tiles() || n == 0 {
+            return Ok(false);
+        }
+        #[cfg(target_arch = "x86_64")]
+        return Ok(crate::gemm::interleaved_q8_0_bf16(bytemuck::cast_slice(&self.bytes), rows, cols, x, y, n, threads));
+        #[cfg(not(target_arch = "x86_64"))]
+        Ok(false)
     }
 
     /// Whether [`InterleavedQ8_0::matmul_tiles`] runs here (AMX).

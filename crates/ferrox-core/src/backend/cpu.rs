@@ -500,11 +500,11 @@ impl DeviceBackend for Cpu {
         let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
         // The interleaved copy takes every product over its matrix (its
         // mapped pages were released: reading them would fault them back).
+        let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(m) = inter {
-            return m.matmul(x, y, n, self.threads).map_err(BackendError::new);
+            return m.matmul(x, y, n, self.threads, bf16).map_err(BackendError::new);
         }
         if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
-            let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
             return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);
         }
         ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
