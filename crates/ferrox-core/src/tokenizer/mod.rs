@@ -347,7 +347,7 @@ impl Tokenizer {
             .filter(|&i| attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
             .collect();
         let texts = vocab.texts();
-        specials.sort_by(|&a, &b| texts.at(b as usize).len().cmp(&texts.at(a as usize).len()));
+        specials.sort_by_key(|&a| std::cmp::Reverse(texts.at(a as usize).len()));
 
         let mut tok = Tokenizer {
             kind,
