@@ -184,6 +184,24 @@ pub(crate) fn cpu_placement(
                         None => format!("cpu matvec: {} (act {})", k.name, k.act),
                     },
                     match k.gemm {
+                        // The interleaved copy takes every product (batches too).
+                        _ if crate::backend::cpu::interleaves(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => {
+                            match k.gemm {
+                                Some((ferrox_quant::cpu::Isa::Amx, _)) => format!(
+                                    "cpu matmul: {} on the interleaved copy (batches of {}+; exact, as one token's){}",
+                                    ferrox_quant::matvec::InterleavedQ8_0::TILE_KERNEL,
+                                    ferrox_quant::matvec::AMX_MIN_TOKENS,
+                                    match ferrox_quant::gemm::bf16_kernel(dims.first().copied().unwrap_or(0) as usize) {
+                                        Some(g) => format!(
+                                            "; {g}, the copy widened to bf16 per call (batches of {}+, not the server's)",
+                                            ferrox_quant::matvec::BF16_MIN_TOKENS
+                                        ),
+                                        None => String::new(),
+                                    }
+                                ),
+                                _ => format!("cpu matmul: {} per token on the interleaved copy", ferrox_quant::matvec::InterleavedQ8_0::KERNEL),
+                            }
+                        }
                         Some((isa, g)) if ferrox_quant::gemm::reads_in_place(kind, isa) => {
                             format!("cpu gemm: {g}, {kind} read in place (batches of {}+){}", ferrox_quant::gemm::MIN_BATCH, bf16_note(dims))
                         }

@@ -130,7 +130,7 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
     let (tokens, scores, types) = vocab();
     w.set("tokenizer.ggml.model", Value::from("llama"))?;
     w.set("tokenizer.ggml.pre", Value::from("default"))?;
-    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens.into_iter().map(Into::into).collect())))?;
+    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens.into_iter().map(ferrox_gguf::GgufString::from).collect())))?;
     w.set("tokenizer.ggml.scores", Value::Array(Array::F32(scores)))?;
     w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))?;
     w.set("tokenizer.ggml.unknown_token_id", Value::U32(0))?;

@@ -30,5 +30,5 @@ pub use split::{
     parse_split_name, split_path, GgufModel, ModelTensor, SPLIT_COUNT_KEY, SPLIT_NO_KEY,
     SPLIT_TENSORS_COUNT_KEY,
 };
-pub use value::{Array, GgufString, Value, ValueType};
+pub use value::{Array, GgufString, StringArray, Value, ValueType};
 pub use writer::GgufWriter;

@@ -17,7 +17,7 @@ use ferrox_quant::QuantKind;
 use memmap2::Mmap;
 
 use crate::error::{ErrorKind, GgufError};
-use crate::value::{numeric_value_types, Array, GgufString, Value, ValueType};
+use crate::value::{numeric_value_types, Array, GgufString, StringArray, Value, ValueType};
 
 /// Alignment of the data section and of every tensor when the file has no
 /// `general.alignment` key.
@@ -32,8 +32,8 @@ pub const ALIGNMENT_KEY: &str = "general.alignment";
 
 /// Most elements reserved up front for a list whose items are parsed one by
 /// one. A claimed count is already bounded by the bytes left, but an item in
-/// memory is larger than its smallest encoding (a 24-byte `GgufString` for 8
-/// file bytes, an 88-byte `TensorInfo` for 24); reserving a bounded amount
+/// memory is larger than its smallest encoding (an 8-byte string offset for
+/// 8 file bytes, an 88-byte `TensorInfo` for 24); reserving a bounded amount
 /// and growing as items actually parse keeps memory proportional to what was
 /// parsed. Arrays of arrays reserve nothing (see `Cursor::array`).
 const PREALLOC_LIMIT: usize = 4096;
@@ -524,10 +524,13 @@ impl<'a> Cursor<'a> {
                         Array::Bool(v)
                     }
                     ValueType::String => {
-                        let mut v = Vec::with_capacity(n.min(PREALLOC_LIMIT));
+                        // One buffer for all the strings (a vocabulary is
+                        // 262144 of them): no allocation per string.
+                        let mut v = StringArray::with_capacity(n.min(PREALLOC_LIMIT));
                         for _ in 0..n {
-                            v.push(GgufString(self.string("string length")?.to_vec()));
+                            v.push(self.string("string length")?);
                         }
+                        v.shrink_to_fit();
                         Array::String(v)
                     }
                     ValueType::Array => {

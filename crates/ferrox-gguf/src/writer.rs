@@ -292,7 +292,7 @@ fn put_array(out: &mut Vec<u8>, a: &Array) {
             match a {
                 $(Array::$v(xs) => xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),)*
                 Array::Bool(xs) => xs.iter().for_each(|b| out.push(u8::from(*b))),
-                Array::String(xs) => xs.iter().for_each(|s| put_gguf_str(out, s)),
+                Array::String(xs) => xs.iter().for_each(|s| put_str(out, s)),
                 Array::Array(xs) => xs.iter().for_each(|x| put_array(out, x)),
             }
         };

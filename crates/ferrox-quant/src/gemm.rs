@@ -932,10 +932,8 @@ unsafe fn widen_panel_bf16(w: &PanelRef<'_>, offset: i32, sub: usize, subs: usiz
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn amx_panels_bf16(w: [Option<PanelRef<'_>>; 2], offset: i32, shape: &AmxShape, a: &Bf16Acts, r0: usize, rows: usize, n: usize, out: Shared<f32>) {
-    use crate::cpu::amx;
     const T: usize = AMX_T;
     let cols = shape.subs * shape.sub;
-    let mut res = [[[[0f32; T]; T]; 2]; 2];
     PANEL_BF16.with_borrow_mut(|buf| {
         buf.clear();
         buf.resize(2 * T * cols, 0);
@@ -947,27 +945,109 @@ unsafe fn amx_panels_bf16(w: [Option<PanelRef<'_>>; 2], offset: i32, shape: &Amx
                 unsafe { widen_panel_bf16(w, offset, shape.sub, shape.subs, nr, &mut buf[p * T * cols..(p + 1) * T * cols]) };
             }
         }
-        // SAFETY: as above; the panels are 32 rows of `cols` bf16, each
-        // token tile (an even number of them) `cols * 16` values.
-        unsafe { amx::configure_bf16() };
-        for t in (0..a.tiles).step_by(2) {
-            let b = [a.b[t * cols * T..].as_ptr(), a.b[(t + 1) * cols * T..].as_ptr()];
-            // SAFETY: configured above; `buf` is 32 rows of `cols` bf16 and
-            // each token tile `cols * 16` values (tiles t and t + 1 exist:
-            // their number is rounded up to even).
-            unsafe { amx::gemm_bf16_32x32(buf.as_ptr(), cols * 2, b, cols / 32, &mut res) };
-            for (p, res) in res.iter().enumerate() {
-                let (rp, nr) = (r0 + p * T, T.min(rows.saturating_sub(r0 + p * T)));
-                for (q, res) in res.iter().enumerate().filter(|&(q, _)| t + q < a.tiles && nr > 0) {
-                    // SAFETY: rows `rp..rp + nr` are inside `y` and this
-                    // caller's alone; token tile `t + q` exists.
-                    unsafe { store_tile(res, t + q, nr, n, rows, rp, out) };
-                }
+        // SAFETY: the caller's contract; `buf` holds the two panels.
+        unsafe { bf16_panels_product(buf, cols, a, r0, rows, n, out) };
+    });
+}
+
+/// Two panels already widened to bf16 (`buf`: 32 rows of `cols`, rows
+/// `r0..r0 + 32`, zeros past the last row) against every token tile by the
+/// bf16 product, into `y`.
+///
+/// # Safety
+/// As [`amx_panels_bf16`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bf16_panels_product(buf: &[u16], cols: usize, a: &Bf16Acts, r0: usize, rows: usize, n: usize, out: Shared<f32>) {
+    use crate::cpu::amx;
+    const T: usize = AMX_T;
+    let mut res = [[[[0f32; T]; T]; 2]; 2];
+    // SAFETY: the caller's contract; the panels are 32 rows of `cols`
+    // bf16, each token tile (an even number of them) `cols * 16` values.
+    unsafe { amx::configure_bf16() };
+    for t in (0..a.tiles).step_by(2) {
+        let b = [a.b[t * cols * T..].as_ptr(), a.b[(t + 1) * cols * T..].as_ptr()];
+        // SAFETY: configured above; `buf` is 32 rows of `cols` bf16 and
+        // each token tile `cols * 16` values (tiles t and t + 1 exist:
+        // their number is rounded up to even).
+        unsafe { amx::gemm_bf16_32x32(buf.as_ptr(), cols * 2, b, cols / 32, &mut res) };
+        for (p, res) in res.iter().enumerate() {
+            let (rp, nr) = (r0 + p * T, T.min(rows.saturating_sub(r0 + p * T)));
+            for (q, res) in res.iter().enumerate().filter(|&(q, _)| t + q < a.tiles && nr > 0) {
+                // SAFETY: rows `rp..rp + nr` are inside `y` and this
+                // caller's alone; token tile `t + q` exists.
+                unsafe { store_tile(res, t + q, nr, n, rows, rp, out) };
             }
         }
-        // SAFETY: as above.
-        unsafe { amx::release() };
+    }
+    // SAFETY: as above.
+    unsafe { amx::release() };
+}
+
+/// Widens one 16-row group of the interleaved Q8_0 copy
+/// (`crate::matvec::InterleavedQ8_0`, `nb` blocks) to bf16, row-major,
+/// `nb * 32` values a row, exactly as [`widen_panel_bf16`] widens the
+/// stored blocks (`d * q`, one rounding to f32, one to bf16).
+///
+/// # Safety
+/// AVX2, AVX-512 F/BW and AVX512-BF16 are available; `g` holds `nb` group
+/// blocks, `out` `16 * nb * 32` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512bf16")]
+unsafe fn widen_interleaved_bf16(g: &[u8], nb: usize, out: &mut [u16]) {
+    use crate::cpu::x86::vnni16::GROUP_BLOCK;
+    use core::arch::x86_64::*;
+    let cols = nb * 32;
+    // Row r's 32 quants are 4 bytes at r * 4 of each of the block's eight
+    // 64-byte lines.
+    let lines = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+    for b in 0..nb {
+        let blk = &g[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+        for r in 0..AMX_T {
+            let sc = _mm512_set1_ps(F16::from_bits(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]])).to_f32());
+            let u = _mm256_i32gather_epi32::<1>(blk.as_ptr().add(32 + 4 * r).cast(), lines);
+            let q = _mm256_xor_si256(u, _mm256_set1_epi8(0x80u8 as i8));
+            let dst = out.as_mut_ptr().add(r * cols + b * 32);
+            for (h, q) in [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)].into_iter().enumerate() {
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), sc, _mm512_setzero_ps());
+                let h16: __m256i = core::mem::transmute(_mm512_cvtneps_pbh(v));
+                _mm256_storeu_si256(dst.add(16 * h).cast(), h16);
+            }
+        }
+    }
+}
+
+/// `Y = X W^T` by the bf16 product over a Q8_0 matrix in the interleaved
+/// layout (`w`: `rows / 16` groups), or `false` where the CPU has no bf16
+/// product for rows of `cols` ([`amx_bf16`]); for batches of
+/// [`BF16_MIN_BATCH`]+ whose caller allows bf16, as for a prepacked matrix.
+/// Shapes are the caller's checked contract.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn interleaved_q8_0_bf16(w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> bool {
+    use crate::cpu::x86::vnni16::GROUP_BLOCK;
+    const T: usize = AMX_T;
+    if !amx_bf16(cols) || !rows.is_multiple_of(T) {
+        return false;
+    }
+    let (groups, nb) = (rows / T, cols / 32);
+    let acts = Bf16Acts::new(x, n, cols, threads);
+    let out = Shared(y.as_mut_ptr());
+    ThreadPool::global().run(threads, groups.div_ceil(2), &|pp| {
+        PANEL_BF16.with_borrow_mut(|buf| {
+            buf.clear();
+            buf.resize(2 * T * cols, 0);
+            for p in 0..2.min(groups - 2 * pp) {
+                let g = 2 * pp + p;
+                // SAFETY: AVX-512 BF16 (`amx_bf16`); group `g` is `nb`
+                // group blocks of `w`, its panel `16 * cols` values of `buf`.
+                unsafe { widen_interleaved_bf16(&w[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK], nb, &mut buf[p * T * cols..(p + 1) * T * cols]) };
+            }
+            // SAFETY: AMX-BF16 available (`amx_bf16`); groups 2pp and
+            // 2pp + 1's rows are this task's alone.
+            unsafe { bf16_panels_product(buf, cols, &acts, 2 * pp * T, rows, n, out) };
+        });
     });
+    true
 }
 
 /// A weight matrix unpacked once, at load, for the AMX GEMM: 16-row panels of
@@ -983,6 +1063,8 @@ pub struct PackedMatrix {
     /// partial panel (if any).
     u: Vec<u8>,
     scale: Vec<f32>,
+    /// Sub-block biases per panel; for a matrix read in place (Q8_0 has
+    /// none), only its partial panel's.
     bias: Vec<f32>,
     biased: Vec<bool>,
     /// Q8_0 under AMX: full panels are read from the stored weights (passed
@@ -1032,14 +1114,16 @@ impl PackedMatrix {
         cpu::check_aligned(kind, weights)?;
         let shape = AmxShape::new(info.sub, cols);
         let panels = rows.div_ceil(AMX_T);
+        // Read in place, only a partial last panel packs (at offset 0).
+        let packing = if in_place { usize::from(!rows.is_multiple_of(AMX_T)) } else { panels };
         let mut m = PackedMatrix {
             kind,
             rows,
             cols,
             info,
-            u: vec![0; if in_place { usize::from(!rows.is_multiple_of(AMX_T)) } else { panels } * AMX_T * shape.stride],
+            u: vec![0; packing * AMX_T * shape.stride],
             scale: vec![0.0; panels * AMX_T * shape.subs],
-            bias: vec![0.0; panels * AMX_T * shape.subs],
+            bias: vec![0.0; packing * AMX_T * shape.subs],
             biased: vec![false; panels],
             in_place,
         };
@@ -1051,16 +1135,18 @@ impl PackedMatrix {
         );
         let (pu, ps) = (AMX_T * shape.stride, AMX_T * shape.subs);
         ThreadPool::global().run(threads, panels, &|p| {
-            // SAFETY: panel `p` owns its slices of the scale, bias and flag
-            // buffers; the `u` slice below is its alone (for a matrix read in
-            // place, only the one partial panel packs, at offset 0).
-            let (s, b, f) = unsafe { (sp.slice(p * ps, ps), bp.slice(p * ps, ps), fp.slice(p, 1)) };
+            // SAFETY: panel `p` owns its slices of the scale and flag
+            // buffers; the `u` and bias slices below are its alone (for a
+            // matrix read in place, only the one partial panel packs, at
+            // offset 0).
+            let (s, f) = unsafe { (sp.slice(p * ps, ps), fp.slice(p, 1)) };
             if in_place && (p + 1) * AMX_T <= rows {
                 q8_0_panel_scales(weights, row_bytes, p, s);
                 return;
             }
+            let at = if in_place { 0 } else { p };
             // SAFETY: as above.
-            let u = unsafe { up.slice(if in_place { 0 } else { p * pu }, pu) };
+            let (u, b) = unsafe { (up.slice(at * pu, pu), bp.slice(at * ps, ps)) };
             f[0] = pack_panel(info, weights, row_bytes, rows, p, &shape, u, s, b);
         });
         Ok(Some(m))
@@ -1074,8 +1160,8 @@ impl PackedMatrix {
         if self.in_place && (p + 1) * AMX_T <= self.rows {
             return PanelRef::q8_0_in_place(weights, row_bytes, p, scale);
         }
-        let at = if self.in_place { 0 } else { p * pu };
-        PanelRef::packed(&self.u[at..at + pu], shape, scale, self.biased[p].then(|| &self.bias[p * ps..(p + 1) * ps]))
+        let at = if self.in_place { 0 } else { p };
+        PanelRef::packed(&self.u[at * pu..(at + 1) * pu], shape, scale, self.biased[p].then(|| &self.bias[at * ps..(at + 1) * ps]))
     }
 
     /// Bytes held.
@@ -1300,6 +1386,34 @@ mod tests {
                     "{kind} bf16 GEMM, {rows}x{cols} n={n}: row {r} token {c}: {got} vs twin {twin} (bound {bound})"
                 );
             }
+        }
+    }
+
+    /// The bf16 product over the interleaved Q8_0 copy is the stored
+    /// matrix's (read in place, widened per call) bit for bit, and inside
+    /// the bf16 twin's bound; an odd number of 16-row groups and a partial
+    /// token tile included.
+    #[test]
+    fn interleaved_q8_0_bf16_product_equals_the_stored_matrix_s() {
+        let mut rng = SmallRng::seed_from_u64(13);
+        let isa = Isa::detect();
+        let (rows, cols, n) = (48usize, 640usize, 70usize);
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let wq = aligned(QuantKind::Q8_0, &w);
+        let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..crate::row_bytes(QuantKind::Q8_0, cols).unwrap() * rows];
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let m = crate::matvec::InterleavedQ8_0::new(isa, wb, rows, cols).unwrap();
+        let mut got = vec![f32::NAN; n * rows];
+        if !m.map_or(Ok(false), |m| m.matmul_bf16(&x, &mut got, n, 2)).unwrap() {
+            eprintln!("NOT CHECKED: the interleaved bf16 product needs AMX-BF16, which this CPU (or OS) lacks");
+            return;
+        }
+        check_bf16_product(QuantKind::Q8_0, wb, rows, cols, &x, &got);
+        let pm = PackedMatrix::new(isa, QuantKind::Q8_0, wb, rows, cols, 2).unwrap().unwrap();
+        let mut want = vec![f32::NAN; n * rows];
+        pm.matmul(wb, &x, &mut want, n, 2, true).unwrap();
+        for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "token {} row {}: copy {b} vs stored {a}", i / rows, i % rows);
         }
     }
 

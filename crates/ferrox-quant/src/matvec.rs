@@ -322,7 +322,7 @@ mod tests {
             for (n, threads) in [(1, 1), (3, 2)] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let mut y = vec![f32::NAN; n * rows];
-                m.matmul(&x, &mut y, n, threads).unwrap();
+                m.matmul(&x, &mut y, n, threads, false).unwrap();
                 for t in 0..n {
                     let xq = aligned_quantized(QuantKind::Q8_0, &x[t * cols..(t + 1) * cols]);
                     let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..rb];
@@ -338,6 +338,60 @@ mod tests {
         // the four-row kernel).
         let wq = aligned_quantized(QuantKind::Q8_0, &vec![0.5; 17 * 32]);
         assert!(InterleavedQ8_0::new(isa, &bytemuck::cast_slice::<u64, u8>(&wq)[..17 * 34], 17, 32).unwrap().is_none());
+    }
+
+    /// The batched products over the interleaved copy (AMX tiles, and
+    /// `matmul`'s choice per n) give every token bit for bit what the VNNI
+    /// kernel gives it alone — the server's batches must not change a
+    /// request's tokens — and stay within the dot kernels' bound of the
+    /// scalar twin; tails of the 16-token tiles (3, 17, 100) included.
+    #[test]
+    fn interleaved_q8_0_batches_equal_the_per_token_product_bit_for_bit() {
+        let isa = Isa::detect();
+        let mut rng = SmallRng::seed_from_u64(17);
+        let (rows, cols) = (48usize, 640usize);
+        let rb = crate::row_bytes(QuantKind::Q8_0, cols).unwrap();
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut wq = aligned_quantized(QuantKind::Q8_0, &w);
+        {
+            // A third of the rows random bytes: every quant value, -128 too.
+            let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut wq)[..rows * rb];
+            for blk in bytes[rb * (2 * rows / 3)..].chunks_exact_mut(34) {
+                blk[2..].iter_mut().for_each(|q| *q = rng.gen());
+                blk[..2].copy_from_slice(&half::f16::from_f32(rng.gen_range(-0.02..0.02)).to_le_bytes());
+            }
+        }
+        let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * rb];
+        let Some(m) = InterleavedQ8_0::new(isa, wb, rows, cols).unwrap() else {
+            eprintln!("NOT CHECKED: the interleaved Q8_0 matvec needs AVX-512 VNNI, which this CPU lacks");
+            return;
+        };
+        if !m.has_tiles() {
+            eprintln!("NOT CHECKED: the interleaved Q8_0 tile product needs AMX, which this CPU (or OS) lacks");
+        }
+        for (n, threads) in [(1, 1), (3, 2), (16, 2), (17, 3), (64, 2), (100, 3)] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let mut want = vec![f32::NAN; n * rows];
+            m.matmul_per_token(&x, &mut want, n, threads).unwrap();
+            let mut got = vec![f32::NAN; n * rows];
+            m.matmul(&x, &mut got, n, threads, false).unwrap();
+            assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "n={n}: matmul differs from the per-token product");
+            let mut tiles = vec![f32::NAN; n * rows];
+            if m.matmul_tiles(&x, &mut tiles, n, threads).unwrap() {
+                for (i, (a, b)) in want.iter().zip(&tiles).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "n={n}: token {} row {}: tiles {b} vs per token {a}", i / rows, i % rows);
+                }
+            }
+            for t in 0..n {
+                let xq = aligned_quantized(QuantKind::Q8_0, &x[t * cols..(t + 1) * cols]);
+                let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..rb];
+                for r in 0..rows {
+                    let s = crate::scalar::vec_dot(QuantKind::Q8_0, &wb[r * rb..(r + 1) * rb], xb).unwrap();
+                    let g = got[t * rows + r];
+                    assert!((g - s).abs() <= 1e-4 * s.abs().max(1.0), "n={n}: row {r} token {t}: {g} vs scalar {s}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -426,13 +480,30 @@ mod tests {
     }
 }
 
+/// The smallest batch that [`InterleavedQ8_0::matmul`] takes to AMX tiles
+/// (`benches/interleaved.rs`, 262144x640, 2 threads: 1 token 4.1 ms by VNNI
+/// vs 6.8 by tiles, 2 tokens 7.5 vs 6.9, 16 tokens 61 vs 7.7).
+pub const AMX_MIN_TOKENS: usize = 2;
+
+/// The smallest batch that [`InterleavedQ8_0::matmul`] takes to the bf16
+/// product when allowed: the integer tiles are faster up to 64 tokens (35
+/// vs 44 ms on the 262144x640 head), the bf16 product from 128 (69 vs 105;
+/// 512: 218 vs 346), as its sums stay in the tiles.
+pub const BF16_MIN_TOKENS: usize = 128;
+
 /// A Q8_0 matrix interleaved 16 rows at a time for the AVX-512 VNNI decode
 /// matvec (`cpu::x86::vnni16`), made once at load. Same size as the stored
-/// matrix.
+/// matrix. Every product over it reads the copy: one token at a time with
+/// VNNI, or, where the CPU has AMX, batches of [`AMX_MIN_TOKENS`]+ as AMX
+/// tile products that read each 16-row group once for 16 tokens — with the
+/// same integer sums and the same float steps, so a token's results are bit
+/// for bit the same whatever the batch.
 pub struct InterleavedQ8_0 {
     bytes: Vec<u64>,
     rows: usize,
     cols: usize,
+    /// The level it was made for: AMX adds the tile product for batches.
+    isa: Isa,
 }
 
 impl InterleavedQ8_0 {
@@ -477,7 +548,7 @@ impl InterleavedQ8_0 {
             if let Some(&(a, _)) = spans.len().checked_sub(LAG).and_then(|j| spans.get(j)).or(spans.first()) {
                 done(&weights[a * row_bytes..]);
             }
-            Ok(Some(InterleavedQ8_0 { bytes, rows, cols }))
+            Ok(Some(InterleavedQ8_0 { bytes, rows, cols, isa }))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -488,6 +559,9 @@ impl InterleavedQ8_0 {
 
     /// The decode kernel, by name (`ferrox kernels`).
     pub const KERNEL: &'static str = "avx512::vnni16_q8_0";
+
+    /// The batched product's kernel where the CPU has AMX (`ferrox kernels`).
+    pub const TILE_KERNEL: &'static str = "amx::interleaved_16x16";
 
     /// Row `r` dequantized into `out` (`cols` values), bit for bit as
     /// [`crate::dequantize`] gives it from the stored blocks (`d * q`).
@@ -508,8 +582,124 @@ impl InterleavedQ8_0 {
     }
 
     /// `y = x W^T` for `n` activation rows (`x` is `n x cols`, `y` is
-    /// `n x rows`): the activation quantized to Q8_0 as for the dot kernels.
-    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
+    /// `n x rows`): the activation quantized to Q8_0 as for the dot kernels;
+    /// batches of [`AMX_MIN_TOKENS`]+ by AMX tiles where the level has them,
+    /// else token by token. Either way one rounding (8-bit activations,
+    /// integer block sums) and the same result per token.
+    ///
+    /// With `bf16`, batches of [`BF16_MIN_TOKENS`]+ take the bf16 product
+    /// where the CPU has it, as a prepacked matrix does from its own
+    /// threshold (`PackedMatrix::matmul`): the copy widened to bf16 a group
+    /// pair at a time (perplexity's 512 logits a chunk).
+    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize, bf16: bool) -> Result<(), CpuError> {
+        if bf16 && n >= BF16_MIN_TOKENS && self.matmul_bf16(x, y, n, threads)? {
+            return Ok(());
+        }
+        if n >= AMX_MIN_TOKENS && self.matmul_tiles(x, y, n, threads)? {
+            return Ok(());
+        }
+        self.matmul_per_token(x, y, n, threads)
+    }
+
+    /// [`InterleavedQ8_0::matmul`]'s bf16 product whatever `n`, or
+    /// `Ok(false)` where the CPU has none (AMX-BF16 and AVX512-BF16).
+    pub fn matmul_bf16(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<bool, CpuError> {
+        let (rows, cols) = (self.rows, self.cols);
+        if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
+            return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });
+        }
+        if !self.has_tiles() || n == 0 {
+            return Ok(false);
+        }
+        #[cfg(target_arch = "x86_64")]
+        return Ok(crate::gemm::interleaved_q8_0_bf16(bytemuck::cast_slice(&self.bytes), rows, cols, x, y, n, threads));
+        #[cfg(not(target_arch = "x86_64"))]
+        Ok(false)
+    }
+
+    /// Whether [`InterleavedQ8_0::matmul_tiles`] runs here (AMX).
+    pub fn has_tiles(&self) -> bool {
+        self.isa.includes(Isa::Amx) && Isa::Amx.is_available()
+    }
+
+    /// [`InterleavedQ8_0::matmul`] by AMX tiles whatever `n`, or `Ok(false)`
+    /// where the level has none ([`InterleavedQ8_0::has_tiles`]). Each task
+    /// takes a run of 16-row groups and each group every 16-token tile, so
+    /// the copy is read once per call; the tokens' quantized rows are the
+    /// tiles' other operand, read where they are.
+    pub fn matmul_tiles(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<bool, CpuError> {
+        let (rows, cols) = (self.rows, self.cols);
+        if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
+            return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });
+        }
+        if !self.has_tiles() {
+            return Ok(false);
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use cpu::x86::vnni16::GROUP_BLOCK;
+            const T: usize = 16;
+            let (nb, rb) = (cols / 32, cols / 32 * 34);
+            let tiles = n.div_ceil(T);
+            // Per token tile and block, the 16 tokens' quants (the A tile,
+            // 512 bytes), scales and quant sums; missing tokens are zeros
+            // (scale 0, sum 0: they add nothing and are never stored).
+            let (mut q, mut d, mut sum) = (vec![0i8; tiles * nb * 512], vec![0f32; tiles * nb * T], vec![0i32; tiles * nb * T]);
+            {
+                let mut act = vec![0u64; rb.div_ceil(8)];
+                let a = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut act)[..rb];
+                let mut prep = cpu::ActPrep::default();
+                for t in 0..n {
+                    cpu::quantize_act(QuantKind::Q8_0, Isa::Avx512Vnni, &x[t * cols..(t + 1) * cols], a)?;
+                    prep.q8_0(a)?;
+                    let (tile, j) = (t / T, t % T);
+                    for b in 0..nb {
+                        let at = (tile * nb + b) * T + j;
+                        q[at * 32..(at + 1) * 32].copy_from_slice(bytemuck::cast_slice(&a[b * 34 + 2..(b + 1) * 34]));
+                        (d[at], sum[at]) = (prep.d[b], prep.sum[b]);
+                    }
+                }
+            }
+            let w: &[u8] = bytemuck::cast_slice(&self.bytes);
+            let groups = rows / 16;
+            let per_task = groups.div_ceil(threads.max(1) * 8).max(1);
+            let out = OutPtr(y.as_mut_ptr());
+            let (q, d, sum) = (&q[..], &d[..], &sum[..]);
+            ThreadPool::global().run(threads, groups.div_ceil(per_task), &|task| {
+                #[allow(clippy::redundant_locals)]
+                let out = &out;
+                let mut res = [[0f32; T]; T];
+                // SAFETY: AMX usable (`has_tiles`); this thread's tile unit.
+                unsafe { cpu::amx::configure_interleaved() };
+                for g in task * per_task..((task + 1) * per_task).min(groups) {
+                    let wg = w[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK].as_ptr();
+                    for tile in 0..tiles {
+                        let t0 = tile * T;
+                        // SAFETY: configured above; group `g` is `nb` group
+                        // blocks of `w`, token tile `tile` `nb` blocks of
+                        // 512 quants and 16 scales and sums.
+                        unsafe {
+                            cpu::amx::interleaved_16x16(wg, nb, q[t0 * nb * 32..].as_ptr(), d[t0 * nb..].as_ptr(), sum[t0 * nb..].as_ptr(), tiles <= 2, &mut res)
+                        };
+                        for (j, r) in res.iter().enumerate().take(n - t0) {
+                            // SAFETY: token `t0 + j < n`, rows 16g..16g + 16
+                            // of its output row: inside `y`, this task's alone.
+                            unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add((t0 + j) * rows + g * 16), 16) };
+                        }
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { cpu::amx::release() };
+            });
+            Ok(true)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Ok(false)
+    }
+
+    /// [`InterleavedQ8_0::matmul`] token by token with the VNNI group
+    /// kernel, whatever `n` (each token reads the whole copy).
+    pub fn matmul_per_token(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
         let (rows, cols) = (self.rows, self.cols);
         if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
             return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });

@@ -80,7 +80,7 @@ fn array_elems(a: &Array, items: usize) -> Vec<String> {
         Array::String(v) => v
             .iter()
             .take(items)
-            .map(|s| short_str(s.as_bytes(), 40))
+            .map(|s| short_str(s, 40))
             .collect(),
         Array::Array(v) => v.iter().take(items).map(|x| array_text(x, items)).collect(),
     }
@@ -137,7 +137,7 @@ fn array_json(a: &Array, items: usize) -> Json {
         Array::String(v) => v
             .iter()
             .take(items)
-            .map(|s| json!(String::from_utf8_lossy(s.as_bytes())))
+            .map(|s| json!(String::from_utf8_lossy(s)))
             .collect(),
         Array::Array(v) => v.iter().take(items).map(|x| array_json(x, items)).collect(),
     };

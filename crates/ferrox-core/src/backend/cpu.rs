@@ -176,8 +176,9 @@ pub struct CpuKernel {
 /// Whether a matrix named `name` is unpacked at load for the AMX GEMM:
 /// the layers' matrices (about 1.2 bytes per weight more), not the output
 /// head or embedding, whose batched use is a few rows per step. (Q8_0
-/// matrices, the head included, are read in place by AMX; `place` keeps
-/// only their scales as f32, 4 bytes per 34.)
+/// layer matrices are read in place by AMX; `place` keeps only their scales
+/// as f32, 4 bytes per 34. An interleaved head ([`interleaves`]) keeps no
+/// GEMM form at all.)
 /// `FERROX_CPU_PREPACK=0` turns packing off (less memory, slower batches).
 pub fn prepacks(name: &str) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -185,12 +186,14 @@ pub fn prepacks(name: &str) -> bool {
 }
 
 /// Whether the Q8_0 matrix `name` is interleaved 16 rows at a time at load
-/// for the decode matvec (`ferrox_quant::matvec::InterleavedQ8_0`), its
-/// mapped pages then released so that only the copy stays resident: the
-/// output head and embedding (the largest matrix of small models, read
-/// whole every token; the layers' Q8_0 matrices stay in place, since the
-/// prefill GEMM reads them there). Needs AVX-512 VNNI and rows in whole
-/// sixteens. `FERROX_CPU_INTERLEAVE=0` turns it off.
+/// (`ferrox_quant::matvec::InterleavedQ8_0`), its mapped pages then
+/// released so that only the copy stays resident: the output head and
+/// embedding (the largest matrix of small models, read whole every token;
+/// the layers' Q8_0 matrices stay in place, since the prefill GEMM reads
+/// them there). Every product over it then reads the copy: decode with
+/// VNNI, batches (the server's steps, perplexity) with AMX tiles straight
+/// from the copy, with no GEMM form kept beside it. Needs AVX-512 VNNI and
+/// rows in whole sixteens. `FERROX_CPU_INTERLEAVE=0` turns it off.
 pub fn interleaves(name: &str, kind: QuantKind, rows: usize) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     kind == QuantKind::Q8_0
@@ -229,9 +232,10 @@ pub enum CpuWeight {
         len: usize,
         /// Keeps the mapping (and so `ptr`) alive.
         owner: Arc<ferrox_gguf::GgufModel>,
-        /// The same matrix unpacked for the AMX GEMM ([`prepacks`]).
+        /// The same matrix unpacked for the AMX GEMM ([`prepacks`]); never
+        /// beside `inter`.
         packed: Option<Box<ferrox_quant::gemm::PackedMatrix>>,
-        /// The same matrix interleaved for the decode matvec ([`interleaves`]).
+        /// The same matrix interleaved, for every product ([`interleaves`]).
         inter: Option<Box<ferrox_quant::matvec::InterleavedQ8_0>>,
     },
     /// A vector converted to f32 at load (norms, biases, RoPE factors).
@@ -398,22 +402,24 @@ impl DeviceBackend for Cpu {
             return Err(BackendError(format!("{}: {} bytes, expected {want}", t.name, t.bytes.len())));
         }
         ferrox_quant::matvec::add_resident_weights(t.bytes.len());
-        let packed = if prepacks(t.name) || ferrox_quant::gemm::reads_in_place(t.kind, self.isa) {
-            ferrox_quant::gemm::PackedMatrix::new(self.isa, t.kind, t.bytes, t.rows, t.cols, self.threads)
-                .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
-                .map(Box::new)
-        } else {
-            None
-        };
         let inter = if interleaves(t.name, t.kind, t.rows) {
-            // Only the copy is read per token from now on: the mapped pages
-            // are dropped as they are copied (peak memory near one copy) and
-            // come back from the file for what still reads them in place.
+            // Only the copy is read from now on, by every product: the
+            // mapped pages are dropped as they are copied (peak memory near
+            // one copy) and come back from the file only for a get_rows
+            // that could not use it.
             ferrox_quant::matvec::InterleavedQ8_0::new_releasing(self.isa, t.bytes, t.rows, t.cols, |done| {
                 t.owner.release_pages(done);
             })
             .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
             .map(Box::new)
+        } else {
+            None
+        };
+        // An interleaved matrix needs no GEMM form: its batches take the copy.
+        let packed = if inter.is_none() && (prepacks(t.name) || ferrox_quant::gemm::reads_in_place(t.kind, self.isa)) {
+            ferrox_quant::gemm::PackedMatrix::new(self.isa, t.kind, t.bytes, t.rows, t.cols, self.threads)
+                .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
+                .map(Box::new)
         } else {
             None
         };
@@ -492,12 +498,14 @@ impl DeviceBackend for Cpu {
             return Err(BackendError("matmul needs a matrix".into()));
         };
         let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
-        if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
-            let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
-            return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);
-        }
+        // The interleaved copy takes every product over its matrix (its
+        // mapped pages were released: reading them would fault them back).
+        let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(m) = inter {
-            return m.matmul(x, y, n, self.threads).map_err(BackendError::new);
+            return m.matmul(x, y, n, self.threads, bf16).map_err(BackendError::new);
+        }
+        if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
+            return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);
         }
         ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
     }

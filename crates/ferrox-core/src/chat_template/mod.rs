@@ -225,8 +225,9 @@ impl ChatTemplate {
     /// text is the vocabulary's text for `tokenizer.ggml.{bos,eos}_token_id`
     /// (llama.cpp's defaults when absent), or empty when there is none.
     pub fn from_gguf(file: &GgufFile) -> Result<ChatTemplate, TemplateError> {
-        let tokens: &[ferrox_gguf::GgufString] = match file.get(K_TOKENS) {
-            None => &[],
+        static NONE: ferrox_gguf::StringArray = ferrox_gguf::StringArray::new();
+        let tokens: &ferrox_gguf::StringArray = match file.get(K_TOKENS) {
+            None => &NONE,
             Some(GgufValue::Array(Array::String(t))) => t,
             Some(v) => {
                 return Err(TemplateError::Metadata {
@@ -253,7 +254,7 @@ impl ChatTemplate {
                     Some(GgufValue::String(s)) => s.as_str(),
                     _ => None,
                 };
-                let has_token = |text: &str| tokens.iter().any(|t| t.as_bytes() == text.as_bytes());
+                let has_token = |text: &str| tokens.iter().any(|t| t == text.as_bytes());
                 match arch.and_then(|a| BuiltinTemplate::for_arch(a, has_token)) {
                     Some(family) => Ok(ChatTemplate::builtin(family, &bos, &eos)),
                     None => Err(TemplateError::NoTemplate {
@@ -566,7 +567,7 @@ fn desugar_generation_tags(source: &str) -> String {
 /// ids per tokenizer model; empty when there is no such token.
 fn special_texts(
     file: &GgufFile,
-    tokens: &[ferrox_gguf::GgufString],
+    tokens: &ferrox_gguf::StringArray,
 ) -> Result<(String, String), TemplateError> {
     let (bos_default, eos_default) = match file.get(K_MODEL) {
         Some(GgufValue::String(s)) if s.as_bytes() == b"llama" => (Some(1), Some(2)),
@@ -587,8 +588,8 @@ fn special_texts(
             .and_then(|i| tokens.get(i));
         match token {
             None => Ok(String::new()),
-            Some(t) => t
-                .as_str()
+            Some(t) => std::str::from_utf8(t)
+                .ok()
                 .map(str::to_string)
                 .ok_or_else(|| TemplateError::Metadata {
                     key,

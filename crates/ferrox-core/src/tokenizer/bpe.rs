@@ -92,7 +92,7 @@ pub(super) fn encode(tok: &Tokenizer, text: &[u8], split: Split, out: &mut Vec<T
         let try_add = |syms: &[Symbol], queue: &mut BinaryHeap<Bigram>, left: Option<usize>, right: Option<usize>| {
             let (Some(l), Some(r)) = (left, right) else { return };
             let key = [piece(&syms[l]), &[0xFF], piece(&syms[r])].concat();
-            if let Some(&rank) = tok.ranks.get(&key) {
+            if let Some(rank) = tok.ranks.find(&key) {
                 let text = [piece(&syms[l]), piece(&syms[r])].concat();
                 queue.push(Bigram { left: l, right: r, rank, text });
             }

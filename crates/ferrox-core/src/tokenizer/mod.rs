@@ -15,15 +15,15 @@ mod detok;
 mod spm;
 mod unicode;
 mod unicode_data;
+mod vocab;
 #[cfg(test)]
 mod tests;
-
-use std::collections::HashMap;
 
 use ferrox_gguf::{Array, GgufFile, Value};
 
 pub use detok::Detokenizer;
 pub use unicode::Split;
+use vocab::{TextIndex, Texts};
 
 /// A token id (an index into the vocabulary).
 pub type TokenId = u32;
@@ -94,17 +94,22 @@ pub enum Kind {
 }
 
 /// A loaded vocabulary and the rules to encode and decode with it.
+///
+/// The vocabulary is kept once, compactly (`vocab`: one byte buffer, its
+/// offsets and a hash index of ids), not as a `Vec` and a `HashMap` of
+/// per-token allocations: ~4 MB rather than ~32 for a 262144-token vocab.
 pub struct Tokenizer {
     kind: Kind,
-    texts: Vec<Vec<u8>>,
+    /// The token texts, and the index from text to id (a later duplicate wins).
+    vocab: TextIndex,
     scores: Vec<f32>,
     attrs: Vec<u32>,
-    ids: HashMap<Vec<u8>, TokenId>,
-    /// `left 0xFF right` → rank; 0xFF cannot occur in UTF-8 so the key is unambiguous.
-    ranks: HashMap<Vec<u8>, u32>,
+    /// `left 0xFF right`, at its rank; 0xFF cannot occur in UTF-8 so the key is unambiguous.
+    ranks: TextIndex,
     /// Control, user-defined and unknown tokens, longest text first.
     specials: Vec<TokenId>,
-    pieces: Vec<Vec<u8>>,
+    /// What each token decodes to.
+    pieces: Texts,
     bos: Option<TokenId>,
     eos: Option<TokenId>,
     eot: Option<TokenId>,
@@ -245,35 +250,42 @@ impl Tokenizer {
             Some(v) => return Err(TokenizerError::InvalidKey { key: K_TYPES, why: format!("expected {n} i32 token types, found {:?}", v.value_type()) }),
         };
 
-        let mut texts = Vec::with_capacity(n);
-        let mut ids = HashMap::with_capacity(n);
+        let too_long = || TokenizerError::InvalidKey { key: K_TOKENS, why: "the token texts pass 4 GiB".into() };
+        let mut vocab = TextIndex::with_capacity(n, tokens.iter().map(<[u8]>::len).sum());
         for (i, t) in tokens.iter().enumerate() {
-            let mut text = t.as_bytes().to_vec();
-            if text.is_empty() {
-                text = format!("[EMPTY_{i}]").into_bytes();
-            }
+            let empty;
+            let text = match t {
+                [] => {
+                    empty = format!("[EMPTY_{i}]");
+                    empty.as_bytes()
+                }
+                b => b,
+            };
             // A later duplicate wins, as in llama.cpp's token_to_id map.
-            ids.insert(text.clone(), i as TokenId);
-            texts.push(text);
+            vocab.push(text, true).ok_or_else(too_long)?;
         }
+        vocab.shrink();
+        let ids = &vocab;
 
-        let mut ranks = HashMap::new();
+        let mut ranks = TextIndex::default();
         if matches!(kind, Kind::Bpe(_)) {
             let merges = match meta.get(K_MERGES) {
                 None => return Err(TokenizerError::MissingKey(K_MERGES)),
                 Some(Value::Array(Array::String(m))) => m,
                 Some(v) => return Err(TokenizerError::InvalidKey { key: K_MERGES, why: format!("expected an array of strings, found {:?}", v.value_type()) }),
             };
-            for (rank, m) in merges.iter().enumerate() {
-                let m = m.as_bytes();
+            ranks = TextIndex::with_capacity(merges.len(), merges.iter().map(<[u8]>::len).sum());
+            for m in merges.iter() {
                 // The separator is the first space after the first byte, so a
                 // merge whose left side starts with a space still splits.
                 let key = match m.iter().skip(1).position(|&b| b == b' ') {
                     Some(p) => [&m[..p + 1], &[0xFF], &m[p + 2..]].concat(),
                     None => vec![0xFF],
                 };
-                ranks.entry(key).or_insert(rank as u32);
+                // Its position is its rank; the first of equal keys keeps it.
+                ranks.push(&key, false).ok_or_else(|| TokenizerError::InvalidKey { key: K_MERGES, why: "the merges pass 4 GiB".into() })?;
             }
+            ranks.shrink();
         }
 
         if let Some(p) = get_bool(meta, "tokenizer.ggml.add_space_prefix")? {
@@ -302,10 +314,9 @@ impl Tokenizer {
             if slot.is_some() {
                 return;
             }
-            let mut found: Vec<&str> = cands.iter().copied().filter(|c| ids.contains_key(c.as_bytes())).collect();
+            let mut found: Vec<&str> = cands.iter().copied().filter(|c| ids.find(c.as_bytes()).is_some()).collect();
             found.sort_unstable();
-            if let Some(c) = found.first() {
-                let id = ids[c.as_bytes()];
+            if let Some(id) = found.first().and_then(|c| ids.find(c.as_bytes())) {
                 *slot = Some(id);
                 attrs[id as usize] |= attr::CONTROL;
             }
@@ -323,7 +334,7 @@ impl Tokenizer {
         }
         let mut eog: Vec<TokenId> = [eos, eot, eom].into_iter().flatten().chain(fim_eog).collect();
         for text in ["<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<end_of_turn>", "<|end_of_text|>", "<end_of_utterance>"] {
-            if let Some(&id) = ids.get(text.as_bytes()) {
+            if let Some(id) = ids.find(text.as_bytes()) {
                 if attrs[id as usize] & attr::CONTROL != 0 {
                     eog.push(id);
                 }
@@ -335,17 +346,17 @@ impl Tokenizer {
         let mut specials: Vec<TokenId> = (0..n as TokenId)
             .filter(|&i| attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
             .collect();
-        specials.sort_by(|&a, &b| texts[b as usize].len().cmp(&texts[a as usize].len()));
+        let texts = vocab.texts();
+        specials.sort_by_key(|&a| std::cmp::Reverse(texts.at(a as usize).len()));
 
         let mut tok = Tokenizer {
             kind,
-            texts,
+            vocab,
             scores,
             attrs,
-            ids,
             ranks,
             specials,
-            pieces: Vec::new(),
+            pieces: Texts::default(),
             bos,
             eos,
             eot,
@@ -358,7 +369,14 @@ impl Tokenizer {
             add_space_prefix,
             ignore_merges,
         };
-        tok.pieces = (0..n as TokenId).map(|i| tok.make_piece(i)).collect();
+        let mut pieces = Texts::with_capacity(n, tok.vocab.texts().bytes_len());
+        for i in 0..n as TokenId {
+            // Mostly no longer than the texts (a `▁` of 3 bytes becomes one
+            // space); llama.cpp's `[UNK_BYTE_..]` markers are the exception.
+            pieces.push(&tok.make_piece(i)).ok_or_else(too_long)?;
+        }
+        pieces.shrink();
+        tok.pieces = pieces;
         Ok(tok)
     }
 
@@ -415,7 +433,7 @@ impl Tokenizer {
             if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
                 continue;
             }
-            let needle = &self.texts[id as usize][..];
+            let needle = self.vocab.texts().at(id as usize);
             if !frags.iter().any(|f| matches!(f, Fragment::Text(t) if find(t, needle).is_some())) {
                 continue;
             }
@@ -460,10 +478,10 @@ impl Tokenizer {
 
     fn make_piece(&self, id: TokenId) -> Vec<u8> {
         let i = id as usize;
-        let text = &self.texts[i];
+        let text = self.vocab.texts().at(i);
         let a = self.attrs[i];
         if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
-            return text.clone();
+            return text.to_vec();
         }
         if a & attr::NORMAL != 0 {
             return match self.kind {
@@ -481,11 +499,11 @@ impl Tokenizer {
     /// text only with `special`; otherwise nothing, as in llama.cpp.
     pub fn piece(&self, id: TokenId, special: bool) -> Result<&[u8], TokenizerError> {
         let i = id as usize;
-        let a = *self.attrs.get(i).ok_or(TokenizerError::BadTokenId { id, n_vocab: self.texts.len() })?;
+        let a = *self.attrs.get(i).ok_or(TokenizerError::BadTokenId { id, n_vocab: self.n_vocab() })?;
         if !special && a & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return Ok(&[]);
         }
-        Ok(&self.pieces[i])
+        Ok(self.pieces.at(i))
     }
 
     /// Concatenates the pieces of `ids` (bytes: may be cut mid-character;
@@ -500,12 +518,12 @@ impl Tokenizer {
 
     /// Looks a token up by its exact vocabulary text.
     pub fn token_id(&self, text: &str) -> Option<TokenId> {
-        self.ids.get(text.as_bytes()).copied()
+        self.vocab.find(text.as_bytes())
     }
 
     /// The vocabulary text of a token (with `▁`, `Ġ` spellings intact).
     pub fn token_text(&self, id: TokenId) -> Option<&[u8]> {
-        self.texts.get(id as usize).map(|t| &t[..])
+        self.vocab.texts().get(id as usize)
     }
 
     /// The token's attribute bits (see [`attr`]).
@@ -515,7 +533,7 @@ impl Tokenizer {
 
     /// Number of tokens in the vocabulary.
     pub fn n_vocab(&self) -> usize {
-        self.texts.len()
+        self.vocab.texts().len()
     }
     /// The algorithm in use.
     pub fn kind(&self) -> Kind {
@@ -560,7 +578,7 @@ impl Tokenizer {
     }
 
     fn id_of(&self, text: &[u8]) -> Option<TokenId> {
-        self.ids.get(text).copied()
+        self.vocab.find(text)
     }
 
     /// SPM byte fallback: `<0xXX>`, else the byte itself as a token.

@@ -211,7 +211,7 @@ fn tiny_spm(extra: &[(&str, f32, i32)]) -> Vec<u8> {
     let mut w = GgufWriter::new();
     w.set("tokenizer.ggml.model", "llama").unwrap();
     let strings: Vec<GgufString> = toks.iter().map(|t| GgufString::from(t.0.as_str())).collect();
-    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(strings))).unwrap();
+    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(strings.into()))).unwrap();
     w.set("tokenizer.ggml.scores", Value::Array(Array::F32(toks.iter().map(|t| t.1).collect()))).unwrap();
     w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(toks.iter().map(|t| t.2).collect()))).unwrap();
     w.set("tokenizer.ggml.add_space_prefix", false).unwrap();
@@ -272,7 +272,7 @@ fn missing_tokens_key_is_an_error_naming_the_key() {
 fn wrongly_typed_scores_are_an_error_naming_the_key() {
     let mut w = GgufWriter::new();
     w.set("tokenizer.ggml.model", "llama").unwrap();
-    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(vec!["a".into(), "b".into()]))).unwrap();
+    w.set("tokenizer.ggml.tokens", Value::Array(Array::from(vec!["a", "b"]))).unwrap();
     w.set("tokenizer.ggml.scores", Value::Array(Array::F32(vec![0.0]))).unwrap();
     let f = GgufFile::from_bytes(&w.to_bytes()).unwrap();
     let e = Tokenizer::from_gguf(&f).err().unwrap();

@@ -283,6 +283,99 @@ pub(crate) unsafe fn gemm_16x16(t: &AmxTile, sub: usize, subs: usize, out: &mut 
     }
 }
 
+/// Loads the tile configuration of the product over the interleaved Q8_0
+/// copy ([`interleaved_16x16`]): tile 0 = one block of 16 tokens' quants
+/// (16 rows x 32 bytes), 1 = one block of a 16-row group of the copy (8 rows
+/// x 64 bytes: each row 4 quants of each of the 16 weight rows), 2 and 3 =
+/// the 16 x 16 sums of two blocks.
+///
+/// # Safety
+/// See the module doc.
+pub(crate) unsafe fn configure_interleaved() {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    for (t, rows, colsb) in [(0usize, 16u8, 32u16), (1, 8, 64), (2, 16, 64), (3, 16, 64)] {
+        c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
+        c[48 + t] = rows;
+    }
+    let cfg = TileConfig(c);
+    asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+}
+
+/// `out[token][row]`: 16 tokens against the 16 rows of one group of the
+/// interleaved Q8_0 copy (`cpu::x86::vnni16`'s layout, `nb` blocks of
+/// `GROUP_BLOCK` bytes from `w`). The copy's block of 16 rows x 4 quants per
+/// 64-byte line is exactly `tdpbsud`'s B tile (16 columns x 4 k-values a
+/// row), so it is read where it is, stride 64; the tokens' Q8_0 quants are
+/// the A tile (`a`: per block, the 16 tokens' 32 quants one after another,
+/// 512 bytes). Per block the
+/// exact sums `sum(a * (q + 128))` less `128 * sum(a)` are scaled into the
+/// float accumulators just as [`super::vnni16::group_dot`] does it, so each
+/// token's 16 results are bit for bit what that kernel gives for the token
+/// alone. `d` and `sum` are the tokens' block scales and quant sums, per
+/// block the 16 tokens'. The tile unit is configured by
+/// [`configure_interleaved`].
+///
+/// # Safety
+/// See the module doc; `w` covers `nb` group blocks, `a` `nb * 512` bytes,
+/// `d` and `sum` `16 * nb` values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn interleaved_16x16(w: *const u8, nb: usize, a: *const i8, d: *const f32, sum: *const i32, prefetch: bool, out: &mut [[f32; 16]; 16]) {
+    use super::vnni16::GROUP_BLOCK;
+    // Block b's tile product into sums[b % 2] (C tile 2 or 3 alike), issued
+    // one block ahead of the vector work that scales it: the tile unit
+    // computes block b + 1 while the vector units take block b.
+    macro_rules! product {
+        ($b:expr, $c:literal, $sums:expr) => {{
+            let blk = w.add($b * GROUP_BLOCK);
+            // With one token tile (a server's step) each block is read once,
+            // from DRAM: ask for the one four blocks ahead (hints; never fault).
+            if prefetch {
+                for l in (0..GROUP_BLOCK).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(4 * GROUP_BLOCK + l).cast());
+                }
+            }
+            asm!(
+                concat!("tilezero ", $c),
+                "tileloadd tmm0, [{a} + {sa}*1]",
+                "tileloadd tmm1, [{w} + {sw}*1]",
+                concat!("tdpbsud ", $c, ", tmm0, tmm1"),
+                concat!("tilestored [{c} + {sc}*1], ", $c),
+                a = in(reg) a.add($b * 512),
+                sa = in(reg) 32usize,
+                w = in(reg) blk.add(32),
+                sw = in(reg) 64usize,
+                c = in(reg) $sums.as_mut_ptr(),
+                sc = in(reg) 64usize,
+                options(nostack),
+            );
+        }};
+    }
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let mut sums = [[[0i32; 16]; 16]; 2];
+    if nb > 0 {
+        product!(0, "tmm2", sums[0]);
+    }
+    for b in 0..nb {
+        if b + 1 < nb {
+            if b % 2 == 0 {
+                product!(b + 1, "tmm3", sums[1]);
+            } else {
+                product!(b + 1, "tmm2", sums[0]);
+            }
+        }
+        let sums = &sums[b % 2];
+        let scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(b * GROUP_BLOCK).cast()));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let s = _mm512_add_epi32(_mm512_loadu_si512(sums[t].as_ptr().cast()), _mm512_set1_epi32(-128 * *sum.add(b * 16 + t)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, _mm512_set1_ps(*d.add(b * 16 + t))), *acc);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(o.as_mut_ptr(), *a);
+    }
+}
+
 /// `m` transposed: `out[j][i] = m[i][j]` (rows x tokens to tokens x rows),
 /// in registers: four rounds of in-lane and cross-lane shuffles.
 ///
