@@ -187,43 +187,131 @@ pub fn matmul_with(
     {
         return Ok(());
     }
-    let mut act = ActBuf::new(p.act_bytes * n);
-    if cols > 0 {
-        for (xr, ar) in x.chunks_exact(cols).zip(act.bytes_mut().chunks_exact_mut(p.act_bytes)) {
-            cpu::quantize_act(p.act, isa, xr, ar)?;
-        }
-    }
-    let act = act.bytes();
-    // Four rows per call where the level has it (Q8_0 and Q8_K activations).
-    let dot4 = cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa));
-    let preps: Vec<cpu::ActPrep> = match dot4 {
-        Some(_) => act
-            .chunks_exact(p.act_bytes.max(1))
-            .map(|a| {
-                let mut prep = cpu::ActPrep::default();
-                prep.prepare(p.act, a).map(|()| prep)
-            })
-            .collect::<Result<_, _>>()?,
-        None => Vec::new(),
-    };
+    let acts = Acts::new(isa, &p, kind, x, cols, n)?;
     let out = OutPtr(y.as_mut_ptr());
     let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || weights.len() > CACHE_BYTES;
     let per_task = rows_per_task(rows, threads);
     let n_tasks = rows.div_ceil(per_task);
     let task = |t: usize| {
+        let r0 = t * per_task;
+        acts.rows(&p, kind, weights, rows, out, r0, (r0 + per_task).min(rows), prefetch);
+    };
+    ThreadPool::global().run(threads, n_tasks, &task);
+    Ok(())
+}
+
+/// One matrix of a [`matmul_many_with`] call and its output.
+pub struct ManyOut<'a> {
+    /// Storage kind.
+    pub kind: QuantKind,
+    /// The matrix's bytes, row-major.
+    pub weights: &'a [u8],
+    /// Rows (the output's width).
+    pub rows: usize,
+    /// `n * rows` outputs.
+    pub y: &'a mut [f32],
+}
+
+/// `y_i = W_i x` for several matrices of one width over the same `n`
+/// activation rows (a layer's Q, K and V; gate and up) in one go: the
+/// activations quantized once, the rows of all the matrices split into one
+/// set of pool tasks (one dispatch and one join, not one per matrix).
+/// Batches that take a GEMM, and matrices whose kinds want different
+/// activation kinds, run as separate [`matmul_with`] calls.
+pub fn matmul_many_with(isa: Isa, cols: usize, x: &[f32], n: usize, threads: usize, mats: &mut [ManyOut<'_>]) -> Result<(), CpuError> {
+    let first_act = mats.first().and_then(|m| m.kind.vec_dot_kind());
+    let one_act = mats.iter().all(|m| m.kind.vec_dot_kind() == first_act);
+    if n >= crate::gemm::MIN_BATCH || !one_act || mats.len() < 2 {
+        for m in mats.iter_mut() {
+            matmul_with(isa, m.kind, m.weights, m.rows, cols, x, m.y, n, threads)?;
+        }
+        return Ok(());
+    }
+    let want_x = n.saturating_mul(cols);
+    if x.len() != want_x {
+        return Err(CpuError::Shape { what: "activation length", expected: want_x, got: x.len() });
+    }
+    let mut parts = Vec::with_capacity(mats.len());
+    for m in mats.iter_mut() {
+        let p = prepare(m.kind, isa, m.weights, m.rows, cols)?;
+        let want_y = n.saturating_mul(m.rows);
+        if m.y.len() != want_y {
+            return Err(CpuError::Shape { what: "output length", expected: want_y, got: m.y.len() });
+        }
+        let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || m.weights.len() > CACHE_BYTES;
+        parts.push((p, m.kind, m.weights, m.rows, OutPtr(m.y.as_mut_ptr()), rows_per_task(m.rows, threads), prefetch));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let acts = Acts::new(isa, &parts[0].0, parts[0].1, x, cols, n)?;
+    // Tasks in matrix order: (part, first row).
+    let tasks: Vec<(usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, part)| (0..part.3).step_by(part.5).map(move |r0| (i, r0)))
+        .collect();
+    let task = |t: usize| {
+        let (i, r0) = tasks[t];
+        let (p, kind, weights, rows, out, per_task, prefetch) = &parts[i];
+        acts.rows(p, *kind, weights, *rows, *out, r0, (r0 + per_task).min(*rows), *prefetch);
+    };
+    ThreadPool::global().run(threads, tasks.len(), &task);
+    Ok(())
+}
+
+/// The `n` activation rows of a decode matvec, quantized once for a
+/// weight kind's dot (and, where the level has a four-row kernel, their
+/// [`cpu::ActPrep`]s), shared by every matrix that dots the same kind.
+struct Acts {
+    act: ActBuf,
+    act_bytes: usize,
+    preps: Vec<cpu::ActPrep>,
+    n: usize,
+}
+
+impl Acts {
+    fn new(isa: Isa, p: &Prepared, kind: QuantKind, x: &[f32], cols: usize, n: usize) -> Result<Acts, CpuError> {
+        let mut act = ActBuf::new(p.act_bytes * n);
+        if cols > 0 {
+            for (xr, ar) in x.chunks_exact(cols).zip(act.bytes_mut().chunks_exact_mut(p.act_bytes)) {
+                cpu::quantize_act(p.act, isa, xr, ar)?;
+            }
+        }
+        // Four rows per call where the level has it (Q8_0 and Q8_K
+        // activations): the preparation depends on the activation only.
+        let preps = match cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa)) {
+            Some(_) => act
+                .bytes()
+                .chunks_exact(p.act_bytes.max(1))
+                .map(|a| {
+                    let mut prep = cpu::ActPrep::default();
+                    prep.prepare(p.act, a).map(|()| prep)
+                })
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        Ok(Acts { act, act_bytes: p.act_bytes, preps, n })
+    }
+
+    /// Rows `r0..r1` of a `rows`-row matrix (`p`, `kind`, `weights`) for
+    /// every activation row, into `out` (`n * rows`, token-major).
+    #[allow(clippy::too_many_arguments)]
+    fn rows(&self, p: &Prepared, kind: QuantKind, weights: &[u8], rows: usize, out: OutPtr, r0: usize, r1: usize, prefetch: bool) {
         // Capture the whole wrapper: edition-2021 closures would otherwise
         // capture the bare (non-Sync) pointer field.
         #[allow(clippy::redundant_locals)]
         let out = out;
-        let r0 = t * per_task;
-        let r1 = (r0 + per_task).min(rows);
+        let act = self.act.bytes();
+        let ab = self.act_bytes;
+        let dot4 = cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa)).filter(|_| !self.preps.is_empty());
         let mut r_single = r0;
         if let Some(f) = dot4 {
             let r4 = r0 + (r1 - r0) / 4 * 4;
             for r in (r0..r4).step_by(4) {
                 let w = &weights[r * p.row_bytes..(r + 4) * p.row_bytes];
-                for (b, prep) in preps.iter().enumerate() {
-                    let a = &act[b * p.act_bytes..(b + 1) * p.act_bytes];
+                for (b, prep) in self.preps.iter().enumerate() {
+                    let a = &act[b * ab..(b + 1) * ab];
                     // SAFETY: as for the one-row kernel below, for four
                     // consecutive rows; `prep` was made from `a`.
                     let v = unsafe { f(w, p.row_bytes, a, prep) };
@@ -241,8 +329,8 @@ pub fn matmul_with(
             if prefetch {
                 prefetch_row(weights, (r + cpu::PREFETCH_ROWS) * p.row_bytes, p.row_bytes);
             }
-            for b in 0..n {
-                let a = &act[b * p.act_bytes..(b + 1) * p.act_bytes];
+            for b in 0..self.n {
+                let a = &act[b * ab..(b + 1) * ab];
                 // SAFETY: `isa` (and so its fallback `p.kernel.isa`) is
                 // available, checked in `prepare`; `w` is one aligned row of
                 // whole blocks and `a` one activation row of the same element
@@ -255,9 +343,7 @@ pub fn matmul_with(
                 unsafe { *out.0.add(b * rows + r) = v };
             }
         }
-    };
-    ThreadPool::global().run(threads, n_tasks, &task);
-    Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -287,6 +373,53 @@ mod tests {
         QuantKind::Q8K,
         QuantKind::TQ2_0,
     ];
+
+    /// Several matrices over one input in one dispatch give, bit for bit,
+    /// what one `matmul_with` per matrix gives: kinds sharing the Q8_0
+    /// activation, kinds sharing Q8_K, and a mix of the two (which runs
+    /// apart); odd row counts (four-row kernels with a one-row tail); one
+    /// and three tokens; two threads.
+    #[test]
+    fn matmul_many_matches_one_matmul_per_matrix() {
+        let isa = Isa::detect();
+        let mut rng = SmallRng::seed_from_u64(23);
+        let cols = 512;
+        let sets: [&[(QuantKind, usize)]; 3] = [
+            &[(QuantKind::Q4_0, 37), (QuantKind::Q8_0, 64), (QuantKind::Q5_0, 19)],
+            &[(QuantKind::Q4K, 21), (QuantKind::Q6K, 40)],
+            &[(QuantKind::Q4_0, 16), (QuantKind::Q4K, 9)],
+        ];
+        for set in sets {
+            let ws: Vec<Vec<u64>> = set
+                .iter()
+                .map(|&(k, rows)| aligned_quantized(k, &(0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect::<Vec<f32>>()))
+                .collect();
+            let bytes: Vec<&[u8]> = set
+                .iter()
+                .zip(&ws)
+                .map(|(&(k, rows), w)| &bytemuck::cast_slice::<u64, u8>(w)[..rows * crate::row_bytes(k, cols).unwrap()])
+                .collect();
+            for n in [1usize, 3] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let mut got: Vec<Vec<f32>> = set.iter().map(|&(_, rows)| vec![f32::NAN; n * rows]).collect();
+                let mut mats: Vec<ManyOut<'_>> = set
+                    .iter()
+                    .zip(&bytes)
+                    .zip(got.iter_mut())
+                    .map(|((&(kind, rows), &weights), y)| ManyOut { kind, weights, rows, y })
+                    .collect();
+                matmul_many_with(isa, cols, &x, n, 2, &mut mats).unwrap();
+                for (i, &(kind, rows)) in set.iter().enumerate() {
+                    let mut want = vec![f32::NAN; n * rows];
+                    matmul_with(isa, kind, bytes[i], rows, cols, &x, &mut want, n, 2).unwrap();
+                    assert!(
+                        want.iter().zip(&got[i]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{kind} ({rows} rows) of {set:?}, n={n}: differs from its own matmul"
+                    );
+                }
+            }
+        }
+    }
 
     /// The interleaved Q8_0 decode matvec against the scalar twin (the same
     /// quantized activation, `scalar::vec_dot` per row), and its rows

@@ -510,6 +510,37 @@ impl DeviceBackend for Cpu {
         ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
     }
 
+    /// Q, K and V (or gate and up) read in place at decode batches: one
+    /// activation quantization and one pool dispatch for all of them
+    /// (`ferrox_quant::matvec::matmul_many_with`); anything else, one
+    /// [`DeviceBackend::matmul`] each.
+    fn matmul_many(&self, x: &Vec<f32>, n: usize, outs: &mut [(&CpuWeight, &mut Vec<f32>)]) -> Result<(), BackendError> {
+        let cols = match outs.first().map(|(w, _)| *w) {
+            Some(CpuWeight::Mapped { cols, .. }) => *cols,
+            _ => 0,
+        };
+        let together = n < ferrox_quant::gemm::MIN_BATCH
+            && outs.len() > 1
+            && outs.iter().all(|(w, _)| matches!(w, CpuWeight::Mapped { cols: c, inter: None, .. } if *c == cols));
+        if !together {
+            for (w, y) in outs.iter_mut() {
+                self.matmul(w, x, y, n)?;
+            }
+            return Ok(());
+        }
+        let x = x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?;
+        let mut mats = Vec::with_capacity(outs.len());
+        for (w, y) in outs.iter_mut() {
+            let CpuWeight::Mapped { kind, rows, .. } = w else {
+                return Err(BackendError("matmul needs a matrix".into()));
+            };
+            let len = y.len();
+            let y = y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, len))?;
+            mats.push(ferrox_quant::matvec::ManyOut { kind: *kind, weights: w.bytes(), rows: *rows, y });
+        }
+        ferrox_quant::matvec::matmul_many_with(self.isa, cols, x, n, self.threads, &mut mats).map_err(BackendError::new)
+    }
+
     fn add_bias(&self, y: &mut Vec<f32>, b: &CpuWeight, n: usize) -> Result<(), BackendError> {
         let b = b.vector()?;
         check_len("bias input", y, n * b.len())?;
