@@ -1332,11 +1332,12 @@ mod tests {
         assert!(q8_checked > 0, "no decode batch left a q8 copy of the attention output");
     }
 
-    /// RoPE with the cache store in one launch, then attention: what the
-    /// CPU gives through its separate RoPE and attention, in both styles,
-    /// partial rotation with frequency factors, over prefill and decode
-    /// batches of two slots; the cache the fused launch wrote is read back
-    /// by a later decode step (so a wrong store shows there too).
+    /// RoPE with the cache store in one launch (`rope_kv`), then
+    /// attention: what the CPU gives through its separate RoPE and
+    /// attention (queries and output), in both styles, partial rotation
+    /// with frequency factors, over prefill, two-slot and single-token
+    /// decode batches; the cache each step wrote is read back by a later
+    /// step (so a wrong store shows).
     #[test]
     fn fused_rope_and_cache_store_match_the_cpu_rope_then_attention() {
         let Some(c) = gpu("CUDA RoPE fused with the KV store (rope_kv) vs the CPU rope then attention") else {
@@ -1370,9 +1371,12 @@ mod tests {
                 b.push(0, step, 0, true);
                 batches.push(b);
             }
-            let mut b = Batch::default();
-            b.push(0, 10, 1, true);
-            batches.push(b);
+            // Single tokens, each read back by the next step of its slot.
+            for (pos, slot) in [(10u32, 1u32), (3, 0), (11, 1), (4, 0), (12, 1)] {
+                let mut b = Batch::default();
+                b.push(0, pos, slot, true);
+                batches.push(b);
+            }
             for b in &batches {
                 let n = b.len();
                 let q = rand_vec(&mut r, n * qd, 2.0);
