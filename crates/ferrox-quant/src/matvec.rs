@@ -374,6 +374,30 @@ mod tests {
         QuantKind::TQ2_0,
     ];
 
+    /// Rows `from..` of the Q8_0 matrix in `wq` overwritten with random
+    /// quant bytes (every value, -128 too; small finite scales), then the
+    /// matrix and its interleaved copy; `None` (saying so) without VNNI.
+    fn random_interleaved<'a>(
+        isa: Isa,
+        rng: &mut SmallRng,
+        wq: &'a mut [u64],
+        rows: usize,
+        rb: usize,
+        from: usize,
+    ) -> Option<(&'a [u8], InterleavedQ8_0)> {
+        let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(wq)[..rows * rb];
+        for blk in bytes[rb * from..].chunks_exact_mut(34) {
+            blk[2..].iter_mut().for_each(|q| *q = rng.gen());
+            blk[..2].copy_from_slice(&half::f16::from_f32(rng.gen_range(-0.02..0.02)).to_le_bytes());
+        }
+        let wb: &'a [u8] = &bytemuck::cast_slice::<u64, u8>(wq)[..rows * rb];
+        let m = InterleavedQ8_0::new(isa, wb, rows, rb / 34 * 32).unwrap();
+        if m.is_none() {
+            eprintln!("NOT CHECKED: the interleaved Q8_0 matvec needs AVX-512 VNNI, which this CPU lacks");
+        }
+        m.map(|m| (wb, m))
+    }
+
     /// Several matrices over one input in one dispatch give, bit for bit,
     /// what one `matmul_with` per matrix gives: kinds sharing the Q8_0
     /// activation, kinds sharing Q8_K, and a mix of the two (which runs
@@ -433,16 +457,7 @@ mod tests {
             let rb = crate::row_bytes(QuantKind::Q8_0, cols).unwrap();
             let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let mut wq = aligned_quantized(QuantKind::Q8_0, &w);
-            {
-                let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut wq)[..rows * rb];
-                for blk in bytes[rb * (rows / 2)..].chunks_exact_mut(34) {
-                    blk[2..].iter_mut().for_each(|q| *q = rng.gen());
-                    blk[..2].copy_from_slice(&half::f16::from_f32(rng.gen_range(-0.02..0.02)).to_le_bytes());
-                }
-            }
-            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * rb];
-            let Some(m) = InterleavedQ8_0::new(isa, wb, rows, cols).unwrap() else {
-                eprintln!("NOT CHECKED: the interleaved Q8_0 matvec needs AVX-512 VNNI, which this CPU lacks");
+            let Some((wb, m)) = random_interleaved(isa, &mut rng, &mut wq, rows, rb, rows / 2) else {
                 return;
             };
             let mut want = vec![0f32; cols];
@@ -486,17 +501,8 @@ mod tests {
         let rb = crate::row_bytes(QuantKind::Q8_0, cols).unwrap();
         let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let mut wq = aligned_quantized(QuantKind::Q8_0, &w);
-        {
-            // A third of the rows random bytes: every quant value, -128 too.
-            let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut wq)[..rows * rb];
-            for blk in bytes[rb * (2 * rows / 3)..].chunks_exact_mut(34) {
-                blk[2..].iter_mut().for_each(|q| *q = rng.gen());
-                blk[..2].copy_from_slice(&half::f16::from_f32(rng.gen_range(-0.02..0.02)).to_le_bytes());
-            }
-        }
-        let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * rb];
-        let Some(m) = InterleavedQ8_0::new(isa, wb, rows, cols).unwrap() else {
-            eprintln!("NOT CHECKED: the interleaved Q8_0 matvec needs AVX-512 VNNI, which this CPU lacks");
+        // A third of the rows random bytes: every quant value, -128 too.
+        let Some((wb, m)) = random_interleaved(isa, &mut rng, &mut wq, rows, rb, 2 * rows / 3) else {
             return;
         };
         if !m.has_tiles() {
