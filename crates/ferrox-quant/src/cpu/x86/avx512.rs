@@ -226,6 +226,22 @@ unsafe fn nibbles_64(q0: &[u8; 16], q1: &[u8; 16]) -> __m512i {
     _mm512_and_si512(v, _mm512_set1_epi8(0x0F))
 }
 
+/// [`nibbles_64`] in one instruction where the weight pair was two: a GF(2)
+/// affine map per byte, its bit matrix picking the low nibble in the first
+/// 128-bit lane of each block and the high nibble, moved down, in the
+/// second (an affine map is any bit permutation plus zeros; the matrix
+/// operand is per 64-bit lane, so it varies across lanes for free).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+unsafe fn nibbles_64_gfni(q0: &[u8; 16], q1: &[u8; 16]) -> __m512i {
+    // Byte 7 - i of a matrix: the input bits XOR-ed into output bit i.
+    const LO: i64 = 0x0102_0408_0000_0000;
+    const HI: i64 = 0x1020_4080_0000_0000;
+    let v = _mm512_broadcast_i32x4(_mm_loadu_si128(q0.as_ptr().cast()));
+    let v = _mm512_mask_broadcast_i32x4(v, HI_LANES, _mm_loadu_si128(q1.as_ptr().cast()));
+    _mm512_gf2p8affine_epi64_epi8::<0>(v, _mm512_set_epi64(HI, HI, LO, LO, HI, HI, LO, LO))
+}
+
 /// # Safety
 /// See the module doc; `w` is four rows of `row_bytes`, `a` one activation
 /// row of the same length, `p` prepared from `a` (the kernels read `p`'s
@@ -248,6 +264,14 @@ pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
 pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
     dot4_pairs(rows, p, 8, |x0, x1| nibbles_64(&x0.qs, &x1.qs), |x| x.d.to_bits(), row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q8_0`], on a CPU with GFNI too.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+pub(crate) unsafe fn dot4_q4_0_gfni(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
+    dot4_pairs(rows, p, 8, |x0, x1| nibbles_64_gfni(&x0.qs, &x1.qs), |x| x.d.to_bits(), row_bytes)
 }
 
 /// # Safety
