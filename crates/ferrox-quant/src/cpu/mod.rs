@@ -356,6 +356,10 @@ pub struct ActPrep {
     pub d: Vec<f32>,
     /// Sums of each block's quants.
     pub sum: Vec<i32>,
+    /// The blocks' quants without their scales, 32 bytes a block, padded
+    /// with zeros to an even block count: two blocks are one 64-byte load
+    /// for the 512-bit four-row kernels of the 32-element kinds.
+    pub qs: Vec<i8>,
 }
 
 impl ActPrep {
@@ -373,6 +377,7 @@ impl ActPrep {
                 }
                 self.d.clear();
                 self.sum.clear();
+                self.qs.clear();
                 Ok(())
             }
             _ => Err(QuantError::NoDot { kind: act }.into()), // capability table: the preps that exist
@@ -389,10 +394,13 @@ impl ActPrep {
         let blocks = unsafe { blocks_of::<BlockQ8_0>(a) };
         self.d.clear();
         self.sum.clear();
+        self.qs.clear();
         for b in blocks {
             self.d.push(b.d.to_f32());
             self.sum.push(b.qs.iter().map(|&q| i32::from(q)).sum());
+            self.qs.extend_from_slice(&b.qs);
         }
+        self.qs.resize(blocks.len().next_multiple_of(2) * 32, 0);
         Ok(())
     }
 }

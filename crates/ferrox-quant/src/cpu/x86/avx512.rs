@@ -1,10 +1,12 @@
 //! AVX-512 VNNI kernels for the 32-element block kinds and the K kinds.
 //!
-//! The key decision: width follows the block. The 32-element kinds stay at
-//! 256 bits (`avx512vl`) and use VNNI's `vpdpbusd` for the 8-bit products,
-//! one instruction where AVX2 needs `maddubs` + `madd`; their block (32
-//! elements, one scale) maps to one 256-bit register, and 512-bit registers
-//! would only add shuffles. The K kinds (256-element super-blocks) take 64
+//! The key decision: width follows the block. The 32-element kinds' one-row
+//! kernels stay at 256 bits (`avx512vl`) and use VNNI's `vpdpbusd` for the
+//! 8-bit products, one instruction where AVX2 needs `maddubs` + `madd`;
+//! their block (32 elements, one scale) maps to one 256-bit register. Their
+//! four-row kernels (decode) take two blocks per 512-bit step, against a
+//! copy of the activation's quants that puts two blocks side by side (see
+//! "four rows at once"). The K kinds (256-element super-blocks) take 64
 //! elements per 512-bit step, with `vpdpwssd` applying the sub-block scales
 //! (see "256-element K kinds, 512 bits" below). Kinds without a kernel here
 //! fall back to AVX2 (see `Isa::fallback`).
@@ -116,12 +118,16 @@ pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
 //
 // Decode reads every weight once and Gemma-sized rows are short (20–64
 // blocks), so a kernel call per row pays its setup per 700–2200 bytes. These
-// kernels take four consecutive rows against one activation row: each
-// activation block is loaded once for four rows, its scale is converted
-// once per matvec (`ActPrep`), weight scales go through a table rather
-// than a conversion each, and the 4-bit and 5-bit kinds skip the sign trick:
-// their unsigned codes `q + offset` feed `vpdpbusd` directly and the offset
-// comes back as `-offset * sum(a)` in the accumulator's first lane.
+// kernels take four consecutive rows against one activation row, two
+// 32-element blocks per 512-bit step: each activation pair is one 64-byte
+// load (`ActPrep::qs`, the quants without their scales) shared by four
+// rows, its scales are converted once per matvec (`ActPrep`), weight scales
+// go through a table rather than a conversion each, and no kind needs the
+// sign trick (which has no 512-bit form): weight codes are made unsigned,
+// `q + offset`, they feed `vpdpbusd` directly and the offset comes back as
+// `-offset * sum(a)` in the first lane of each block's half. Per pair and
+// row that is about 13 instructions where one block at a time in 256 bits
+// took about 22 (Q4_0 layers of Gemma 3 270M: ~23 GB/s, instruction-bound).
 
 /// f16 bits → f32, all 65536 of them (256 KiB), as ggml keeps it: one load
 /// per block scale instead of a conversion.
@@ -136,81 +142,153 @@ fn f16_table() -> &'static [f32; 65536] {
     })
 }
 
-/// Four rows of `nb` blocks against one activation row. `code` turns a
-/// weight block into its 32 bytes (unsigned when `off > 0`, signed for the
-/// sign trick when `off == 0`); `d` reads its f16 scale bits. The rows are
-/// `row_bytes` apart, and the rows `PREFETCH_ROWS` further on are prefetched.
+/// The upper eight f32/i32 lanes of a `zmm`: the second block of a pair.
+const HI_LANES: __mmask16 = 0xFF00;
+
+/// The four rows' sums of `v` (one row per register), in one reduction:
+/// two rounds of 128-bit lane shuffles leave row `r`'s partials in lane `r`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot4_blocks<X>(
+unsafe fn hsum4_512(v: [__m512; 4]) -> [f32; 4] {
+    // Lanes [r0.0+r0.2, r0.1+r0.3, r1.0+r1.2, r1.1+r1.3], and for r2, r3.
+    let s01 = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]), _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]));
+    let s23 = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]), _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]));
+    // Lane r: row r's four partials.
+    let t = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(s01, s23), _mm512_shuffle_f32x4::<0b11_01_11_01>(s01, s23));
+    let t = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
+    let t = _mm512_add_ps(t, _mm512_permute_ps::<0b10_11_00_01>(t));
+    let r = _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), t));
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), r);
+    out
+}
+
+/// Four rows of `nb` blocks against one activation row prepared as `p`, two
+/// blocks per step. `code` turns two weight blocks into their 64 unsigned
+/// codes `q + off` (the first block's in the low 256 bits, each block's
+/// elements in order); `d` reads a block's f16 scale bits. The rows are
+/// `row_bytes` apart, and the rows `PREFETCH_ROWS` further on are
+/// prefetched.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot4_pairs<X>(
     w: [&[X]; 4],
-    a: &[BlockQ8_0],
     p: &crate::cpu::ActPrep,
     off: i32,
-    code: impl Fn(&X) -> __m256i,
+    code: impl Fn(&X, &X) -> __m512i,
     d: impl Fn(&X) -> u16,
     row_bytes: usize,
 ) -> [f32; 4] {
+    let nb = w[0].len();
+    debug_assert!(p.d.len() == nb && p.qs.len() >= nb.next_multiple_of(2) * 32);
     let prefetch = crate::cpu::PREFETCH_ROWS * row_bytes;
     let table = f16_table();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (b, y) in a.iter().enumerate() {
-        let aq = loadu(y.qs.as_ptr().cast());
-        let da = _mm256_set1_ps(p.d[b]);
-        let init = _mm256_castsi128_si256(_mm_cvtsi32_si128(-off * p.sum[b]));
+    let aq = p.qs.as_ptr();
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for b in (0..nb).step_by(2) {
+        // An odd row's last block pairs with itself: its twin's activation
+        // (`qs`'s zero padding), offset sum and scale are zero.
+        let (b1, da1, sum1) = if b + 1 < nb { (b + 1, p.d[b + 1], p.sum[b + 1]) } else { (b, 0.0, 0) };
+        let a = _mm512_loadu_si512(aq.add(32 * b).cast());
+        let da = _mm512_mask_mov_ps(_mm512_set1_ps(p.d[b]), HI_LANES, _mm512_set1_ps(da1));
+        let init = _mm512_mask_set1_epi32(_mm512_maskz_set1_epi32(1, -off * p.sum[b]), 0x0100, -off * sum1);
         for r in 0..4 {
-            let x = &w[r][b];
-            // The next four rows' block: more misses in flight than the
-            // hardware prefetcher keeps for one core (a hint; never faults).
-            // Into L2, as the one-row path does: an L1 prefetch holds one of
-            // the core's few fill buffers for the whole trip to DRAM
-            // (measured on the Gemma head: ~25 vs ~23 GB/s, 2 threads).
-            _mm_prefetch::<_MM_HINT_T1>((x as *const X).cast::<i8>().wrapping_add(prefetch));
-            let q = code(x);
-            let s = if off == 0 {
-                _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(aq, q))
-            } else {
-                _mm256_dpbusd_epi32(init, q, aq)
-            };
-            let dw = _mm256_set1_ps(*table.get_unchecked(usize::from(d(x))));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, da), acc[r]);
+            let (x0, x1) = (w[r].get_unchecked(b), w[r].get_unchecked(b1));
+            // The next rows' pair: more misses in flight than the hardware
+            // prefetcher keeps for one core (a hint; never faults). Into
+            // L2, as the one-row path does: an L1 prefetch holds one of the
+            // core's few fill buffers for the whole trip to DRAM (measured
+            // on the Gemma head: ~25 vs ~23 GB/s, 2 threads). A pair wider
+            // than a line (Q8_0) takes a second one.
+            let ahead = (x0 as *const X).cast::<i8>().wrapping_add(prefetch);
+            _mm_prefetch::<_MM_HINT_T1>(ahead);
+            if 2 * core::mem::size_of::<X>() > 64 {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(2 * core::mem::size_of::<X>() - 1));
+            }
+            let s = _mm512_dpbusd_epi32(init, code(x0, x1), a);
+            let dw0 = _mm512_set1_ps(*table.get_unchecked(usize::from(d(x0))));
+            let dw = _mm512_mask_mov_ps(dw0, HI_LANES, _mm512_set1_ps(*table.get_unchecked(usize::from(d(x1)))));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, da), acc[r]);
         }
     }
-    acc.map(|v| hsum_ps(v))
+    hsum4_512(acc)
+}
+
+/// Two Q4_0 blocks' 64 codes (unsigned, `q + 8`): each 16-byte nibble array
+/// broadcast into two 128-bit lanes, the upper lane of each shifted down
+/// four bits, one AND.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn nibbles_64(q0: &[u8; 16], q1: &[u8; 16]) -> __m512i {
+    let v = _mm512_broadcast_i32x4(_mm_loadu_si128(q0.as_ptr().cast()));
+    let v = _mm512_mask_broadcast_i32x4(v, HI_LANES, _mm_loadu_si128(q1.as_ptr().cast()));
+    let v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    _mm512_and_si512(v, _mm512_set1_epi8(0x0F))
+}
+
+/// [`nibbles_64`] in one instruction where the weight pair was two: a GF(2)
+/// affine map per byte, its bit matrix picking the low nibble in the first
+/// 128-bit lane of each block and the high nibble, moved down, in the
+/// second (an affine map is any bit permutation plus zeros; the matrix
+/// operand is per 64-bit lane, so it varies across lanes for free).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+unsafe fn nibbles_64_gfni(q0: &[u8; 16], q1: &[u8; 16]) -> __m512i {
+    // Byte 7 - i of a matrix: the input bits XOR-ed into output bit i.
+    const LO: i64 = 0x0102_0408_0000_0000;
+    const HI: i64 = 0x1020_4080_0000_0000;
+    let v = _mm512_broadcast_i32x4(_mm_loadu_si128(q0.as_ptr().cast()));
+    let v = _mm512_mask_broadcast_i32x4(v, HI_LANES, _mm_loadu_si128(q1.as_ptr().cast()));
+    _mm512_gf2p8affine_epi64_epi8::<0>(v, _mm512_set_epi64(HI, HI, LO, LO, HI, HI, LO, LO))
 }
 
 /// # Safety
 /// See the module doc; `w` is four rows of `row_bytes`, `a` one activation
-/// row of the same length, `p` prepared from `a`.
+/// row of the same length, `p` prepared from `a` (the kernels read `p`'s
+/// copy of the quants).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockQ8_0, 4>(w, row_bytes);
-    dot4_blocks(rows, blocks_of(a), p, 0, |x| loadu(x.qs.as_ptr().cast()), |x| x.d.to_bits(), row_bytes)
+    let flip = _mm512_set1_epi8(0x80_u8 as i8);
+    // `q ^ 0x80` is `q + 128` for every byte, -128 included.
+    let code = |x0: &BlockQ8_0, x1: &BlockQ8_0| {
+        let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(loadu(x0.qs.as_ptr().cast())), loadu(x1.qs.as_ptr().cast()));
+        _mm512_xor_si512(v, flip)
+    };
+    dot4_pairs(rows, p, 128, code, |x| x.d.to_bits(), row_bytes)
 }
 
 /// # Safety
 /// As [`dot4_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
-    dot4_blocks(rows, blocks_of(a), p, 8, |x| nibbles_32(&x.qs), |x| x.d.to_bits(), row_bytes)
+    dot4_pairs(rows, p, 8, |x0, x1| nibbles_64(&x0.qs, &x1.qs), |x| x.d.to_bits(), row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q8_0`], on a CPU with GFNI too.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+pub(crate) unsafe fn dot4_q4_0_gfni(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
+    dot4_pairs(rows, p, 8, |x0, x1| nibbles_64_gfni(&x0.qs, &x1.qs), |x| x.d.to_bits(), row_bytes)
 }
 
 /// # Safety
 /// As [`dot4_q8_0`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockQ5_0, 4>(w, row_bytes);
-    let bit4 = _mm256_set1_epi8(0x10);
-    dot4_blocks(
+    let bit4 = _mm512_set1_epi8(0x10);
+    dot4_pairs(
         rows,
-        blocks_of(a),
         p,
         16,
         // The fifth bit of element k is bit k of qh: a byte mask, OR-ed in.
-        |x| {
-            let nib = nibbles_32(&x.qs);
-            _mm256_mask_add_epi8(nib, u32::from_le_bytes(x.qh), nib, bit4)
+        |x0, x1| {
+            let nib = nibbles_64(&x0.qs, &x1.qs);
+            let hi = u64::from(u32::from_le_bytes(x0.qh)) | u64::from(u32::from_le_bytes(x1.qh)) << 32;
+            _mm512_mask_add_epi8(nib, hi, nib, bit4)
         },
         |x| x.d.to_bits(),
         row_bytes,

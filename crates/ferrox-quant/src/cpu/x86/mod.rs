@@ -41,6 +41,9 @@ pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
     use QuantKind::*;
     let f: super::Dot4Fn = match kind {
         Q8_0 => avx512::dot4_q8_0,
+        // GFNI (Ice Lake, Zen 4 on; not Cascade Lake) unpacks nibbles in
+        // one instruction instead of two.
+        Q4_0 if std::arch::is_x86_feature_detected!("gfni") => avx512::dot4_q4_0_gfni,
         Q4_0 => avx512::dot4_q4_0,
         Q5_0 => avx512::dot4_q5_0,
         Q4K => avx512::dot4_q4_k,
