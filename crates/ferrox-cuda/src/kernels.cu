@@ -143,6 +143,111 @@ __device__ __forceinline__ void deq_q8_0(const u8* row, int u, int cols, float v
     for (int j = 0; j < 32; j++) v[j] = (float)((i8)b[j]) * d;
 }
 
+// Q2_K: 84-byte blocks (scales[16]: low nibble scale, high nibble min;
+// qs[64]: 2 bits each; d; dmin). Unit u: half n = u / 4 of the block
+// (qs[32n..]), bit pair j = u % 4; its first 16 elements read qs[32n + l],
+// the next 16 qs[32n + 16 + l], each with its own scale byte.
+__device__ __forceinline__ void deq_q2_k(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 84;
+    int s = u & 7, n = s >> 2, j = s & 3;
+    float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+    const u8* q = b + 16 + 32 * n;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        u8 sc = b[8 * n + 2 * j + h];
+        float dl = d * (sc & 0xF), ml = dmin * (sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) v[16 * h + l] = dl * (float)((q[16 * h + l] >> (2 * j)) & 3) - ml;
+    }
+}
+
+// Q3_K: 110-byte blocks (hmask[32], qs[64], scales[12]: sixteen 6-bit
+// scales packed as ggml packs them, d). As Q2_K for the low two bits; the
+// third is bit 4n + j of hmask[l] (clear: minus 4); scale - 32 signed.
+__device__ __forceinline__ void deq_q3_k(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 110;
+    int s = u & 7, n = s >> 2, j = s & 3;
+    float d = h2f(ld16(b + 108));
+    const u8* hm = b;
+    const u8* q = b + 32 + 32 * n;
+    const u8* sc = b + 96;
+    u8 m = (u8)(1u << (4 * n + j));
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        // Scale index is = 8n + 2j + h: low 4 bits from byte is % 8 (low or
+        // high nibble by is / 8), high 2 bits from byte 8 + is % 4, bit
+        // pair is / 4.
+        int is = 8 * n + 2 * j + h;
+        int lo = is < 8 ? (sc[is] & 0xF) : (sc[is - 8] >> 4);
+        int hi = (sc[8 + (is & 3)] >> (2 * (is >> 2))) & 3;
+        float dl = d * (float)((lo | (hi << 4)) - 32);
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            int e = 16 * h + l;
+            int qv = (q[e] >> (2 * j)) & 3;
+            v[e] = dl * (float)(qv - ((hm[e] & m) ? 0 : 4));
+        }
+    }
+}
+
+__constant__ signed char KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// IQ4_NL: 18-byte blocks (d, qs[16]), codes through the non-linear table.
+__device__ __forceinline__ void deq_iq4_nl(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + u * 18;
+    float d = h2f(ld16(b));
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        u8 q = b[2 + j];
+        v[j] = d * (float)KV_IQ4NL[q & 0xF];
+        v[j + 16] = d * (float)KV_IQ4NL[q >> 4];
+    }
+}
+
+// IQ4_XS: 136-byte blocks (d, scales_h u16, scales_l[4], qs[128]); unit u
+// of the block has the 6-bit scale (scales_l nibble | 2 bits of scales_h)
+// - 32 and qs[16u..16u + 16] as IQ4_NL.
+__device__ __forceinline__ void deq_iq4_xs(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 136;
+    int ib = u & 7;
+    float d = h2f(ld16(b));
+    int sh = ld16(b + 2);
+    int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+    float dl = d * (float)(ls - 32);
+    const u8* q = b + 8 + 16 * ib;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        v[j] = dl * (float)KV_IQ4NL[q[j] & 0xF];
+        v[j + 16] = dl * (float)KV_IQ4NL[q[j] >> 4];
+    }
+}
+
+// TQ2_0: 66-byte blocks (qs[64], d): element 128h + 32l + m is bits 2l..
+// of qs[32h + m], value (code - 1) * d. Unit u: h = u / 4, l = u % 4.
+__device__ __forceinline__ void deq_tq2_0(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 66;
+    int s = u & 7, h = s >> 2, l = s & 3;
+    float d = h2f(ld16(b + 64));
+#pragma unroll
+    for (int m = 0; m < 32; m++) v[m] = d * (float)((int)((b[32 * h + m] >> (2 * l)) & 3) - 1);
+}
+
+__constant__ signed char E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// MXFP4: 17-byte blocks (E8M0 exponent e, qs[16] of E2M1 codes): twice each
+// code's value times 2^(e - 128) (e < 2: f32 subnormals, as ggml decodes).
+__device__ __forceinline__ void deq_mxfp4(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + u * 17;
+    u32 e = b[0];
+    float d = __int_as_float(e < 2 ? (int)(0x00200000u << e) : (int)((e - 1) << 23));
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        u8 q = b[1 + j];
+        v[j] = d * (float)E2M1_X2[q & 0xF];
+        v[j + 16] = d * (float)E2M1_X2[q >> 4];
+    }
+}
+
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
     if (j < 4) {
@@ -311,6 +416,12 @@ DEFINE_KIND(q8_0)
 DEFINE_KIND(q4_k)
 DEFINE_KIND(q5_k)
 DEFINE_KIND(q6_k)
+DEFINE_KIND(q2_k)
+DEFINE_KIND(q3_k)
+DEFINE_KIND(iq4_nl)
+DEFINE_KIND(iq4_xs)
+DEFINE_KIND(tq2_0)
+DEFINE_KIND(mxfp4)
 
 // ---- decode matvec on int8 activations (dp4a), for the kinds decode reads
 // most. The activations are quantized once per input to 8 bits per

@@ -111,6 +111,12 @@ pub fn kernel_suffix(kind: QuantKind) -> Option<&'static str> {
         QuantKind::Q4K => "q4_k",
         QuantKind::Q5K => "q5_k",
         QuantKind::Q6K => "q6_k",
+        QuantKind::Q2K => "q2_k",
+        QuantKind::Q3K => "q3_k",
+        QuantKind::IQ4NL => "iq4_nl",
+        QuantKind::IQ4XS => "iq4_xs",
+        QuantKind::TQ2_0 => "tq2_0",
+        QuantKind::MXFP4 => "mxfp4",
         _ => return None, // capability table: kinds without a CUDA unit decoder
     })
 }

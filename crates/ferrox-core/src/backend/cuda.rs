@@ -56,6 +56,12 @@ impl BackendCaps for Cuda {
             QuantKind::Q4K => "cuda matvec Q4_K",
             QuantKind::Q5K => "cuda matvec Q5_K",
             QuantKind::Q6K => "cuda matvec Q6_K",
+            QuantKind::Q2K => "cuda matvec Q2_K",
+            QuantKind::Q3K => "cuda matvec Q3_K",
+            QuantKind::IQ4NL => "cuda matvec IQ4_NL",
+            QuantKind::IQ4XS => "cuda matvec IQ4_XS",
+            QuantKind::TQ2_0 => "cuda matvec TQ2_0",
+            QuantKind::MXFP4 => "cuda matvec MXFP4",
             _ => return None, // capability table: no CUDA unit decoder yet
         })
     }
