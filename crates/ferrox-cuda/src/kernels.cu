@@ -190,18 +190,44 @@ __device__ __forceinline__ void deq_q3_k(const u8* row, int u, int cols, float v
     }
 }
 
-__constant__ signed char KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// The non-linear 4-bit tables as four little-endian words of signed bytes,
+// looked up in registers (`lut16`): a `__constant__` array serializes a
+// warp whose lanes read different entries.
+#define KV_IQ4NL_W0 0xBFAD9881u  // -127, -104, -83, -65
+#define KV_IQ4NL_W1 0xF6EADDCFu  //  -49,  -35, -22, -10
+#define KV_IQ4NL_W2 0x26190D01u  //    1,   13,  25,  38
+#define KV_IQ4NL_W3 0x71594535u  //   53,   69,  89, 113
+
+// Four table bytes for the four codes in `q` (one 0..15 code in the low
+// nibble of each byte): `__byte_perm` picks from 8 bytes with 3-bit
+// selectors, so entries 0-7 and 8-15 are picked apart and bit 3 chooses.
+__device__ __forceinline__ u32 lut16(u32 q, u32 w0, u32 w1, u32 w2, u32 w3) {
+    u32 sel = (q & 7) | ((q >> 4) & 0x70) | ((q >> 8) & 0x700) | ((q >> 12) & 0x7000);
+    u32 lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w2, w3, sel);
+    u32 m = ((q >> 3) & 0x01010101u) * 0xFFu;
+    return (lo & ~m) | (hi & m);
+}
+
+// 32 values from 16 bytes of packed codes (element j in the low nibble of
+// byte j, element j + 16 in its high nibble) through a 16-entry table,
+// times d.
+__device__ __forceinline__ void deq_lut16(const u8* q, float d, u32 w0, u32 w1, u32 w2, u32 w3, float v[32]) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 b = ld32(q + 4 * k);
+        u32 lo = lut16(b & 0x0F0F0F0Fu, w0, w1, w2, w3), hi = lut16((b >> 4) & 0x0F0F0F0Fu, w0, w1, w2, w3);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[4 * k + i] = d * (float)(signed char)(lo >> (8 * i));
+            v[16 + 4 * k + i] = d * (float)(signed char)(hi >> (8 * i));
+        }
+    }
+}
 
 // IQ4_NL: 18-byte blocks (d, qs[16]), codes through the non-linear table.
 __device__ __forceinline__ void deq_iq4_nl(const u8* row, int u, int cols, float v[32]) {
     const u8* b = row + u * 18;
-    float d = h2f(ld16(b));
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        u8 q = b[2 + j];
-        v[j] = d * (float)KV_IQ4NL[q & 0xF];
-        v[j + 16] = d * (float)KV_IQ4NL[q >> 4];
-    }
+    deq_lut16(b + 2, h2f(ld16(b)), KV_IQ4NL_W0, KV_IQ4NL_W1, KV_IQ4NL_W2, KV_IQ4NL_W3, v);
 }
 
 // IQ4_XS: 136-byte blocks (d, scales_h u16, scales_l[4], qs[128]); unit u
@@ -213,13 +239,7 @@ __device__ __forceinline__ void deq_iq4_xs(const u8* row, int u, int cols, float
     float d = h2f(ld16(b));
     int sh = ld16(b + 2);
     int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
-    float dl = d * (float)(ls - 32);
-    const u8* q = b + 8 + 16 * ib;
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        v[j] = dl * (float)KV_IQ4NL[q[j] & 0xF];
-        v[j + 16] = dl * (float)KV_IQ4NL[q[j] >> 4];
-    }
+    deq_lut16(b + 8 + 16 * ib, d * (float)(ls - 32), KV_IQ4NL_W0, KV_IQ4NL_W1, KV_IQ4NL_W2, KV_IQ4NL_W3, v);
 }
 
 // TQ2_0: 66-byte blocks (qs[64], d): element 128h + 32l + m is bits 2l..
@@ -232,7 +252,11 @@ __device__ __forceinline__ void deq_tq2_0(const u8* row, int u, int cols, float 
     for (int m = 0; m < 32; m++) v[m] = d * (float)((int)((b[32 * h + m] >> (2 * l)) & 3) - 1);
 }
 
-__constant__ signed char E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// Twice each E2M1 value by code (sign in bit 3), as four words of bytes.
+#define E2M1_X2_W0 0x03020100u  //  0,  1,  2,   3
+#define E2M1_X2_W1 0x0C080604u  //  4,  6,  8,  12
+#define E2M1_X2_W2 0xFDFEFF00u  //  0, -1, -2,  -3
+#define E2M1_X2_W3 0xF4F8FAFCu  // -4, -6, -8, -12
 
 // MXFP4: 17-byte blocks (E8M0 exponent e, qs[16] of E2M1 codes): twice each
 // code's value times 2^(e - 128) (e < 2: f32 subnormals, as ggml decodes).
@@ -240,12 +264,7 @@ __device__ __forceinline__ void deq_mxfp4(const u8* row, int u, int cols, float 
     const u8* b = row + u * 17;
     u32 e = b[0];
     float d = __int_as_float(e < 2 ? (int)(0x00200000u << e) : (int)((e - 1) << 23));
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        u8 q = b[1 + j];
-        v[j] = d * (float)E2M1_X2[q & 0xF];
-        v[j + 16] = d * (float)E2M1_X2[q >> 4];
-    }
+    deq_lut16(b + 1, d, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3, v);
 }
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
