@@ -177,6 +177,16 @@ pub enum Act {
     Gelu,
 }
 
+impl Act {
+    /// The `act` argument of the `glu` and `mmvq_glu_<kind>` kernels.
+    fn code(self) -> i32 {
+        match self {
+            Act::Silu => 0,
+            Act::Gelu => 1,
+        }
+    }
+}
+
 /// How one attention call is shaped (see `ferrox_core::backend::AttnParams`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnShape {
@@ -1049,10 +1059,7 @@ impl Device {
         let slot = self.q8_tag().map_or(0, |t| t.slot);
         let out_slot = 1 - slot;
         let (hq, hds) = self.q8_scratch_slot(n * rows, out_slot)?;
-        let a = match act {
-            Act::Silu => 0i32,
-            Act::Gelu => 1,
-        };
+        let a = act.code();
         let cfg = LaunchConfig {
             grid_dim: ((rows / 32) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
@@ -1569,27 +1576,27 @@ impl Device {
                 ],
             )?;
         } else {
-        let cfg = LaunchConfig {
-            grid_dim: (kd.max(vd).div_ceil(128) as u32, n as u32, 2),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(
-            &self.fns.kv_store,
-            cfg,
-            "kv_store",
-            &[
-                &self.ptr(&k.s),
-                &self.ptr(&kv.k[layer]),
-                &int("kv_store", kd)?,
-                &self.ptr(&v.s),
-                &self.ptr(&kv.v[layer]),
-                &int("kv_store", vd)?,
-                &sp,
-                &pp,
-                &n_ctx,
-            ],
-        )?;
+            let cfg = LaunchConfig {
+                grid_dim: (kd.max(vd).div_ceil(128) as u32, n as u32, 2),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            self.launch(
+                &self.fns.kv_store,
+                cfg,
+                "kv_store",
+                &[
+                    &self.ptr(&k.s),
+                    &self.ptr(&kv.k[layer]),
+                    &int("kv_store", kd)?,
+                    &self.ptr(&v.s),
+                    &self.ptr(&kv.v[layer]),
+                    &int("kv_store", vd)?,
+                    &sp,
+                    &pp,
+                    &n_ctx,
+                ],
+            )?;
         }
         // The grouped kernel (a block per token and KV head) where its
         // limits allow; the per-head one otherwise.
@@ -1708,10 +1715,7 @@ impl Device {
             return Ok(());
         }
         let n = out.len as i64;
-        let a = match act {
-            Act::Silu => 0i32,
-            Act::Gelu => 1,
-        };
+        let a = act.code();
         // The product feeds the down matvec next: quantize it here too.
         let wu = width as usize;
         let q8 = wu > 0 && self.wants_q8(out.len / wu, wu);

@@ -289,8 +289,15 @@ mod dispatch {
     }
 
     impl Cuda {
-        /// Every token's slot and position lies inside the KV cache.
-        fn check_slots(&self, kv: &Kv, batch: &Batch) -> Result<(), BackendError> {
+        /// Runs `f` with the cache and the batch's slots and positions on
+        /// the device (one upload: both must be resident at once), after
+        /// checking that every token's slot and position lies inside it.
+        fn with_slots<R>(
+            &self,
+            kv: &mut Kv,
+            batch: &Batch,
+            f: impl FnOnce(&mut Kv, IndexView<'_>, IndexView<'_>) -> Result<R, BackendError>,
+        ) -> Result<R, BackendError> {
             let n = batch.len();
             if batch.seq.len() != n || batch.pos.len() != n {
                 return Err(BackendError("batch columns of different lengths".into()));
@@ -305,7 +312,26 @@ mod dispatch {
                     )));
                 }
             }
-            Ok(())
+            let both: Vec<u32> = batch.seq.iter().chain(&batch.pos).copied().collect();
+            self.with_indices(&both, |d| {
+                let (seq, pos) = d
+                    .part(0, n)
+                    .zip(d.part(n, n))
+                    .ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
+                f(kv, seq, pos)
+            })
+        }
+    }
+
+    fn rope_shape(n_heads: usize, head_dim: usize, p: &RopeParams) -> RopeShape {
+        RopeShape {
+            n_heads,
+            head_dim,
+            n_rot: p.n_rot,
+            halves: p.style == RopeStyle::Halves,
+            base: p.base,
+            freq_scale: p.freq_scale,
+            attn_factor: p.attn_factor,
         }
     }
 
@@ -450,15 +476,7 @@ mod dispatch {
             factors: Option<&CudaWeight>,
         ) -> Result<(), BackendError> {
             let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
-            let r = RopeShape {
-                n_heads,
-                head_dim,
-                n_rot: p.n_rot,
-                halves: p.style == RopeStyle::Halves,
-                base: p.base,
-                freq_scale: p.freq_scale,
-                attn_factor: p.attn_factor,
-            };
+            let r = rope_shape(n_heads, head_dim, p);
             self.with_indices(positions, |d| self.dev.rope(x, d, &r, factors).map_err(be))
         }
 
@@ -474,15 +492,7 @@ mod dispatch {
             factors: Option<&CudaWeight>,
         ) -> Result<(), BackendError> {
             let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
-            let r = RopeShape {
-                n_heads: n_head,
-                head_dim,
-                n_rot: p.n_rot,
-                halves: p.style == RopeStyle::Halves,
-                base: p.base,
-                freq_scale: p.freq_scale,
-                attn_factor: p.attn_factor,
-            };
+            let r = rope_shape(n_head, head_dim, p);
             self.with_indices(positions, |d| {
                 self.dev
                     .rope_qk(q, k, n_head_kv, d, &r, factors)
@@ -501,17 +511,8 @@ mod dispatch {
             out: &mut Buf,
             p: &AttnParams,
         ) -> Result<(), BackendError> {
-            let n = batch.len();
-            self.check_slots(kv, batch)?;
             let a = attn_shape(p);
-            // Both index vectors must be resident at once: upload them as one.
-            let mut both = Vec::with_capacity(2 * n);
-            both.extend_from_slice(&batch.seq);
-            both.extend_from_slice(&batch.pos);
-            self.with_indices(&both, |d| {
-                let parts = d.part(0, n).zip(d.part(n, n));
-                let (seq, pos) = parts
-                    .ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
+            self.with_slots(kv, batch, |kv, seq, pos| {
                 self.dev
                     .attention(kv, layer, seq, pos, q, k, v, out, &a)
                     .map_err(be)
@@ -557,25 +558,10 @@ mod dispatch {
                 self.rope_qk(q, k, &batch.pos, p.n_head, p.n_head_kv, p.head_dim, rp, factors)?;
                 return self.attention(kv, layer, batch, q, k, v, out, p);
             }
-            let n = batch.len();
-            self.check_slots(kv, batch)?;
             let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
-            let r = RopeShape {
-                n_heads: p.n_head,
-                head_dim: p.head_dim,
-                n_rot: rp.n_rot,
-                halves: rp.style == RopeStyle::Halves,
-                base: rp.base,
-                freq_scale: rp.freq_scale,
-                attn_factor: rp.attn_factor,
-            };
+            let r = rope_shape(p.n_head, p.head_dim, rp);
             let a = attn_shape(p);
-            let both: Vec<u32> = batch.seq.iter().chain(&batch.pos).copied().collect();
-            self.with_indices(&both, |d| {
-                let (seq, pos) = d
-                    .part(0, n)
-                    .zip(d.part(n, n))
-                    .ok_or_else(|| BackendError("index upload shorter than the batch".into()))?;
+            self.with_slots(kv, batch, |kv, seq, pos| {
                 self.dev
                     .rope_attention(kv, layer, seq, pos, q, k, v, out, &a, &r, factors)
                     .map_err(be)
