@@ -267,15 +267,24 @@ __device__ __forceinline__ void deq_mxfp4(const u8* row, int u, int cols, float 
     deq_lut16(b + 1, d, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3, v);
 }
 
-// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
-__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block, from the
+// three words of its 12 packed scale bytes (bytes 4..15 of the block),
+// with shifts (no run-time index into a register array).
+__device__ __forceinline__ void scale_min_k4w(int j, u32 w0, u32 w1, u32 w2, int* sc, int* m) {
+    int sh = 8 * (j & 3);
+    u32 a = w0 >> sh, b = w1 >> sh, c = w2 >> sh;
     if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
+        *sc = a & 63;
+        *m = b & 63;
     } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        *sc = (c & 0xF) | (((a >> 6) & 3) << 4);
+        *m = ((c >> 4) & 0xF) | (((b >> 6) & 3) << 4);
     }
+}
+
+// The same from the 12 packed bytes at `q`.
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+    scale_min_k4w(j, ld32(q), ld32(q + 4), ld32(q + 8), sc, m);
 }
 
 __device__ __forceinline__ void deq_q4_k(const u8* row, int u, int cols, float v[32]) {
@@ -540,18 +549,8 @@ __device__ __forceinline__ Wq4_k ld_q4_k(const u8* row, int u, int cols) {
 }
 __device__ __forceinline__ float dot_q4_k(const Wq4_k& w, const int* qx, float dx, float sx) {
     float d = h2f((u16)w.h.x), dmin = h2f((u16)(w.h.x >> 16));
-    // scale_min_k4 on the head's words (bytes 4.., no run-time indexing
-    // of a register array).
-    int sh = 8 * (w.s & 3);
-    u32 a = w.h.y >> sh, b = w.h.z >> sh, c = w.h.w >> sh;
     int sc, m;
-    if (w.s < 4) {
-        sc = a & 63;
-        m = b & 63;
-    } else {
-        sc = (c & 0xF) | (((a >> 6) & 3) << 4);
-        m = ((c >> 4) & 0xF) | (((b >> 6) & 3) << 4);
-    }
+    scale_min_k4w(w.s, w.h.y, w.h.z, w.h.w, &sc, &m);
     u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.c.x, w.c.y, w.c.z, w.c.w};
     int shift = (w.s & 1) * 4;
     int acc = 0;
