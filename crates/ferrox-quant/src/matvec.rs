@@ -187,7 +187,7 @@ pub fn matmul_with(
     {
         return Ok(());
     }
-    let acts = Acts::new(isa, &p, kind, x, cols, n)?;
+    let acts = Acts::new(isa, &p, x, cols, n, dot4_of(kind, &p).is_some())?;
     let out = OutPtr(y.as_mut_ptr());
     let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || weights.len() > CACHE_BYTES;
     let per_task = rows_per_task(rows, threads);
@@ -244,7 +244,9 @@ pub fn matmul_many_with(isa: Isa, cols: usize, x: &[f32], n: usize, threads: usi
     if n == 0 {
         return Ok(());
     }
-    let acts = Acts::new(isa, &parts[0].0, parts[0].1, x, cols, n)?;
+    // One preparation serves every matrix with a four-row kernel.
+    let preps = parts.iter().any(|part| dot4_of(part.1, &part.0).is_some());
+    let acts = Acts::new(isa, &parts[0].0, x, cols, n, preps)?;
     // Tasks in matrix order: (part, first row).
     let tasks: Vec<(usize, usize)> = parts
         .iter()
@@ -260,6 +262,11 @@ pub fn matmul_many_with(isa: Isa, cols: usize, x: &[f32], n: usize, threads: usi
     Ok(())
 }
 
+/// The four-row kernel `kind` has at the level `p` runs, if any.
+fn dot4_of(kind: QuantKind, p: &Prepared) -> Option<cpu::Dot4Fn> {
+    cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa))
+}
+
 /// The `n` activation rows of a decode matvec, quantized once for a
 /// weight kind's dot (and, where the level has a four-row kernel, their
 /// [`cpu::ActPrep`]s), shared by every matrix that dots the same kind.
@@ -271,7 +278,9 @@ struct Acts {
 }
 
 impl Acts {
-    fn new(isa: Isa, p: &Prepared, kind: QuantKind, x: &[f32], cols: usize, n: usize) -> Result<Acts, CpuError> {
+    /// `preps`: prepare them too (some matrix dotted with these activations
+    /// has a four-row kernel).
+    fn new(isa: Isa, p: &Prepared, x: &[f32], cols: usize, n: usize, preps: bool) -> Result<Acts, CpuError> {
         let mut act = ActBuf::new(p.act_bytes * n);
         if cols > 0 {
             for (xr, ar) in x.chunks_exact(cols).zip(act.bytes_mut().chunks_exact_mut(p.act_bytes)) {
@@ -280,16 +289,16 @@ impl Acts {
         }
         // Four rows per call where the level has it (Q8_0 and Q8_K
         // activations): the preparation depends on the activation only.
-        let preps = match cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa)) {
-            Some(_) => act
-                .bytes()
+        let preps = if preps {
+            act.bytes()
                 .chunks_exact(p.act_bytes.max(1))
                 .map(|a| {
                     let mut prep = cpu::ActPrep::default();
                     prep.prepare(p.act, a).map(|()| prep)
                 })
-                .collect::<Result<_, _>>()?,
-            None => Vec::new(),
+                .collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
         };
         Ok(Acts { act, act_bytes: p.act_bytes, preps, n })
     }
@@ -304,7 +313,7 @@ impl Acts {
         let out = out;
         let act = self.act.bytes();
         let ab = self.act_bytes;
-        let dot4 = cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa)).filter(|_| !self.preps.is_empty());
+        let dot4 = dot4_of(kind, p).filter(|_| !self.preps.is_empty());
         let mut r_single = r0;
         if let Some(f) = dot4 {
             let r4 = r0 + (r1 - r0) / 4 * 4;
