@@ -275,6 +275,7 @@ struct Fns {
     rope_kv: CudaFunction,
     attention: CudaFunction,
     attention_gqa: CudaFunction,
+    attention_dec: CudaFunction,
     glu: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
@@ -337,6 +338,36 @@ pub struct Device {
     /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too, see
     /// benchmarks/cuda.md); smaller batches take the per-head kernel.
     gqa_min: usize,
+    /// Dynamic shared memory `attention_dec` may use (the device's opt-in
+    /// limit per block, set on the function at open).
+    dec_smem: usize,
+    /// Batches of at most this many tokens take `attention_dec`
+    /// (`FERROX_CUDA_DEC_MAX`, default 16; 0 turns it off).
+    dec_max: usize,
+    /// Measuring only: launches skipped (`FERROX_CUDA_SKIP`, a comma list
+    /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
+    /// time without them bounds what making them faster can give.
+    skip: Skip,
+}
+
+/// Launch kinds `FERROX_CUDA_SKIP` leaves out (see [`Device`]).
+#[derive(Default, Clone, Copy)]
+struct Skip {
+    norm: bool,
+    attn: bool,
+    rope: bool,
+}
+
+impl Skip {
+    fn from_env() -> Skip {
+        let v = std::env::var("FERROX_CUDA_SKIP").unwrap_or_default();
+        let has = |w: &str| v.split(',').any(|x| x.trim() == w);
+        Skip {
+            norm: has("norm"),
+            attn: has("attn"),
+            rope: has("rope"),
+        }
+    }
 }
 
 fn shape(op: &'static str, why: String) -> CudaError {
@@ -443,6 +474,7 @@ impl Device {
             rope_kv: f("rope_kv")?,
             attention: f("attention")?,
             attention_gqa: f("attention_gqa")?,
+            attention_dec: f("attention_dec")?,
             glu: f("glu")?,
             add: f("add")?,
             add_bias: f("add_bias")?,
@@ -450,6 +482,22 @@ impl Device {
             softcap: f("softcap")?,
             copy_cols: f("copy_cols")?,
         };
+        // Up to the device's opt-in shared memory for the staged decode
+        // attention (more than the default 48 KiB).
+        let dec_smem = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(drv("reading the shared memory limit"))?
+            .max(0) as usize;
+        // (Its static shared memory, a few floats, comes off the limit.)
+        let dec_smem = dec_smem.saturating_sub(1024);
+        fns.attention_dec
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dec_smem as i32,
+            )
+            .map_err(drv("raising attention_dec's shared memory"))?;
         // SAFETY: only tries to dlopen libcublas by its candidate names.
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
             Some(
@@ -478,6 +526,12 @@ impl Device {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1),
+            dec_smem,
+            dec_max: std::env::var("FERROX_CUDA_DEC_MAX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(16),
+            skip: Skip::from_env(),
         })
     }
 
@@ -1281,21 +1335,23 @@ impl Device {
         // The normed rows feed a decode matvec next: quantize them here too.
         let q8 = self.wants_q8(rows, w.len);
         let (qs, ds) = if q8 { self.q8_scratch(out.len)? } else { (0, 0) };
-        self.launch(
-            &self.fns.add_rms_norm,
-            cfg,
-            "add_rms_norm",
-            &[
-                &self.ptr(&x.s),
-                &bp,
-                &self.ptr(&w.s),
-                &self.ptr(&out.s),
-                &int("add_rms_norm", w.len)?,
-                &eps,
-                &qs,
-                &ds,
-            ],
-        )?;
+        if !self.skip.norm {
+            self.launch(
+                &self.fns.add_rms_norm,
+                cfg,
+                "add_rms_norm",
+                &[
+                    &self.ptr(&x.s),
+                    &bp,
+                    &self.ptr(&w.s),
+                    &self.ptr(&out.s),
+                    &int("add_rms_norm", w.len)?,
+                    &eps,
+                    &qs,
+                    &ds,
+                ],
+            )?;
+        }
         if q8 {
             self.set_q8_tag(Some(Q8Tag {
                 buf: out.id,
@@ -1549,32 +1605,34 @@ impl Device {
                 .max(n * vd);
             let mut cfg = grid(most, 256);
             cfg.grid_dim.1 = 3;
-            self.launch(
-                &self.fns.rope_kv,
-                cfg,
-                "rope_kv",
-                &[
-                    &self.ptr(&q.s),
-                    &self.ptr(&k.s),
-                    &self.ptr(&v.s),
-                    &sp,
-                    &pp,
-                    &int("rope_kv", n)?,
-                    &int("rope_kv", a.n_head)?,
-                    &int("rope_kv", a.n_head_kv)?,
-                    &int("rope_kv", hd)?,
-                    &int("rope_kv", r.n_rot)?,
-                    &i32::from(r.halves),
-                    &r.base,
-                    &r.freq_scale,
-                    &r.attn_factor,
-                    &factors.map_or(0u64, |f| self.ptr(&f.s)),
-                    &self.ptr(&kv.k[layer]),
-                    &self.ptr(&kv.v[layer]),
-                    &int("rope_kv", vd)?,
-                    &n_ctx,
-                ],
-            )?;
+            if !self.skip.rope {
+                self.launch(
+                    &self.fns.rope_kv,
+                    cfg,
+                    "rope_kv",
+                    &[
+                        &self.ptr(&q.s),
+                        &self.ptr(&k.s),
+                        &self.ptr(&v.s),
+                        &sp,
+                        &pp,
+                        &int("rope_kv", n)?,
+                        &int("rope_kv", a.n_head)?,
+                        &int("rope_kv", a.n_head_kv)?,
+                        &int("rope_kv", hd)?,
+                        &int("rope_kv", r.n_rot)?,
+                        &i32::from(r.halves),
+                        &r.base,
+                        &r.freq_scale,
+                        &r.attn_factor,
+                        &factors.map_or(0u64, |f| self.ptr(&f.s)),
+                        &self.ptr(&kv.k[layer]),
+                        &self.ptr(&kv.v[layer]),
+                        &int("rope_kv", vd)?,
+                        &n_ctx,
+                    ],
+                )?;
+            }
         } else {
             let cfg = LaunchConfig {
                 grid_dim: (kd.max(vd).div_ceil(128) as u32, n as u32, 2),
@@ -1609,7 +1667,18 @@ impl Device {
             && g * hdv <= 2048;
         // The grouped kernel's fast value path (`GA_FAST` in kernels.cu).
         let ga_fast = g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128;
-        let (f, blocks, threads, smem) = if gqa {
+        // Decode batches: the staged kernel (`attention_dec`), with the
+        // largest chunk of keys (128, 64 or 32) its shared memory allows.
+        let dec_chunk = if gqa && ga_fast && n <= self.dec_max {
+            [128usize, 64, 32]
+                .into_iter()
+                .find(|&c| dec_smem_bytes(c, g, hd, hdv) <= self.dec_smem)
+        } else {
+            None
+        };
+        let (f, blocks, threads, smem) = if let Some(c) = dec_chunk {
+            (&self.fns.attention_dec, n * a.n_head_kv, 256, dec_smem_bytes(c, g, hd, hdv))
+        } else if gqa {
             (
                 &self.fns.attention_gqa,
                 n * a.n_head_kv,
@@ -1630,29 +1699,40 @@ impl Device {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        self.launch(
-            f,
-            cfg,
-            "attention",
-            &[
-                &self.ptr(&q.s),
-                &self.ptr(&kv.k[layer]),
-                &self.ptr(&kv.v[layer]),
-                &self.ptr(&out.s),
-                &sp,
-                &pp,
-                &int("attention", a.n_head)?,
-                &int("attention", a.n_head_kv)?,
-                &int("attention", hd)?,
-                &int("attention", hdv)?,
-                &n_ctx,
-                &a.scale,
-                &a.softcap.unwrap_or(0.0),
-                &(a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32),
-                &qs,
-                &ds,
-            ],
-        )?;
+        let (qp, kp, vp, op) = (
+            self.ptr(&q.s),
+            self.ptr(&kv.k[layer]),
+            self.ptr(&kv.v[layer]),
+            self.ptr(&out.s),
+        );
+        let (nh, nkv) = (int("attention", a.n_head)?, int("attention", a.n_head_kv)?);
+        let (hd_, hdv_) = (int("attention", hd)?, int("attention", hdv)?);
+        let softcap = a.softcap.unwrap_or(0.0);
+        let window = a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32;
+        if self.skip.attn {
+            // (measuring only: see `Skip`)
+        } else if let Some(c) = dec_chunk {
+            let c = c as i32;
+            self.launch(
+                f,
+                cfg,
+                "attention",
+                &[
+                    &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
+                    &softcap, &window, &c, &qs, &ds,
+                ],
+            )?;
+        } else {
+            self.launch(
+                f,
+                cfg,
+                "attention",
+                &[
+                    &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
+                    &softcap, &window, &qs, &ds,
+                ],
+            )?;
+        }
         if q8 {
             self.set_q8_tag(Some(Q8Tag {
                 buf: out.id,
@@ -1979,6 +2059,9 @@ unsafe impl cudarc::driver::DeviceRepr for MmvqMats {}
 /// blocks' scales, padded to 16 bytes. `None` for kinds kept as in the file.
 /// The kernels' `deq_`/`dot_` functions read this layout (`kernels.cu`).
 fn repack(kind: QuantKind, bytes: &[u8], rows: usize, row_bytes: usize) -> Option<(Vec<u8>, usize)> {
+    if kind == QuantKind::Q4K {
+        return Some((repack_q4_k(bytes, row_bytes), row_bytes));
+    }
     let (block, scale_at) = match kind {
         QuantKind::Q4_0 => (18, 0),
         QuantKind::Q8_0 => (34, 0),
@@ -1998,6 +2081,39 @@ fn repack(kind: QuantKind, bytes: &[u8], rows: usize, row_bytes: usize) -> Optio
         }
     }
     Some((out, rb))
+}
+
+/// The device layout of Q4_K (`deq_q4_k` in `kernels.cu`), the same size
+/// as the file's: per row, each 32-element unit's 16 quant bytes (byte j:
+/// element j in the low nibble, element j + 16 in the high, as Q4_0), then
+/// each block's 16-byte head (d, dmin, 12 bytes of scales and mins). In the
+/// file a block is the head and 128 quant bytes in which byte l of group g
+/// holds element l of sub-block 2g (low nibble) and of 2g + 1 (high).
+fn repack_q4_k(bytes: &[u8], row_bytes: usize) -> Vec<u8> {
+    let nb = row_bytes / 144;
+    let mut out = vec![0u8; bytes.len()];
+    for (src, dst) in bytes.chunks_exact(row_bytes).zip(out.chunks_exact_mut(row_bytes)) {
+        let (quants, heads) = dst.split_at_mut(nb * 128);
+        for (b, blk) in src.chunks_exact(144).enumerate() {
+            heads[16 * b..][..16].copy_from_slice(&blk[..16]);
+            for s in 0..8 {
+                let group = &blk[16 + 32 * (s / 2)..][..32];
+                let shift = 4 * (s % 2);
+                let nib = |l: usize| (group[l] >> shift) & 0xF;
+                let unit = &mut quants[(8 * b + s) * 16..][..16];
+                for (j, o) in unit.iter_mut().enumerate() {
+                    *o = nib(j) | (nib(j + 16) << 4);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Dynamic shared memory of `attention_dec` for `chunk` keys a stage
+/// (its layout comment in `kernels.cu`).
+fn dec_smem_bytes(chunk: usize, g: usize, hd: usize, hdv: usize) -> usize {
+    2 * chunk * (hd + 8 + hdv) * 2 + (g * hd + g * chunk + 8 * g * hdv) * 4
 }
 
 /// Lanes of a 256-thread block that share one row of the matvec kernels
@@ -2067,4 +2183,48 @@ fn rope_check(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Q4_K device layout holds each element's nibble where
+    /// `deq_q4_k`/`ld_q4_k` read it: with d = 1, dmin = 0 and every scale 1
+    /// a weight is its nibble, so element 32u + j of the file's row must be
+    /// the low (j < 16) or high nibble of byte j % 16 of unit u; the heads
+    /// follow the quants unchanged.
+    #[test]
+    fn q4_k_repack_puts_each_nibble_where_the_kernels_read_it() {
+        let (rows, nb) = (3usize, 2usize);
+        let row_bytes = nb * 144;
+        let mut state = 0x9e3779b97f4a7c15u64;
+        let mut bytes: Vec<u8> = (0..rows * row_bytes)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        for blk in bytes.chunks_exact_mut(144) {
+            blk[..4].copy_from_slice(&[0x00, 0x3c, 0x00, 0x00]); // d = 1.0, dmin = 0
+            blk[4..16].copy_from_slice(&[1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);
+        }
+        let want = ferrox_quant::dequantize_to_vec(QuantKind::Q4K, &bytes, rows * nb * 256).unwrap();
+        let (packed, rb) = repack(QuantKind::Q4K, &bytes, rows, row_bytes).unwrap();
+        assert_eq!(rb, row_bytes);
+        for r in 0..rows {
+            let (src, row) = (&bytes[r * rb..][..rb], &packed[r * rb..][..rb]);
+            for i in 0..nb * 256 {
+                let (u, j) = (i / 32, i % 32);
+                let byte = row[u * 16 + j % 16];
+                let nib = if j < 16 { byte & 0xF } else { byte >> 4 };
+                assert_eq!(f32::from(nib), want[r * nb * 256 + i], "row {r} element {i}");
+            }
+            for b in 0..nb {
+                assert_eq!(row[nb * 128 + 16 * b..][..16], src[144 * b..][..16], "row {r} head {b}");
+            }
+        }
+    }
 }

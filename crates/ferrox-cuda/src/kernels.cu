@@ -10,8 +10,8 @@
 // Q4_0, Q8_0 and Q6_K rows are stored repacked on the device (`upload_matrix`
 // in device.rs): each block without its f16 scale, block after block (so the
 // quants of a block start 16-byte aligned and load as uint4), then the
-// blocks' scales, then padding to a multiple of 16 bytes. The other kinds
-// keep the GGUF block layout.
+// blocks' scales, then padding to a multiple of 16 bytes. Q4_K rows are
+// repacked too (see `deq_q4_k`). The other kinds keep the GGUF block layout.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -287,17 +287,23 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
     scale_min_k4w(j, ld32(q), ld32(q + 4), ld32(q + 8), sc, m);
 }
 
+// Q4_K repacked (`repack` in device.rs): per row, every 32-element unit's
+// 16 quant bytes (byte j: element j in the low nibble, j + 16 in the high,
+// as Q4_0), then every block's 16-byte head (d, dmin, the 12 bytes of
+// 6-bit scales and mins) — the same 144 bytes a block.
 __device__ __forceinline__ void deq_q4_k(const u8* row, int u, int cols, float v[32]) {
-    const u8* b = row + (u >> 3) * 144;
+    const u8* h = row + (cols >> 8) * 128 + (u >> 3) * 16;
     int s = u & 7;
-    float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+    float d = h2f(ld16(h)), dmin = h2f(ld16(h + 2));
     int sc, m;
-    scale_min_k4(s, b + 4, &sc, &m);
+    scale_min_k4(s, h + 4, &sc, &m);
     float d1 = d * sc, m1 = dmin * m;
-    const u8* q = b + 16 + (s >> 1) * 32;
-    int shift = (s & 1) * 4;
+    const u8* q = row + u * 16;
 #pragma unroll
-    for (int l = 0; l < 32; l++) v[l] = d1 * ((q[l] >> shift) & 0xF) - m1;
+    for (int j = 0; j < 16; j++) {
+        v[j] = d1 * (q[j] & 0xF) - m1;
+        v[j + 16] = d1 * (q[j] >> 4) - m1;
+    }
 }
 
 __device__ __forceinline__ void deq_q5_k(const u8* row, int u, int cols, float v[32]) {
@@ -538,24 +544,23 @@ __device__ __forceinline__ float dot_q8_0(const Wq8_0& w, const int* qx, float d
     return h2f(w.d) * dx * (float)acc;
 }
 
-// Q4_K keeps the GGUF layout (144-byte blocks, 16-byte aligned): the
-// block's 16-byte head (d, dmin, the 12 bytes of 6-bit scales and mins)
-// and the 32 quant bytes the unit's nibbles live in.
-struct Wq4_k { uint4 h, a, c; int s; };
+// Q4_K repacked (see `deq_q4_k`): the unit's 16 quant bytes and its
+// block's 16-byte head (shared by the block's 8 units, so mostly an L1 hit).
+struct Wq4_k { uint4 q, h; int s; };
 __device__ __forceinline__ Wq4_k ld_q4_k(const u8* row, int u, int cols) {
-    const u8* b = row + (u >> 3) * 144;
-    int s = u & 7;
-    return Wq4_k{ldg4(b), ldg4(b + 16 + (s >> 1) * 32), ldg4(b + 32 + (s >> 1) * 32), s};
+    return Wq4_k{ldg4(row + u * 16), ldg4(row + (cols >> 8) * 128 + (u >> 3) * 16), u & 7};
 }
 __device__ __forceinline__ float dot_q4_k(const Wq4_k& w, const int* qx, float dx, float sx) {
     float d = h2f((u16)w.h.x), dmin = h2f((u16)(w.h.x >> 16));
     int sc, m;
     scale_min_k4w(w.s, w.h.y, w.h.z, w.h.w, &sc, &m);
-    u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.c.x, w.c.y, w.c.z, w.c.w};
-    int shift = (w.s & 1) * 4;
+    u32 q[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
     int acc = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) acc = __dp4a((int)((q[j] >> shift) & 0x0F0F0F0Fu), qx[j], acc);
+    for (int j = 0; j < 4; j++) {
+        acc = __dp4a((int)(q[j] & 0x0F0F0F0Fu), qx[j], acc);
+        acc = __dp4a((int)((q[j] >> 4) & 0x0F0F0F0Fu), qx[j + 4], acc);
+    }
     return d * sc * dx * (float)acc - dmin * m * sx;
 }
 
@@ -1316,6 +1321,185 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
             int g = idx / hdv, dd = idx - g * hdv;
             out[((size_t)t * n_head + (size_t)kvh * G + g) * hdv + dd] = acc[k] / sm_l[g];
         }
+    }
+}
+
+// 16 bytes global -> shared without passing through registers (cp.async,
+// sm_80+), in flight until `cp_async_wait`.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    u32 s;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most one committed group is still in flight.
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Attention for decode batches (a few tokens, each its own block per KV
+// head): the work is tiny, so the cost is the chain of memory round trips
+// and barriers, not bandwidth. A chunk of `chunk` keys is staged in shared
+// memory with every K and V load of the chunk issued at once (cp.async),
+// the next chunk's loads issued before this chunk is computed (two stages).
+// Then, all from shared memory: scores a thread per key (rows padded by 16
+// bytes so the threads' 16-byte reads do not collide in banks), softmax a
+// warp per head, values a warp per key with a lane per value dim (as
+// `attention_gqa`'s fast path), and the q8 copy of the output for the
+// output projection. Same limits as that fast path: group <= 8,
+// head_dim % 8 == 0, head_dim_v % 32 == 0, head_dim_v <= 128,
+// group * head_dim_v <= 512; chunk <= 256. The host sizes the dynamic
+// shared memory: 2 * chunk * (head_dim + 8 + head_dim_v) halves, then
+// G * head_dim + G * chunk + 8 * G * head_dim_v floats.
+extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
+    const float* q, const u16* kc, const u16* vc, float* out, const u32* seq, const u32* pos,
+    int n_head, int n_head_kv, int hd, int hdv, int n_ctx, float scale, float softcap, int window,
+    int chunk, i8* qs, float2* ds) {
+    extern __shared__ uint4 dsm4[];
+    __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
+    int G = n_head / n_head_kv;
+    int kst = hd + 8;                       // halves per staged key row
+    u16* ks = (u16*)dsm4;                   // [2][chunk][kst]
+    u16* vs = ks + 2 * chunk * kst;         // [2][chunk][hdv]
+    float* sq = (float*)(vs + 2 * chunk * hdv);  // [G][hd]
+    float* sp = sq + G * hd;                // [G][chunk]
+    float* part = sp + G * chunk;           // [8 warps][G][hdv]
+    int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    PDL_ENTER();
+    int s = seq[t], p = pos[t];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
+    const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;
+    const u16* vb = vc + (size_t)s * n_ctx * vd + (size_t)kvh * hdv;
+    int k16 = hd >> 3, v16 = hdv >> 3;  // 16-byte pieces a key / value row
+    // Issue the loads of the chunk starting at key c0 into stage st (a
+    // committed group, empty past the last key).
+    auto stage = [&](int c0, int st) {
+        int nc = min(chunk, p + 1 - c0);
+        u16* kd_ = ks + st * chunk * kst;
+        u16* vd_ = vs + st * chunk * hdv;
+        for (int i = tid; i < nc * k16; i += GA_THREADS) {
+            int j = i / k16, e = i - j * k16;
+            cp_async16(kd_ + j * kst + e * 8, kb + (size_t)(c0 + j) * kd + e * 8);
+        }
+        for (int i = tid; i < nc * v16; i += GA_THREADS) {
+            int j = i / v16, e = i - j * v16;
+            cp_async16(vd_ + j * hdv + e * 8, vb + (size_t)(c0 + j) * vd + e * 8);
+        }
+        cp_async_commit();
+    };
+    stage(lo, 0);
+    if (lo + chunk <= p) stage(lo + chunk, 1);
+    else cp_async_commit();
+    const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * hd;
+    for (int i = tid; i < G * hd; i += GA_THREADS) sq[i] = qh[i];
+    if (tid < G) {
+        sm_m[tid] = -INF_F;
+        sm_l[tid] = 0.0f;
+    }
+    int nd = hdv >> 5;  // value dims a lane takes per head, <= 4
+    float acc[GA_MAXG * 4];  // acc[g * 4 + i]: head g, value dim i * 32 + lane
+#pragma unroll
+    for (int k = 0; k < GA_MAXG * 4; k++) acc[k] = 0.0f;
+    for (int c0 = lo, st = 0; c0 <= p; c0 += chunk, st ^= 1) {
+        int nc = min(chunk, p + 1 - c0);
+        cp_async_wait1();
+        __syncthreads();
+        if (tid < nc) {
+            const uint4* kr = (const uint4*)(ks + (st * chunk + tid) * kst);
+            float d[GA_MAXG];
+#pragma unroll
+            for (int g = 0; g < GA_MAXG; g++) d[g] = 0.0f;
+#pragma unroll 4
+            for (int i = 0; i < hd; i += 8) {
+                uint4 kk = kr[i >> 3];
+                float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
+                               h2f((u16)kk.z), h2f((u16)(kk.z >> 16)), h2f((u16)kk.w), h2f((u16)(kk.w >> 16))};
+#pragma unroll
+                for (int g = 0; g < GA_MAXG; g++) {
+                    if (g < G) {
+                        const float* qg = sq + g * hd + i;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) d[g] += qg[e] * k8[e];
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < GA_MAXG; g++) {
+                if (g < G) {
+                    float sc = d[g] * scale;
+                    if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+                    sp[g * chunk + tid] = sc;
+                }
+            }
+        }
+        __syncthreads();
+        if (warp < G) {
+            float* pg = sp + warp * chunk;
+            float cm = -INF_F;
+            for (int j = lane; j < nc; j += 32) cm = fmaxf(cm, pg[j]);
+            cm = warp_max(cm);
+            float mo = sm_m[warp];
+            float mn = fmaxf(mo, cm);
+            float cs = 0.0f;
+            for (int j = lane; j < nc; j += 32) {
+                float e = expf(pg[j] - mn);
+                pg[j] = e;
+                cs += e;
+            }
+            cs = warp_sum(cs);
+            if (lane == 0) {
+                float corr = expf(mo - mn);
+                sm_corr[warp] = corr;
+                sm_l[warp] = sm_l[warp] * corr + cs;
+                sm_m[warp] = mn;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < GA_MAXG; g++) {
+            if (g < G) {
+                float corr = sm_corr[g];
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[g * 4 + i] *= corr;
+            }
+        }
+        const u16* vst = vs + st * chunk * hdv + lane;
+#pragma unroll 2
+        for (int j = warp; j < nc; j += GA_THREADS / 32) {
+            float vv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) vv[i] = i < nd ? h2f(vst[j * hdv + i * 32]) : 0.0f;
+#pragma unroll
+            for (int g = 0; g < GA_MAXG; g++) {
+                if (g < G) {
+                    float pj = sp[g * chunk + j];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[g * 4 + i] += pj * vv[i];
+                }
+            }
+        }
+        __syncthreads();  // stage st and the scores are free again
+        if (c0 + 2 * chunk <= p) stage(c0 + 2 * chunk, st);
+        else cp_async_commit();
+    }
+#pragma unroll
+    for (int g = 0; g < GA_MAXG; g++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (g < G && i < nd) part[(warp * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
+    }
+    __syncthreads();
+    // G * hdv % 32 == 0: whole warps stay in the loop, a warp's 32 outputs
+    // are one unit of the q8 copy.
+    for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
+        int g = idx / hdv;
+        long long o = ((long long)t * n_head + (long long)kvh * G) * hdv + idx;
+        float v = a / sm_l[g];
+        out[o] = v;
+        if (qs) quant_lane(v, o, qs, ds);
     }
 }
 

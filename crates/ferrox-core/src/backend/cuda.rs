@@ -1234,9 +1234,13 @@ mod tests {
         let mut r = rng();
         let mut q8_checked = 0;
         // 36: a head size the grouped kernel does not take (the per-head
-        // kernel runs); the others run the grouped one.
+        // kernel runs); the others run the grouped one. Decode batches of
+        // 64 and 128 take the staged decode kernel (`attention_dec`): the
+        // 601-key step crosses its 128-key chunks, the window starts one
+        // mid-chunk.
         for (hd, window, softcap) in [
             (64, None, None),
+            (128, Some(300), Some(30.0)),
             (256, Some(5u32), Some(50.0f32)),
             (40, Some(300), None),
             (36, Some(300), Some(30.0)),
