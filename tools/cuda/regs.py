@@ -48,7 +48,7 @@ def sections(elf):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    src = open(os.path.join(here, "..", "..", "crates", "ferrox-cuda", "src", "kernels.cu")).read()
+    src = open(os.environ.get("KERNELS") or os.path.join(here, "..", "..", "crates", "ferrox-cuda", "src", "kernels.cu")).read()
     elf = cubin(src)
     if os.environ.get("CUBIN"):
         open(os.environ["CUBIN"], "wb").write(elf)

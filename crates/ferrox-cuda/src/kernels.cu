@@ -745,8 +745,14 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 // rows % 32 == 0). `act`: 0 SiLU, 1 GELU (tanh form), as `glu`. The
 // output q8 buffer is not the input's (two scratch slots).
 #define GLU_LPR 8
-#define DEFINE_MMVQ_GLU(NAME)                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) mmvq_glu_##NAME(                           \
+// Occupancy: unbounded, the Q4_K kernel takes 130 registers (one block an
+// SM); bounded to two blocks an SM it takes 120 without spilling. (A
+// minimum of one block is not the same as none: the compiler then takes
+// up to 163 registers for the other kinds.)
+#define GLU_BOUNDS_1 __launch_bounds__(256)
+#define GLU_BOUNDS_2 __launch_bounds__(256, 2)
+#define DEFINE_MMVQ_GLU(NAME, MINB)                                                                    \
+    extern "C" __global__ void GLU_BOUNDS_##MINB mmvq_glu_##NAME(                           \
         const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,      \
         const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols, int act,           \
         float* __restrict__ h, i8* __restrict__ hq, float2* __restrict__ hds) {                   \
@@ -797,11 +803,11 @@ __device__ __forceinline__ float gelu_tanh(float x) {
             quant_lane(hv[threadIdx.x], (long long)t * rows + blockIdx.x * 32 + threadIdx.x, hq, hds); \
     }
 
-DEFINE_MMVQ_GLU(q4_0)
-DEFINE_MMVQ_GLU(q5_0)
-DEFINE_MMVQ_GLU(q8_0)
-DEFINE_MMVQ_GLU(q4_k)
-DEFINE_MMVQ_GLU(q6_k)
+DEFINE_MMVQ_GLU(q4_0, 1)
+DEFINE_MMVQ_GLU(q5_0, 1)
+DEFINE_MMVQ_GLU(q8_0, 1)
+DEFINE_MMVQ_GLU(q4_k, 2)
+DEFINE_MMVQ_GLU(q6_k, 1)
 
 
 __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
