@@ -285,7 +285,7 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
                 let id = ids.first().copied();
                 next = Some(id.ok_or_else(|| ModelError::Batch("the decode step returned no token".into()))?);
             } else {
-                logits = self.model.forward(&mut self.ctx, &b)?;
+                self.model.forward_into(&mut self.ctx, &b, &mut logits)?;
             }
             self.history.push(id);
         };

@@ -449,12 +449,24 @@ impl<B: DeviceBackend> Model<B> {
     /// slot, and returns the logits of the tokens flagged in `batch.logits`,
     /// in batch order (`n_flagged x n_vocab`).
     pub fn forward(&self, ctx: &mut Context<B>, batch: &Batch) -> Result<Vec<f32>, ModelError> {
-        let out = self.forward_with(ctx, batch, |be, logits, rows| {
-            let mut host = vec![0.0f32; rows * self.n_vocab];
-            be.read(logits, &mut host)?;
-            Ok(host)
+        let mut out = Vec::new();
+        self.forward_into(ctx, batch, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`Model::forward`], into `out` (resized to `n_flagged x n_vocab`):
+    /// a caller that decodes token after token keeps one buffer instead of
+    /// allocating (and faulting in) a fresh vocabulary-wide one each step.
+    pub fn forward_into(&self, ctx: &mut Context<B>, batch: &Batch, out: &mut Vec<f32>) -> Result<(), ModelError> {
+        let rows = self.forward_with(ctx, batch, |be, logits, rows| {
+            out.resize(rows * self.n_vocab, 0.0);
+            be.read(logits, out)?;
+            Ok(rows)
         })?;
-        Ok(out.unwrap_or_default())
+        if rows.is_none() {
+            out.clear();
+        }
+        Ok(())
     }
 
     /// As [`Model::forward`], but returns only the greedy choice (the argmax
