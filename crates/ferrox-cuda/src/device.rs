@@ -204,6 +204,9 @@ pub struct AttnShape {
     pub softcap: Option<f32>,
     /// Sliding window.
     pub window: Option<u32>,
+    /// Every token of the call is in one cache slot (the tensor-core
+    /// prefill kernel shares each staged key tile among a block's queries).
+    pub one_slot: bool,
 }
 
 /// How one RoPE call is shaped (see `ferrox_core::backend::RopeParams`).
@@ -276,6 +279,7 @@ struct Fns {
     attention: CudaFunction,
     attention_gqa: CudaFunction,
     attention_dec: CudaFunction,
+    attention_mma: CudaFunction,
     glu: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
@@ -344,6 +348,9 @@ pub struct Device {
     /// Batches of at most this many tokens take `attention_dec`
     /// (`FERROX_CUDA_DEC_MAX`, default 16; 0 turns it off).
     dec_max: usize,
+    /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
+    /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
+    mma_attn: bool,
     /// Measuring only: launches skipped (`FERROX_CUDA_SKIP`, a comma list
     /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
     /// time without them bounds what making them faster can give.
@@ -475,6 +482,7 @@ impl Device {
             attention: f("attention")?,
             attention_gqa: f("attention_gqa")?,
             attention_dec: f("attention_dec")?,
+            attention_mma: f("attention_mma")?,
             glu: f("glu")?,
             add: f("add")?,
             add_bias: f("add_bias")?,
@@ -532,6 +540,7 @@ impl Device {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(16),
             skip: Skip::from_env(),
+            mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
         })
     }
 
@@ -1676,7 +1685,18 @@ impl Device {
         } else {
             None
         };
-        let (f, blocks, threads, smem) = if let Some(c) = dec_chunk {
+        // Prefill batches of one slot: the tensor-core kernel.
+        let mma = dec_chunk.is_none()
+            && self.mma_attn
+            && a.one_slot
+            && n > self.dec_max.max(16)
+            && hd.is_multiple_of(16)
+            && hd <= 128
+            && hdv.is_multiple_of(8)
+            && hdv <= 128;
+        let (f, blocks, threads, smem) = if mma {
+            (&self.fns.attention_mma, n.div_ceil(64), 128, (64 * (hd + 8) + hdv * (64 + 8)) * 2)
+        } else if let Some(c) = dec_chunk {
             (&self.fns.attention_dec, n * a.n_head_kv, 256, dec_smem_bytes(c, g, hd, hdv))
         } else if gqa {
             (
@@ -1692,10 +1712,11 @@ impl Device {
         };
         // The grouped kernel's fast value path also quantizes its output
         // into the q8 scratch for the output projection (decode).
-        let q8 = gqa && ga_fast && self.wants_q8(n, a.n_head * hdv);
+        let q8 = !mma && gqa && ga_fast && self.wants_q8(n, a.n_head * hdv);
         let (qs, ds) = if q8 { self.q8_scratch(n * a.n_head * hdv)? } else { (0, 0) };
         let cfg = LaunchConfig {
-            grid_dim: (int("attention", blocks)? as u32, 1, 1),
+            // (the tensor-core kernel: a block per 64 queries and head)
+            grid_dim: (int("attention", blocks)? as u32, if mma { a.n_head as u32 } else { 1 }, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
@@ -1711,6 +1732,17 @@ impl Device {
         let window = a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32;
         if self.skip.attn {
             // (measuring only: see `Skip`)
+        } else if mma {
+            let nt = int("attention", n)?;
+            self.launch(
+                f,
+                cfg,
+                "attention",
+                &[
+                    &qp, &kp, &vp, &op, &sp, &pp, &nt, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
+                    &softcap, &window,
+                ],
+            )?;
         } else if let Some(c) = dec_chunk {
             let c = c as i32;
             self.launch(

@@ -1332,14 +1332,27 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
 
 // 16 bytes global -> shared without passing through registers (cp.async,
 // sm_80+), in flight until `cp_async_wait`.
+// (Before sm_80: a plain copy through registers, complete at once.)
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     u32 s;
     asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *(uint4*)smem = *(const uint4*)gmem;
+#endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
 // Waits until at most one committed group is still in flight.
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait1() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
 
 // Attention for decode batches (a few tokens, each its own block per KV
 // head): the work is tiny, so the cost is the chain of memory round trips
@@ -1507,6 +1520,219 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         out[o] = v;
         if (qs) quant_lane(v, o, qs, ds);
     }
+}
+
+// ---- prefill attention on the tensor cores (mma.sync, sm_80+).
+
+// Two floats as an f16x2 register (`lo` in the low half).
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("{ .reg .f16 a, b; cvt.rn.f16.f32 a, %1; cvt.rn.f16.f32 b, %2; mov.b32 %0, {a, b}; }"
+        : "=r"(r) : "f"(lo), "f"(hi));
+    return r;
+}
+
+// c += a * b for one 16x8x16 tile: a the row-major 16x16 f16 fragment
+// (a[0]: row g, cols 2t..2t+1; a[1]: row g+8; a[2]/a[3]: cols + 8), b the
+// 16x8 f16 fragment (b0: rows 2t..2t+1 of col g; b1: rows + 8), c the f32
+// 16x8 (c[0..1]: row g, cols 2t..2t+1; c[2..3]: row g+8), with g = lane / 4
+// and t = lane % 4.
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ u32 lds32(const u16* p) { return *(const u32*)p; }
+
+// Causal attention for a prefill batch whose tokens are all in one slot
+// (the host checks), flash-attention style on the tensor cores: a block
+// takes 64 queries of one head (a warp 16), walks the keys from the
+// block's lowest window start to its highest position in tiles of 64,
+// staged in shared memory as f16 (keys row-major, values transposed, rows
+// padded by 16 bytes so the fragment reads do not collide in banks). Per
+// tile a warp computes S = Q K^T (queries as f16 fragments kept in
+// registers), scales, softcaps and masks it, keeps the online softmax
+// (row max over the quad, lane-partial sums added at the end) and adds
+// P V with P taken straight from S's accumulators. head_dim % 16 == 0,
+// head_dim_v % 8 == 0, both <= 128 (the host checks).
+#define FA_Q 64
+#define FA_KT 64
+#define FA_MAXD 128
+extern "C" __global__ void __launch_bounds__(128) attention_mma(
+    const float* q, const u16* kc, const u16* vc, float* out, const u32* seq, const u32* pos,
+    int n_tok, int n_head, int n_head_kv, int hd, int hdv, int n_ctx, float scale, float softcap,
+    int window) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ uint4 fsm4[];
+    __shared__ int s_lo, s_hi;
+    int kst = hd + 8, vst = FA_KT + 8;  // halves per staged key row / value dim
+    u16* ks = (u16*)fsm4;               // [FA_KT][kst]
+    u16* vt = ks + FA_KT * kst;         // [hdv][vst]
+    int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    int q0 = blockIdx.x * FA_Q;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, tq = lane & 3;
+    if (tid == 0) {
+        s_lo = 0x7fffffff;
+        s_hi = -1;
+    }
+    PDL_ENTER();
+    int s = seq[q0];
+    __syncthreads();
+    if (tid < FA_Q && q0 + tid < n_tok) {
+        int p = pos[q0 + tid];
+        atomicMin(&s_lo, window > 0 ? max(0, p + 1 - window) : 0);
+        atomicMax(&s_hi, p);
+    }
+    // This lane's two query rows (-1: a row past the batch, no keys).
+    int ra = q0 + warp * 16 + g, rb = ra + 8;
+    int pa = ra < n_tok ? (int)pos[ra] : -1, pb = rb < n_tok ? (int)pos[rb] : -1;
+    int la = window > 0 ? pa + 1 - window : 0, lb = window > 0 ? pb + 1 - window : 0;
+    int whi = max(pa, pb), wlo = min(pa >= 0 ? la : 0x7fffffff, pb >= 0 ? lb : 0x7fffffff);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+    }
+    int nkk = hd >> 4, ndt = hdv >> 3;
+    u32 qa[FA_MAXD / 16][4];
+    const float* qra = q + ((size_t)ra * n_head + h) * hd;
+    const float* qrb = q + ((size_t)rb * n_head + h) * hd;
+#pragma unroll
+    for (int kk = 0; kk < FA_MAXD / 16; kk++) {
+        if (kk < nkk) {
+            int c = kk * 16 + 2 * tq;
+            float2 x0 = pa >= 0 ? *(const float2*)(qra + c) : make_float2(0.f, 0.f);
+            float2 x1 = pb >= 0 ? *(const float2*)(qrb + c) : make_float2(0.f, 0.f);
+            float2 x2 = pa >= 0 ? *(const float2*)(qra + c + 8) : make_float2(0.f, 0.f);
+            float2 x3 = pb >= 0 ? *(const float2*)(qrb + c + 8) : make_float2(0.f, 0.f);
+            qa[kk][0] = pack_h2(x0.x, x0.y);
+            qa[kk][1] = pack_h2(x1.x, x1.y);
+            qa[kk][2] = pack_h2(x2.x, x2.y);
+            qa[kk][3] = pack_h2(x3.x, x3.y);
+        }
+    }
+    float oacc[FA_MAXD / 8][4];
+#pragma unroll
+    for (int d = 0; d < FA_MAXD / 8; d++) oacc[d][0] = oacc[d][1] = oacc[d][2] = oacc[d][3] = 0.0f;
+    float ma = -INF_F, mb = -INF_F, lsa = 0.0f, lsb = 0.0f;
+    __syncthreads();
+    int klo = s_lo, khi = s_hi;
+    size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
+    const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;
+    const u16* vb = vc + (size_t)s * n_ctx * vd + (size_t)kvh * hdv;
+    for (int kt = klo; kt <= khi; kt += FA_KT) {
+        int nk = min(FA_KT, khi + 1 - kt);
+        __syncthreads();  // the previous tile is consumed
+        // Stage the tile: a thread per (key, 16-byte piece), keys fastest;
+        // keys past the range are zeros (so 0 * value stays 0).
+        for (int i = tid; i < FA_KT * (hd >> 3); i += 128) {
+            int j = i & (FA_KT - 1), e = i / FA_KT;
+            uint4 v = j < nk ? *(const uint4*)(kb + (size_t)(kt + j) * kd + e * 8) : make_uint4(0, 0, 0, 0);
+            *(uint4*)(ks + j * kst + e * 8) = v;
+        }
+        for (int i = tid; i < FA_KT * (hdv >> 3); i += 128) {
+            int j = i & (FA_KT - 1), e = i / FA_KT;
+            uint4 v = j < nk ? *(const uint4*)(vb + (size_t)(kt + j) * vd + e * 8) : make_uint4(0, 0, 0, 0);
+            u16* col = vt + (e * 8) * vst + j;
+            col[0] = (u16)v.x; col[vst] = (u16)(v.x >> 16);
+            col[2 * vst] = (u16)v.y; col[3 * vst] = (u16)(v.y >> 16);
+            col[4 * vst] = (u16)v.z; col[5 * vst] = (u16)(v.z >> 16);
+            col[6 * vst] = (u16)v.w; col[7 * vst] = (u16)(v.w >> 16);
+        }
+        __syncthreads();
+        if (kt > whi || kt + nk - 1 < wlo) continue;  // no key of this tile for this warp
+        float sc[FA_KT / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_KT / 8; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const u16* kr = ks + (nt * 8 + g) * kst + 2 * tq;
+#pragma unroll
+            for (int kk = 0; kk < FA_MAXD / 16; kk++)
+                if (kk < nkk) mma16816(sc[nt], qa[kk], lds32(kr + kk * 16), lds32(kr + kk * 16 + 8));
+        }
+        // Scale, softcap, mask; the rows' new maxima.
+        float mxa = -INF_F, mxb = -INF_F;
+#pragma unroll
+        for (int nt = 0; nt < FA_KT / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = kt + nt * 8 + 2 * tq + (e & 1);
+                int p = e < 2 ? pa : pb, lo = e < 2 ? la : lb;
+                float v = sc[nt][e] * scale;
+                if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+                if (j > p || j < lo) v = -INF_F;
+                sc[nt][e] = v;
+                if (e < 2) mxa = fmaxf(mxa, v);
+                else mxb = fmaxf(mxb, v);
+            }
+        }
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, o));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, o));
+        }
+        float mna = fmaxf(ma, mxa), mnb = fmaxf(mb, mxb);
+        // (A row with no key yet keeps -inf: nothing to rescale, p = 0.)
+        float ca = mna == -INF_F ? 1.0f : expf(ma - mna), cb = mnb == -INF_F ? 1.0f : expf(mb - mnb);
+        ma = mna;
+        mb = mnb;
+        lsa *= ca;
+        lsb *= cb;
+#pragma unroll
+        for (int d = 0; d < FA_MAXD / 8; d++) {
+            oacc[d][0] *= ca;
+            oacc[d][1] *= ca;
+            oacc[d][2] *= cb;
+            oacc[d][3] *= cb;
+        }
+#pragma unroll
+        for (int nt = 0; nt < FA_KT / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float m = e < 2 ? mna : mnb;
+                float pe = sc[nt][e] == -INF_F ? 0.0f : expf(sc[nt][e] - m);
+                sc[nt][e] = pe;
+                if (e < 2) lsa += pe;
+                else lsb += pe;
+            }
+        }
+        // O += P V, 16 keys a step.
+#pragma unroll
+        for (int k2 = 0; k2 < FA_KT / 16; k2++) {
+            u32 pf[4] = {pack_h2(sc[2 * k2][0], sc[2 * k2][1]), pack_h2(sc[2 * k2][2], sc[2 * k2][3]),
+                         pack_h2(sc[2 * k2 + 1][0], sc[2 * k2 + 1][1]),
+                         pack_h2(sc[2 * k2 + 1][2], sc[2 * k2 + 1][3])};
+#pragma unroll
+            for (int d = 0; d < FA_MAXD / 8; d++) {
+                if (d < ndt) {
+                    const u16* vr = vt + (d * 8 + g) * vst + k2 * 16 + 2 * tq;
+                    mma16816(oacc[d], pf, lds32(vr), lds32(vr + 8));
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+        lsa += __shfl_xor_sync(0xffffffffu, lsa, o);
+        lsb += __shfl_xor_sync(0xffffffffu, lsb, o);
+    }
+    float ia = lsa > 0.0f ? 1.0f / lsa : 0.0f, ib = lsb > 0.0f ? 1.0f / lsb : 0.0f;
+    float* oa = out + ((size_t)ra * n_head + h) * hdv;
+    float* ob = out + ((size_t)rb * n_head + h) * hdv;
+#pragma unroll
+    for (int d = 0; d < FA_MAXD / 8; d++) {
+        if (d < ndt) {
+            int c = d * 8 + 2 * tq;
+            if (pa >= 0) *(float2*)(oa + c) = make_float2(oacc[d][0] * ia, oacc[d][1] * ia);
+            if (pb >= 0) *(float2*)(ob + c) = make_float2(oacc[d][2] * ib, oacc[d][3] * ib);
+        }
+    }
+#endif
 }
 
 // act: 0 = SiLU, 1 = GELU (tanh form). `stride`/`up_off` let one kernel

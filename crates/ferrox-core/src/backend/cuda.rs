@@ -335,8 +335,9 @@ mod dispatch {
         }
     }
 
-    fn attn_shape(p: &AttnParams) -> AttnShape {
+    fn attn_shape(p: &AttnParams, batch: &Batch) -> AttnShape {
         AttnShape {
+            one_slot: batch.seq.iter().all(|&s| Some(&s) == batch.seq.first()),
             n_head: p.n_head,
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
@@ -511,7 +512,7 @@ mod dispatch {
             out: &mut Buf,
             p: &AttnParams,
         ) -> Result<(), BackendError> {
-            let a = attn_shape(p);
+            let a = attn_shape(p, batch);
             self.with_slots(kv, batch, |kv, seq, pos| {
                 self.dev
                     .attention(kv, layer, seq, pos, q, k, v, out, &a)
@@ -560,7 +561,7 @@ mod dispatch {
             }
             let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
             let r = rope_shape(p.n_head, p.head_dim, rp);
-            let a = attn_shape(p);
+            let a = attn_shape(p, batch);
             self.with_slots(kv, batch, |kv, seq, pos| {
                 self.dev
                     .rope_attention(kv, layer, seq, pos, q, k, v, out, &a, &r, factors)
