@@ -267,6 +267,78 @@ __device__ __forceinline__ void deq_mxfp4(const u8* row, int u, int cols, float 
     deq_lut16(b + 1, d, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3, v);
 }
 
+// Q8_1: 36-byte blocks (d, s = d * sum, qs[32]).
+__device__ __forceinline__ void deq_q8_1(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + u * 36;
+    float d = h2f(ld16(b));
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = (float)((i8)b[4 + j]) * d;
+}
+
+// Q8_K: 292-byte blocks (f32 d, qs[256], bsums[16]).
+__device__ __forceinline__ void deq_q8_k(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 292;
+    float d = __int_as_float((int)ld32(b));
+    const u8* q = b + 4 + 32 * (u & 7);
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = (float)((i8)q[j]) * d;
+}
+
+// Q1_0: 18-byte blocks of 128 (d, one sign bit each: bit j % 8 of
+// qs[j / 8] set is +d, clear -d).
+__device__ __forceinline__ void deq_q1_0(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 2) * 18;
+    float d = h2f(ld16(b));
+    u32 bits = ld32(b + 2 + 4 * (u & 3));
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = ((bits >> j) & 1) ? d : -d;
+}
+
+// Q2_0: 18-byte blocks of 64 (d, 2-bit codes: element j is bits 2(j % 4)
+// of qs[j / 4], value (code - 1) * d).
+__device__ __forceinline__ void deq_q2_0(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 1) * 18;
+    float d = h2f(ld16(b));
+    const u8* q = b + 2 + 8 * (u & 1);
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = (float)((int)((q[j >> 2] >> (2 * (j & 3))) & 3) - 1) * d;
+}
+
+// Half a UE4M3 scale (4 exponent bits, bias 7, 3 mantissa bits, no sign;
+// 0x7F, the NaN, and 0 decode to 0; bit 7 ignored), as the CPU does.
+__device__ __forceinline__ float ue4m3_half(u32 x) {
+    if (x == 0 || x == 0x7F) return 0.0f;
+    int e = (x >> 3) & 0xF;
+    float m = (float)(x & 7);
+    float raw = e == 0 ? m * 0.001953125f : (1.0f + m * 0.125f) * __int_as_float((e - 7 + 127) << 23);
+    return raw * 0.5f;
+}
+
+// NVFP4: 36-byte blocks of 64 (four UE4M3 scales, one per 16 elements;
+// qs[32]: sub-block s's element j in the low nibble of qs[8s + j], j + 8
+// in its high nibble), E2M1 codes as MXFP4. Unit u: sub-blocks 2(u % 2)
+// and 2(u % 2) + 1.
+__device__ __forceinline__ void deq_nvfp4(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 1) * 36;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int sb = 2 * (u & 1) + h;
+        float d = ue4m3_half(b[sb]);
+        u32 w0 = ld32(b + 4 + 8 * sb), w1 = ld32(b + 8 + 8 * sb);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            u32 w = k ? w1 : w0;
+            u32 lo = lut16(w & 0x0F0F0F0Fu, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3);
+            u32 hi = lut16((w >> 4) & 0x0F0F0F0Fu, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[16 * h + 4 * k + i] = d * (float)(signed char)(lo >> (8 * i));
+                v[16 * h + 8 + 4 * k + i] = d * (float)(signed char)(hi >> (8 * i));
+            }
+        }
+    }
+}
+
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block, from the
 // three words of its 12 packed scale bytes (bytes 4..15 of the block),
 // with shifts (no run-time index into a register array).
@@ -450,6 +522,11 @@ DEFINE_KIND(iq4_nl)
 DEFINE_KIND(iq4_xs)
 DEFINE_KIND(tq2_0)
 DEFINE_KIND(mxfp4)
+DEFINE_KIND(q8_1)
+DEFINE_KIND(q8_k)
+DEFINE_KIND(q1_0)
+DEFINE_KIND(q2_0)
+DEFINE_KIND(nvfp4)
 
 // ---- decode matvec on int8 activations (dp4a), for the kinds decode reads
 // most. The activations are quantized once per input to 8 bits per

@@ -117,6 +117,11 @@ pub fn kernel_suffix(kind: QuantKind) -> Option<&'static str> {
         QuantKind::IQ4XS => "iq4_xs",
         QuantKind::TQ2_0 => "tq2_0",
         QuantKind::MXFP4 => "mxfp4",
+        QuantKind::Q8_1 => "q8_1",
+        QuantKind::Q8K => "q8_k",
+        QuantKind::Q1_0 => "q1_0",
+        QuantKind::Q2_0 => "q2_0",
+        QuantKind::NVFP4 => "nvfp4",
         _ => return None, // capability table: kinds without a CUDA unit decoder
     })
 }

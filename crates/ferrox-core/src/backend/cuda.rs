@@ -62,6 +62,11 @@ impl BackendCaps for Cuda {
             QuantKind::IQ4XS => "cuda matvec IQ4_XS",
             QuantKind::TQ2_0 => "cuda matvec TQ2_0",
             QuantKind::MXFP4 => "cuda matvec MXFP4",
+            QuantKind::Q8_1 => "cuda matvec Q8_1",
+            QuantKind::Q8K => "cuda matvec Q8_K",
+            QuantKind::Q1_0 => "cuda matvec Q1_0",
+            QuantKind::Q2_0 => "cuda matvec Q2_0",
+            QuantKind::NVFP4 => "cuda matvec NVFP4",
             _ => return None, // capability table: no CUDA unit decoder yet
         })
     }
