@@ -252,6 +252,37 @@ __device__ __forceinline__ void deq_tq2_0(const u8* row, int u, int cols, float 
     for (int m = 0; m < 32; m++) v[m] = d * (float)((int)((b[32 * h + m] >> (2 * l)) & 3) - 1);
 }
 
+// Trit n (0..4, most significant first) of a TQ1_0 byte, 0..2: the byte is
+// a fixed-point fraction, times 3^n (wrapping in 8 bits) shifts n trits out
+// and the top bits of 3q are the next one, as ggml decodes it.
+__device__ __forceinline__ int tq1_trit(u32 byte, int n) {
+    u32 p = (u32)(0x511B090301ull >> (8 * n)) & 0xFF;  // 1, 3, 9, 27, 81
+    return (int)((((byte * p) & 0xFF) * 3) >> 8);
+}
+
+// TQ1_0: 54-byte blocks (qs[48], qh[4], d), five trits a byte of qs, four
+// of qh, value (trit - 1) * d. Element order (ternary.rs): 0..160 is trit
+// n of qs[m] at 32n + m; 160..240 trit n of qs[32 + m] at 160 + 16n + m;
+// 240..256 trit n of qh[j] at 240 + 4n + j. Unit s = u % 8: s < 5 is trit
+// s of qs[0..32]; s = 5, 6 trits 2s - 10 and 2s - 9 of qs[32..48]; s = 7
+// trit 4 of qs[32..48], then qh. Selects, not branches: the lanes of a
+// warp take different s.
+__device__ __forceinline__ void deq_tq1_0(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 54;
+    int s = u & 7;
+    float d = h2f(ld16(b + 52));
+    bool lo = s < 5;
+    int n0 = lo ? s : 2 * s - 10;
+#pragma unroll
+    for (int m = 0; m < 16; m++) v[m] = d * (float)(tq1_trit(b[lo ? m : 32 + m], n0) - 1);
+#pragma unroll
+    for (int m = 16; m < 32; m++) {
+        int off = lo ? m : s < 7 ? 16 + m : 48 + ((m - 16) & 3);
+        int n = lo ? s : s < 7 ? 2 * s - 9 : (m - 16) >> 2;
+        v[m] = d * (float)(tq1_trit(b[off], n) - 1);
+    }
+}
+
 // Twice each E2M1 value by code (sign in bit 3), as four words of bytes.
 #define E2M1_X2_W0 0x03020100u  //  0,  1,  2,   3
 #define E2M1_X2_W1 0x0C080604u  //  4,  6,  8,  12
@@ -527,6 +558,7 @@ DEFINE_KIND(q8_k)
 DEFINE_KIND(q1_0)
 DEFINE_KIND(q2_0)
 DEFINE_KIND(nvfp4)
+DEFINE_KIND(tq1_0)
 
 // ---- decode matvec on int8 activations (dp4a), for the kinds decode reads
 // most. The activations are quantized once per input to 8 bits per

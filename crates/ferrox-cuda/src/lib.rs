@@ -122,6 +122,7 @@ pub fn kernel_suffix(kind: QuantKind) -> Option<&'static str> {
         QuantKind::Q1_0 => "q1_0",
         QuantKind::Q2_0 => "q2_0",
         QuantKind::NVFP4 => "nvfp4",
+        QuantKind::TQ1_0 => "tq1_0",
         _ => return None, // capability table: kinds without a CUDA unit decoder
     })
 }

@@ -67,6 +67,7 @@ impl BackendCaps for Cuda {
             QuantKind::Q1_0 => "cuda matvec Q1_0",
             QuantKind::Q2_0 => "cuda matvec Q2_0",
             QuantKind::NVFP4 => "cuda matvec NVFP4",
+            QuantKind::TQ1_0 => "cuda matvec TQ1_0",
             _ => return None, // capability table: no CUDA unit decoder yet
         })
     }
