@@ -123,7 +123,14 @@ pub fn kernel_suffix(kind: QuantKind) -> Option<&'static str> {
         QuantKind::Q2_0 => "q2_0",
         QuantKind::NVFP4 => "nvfp4",
         QuantKind::TQ1_0 => "tq1_0",
-        _ => return None, // capability table: kinds without a CUDA unit decoder
+        QuantKind::IQ2XXS => "iq2_xxs",
+        QuantKind::IQ2XS => "iq2_xs",
+        QuantKind::IQ2S => "iq2_s",
+        QuantKind::IQ3XXS => "iq3_xxs",
+        QuantKind::IQ3S => "iq3_s",
+        QuantKind::IQ1S => "iq1_s",
+        QuantKind::IQ1M => "iq1_m",
+        _ => return None, // capability table: F64 and the integer kinds are not weight formats
     })
 }
 
