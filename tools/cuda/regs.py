@@ -2,8 +2,11 @@
 """Registers and local-memory (stack) bytes of every kernel in kernels.cu,
 compiled here by NVRTC to an sm_90 cubin (no GPU, no ptxas needed):
 `python3 tools/cuda/regs.py [FILTER]`. Needs libnvrtc.so.13 (PyPI's
-nvidia-cuda-nvrtc, on LD_LIBRARY_PATH or in site-packages)."""
-import ctypes, glob, os, struct, sys
+nvidia-cuda-nvrtc, on LD_LIBRARY_PATH or in site-packages). The source is
+what NVRTC gets at run time (kernels.cu after the IQ tables compile.rs
+prints from ferrox-quant): read from $FERROX_KERNEL_SRC if set, else
+printed by `cargo run --release -p ferrox-cuda --example kernel_source`."""
+import ctypes, glob, os, struct, subprocess, sys
 
 def load_nvrtc():
     cands = ["libnvrtc.so.13"]
@@ -48,7 +51,12 @@ def sections(elf):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    src = open(os.environ.get("KERNELS") or os.path.join(here, "..", "..", "crates", "ferrox-cuda", "src", "kernels.cu")).read()
+    if os.environ.get("FERROX_KERNEL_SRC"):
+        src = open(os.environ["FERROX_KERNEL_SRC"]).read()
+    else:
+        src = subprocess.run(
+            ["cargo", "run", "-q", "--release", "-p", "ferrox-cuda", "--example", "kernel_source"],
+            cwd=os.path.join(here, "..", ".."), check=True, capture_output=True, text=True).stdout
     elf = cubin(src)
     if os.environ.get("CUBIN"):
         open(os.environ["CUBIN"], "wb").write(elf)

@@ -278,8 +278,12 @@ mod tests {
             let p = placement(b, "blk.0.attn_q.weight", Some(Role::AttnQ), QuantKind::Q8_0, &[256, 4], 1088);
             assert_eq!(p.backend, b);
             assert!(!p.decode.contains("avx") && !p.decode.starts_with("cpu"), "{b}: {}", p.decode);
-            let none = placement(b, "blk.0.attn_q.weight", Some(Role::AttnQ), QuantKind::IQ1S, &[256, 4], 200);
-            assert!(none.fallback.is_some(), "{b}: a kind without a kernel must be named: {none:?}");
+            // Every weight kind: one without a kernel is named, one with none
+            // is not (CUDA now has every kind, so no fixed kind is missing).
+            for &kind in QuantKind::ALL.iter().filter(|k| k.vec_dot_kind().is_some()) {
+                let p = placement(b, "blk.0.attn_q.weight", Some(Role::AttnQ), kind, &[256, 4], 200);
+                assert_eq!(p.fallback.is_some(), p.decode == "none", "{b} {kind}: {p:?}");
+            }
         }
     }
 }

@@ -2,7 +2,8 @@
 //! CUDA events on the device's stream (median of repeats after a warm-up).
 //! `cargo run --release -p ferrox-cuda --example kernel_bench [ROWS COLS]`;
 //! the H200 figures and command are in `benchmarks/cuda.md`.
-//! `KB_KINDS=Q4_0,Q4_K` limits the kinds; `KB_GEMM=0` skips the GEMM column.
+//! `KB_KINDS=Q4_0,Q4_K` limits the kinds (the IQ1/IQ2/IQ3 lattice kinds get
+//! random valid blocks: ferrox has no quantizer for them); `KB_GEMM=0` skips the GEMM column.
 
 use std::time::Instant;
 
@@ -12,6 +13,10 @@ use ferrox_quant::QuantKind;
 
 fn quantize_par(kind: QuantKind, src: &[f32], rows: usize, cols: usize) -> Vec<u8> {
     let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
+    // The lattice kinds have no quantizer: random valid blocks.
+    if let Some(b) = ferrox_quant::random_lattice_blocks(kind, rb / kind.block_bytes() * rows, 7) {
+        return b;
+    }
     let mut out = vec![0u8; rb * rows];
     let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
     let per = rows.div_ceil(threads);
@@ -76,7 +81,7 @@ fn main() {
         ms[ms.len() / 2]
     };
     println!(
-        "{:<6} {:>10} {:>12} {:>10} {:>14} {:>12}",
+        "{:<7} {:>10} {:>12} {:>10} {:>14} {:>12}",
         "kind", "MiB", "matvec us", "GB/s", "gemm512 ms", "TFLOP/s"
     );
     let only: Option<Vec<String>> = std::env::var("KB_KINDS")
@@ -131,7 +136,7 @@ fn main() {
         let gb = bytes.len() as f64 / (mv * 1e-3) / 1e9;
         let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (gm * 1e-3) / 1e12;
         println!(
-            "{:<6} {:>10.1} {:>12.1} {:>10.0} {:>14.3} {:>12.1}   (quantized in {q_s:.1}s; gate/up+GLU {:.1} us, {:.0} GB/s)",
+            "{:<7} {:>10.1} {:>12.1} {:>10.0} {:>14.3} {:>12.1}   (quantized in {q_s:.1}s; gate/up+GLU {:.1} us, {:.0} GB/s)",
             kind.name(),
             bytes.len() as f64 / (1 << 20) as f64,
             mv * 1e3,

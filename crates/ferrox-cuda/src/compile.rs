@@ -3,18 +3,58 @@
 //! architecture and NVRTC's version, so an edited kernel or another
 //! toolkit never loads a stale file.
 
+use std::fmt::Write;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use sha2::{Digest, Sha256};
 
 use crate::CudaError;
 
-const SOURCE: &str = include_str!("kernels.cu");
+const KERNELS: &str = include_str!("kernels.cu");
 
-/// The CUDA C source of every kernel.
+/// The CUDA C source of every kernel: the IQ lattice tables, printed from
+/// ferrox-quant's (the CPU reference's own, so the two cannot disagree),
+/// then `kernels.cu`. The disk cache's key hashes all of it.
 pub fn kernel_source() -> &'static str {
-    SOURCE
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    SOURCE.get_or_init(|| {
+        let mut s = iq_tables();
+        s.push_str(KERNELS);
+        s
+    })
+}
+
+/// `static __device__ const` arrays, not `__constant__`: lanes of a warp
+/// index them at different places, which serializes constant memory; the
+/// kernels read them with `__ldg` (through L1).
+fn iq_tables() -> String {
+    use ferrox_quant::scalar::iq_grids as g;
+    fn table<T: Copy + Into<u64>>(s: &mut String, ctype: &str, suffix: &str, name: &str, v: &[T]) {
+        let _ = write!(
+            s,
+            "static __device__ const {ctype} {name}[{}] = {{",
+            v.len()
+        );
+        for (i, &x) in v.iter().enumerate() {
+            let sep = if i % 8 == 0 { "\n    " } else { " " };
+            let _ = write!(s, "{sep}0x{:x}{suffix},", x.into());
+        }
+        s.push_str("\n};\n");
+    }
+    let mut s = String::from(
+        "// IQ lattice grids, printed by compile.rs from ferrox_quant::scalar::iq_grids.\n",
+    );
+    let u64t = "unsigned long long";
+    table(&mut s, u64t, "ull", "iq2xxs_grid", &g::IQ2XXS_GRID);
+    table(&mut s, u64t, "ull", "iq2xs_grid", &g::IQ2XS_GRID);
+    table(&mut s, u64t, "ull", "iq2s_grid", &g::IQ2S_GRID);
+    table(&mut s, "unsigned int", "u", "iq3xxs_grid", &g::IQ3XXS_GRID);
+    table(&mut s, "unsigned int", "u", "iq3s_grid", &g::IQ3S_GRID);
+    table(&mut s, u64t, "ull", "iq1s_grid", &g::IQ1S_GRID);
+    s.push('\n');
+    s
 }
 
 /// Whether `libnvrtc` can be loaded; cudarc panics on first use otherwise.
@@ -47,12 +87,14 @@ fn compile(arch: &str) -> Result<Ptx, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::MissingLibrary { lib: "libnvrtc" });
     }
-    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options(arch)).map_err(|e| CudaError::Compile {
-        arch: arch.to_string(),
-        log: match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => other.to_string(),
-        },
+    cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), options(arch)).map_err(|e| {
+        CudaError::Compile {
+            arch: arch.to_string(),
+            log: match e {
+                CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+                other => other.to_string(),
+            },
+        }
     })
 }
 
@@ -77,7 +119,7 @@ pub(crate) fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
         return Err(CudaError::MissingLibrary { lib: "libnvrtc" });
     }
     let mut h = Sha256::new();
-    h.update(SOURCE.as_bytes());
+    h.update(kernel_source().as_bytes());
     h.update(arch.as_bytes());
     h.update(nvrtc_version().as_bytes());
     let key: String = h
@@ -102,4 +144,48 @@ pub(crate) fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
         }
     }
     Ok(ptx)
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrox_quant::scalar::iq_grids::{KMASK_IQ2XS, KSIGNS_IQ2XS};
+
+    /// The IQ2/IQ3 decoders compute the sign byte of a 7-bit field (bit 7
+    /// its parity: an even number of minus signs per 8) and the sign bit of
+    /// element j (`1 << j`) instead of reading ggml's two small tables; this
+    /// pins that they are those tables.
+    #[test]
+    fn iq_sign_tables_are_the_seven_bits_and_their_parity() {
+        for (i, &s) in KSIGNS_IQ2XS.iter().enumerate() {
+            assert_eq!(
+                u32::from(s),
+                i as u32 | (i.count_ones() & 1) << 7,
+                "ksigns[{i}]"
+            );
+        }
+        for (j, &m) in KMASK_IQ2XS.iter().enumerate() {
+            assert_eq!(m, 1 << j);
+        }
+    }
+
+    /// Every table is there in full, so the hash that keys the PTX cache
+    /// covers the grids too.
+    #[test]
+    fn the_source_begins_with_the_iq_grids() {
+        let src = super::kernel_source();
+        for (name, n) in [
+            ("iq2xxs_grid", 256),
+            ("iq2xs_grid", 512),
+            ("iq2s_grid", 1024),
+            ("iq3xxs_grid", 256),
+            ("iq3s_grid", 512),
+            ("iq1s_grid", 2048),
+        ] {
+            let decl = format!("{name}[{n}] = {{");
+            let at = src.find(&decl).unwrap_or_else(|| panic!("no {decl}"));
+            let body = &src[at..at + src[at..].find("};").unwrap()];
+            assert_eq!(body.matches(',').count(), n, "{name}");
+        }
+        assert!(src.ends_with(super::KERNELS));
+    }
 }

@@ -252,6 +252,186 @@ __device__ __forceinline__ void deq_tq2_0(const u8* row, int u, int cols, float 
     for (int m = 0; m < 32; m++) v[m] = d * (float)((int)((b[32 * h + m] >> (2 * l)) & 3) - 1);
 }
 
+// Trit n (0..4, most significant first) of a TQ1_0 byte, 0..2: the byte is
+// a fixed-point fraction, times 3^n (wrapping in 8 bits) shifts n trits out
+// and the top bits of 3q are the next one, as ggml decodes it.
+__device__ __forceinline__ int tq1_trit(u32 byte, int n) {
+    u32 p = (u32)(0x511B090301ull >> (8 * n)) & 0xFF;  // 1, 3, 9, 27, 81
+    return (int)((((byte * p) & 0xFF) * 3) >> 8);
+}
+
+// TQ1_0: 54-byte blocks (qs[48], qh[4], d), five trits a byte of qs, four
+// of qh, value (trit - 1) * d. Element order (ternary.rs): 0..160 is trit
+// n of qs[m] at 32n + m; 160..240 trit n of qs[32 + m] at 160 + 16n + m;
+// 240..256 trit n of qh[j] at 240 + 4n + j. Unit s = u % 8: s < 5 is trit
+// s of qs[0..32]; s = 5, 6 trits 2s - 10 and 2s - 9 of qs[32..48]; s = 7
+// trit 4 of qs[32..48], then qh. Selects, not branches: the lanes of a
+// warp take different s.
+__device__ __forceinline__ void deq_tq1_0(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 54;
+    int s = u & 7;
+    float d = h2f(ld16(b + 52));
+    bool lo = s < 5;
+    int n0 = lo ? s : 2 * s - 10;
+#pragma unroll
+    for (int m = 0; m < 16; m++) v[m] = d * (float)(tq1_trit(b[lo ? m : 32 + m], n0) - 1);
+#pragma unroll
+    for (int m = 16; m < 32; m++) {
+        int off = lo ? m : s < 7 ? 16 + m : 48 + ((m - 16) & 3);
+        int n = lo ? s : s < 7 ? 2 * s - 9 : (m - 16) >> 2;
+        v[m] = d * (float)(tq1_trit(b[off], n) - 1);
+    }
+}
+
+// ---- the IQ lattice kinds (iquants.rs). Their grids (iq2xxs_grid, ...)
+// are `static __device__ const` arrays that compile.rs prints before this
+// file from ferrox-quant's tables, read with `__ldg`. A 32-element unit is
+// one 32-group of a 256-block: four 8-groups, each one grid point (IQ2,
+// IQ1) or two 4-wide ones (IQ3) with 8 signs.
+
+// The sign byte of a 7-bit field: bit 7 is the parity (an even number of
+// minus signs per 8), which is ggml's ksigns_iq2xs table (compile.rs's
+// tests pin the identity).
+__device__ __forceinline__ u32 iq_signs7(u32 s) { return s | ((__popc(s) & 1) << 7); }
+
+// n magnitudes (byte j of g) times db, negated where bit j of signs is set.
+template <int N>
+__device__ __forceinline__ void iq_grid(unsigned long long g, u32 signs, float db, float* v) {
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        float x = db * (float)(u32)((g >> (8 * j)) & 0xFF);
+        v[j] = (signs >> j) & 1 ? -x : x;
+    }
+}
+
+// IQ2_XXS: 66-byte blocks (d, qs u16[32]); 32-group ib is two words at
+// 2 + 8 ib: four grid indices, then four 7-bit sign fields and a 4-bit
+// scale s (db = d (0.5 + s) / 4).
+__device__ __forceinline__ void deq_iq2_xxs(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 66;
+    const u8* q = b + 2 + 8 * (u & 7);
+    float d = h2f(ld16(b));
+    u32 idx = ld32(q), aux = ld32(q + 4);
+    float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+#pragma unroll
+    for (int l = 0; l < 4; l++)
+        iq_grid<8>(__ldg(iq2xxs_grid + ((idx >> (8 * l)) & 0xFF)), iq_signs7((aux >> (7 * l)) & 127), db, v + 8 * l);
+}
+
+// IQ2_XS: 74-byte blocks (d, qs u16[32], scales[8]); 8-group l of ib is
+// qs[4 ib + l]: a 9-bit grid index and 7 sign bits; scales[ib]'s low
+// nibble scales 8-groups 0-1, the high one 2-3.
+__device__ __forceinline__ void deq_iq2_xs(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 74;
+    int ib = u & 7;
+    float d = h2f(ld16(b));
+    u32 sc = b[66 + ib];
+    float db0 = d * (0.5f + (float)(sc & 0xF)) * 0.25f, db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        u32 q = ld16(b + 2 + 8 * ib + 2 * l);
+        iq_grid<8>(__ldg(iq2xs_grid + (q & 511)), iq_signs7(q >> 9), l < 2 ? db0 : db1, v + 8 * l);
+    }
+}
+
+// IQ2_S: 82-byte blocks (d, qs[64], qh[8], scales[8]); 8-group l of ib:
+// grid index qs[4 ib + l] | bits 2l.. of qh[ib] as bits 8-9, sign byte
+// qs[32 + 4 ib + l]; scales as IQ2_XS.
+__device__ __forceinline__ void deq_iq2_s(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 82;
+    int ib = u & 7;
+    float d = h2f(ld16(b));
+    u32 sc = b[74 + ib], qh = b[66 + ib];
+    float db0 = d * (0.5f + (float)(sc & 0xF)) * 0.25f, db1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        u32 idx = b[2 + 4 * ib + l] | ((qh << (8 - 2 * l)) & 0x300);
+        iq_grid<8>(__ldg(iq2s_grid + idx), b[34 + 4 * ib + l], l < 2 ? db0 : db1, v + 8 * l);
+    }
+}
+
+// IQ3_XXS: 98-byte blocks (d, qs[96]): 32-group ib has grid indices
+// qs[8 ib..8 ib + 8] (two 4-wide points per 8-group) and the word at qs[64
+// + 4 ib] of four 7-bit sign fields and a 4-bit scale s (db = d (0.5 + s) / 2).
+__device__ __forceinline__ void deq_iq3_xxs(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 98;
+    int ib = u & 7;
+    float d = h2f(ld16(b));
+    const u8* q = b + 2 + 8 * ib;
+    u32 aux = ld32(b + 66 + 4 * ib);
+    float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        u32 signs = iq_signs7((aux >> (7 * l)) & 127);
+        iq_grid<4>(__ldg(iq3xxs_grid + q[2 * l]), signs, db, v + 8 * l);
+        iq_grid<4>(__ldg(iq3xxs_grid + q[2 * l + 1]), signs >> 4, db, v + 8 * l + 4);
+    }
+}
+
+// IQ3_S: 110-byte blocks (d, qs[64], qh[8], signs[32], scales[4]): 8-group
+// l of ib has two 9-bit grid indices (qs[8 ib + 2l], qs[8 ib + 2l + 1],
+// ninth bits 2l and 2l + 1 of qh[ib]) and sign byte signs[4 ib + l];
+// db = d (1 + 2 s), s nibble ib % 2 of scales[ib / 2].
+__device__ __forceinline__ void deq_iq3_s(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 110;
+    int ib = u & 7;
+    float d = h2f(ld16(b));
+    const u8* q = b + 2 + 8 * ib;
+    u32 qh = b[66 + ib];
+    float db = d * (float)(1 + 2 * ((b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF));
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        u32 signs = b[74 + 4 * ib + l];
+        u32 i1 = q[2 * l] | ((qh << (8 - 2 * l)) & 256), i2 = q[2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
+        iq_grid<4>(__ldg(iq3s_grid + i1), signs, db, v + 8 * l);
+        iq_grid<4>(__ldg(iq3s_grid + i2), signs >> 4, db, v + 8 * l + 4);
+    }
+}
+
+// 8 IQ1 grid values (signed bytes -1, 0, 1) plus delta, times dl.
+__device__ __forceinline__ void iq1_grid(unsigned long long g, float delta, float dl, float* v) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = dl * ((float)(signed char)(g >> (8 * j)) + delta);
+}
+
+// IQ1_S: 50-byte blocks (d, qs[32], qh u16[8]): 32-group ib has qh[ib]
+// (3 high index bits per 8-group, a 3-bit scale s at bit 12: dl = d (2s + 1),
+// and the sign of the +-1/8 delta at bit 15); 8-group l's 11-bit index is
+// qs[4 ib + l] | bits 3l.. of qh[ib].
+__device__ __forceinline__ void deq_iq1_s(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 50;
+    int ib = u & 7;
+    float d = h2f(ld16(b));
+    u32 qh = ld16(b + 34 + 2 * ib);
+    float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
+    float delta = (qh & 0x8000) ? -0.125f : 0.125f;
+#pragma unroll
+    for (int l = 0; l < 4; l++)
+        iq1_grid(__ldg(iq1s_grid + (b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8))), delta, dl, v + 8 * l);
+}
+
+// IQ1_M: 56-byte blocks (qs[32], qh[16], scales u16[4]); no d field: the
+// f16 scale is the four words' top nibbles. 32-group ib's 3-bit
+// sub-scales are bits 6(ib % 2) and 6(ib % 2) + 3 of word ib / 2 (8-groups
+// 0-1 and 2-3); 8-group l's nibble (l % 2) of qh[2 ib + l / 2] holds 3 high
+// index bits and the delta's sign (bit 3).
+__device__ __forceinline__ void deq_iq1_m(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 56;
+    int ib = u & 7;
+    u32 s0 = ld16(b + 48), s1 = ld16(b + 50), s2 = ld16(b + 52), s3 = ld16(b + 54);
+    float d = h2f((u16)((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)));
+    u32 w = ld16(b + 48 + 2 * (ib >> 1));
+    int sh = 6 * (ib & 1);
+    float dl0 = d * (float)(2 * ((w >> sh) & 7) + 1), dl1 = d * (float)(2 * ((w >> (sh + 3)) & 7) + 1);
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        u32 qh = b[32 + 2 * ib + (l >> 1)];
+        u32 idx = b[4 * ib + l] | ((qh << (8 - 4 * (l & 1))) & 0x700);
+        float delta = (qh & (0x08u << (4 * (l & 1)))) ? -0.125f : 0.125f;
+        iq1_grid(__ldg(iq1s_grid + idx), delta, l < 2 ? dl0 : dl1, v + 8 * l);
+    }
+}
+
 // Twice each E2M1 value by code (sign in bit 3), as four words of bytes.
 #define E2M1_X2_W0 0x03020100u  //  0,  1,  2,   3
 #define E2M1_X2_W1 0x0C080604u  //  4,  6,  8,  12
@@ -265,6 +445,78 @@ __device__ __forceinline__ void deq_mxfp4(const u8* row, int u, int cols, float 
     u32 e = b[0];
     float d = __int_as_float(e < 2 ? (int)(0x00200000u << e) : (int)((e - 1) << 23));
     deq_lut16(b + 1, d, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3, v);
+}
+
+// Q8_1: 36-byte blocks (d, s = d * sum, qs[32]).
+__device__ __forceinline__ void deq_q8_1(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + u * 36;
+    float d = h2f(ld16(b));
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = (float)((i8)b[4 + j]) * d;
+}
+
+// Q8_K: 292-byte blocks (f32 d, qs[256], bsums[16]).
+__device__ __forceinline__ void deq_q8_k(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 3) * 292;
+    float d = __int_as_float((int)ld32(b));
+    const u8* q = b + 4 + 32 * (u & 7);
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = (float)((i8)q[j]) * d;
+}
+
+// Q1_0: 18-byte blocks of 128 (d, one sign bit each: bit j % 8 of
+// qs[j / 8] set is +d, clear -d).
+__device__ __forceinline__ void deq_q1_0(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 2) * 18;
+    float d = h2f(ld16(b));
+    u32 bits = ld32(b + 2 + 4 * (u & 3));
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = ((bits >> j) & 1) ? d : -d;
+}
+
+// Q2_0: 18-byte blocks of 64 (d, 2-bit codes: element j is bits 2(j % 4)
+// of qs[j / 4], value (code - 1) * d).
+__device__ __forceinline__ void deq_q2_0(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 1) * 18;
+    float d = h2f(ld16(b));
+    const u8* q = b + 2 + 8 * (u & 1);
+#pragma unroll
+    for (int j = 0; j < 32; j++) v[j] = (float)((int)((q[j >> 2] >> (2 * (j & 3))) & 3) - 1) * d;
+}
+
+// Half a UE4M3 scale (4 exponent bits, bias 7, 3 mantissa bits, no sign;
+// 0x7F, the NaN, and 0 decode to 0; bit 7 ignored), as the CPU does.
+__device__ __forceinline__ float ue4m3_half(u32 x) {
+    if (x == 0 || x == 0x7F) return 0.0f;
+    int e = (x >> 3) & 0xF;
+    float m = (float)(x & 7);
+    float raw = e == 0 ? m * 0.001953125f : (1.0f + m * 0.125f) * __int_as_float((e - 7 + 127) << 23);
+    return raw * 0.5f;
+}
+
+// NVFP4: 36-byte blocks of 64 (four UE4M3 scales, one per 16 elements;
+// qs[32]: sub-block s's element j in the low nibble of qs[8s + j], j + 8
+// in its high nibble), E2M1 codes as MXFP4. Unit u: sub-blocks 2(u % 2)
+// and 2(u % 2) + 1.
+__device__ __forceinline__ void deq_nvfp4(const u8* row, int u, int cols, float v[32]) {
+    const u8* b = row + (u >> 1) * 36;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int sb = 2 * (u & 1) + h;
+        float d = ue4m3_half(b[sb]);
+        u32 w0 = ld32(b + 4 + 8 * sb), w1 = ld32(b + 8 + 8 * sb);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            u32 w = k ? w1 : w0;
+            u32 lo = lut16(w & 0x0F0F0F0Fu, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3);
+            u32 hi = lut16((w >> 4) & 0x0F0F0F0Fu, E2M1_X2_W0, E2M1_X2_W1, E2M1_X2_W2, E2M1_X2_W3);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[16 * h + 4 * k + i] = d * (float)(signed char)(lo >> (8 * i));
+                v[16 * h + 8 + 4 * k + i] = d * (float)(signed char)(hi >> (8 * i));
+            }
+        }
+    }
 }
 
 // The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block, from the
@@ -456,6 +708,19 @@ DEFINE_KIND(iq4_nl)
 DEFINE_KIND(iq4_xs)
 DEFINE_KIND(tq2_0)
 DEFINE_KIND(mxfp4)
+DEFINE_KIND(q8_1)
+DEFINE_KIND(q8_k)
+DEFINE_KIND(q1_0)
+DEFINE_KIND(q2_0)
+DEFINE_KIND(nvfp4)
+DEFINE_KIND(tq1_0)
+DEFINE_KIND(iq2_xxs)
+DEFINE_KIND(iq2_xs)
+DEFINE_KIND(iq2_s)
+DEFINE_KIND(iq3_xxs)
+DEFINE_KIND(iq3_s)
+DEFINE_KIND(iq1_s)
+DEFINE_KIND(iq1_m)
 
 // ---- decode matvec on int8 activations (dp4a), for the kinds decode reads
 // most. The activations are quantized once per input to 8 bits per

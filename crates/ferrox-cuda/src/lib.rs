@@ -117,7 +117,20 @@ pub fn kernel_suffix(kind: QuantKind) -> Option<&'static str> {
         QuantKind::IQ4XS => "iq4_xs",
         QuantKind::TQ2_0 => "tq2_0",
         QuantKind::MXFP4 => "mxfp4",
-        _ => return None, // capability table: kinds without a CUDA unit decoder
+        QuantKind::Q8_1 => "q8_1",
+        QuantKind::Q8K => "q8_k",
+        QuantKind::Q1_0 => "q1_0",
+        QuantKind::Q2_0 => "q2_0",
+        QuantKind::NVFP4 => "nvfp4",
+        QuantKind::TQ1_0 => "tq1_0",
+        QuantKind::IQ2XXS => "iq2_xxs",
+        QuantKind::IQ2XS => "iq2_xs",
+        QuantKind::IQ2S => "iq2_s",
+        QuantKind::IQ3XXS => "iq3_xxs",
+        QuantKind::IQ3S => "iq3_s",
+        QuantKind::IQ1S => "iq1_s",
+        QuantKind::IQ1M => "iq1_m",
+        _ => return None, // capability table: F64 and the integer kinds are not weight formats
     })
 }
 

@@ -169,6 +169,45 @@ pub fn quantize_support(kind: QuantKind) -> Result<(), QuantError> {
     Err(QuantError::CannotQuantize { kind, reason })
 }
 
+/// `n_blocks` random but valid blocks of a kind [`quantize`] refuses (the
+/// IQ1/IQ2/IQ3 lattice kinds), for kernel tests and benchmarks: every
+/// packed field random (any grid index, sign and sub-scale is valid), the
+/// f16 super-scale finite, 0.001 to 0.01 in magnitude (a NaN or infinite
+/// scale would make a comparison vacuous). `None` for any other kind.
+pub fn random_lattice_blocks(kind: QuantKind, n_blocks: usize, seed: u64) -> Option<Vec<u8>> {
+    use QuantKind::*;
+    if !matches!(kind, IQ1S | IQ1M | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S) {
+        return None;
+    }
+    let mut s = seed;
+    let mut next = move || {
+        // SplitMix64.
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let bs = kind.block_bytes();
+    let mut bytes: Vec<u8> = (0..n_blocks * bs).map(|_| next() as u8).collect();
+    for b in bytes.chunks_exact_mut(bs) {
+        let r = next();
+        let m = 0.001 + 0.009 * (r >> 40) as f32 / (1u64 << 24) as f32;
+        let d = crate::F16::from_f32(if r & 1 == 1 { -m } else { m }).to_bits();
+        if kind == IQ1M {
+            // The scale is the top nibbles of the four scale words
+            // (`scales`, bytes 48..56), lowest nibble first.
+            for k in 0..4 {
+                let hi = &mut b[48 + 2 * k + 1];
+                *hi = (*hi & 0x0F) | (((d >> (4 * k)) & 0xF) as u8) << 4;
+            }
+        } else {
+            b[0..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    Some(bytes)
+}
+
 /// Quantizes `src` (whole blocks of `kind`) into `out` (exactly the bytes
 /// that many blocks take).
 pub fn quantize(kind: QuantKind, src: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
@@ -213,4 +252,26 @@ pub fn quantize_to_vec(kind: QuantKind, src: &[f32]) -> Result<Vec<u8>, QuantErr
     let mut out = vec![0u8; row_bytes(kind, src.len())?];
     quantize(kind, src, &mut out)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Exactly the kinds `quantize` refuses get random blocks, and those
+    /// dequantize to finite, not all-zero values (IQ1_M's scale is spread
+    /// over four nibbles).
+    #[test]
+    fn random_lattice_blocks_cover_the_kinds_quantize_refuses_and_are_finite() {
+        for &k in QuantKind::ALL {
+            let blocks = random_lattice_blocks(k, 3, 7);
+            let refused = quantize_support(k).is_err() && k.vec_dot_kind().is_some();
+            assert_eq!(blocks.is_some(), refused, "{k}");
+            if let Some(b) = blocks {
+                let v = dequantize_to_vec(k, &b, 3 * k.block_elems()).unwrap();
+                assert!(v.iter().all(|x| x.is_finite()), "{k}");
+                assert!(v.iter().any(|&x| x != 0.0), "{k}");
+            }
+        }
+    }
 }

@@ -62,7 +62,20 @@ impl BackendCaps for Cuda {
             QuantKind::IQ4XS => "cuda matvec IQ4_XS",
             QuantKind::TQ2_0 => "cuda matvec TQ2_0",
             QuantKind::MXFP4 => "cuda matvec MXFP4",
-            _ => return None, // capability table: no CUDA unit decoder yet
+            QuantKind::Q8_1 => "cuda matvec Q8_1",
+            QuantKind::Q8K => "cuda matvec Q8_K",
+            QuantKind::Q1_0 => "cuda matvec Q1_0",
+            QuantKind::Q2_0 => "cuda matvec Q2_0",
+            QuantKind::NVFP4 => "cuda matvec NVFP4",
+            QuantKind::TQ1_0 => "cuda matvec TQ1_0",
+            QuantKind::IQ2XXS => "cuda matvec IQ2_XXS",
+            QuantKind::IQ2XS => "cuda matvec IQ2_XS",
+            QuantKind::IQ2S => "cuda matvec IQ2_S",
+            QuantKind::IQ3XXS => "cuda matvec IQ3_XXS",
+            QuantKind::IQ3S => "cuda matvec IQ3_S",
+            QuantKind::IQ1S => "cuda matvec IQ1_S",
+            QuantKind::IQ1M => "cuda matvec IQ1_M",
+            _ => return None, // capability table: F64 and the integer kinds are not weight formats
         })
     }
 
@@ -796,10 +809,16 @@ mod tests {
         rows: usize,
         cols: usize,
     ) -> (Vec<u8>, Vec<f32>) {
-        let src = rand_vec(r, rows * cols, 1.0);
         let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
-        let mut bytes = vec![0u8; rb * rows];
-        ferrox_quant::quantize(kind, &src, &mut bytes).unwrap();
+        // The lattice kinds have no quantizer: random valid blocks.
+        let bytes =
+            ferrox_quant::random_lattice_blocks(kind, rb / kind.block_bytes() * rows, r.next_u64())
+                .unwrap_or_else(|| {
+                    let src = rand_vec(r, rows * cols, 1.0);
+                    let mut bytes = vec![0u8; rb * rows];
+                    ferrox_quant::quantize(kind, &src, &mut bytes).unwrap();
+                    bytes
+                });
         let mut deq = vec![0.0f32; rows * cols];
         ferrox_quant::dequantize(kind, &bytes, &mut deq).unwrap();
         (bytes, deq)

@@ -8,7 +8,7 @@
 
 mod float;
 mod fp4;
-mod iq_grids;
+pub mod iq_grids;
 mod iquants;
 mod kquant_util;
 mod kquants;
