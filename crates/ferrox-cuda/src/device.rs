@@ -889,32 +889,11 @@ impl Device {
                 if mmvq_fits(w) {
                     return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
                 }
-                // F16 rows with 16-byte loads; every other kind the unit decoder.
-                let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
                 if f16_fits(w) {
-                    // Lanes per row so that a lane has about four 16-byte loads.
-                    let lpr = lanes_per_row(w.cols / 8, self.f16_loads);
-                    let cfg = LaunchConfig {
-                        grid_dim: (w.rows.div_ceil(256 / lpr) as u32, n as u32, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    let lpr = lpr as i32;
-                    return self.launch(
-                        &self.fns.matvec_f16_v8,
-                        cfg,
-                        "matvec",
-                        &[
-                            &wp,
-                            &xp,
-                            &yp,
-                            &int("matvec", w.rows)?,
-                            &int("matvec", w.cols)?,
-                            &(w.row_bytes as i64),
-                            &lpr,
-                        ],
-                    );
+                    return self.matvec_f16(&[(w, self.ptr(&y.s))], x, n);
                 }
+                // Every other kind: the unit decoder.
+                let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
                 let cfg = LaunchConfig {
                     grid_dim: (w.rows.div_ceil(4) as u32, n as u32, 1),
                     block_dim: (32 * 4, 1, 1),
@@ -940,15 +919,17 @@ impl Device {
 
     /// `ys[i] = x W_i^T` for up to three matrices over the same `n` rows of
     /// `x` — a layer's Q, K and V, or gate and up. On the matvec path, when
-    /// every matrix has one int8-activation kernel (same kind and width),
-    /// that is one launch; otherwise one [`Device::matmul`] each.
+    /// every matrix has one int8-activation kernel (same kind and width), or
+    /// all are F16 of one width for the 16-byte-load kernel, that is one
+    /// launch; otherwise one [`Device::matmul`] each.
     pub fn matmul_many(
         &self,
         x: &Buf,
         n: usize,
         outs: &mut [(&Matrix, &mut Buf)],
     ) -> Result<(), CudaError> {
-        let one = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols && mmvq_fits(w);
+        let same = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols;
+        let one = |w: &Matrix| same(w) && (mmvq_fits(w) || f16_fits(w));
         let fused = (2..=3).contains(&outs.len())
             && self.matmul_path(n) == MatmulPath::Matvec
             && outs.iter().all(|(w, _)| one(w))
@@ -971,7 +952,38 @@ impl Device {
             }
         }
         let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(w, y)| (*w, self.ptr(&y.s))).collect();
+        if f16_fits(mats[0].0) {
+            return self.matvec_f16(&mats, x, n);
+        }
         self.mmvq(&mats, x, n)
+    }
+
+    /// One launch of the 16-byte-load F16 matvec over up to three F16
+    /// matrices of one width (checked by the callers: [`f16_fits`], shapes).
+    fn matvec_f16(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
+        if mats.len() > 3 || n > 65535 {
+            return Err(shape(
+                "matvec_f16",
+                format!("{} matrices, {n} tokens in one launch", mats.len()),
+            ));
+        }
+        let cols = mats[0].0.cols;
+        let m = mmvq_mats(self, mats)?;
+        let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        // Lanes per row so that a lane has about four 16-byte loads.
+        let lpr = lanes_per_row(cols / 8, self.f16_loads);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let lpr = lpr as i32;
+        self.launch(
+            &self.fns.matvec_f16_v8,
+            cfg,
+            "matvec",
+            &[&m, &self.ptr(&x.s), &int("matvec", cols)?, &lpr],
+        )
     }
 
     /// One launch of the int8-activation kernel over up to three matrices of
@@ -1958,8 +1970,8 @@ macro_rules! arg {
 }
 arg!(u64, i64, i32, f32, MmvqMats);
 
-/// The matrices of one int8-activation matvec launch (`MmvqMats` in
-/// `kernels.cu`, field for field).
+/// The matrices of one int8-activation or F16 matvec launch (`MmvqMats`
+/// in `kernels.cu`, field for field).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct MmvqMats {

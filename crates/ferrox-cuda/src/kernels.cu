@@ -808,19 +808,22 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
 
 // F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
 // `lpr` lanes share a row, as in the int8 kernels; four loads in flight.
-extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* __restrict__ x,
-                                         float* __restrict__ y, int rows, int cols,
-                                         long long row_bytes, int lpr) {
+// Up to three matrices of one width over the same input in one launch
+// (`MmvqMats`, as the int8 kernels: Q, K and V; one matrix is the case
+// m.rows[1] == 0), picked with the selects.
+extern "C" __global__ void matvec_f16_v8(MmvqMats m, const float* __restrict__ x, int cols, int lpr) {
     __shared__ float red[MMVQ_WARPS];
     int sub = threadIdx.x & (lpr - 1);
-    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;
+    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;
     int t = blockIdx.y;
-    bool ok = r < rows;
-    if (ok) prefetch_l2(w + (size_t)r * row_bytes, row_bytes, sub, lpr);
+    bool ok = mats_row(m, &r, &k);
+    long long row_bytes = mats_rb(m, k);
+    const u8* w = mats_w(m, k) + (size_t)r * row_bytes;
+    if (ok) prefetch_l2(w, row_bytes, sub, lpr);
     PDL_ENTER();
     float acc = 0.0f;
     if (ok) {
-        const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
+        const uint4* row = (const uint4*)w;
         const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
         int i = sub, step = lpr;
@@ -834,7 +837,7 @@ extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* 
         }
         for (; i < n8; i += step) acc += dot8_f16(__ldg(row + i), xt + 2 * i);
     }
-    if (row_sum(&acc, lpr, sub, red) && ok) y[(size_t)t * rows + r] = acc;
+    if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc;
 }
 
 // Index of the largest value of each row (ties: the lowest index; NaN never
