@@ -178,7 +178,7 @@ pub enum Act {
 }
 
 impl Act {
-    /// The `act` argument of the `glu` and `mmvq_glu_<kind>` kernels.
+    /// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu` kernels.
     fn code(self) -> i32 {
         match self {
             Act::Silu => 0,
@@ -270,6 +270,7 @@ struct Fns {
     add_rms_norm: CudaFunction,
     argmax_rows: CudaFunction,
     matvec_f16_v8: CudaFunction,
+    matvec_f16_glu: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
     rope_kv: CudaFunction,
@@ -438,6 +439,7 @@ impl Device {
             add_rms_norm: f("add_rms_norm")?,
             argmax_rows: f("argmax_rows")?,
             matvec_f16_v8: f("matvec_f16_v8")?,
+            matvec_f16_glu: f("matvec_f16_glu")?,
             rope: f("rope")?,
             kv_store: f("kv_store")?,
             rope_kv: f("rope_kv")?,
@@ -1028,9 +1030,10 @@ impl Device {
     /// `h = act(x Wg^T) * (x Wu^T)` in one launch (`mmvq_glu_<kind>`),
     /// with `h`'s q8 copy for the down matvec written beside it: for decode
     /// batches (the int8 matvec path) over two matrices of one kind and
-    /// shape whose rows come in whole 32s. Returns false, launching
-    /// nothing, where that does not hold (or fusing is off): the caller then
-    /// runs the matvecs and the GLU apart.
+    /// shape whose rows come in whole 32s. Two F16 matrices of one shape
+    /// take `matvec_f16_glu` (any rows; `h` alone, no q8 copy). Returns
+    /// false, launching nothing, where that does not hold (or fusing is
+    /// off): the caller then runs the matvecs and the GLU apart.
     pub fn gate_up_glu(
         &self,
         act: Act,
@@ -1044,6 +1047,14 @@ impl Device {
             && wg.rows == wu.rows
             && wg.cols == wu.cols
             && wg.row_bytes == wu.row_bytes;
+        if self.fuse
+            && same
+            && f16_fits(wg)
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && n <= 65535
+        {
+            return self.f16_glu(act, x, n, wg, wu, h).map(|()| true);
+        }
         let f = match self.kind_fns(wg.kind, "matvec")?.mmvq_glu.as_ref() {
             Some(f) => f,
             None => return Ok(false),
@@ -1102,6 +1113,55 @@ impl Device {
             slot: out_slot,
         }));
         Ok(true)
+    }
+
+    /// [`Device::gate_up_glu`] for two F16 matrices of one shape (checked
+    /// by the caller: [`f16_fits`], the matvec path): the lanes of
+    /// `matvec_f16_v8` per row, both rows a lane. Writes no q8 copy of `h`
+    /// (a 32-row unit of it spans blocks); an int8 down matvec quantizes
+    /// `h` itself, since this launch clears the tag.
+    fn f16_glu(
+        &self,
+        act: Act,
+        x: &Buf,
+        n: usize,
+        wg: &Matrix,
+        wu: &Matrix,
+        h: &mut Buf,
+    ) -> Result<(), CudaError> {
+        let (rows, cols) = (wg.rows, wg.cols);
+        if x.len < n * cols || h.len != n * rows {
+            return Err(shape(
+                "gate_up_glu",
+                format!(
+                    "{n} tokens through 2x{rows}x{cols}: input {} floats, output {}",
+                    x.len, h.len
+                ),
+            ));
+        }
+        let lpr = lanes_per_row(cols / 8, self.f16_loads);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (a, lpr) = (act.code(), lpr as i32);
+        self.launch(
+            &self.fns.matvec_f16_glu,
+            cfg,
+            "F16 gate/up matvec with the GLU",
+            &[
+                &self.ptr(&wg.data),
+                &self.ptr(&wu.data),
+                &(wg.row_bytes as i64),
+                &int("gate_up_glu", rows)?,
+                &self.ptr(&x.s),
+                &int("gate_up_glu", cols)?,
+                &a,
+                &self.ptr(&h.s),
+                &lpr,
+            ],
+        )
     }
 
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
