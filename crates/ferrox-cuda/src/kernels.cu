@@ -842,8 +842,11 @@ extern "C" __global__ void matvec_f16_v8(MmvqMats m, const float* __restrict__ x
 
 // The gate and up matvecs of F16 rows and the GLU after them in one launch
 // (decode): the lanes of `matvec_f16_v8` (`lpr` a row) take the same row of
-// both matrices, a step issues four 16-byte loads of each before the first
-// dot, and the row's lane 0 writes h = act(g) * u. `act`: 0 SiLU, 1 GELU
+// both matrices, a step's four 16-byte loads of each written before the
+// first dot (ptxas, at its default register target, still spreads them
+// between the dots, as in `matvec_f16_v8`; __launch_bounds__(256, 1)
+// keeps them together at 96 registers: unmeasured), and the row's lane 0
+// writes h = act(g) * u. `act`: 0 SiLU, 1 GELU
 // (tanh form), as `glu`. h only, no q8 copy: a 32-element unit of h spans
 // several blocks at these lane counts, and an F16 down matvec reads f32.
 extern "C" __global__ void matvec_f16_glu(const u8* __restrict__ wg, const u8* __restrict__ wu,
