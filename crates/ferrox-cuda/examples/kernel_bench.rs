@@ -121,9 +121,11 @@ fn main() {
             f64::NAN
         };
         // The gate/up matvec with the GLU over two of the copies (int8
-        // kinds; its output's q8 copy makes the next call quantize x again,
-        // a small launch counted in).
-        let glu = if ferrox_cuda::mmvq_kind(kind) && rows.is_multiple_of(32) {
+        // kinds, F16; the int8 output's q8 copy makes the next call quantize
+        // x again, a small launch counted in).
+        let fused_glu = (ferrox_cuda::mmvq_kind(kind) && rows.is_multiple_of(32))
+            || (kind == QuantKind::F16 && cols.is_multiple_of(8));
+        let glu = if fused_glu {
             let mut h = dev.alloc(rows).unwrap();
             time(&mut || {
                 dev.gate_up_glu(ferrox_cuda::Act::Silu, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
@@ -133,10 +135,44 @@ fn main() {
         } else {
             f64::NAN
         };
+        // The same apart: two matvecs and the GLU launch (what the fused
+        // launch replaces).
+        let apart = if fused_glu {
+            let (mut g, mut u, mut h) = (dev.alloc(rows).unwrap(), dev.alloc(rows).unwrap(), dev.alloc(rows).unwrap());
+            time(&mut || {
+                dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, &mut g, 1).unwrap();
+                dev.matmul_with(MatmulPath::Matvec, &w[(i + 1) % copies], &x, &mut u, 1).unwrap();
+                dev.glu(ferrox_cuda::Act::Silu, &g, &u, &mut h).unwrap();
+                i += 2;
+            })
+        } else {
+            f64::NAN
+        };
+        // Three copies through matmul_many (one launch where the kind has
+        // one) against three matvecs: Q, K and V.
+        let (many, three) = if copies >= 3 {
+            let mut ys: Vec<_> = (0..3).map(|_| dev.alloc(rows).unwrap()).collect();
+            let m = time(&mut || {
+                let [a, b, c] = &mut ys[..] else { unreachable!() };
+                let mut outs = [(&w[i % copies], a), (&w[(i + 1) % copies], b), (&w[(i + 2) % copies], c)];
+                dev.matmul_many(&x, 1, &mut outs).unwrap();
+                i += 3;
+            });
+            let t = time(&mut || {
+                for y in ys.iter_mut() {
+                    dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, y, 1).unwrap();
+                    i += 1;
+                }
+            });
+            (m, t)
+        } else {
+            (f64::NAN, f64::NAN)
+        };
+        println!("{:<6} matmul_many x3 {:.1} us, three matvecs {:.1} us", kind.name(), many * 1e3, three * 1e3);
         let gb = bytes.len() as f64 / (mv * 1e-3) / 1e9;
         let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (gm * 1e-3) / 1e12;
         println!(
-            "{:<7} {:>10.1} {:>12.1} {:>10.0} {:>14.3} {:>12.1}   (quantized in {q_s:.1}s; gate/up+GLU {:.1} us, {:.0} GB/s)",
+            "{:<7} {:>10.1} {:>12.1} {:>10.0} {:>14.3} {:>12.1}   (quantized in {q_s:.1}s; gate/up+GLU {:.1} us, {:.0} GB/s; apart {:.1} us)",
             kind.name(),
             bytes.len() as f64 / (1 << 20) as f64,
             mv * 1e3,
@@ -144,7 +180,8 @@ fn main() {
             gm,
             tflops,
             glu * 1e3,
-            2.0 * bytes.len() as f64 / (glu * 1e-3) / 1e9
+            2.0 * bytes.len() as f64 / (glu * 1e-3) / 1e9,
+            apart * 1e3
         );
     }
 }

@@ -178,7 +178,7 @@ pub enum Act {
 }
 
 impl Act {
-    /// The `act` argument of the `glu` and `mmvq_glu_<kind>` kernels.
+    /// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu` kernels.
     fn code(self) -> i32 {
         match self {
             Act::Silu => 0,
@@ -273,6 +273,7 @@ struct Fns {
     add_rms_norm: CudaFunction,
     argmax_rows: CudaFunction,
     matvec_f16_v8: CudaFunction,
+    matvec_f16_glu: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
     rope_kv: CudaFunction,
@@ -476,6 +477,7 @@ impl Device {
             add_rms_norm: f("add_rms_norm")?,
             argmax_rows: f("argmax_rows")?,
             matvec_f16_v8: f("matvec_f16_v8")?,
+            matvec_f16_glu: f("matvec_f16_glu")?,
             rope: f("rope")?,
             kv_store: f("kv_store")?,
             rope_kv: f("rope_kv")?,
@@ -952,32 +954,11 @@ impl Device {
                 if mmvq_fits(w) {
                     return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
                 }
-                // F16 rows with 16-byte loads; every other kind the unit decoder.
-                let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
                 if f16_fits(w) {
-                    // Lanes per row so that a lane has about four 16-byte loads.
-                    let lpr = lanes_per_row(w.cols / 8, self.f16_loads);
-                    let cfg = LaunchConfig {
-                        grid_dim: (w.rows.div_ceil(256 / lpr) as u32, n as u32, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    let lpr = lpr as i32;
-                    return self.launch(
-                        &self.fns.matvec_f16_v8,
-                        cfg,
-                        "matvec",
-                        &[
-                            &wp,
-                            &xp,
-                            &yp,
-                            &int("matvec", w.rows)?,
-                            &int("matvec", w.cols)?,
-                            &(w.row_bytes as i64),
-                            &lpr,
-                        ],
-                    );
+                    return self.matvec_f16(&[(w, self.ptr(&y.s))], x, n);
                 }
+                // Every other kind: the unit decoder.
+                let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
                 let cfg = LaunchConfig {
                     grid_dim: (w.rows.div_ceil(4) as u32, n as u32, 1),
                     block_dim: (32 * 4, 1, 1),
@@ -1003,15 +984,17 @@ impl Device {
 
     /// `ys[i] = x W_i^T` for up to three matrices over the same `n` rows of
     /// `x` — a layer's Q, K and V, or gate and up. On the matvec path, when
-    /// every matrix has one int8-activation kernel (same kind and width),
-    /// that is one launch; otherwise one [`Device::matmul`] each.
+    /// every matrix has one int8-activation kernel (same kind and width), or
+    /// all are F16 of one width for the 16-byte-load kernel, that is one
+    /// launch; otherwise one [`Device::matmul`] each.
     pub fn matmul_many(
         &self,
         x: &Buf,
         n: usize,
         outs: &mut [(&Matrix, &mut Buf)],
     ) -> Result<(), CudaError> {
-        let one = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols && mmvq_fits(w);
+        let same = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols;
+        let one = |w: &Matrix| same(w) && (mmvq_fits(w) || f16_fits(w));
         let fused = (2..=3).contains(&outs.len())
             && self.matmul_path(n) == MatmulPath::Matvec
             && outs.iter().all(|(w, _)| one(w))
@@ -1034,7 +1017,38 @@ impl Device {
             }
         }
         let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(w, y)| (*w, self.ptr(&y.s))).collect();
+        if f16_fits(mats[0].0) {
+            return self.matvec_f16(&mats, x, n);
+        }
         self.mmvq(&mats, x, n)
+    }
+
+    /// One launch of the 16-byte-load F16 matvec over up to three F16
+    /// matrices of one width (checked by the callers: [`f16_fits`], shapes).
+    fn matvec_f16(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
+        if mats.len() > 3 || n > 65535 {
+            return Err(shape(
+                "matvec_f16",
+                format!("{} matrices, {n} tokens in one launch", mats.len()),
+            ));
+        }
+        let cols = mats[0].0.cols;
+        let m = mmvq_mats(self, mats)?;
+        let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        // Lanes per row so that a lane has about four 16-byte loads.
+        let lpr = lanes_per_row(cols / 8, self.f16_loads);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let lpr = lpr as i32;
+        self.launch(
+            &self.fns.matvec_f16_v8,
+            cfg,
+            "matvec",
+            &[&m, &self.ptr(&x.s), &int("matvec", cols)?, &lpr],
+        )
     }
 
     /// One launch of the int8-activation kernel over up to three matrices of
@@ -1079,9 +1093,10 @@ impl Device {
     /// `h = act(x Wg^T) * (x Wu^T)` in one launch (`mmvq_glu_<kind>`),
     /// with `h`'s q8 copy for the down matvec written beside it: for decode
     /// batches (the int8 matvec path) over two matrices of one kind and
-    /// shape whose rows come in whole 32s. Returns false, launching
-    /// nothing, where that does not hold (or fusing is off): the caller then
-    /// runs the matvecs and the GLU apart.
+    /// shape whose rows come in whole 32s. Two F16 matrices of one shape
+    /// take `matvec_f16_glu` (any rows; `h` alone, no q8 copy). Returns
+    /// false, launching nothing, where that does not hold (or fusing is
+    /// off): the caller then runs the matvecs and the GLU apart.
     pub fn gate_up_glu(
         &self,
         act: Act,
@@ -1095,6 +1110,14 @@ impl Device {
             && wg.rows == wu.rows
             && wg.cols == wu.cols
             && wg.row_bytes == wu.row_bytes;
+        if self.fuse
+            && same
+            && f16_fits(wg)
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && n <= 65535
+        {
+            return self.f16_glu(act, x, n, wg, wu, h).map(|()| true);
+        }
         let f = match self.kind_fns(wg.kind, "matvec")?.mmvq_glu.as_ref() {
             Some(f) => f,
             None => return Ok(false),
@@ -1153,6 +1176,55 @@ impl Device {
             slot: out_slot,
         }));
         Ok(true)
+    }
+
+    /// [`Device::gate_up_glu`] for two F16 matrices of one shape (checked
+    /// by the caller: [`f16_fits`], the matvec path): the lanes of
+    /// `matvec_f16_v8` per row, both rows a lane. Writes no q8 copy of `h`
+    /// (a 32-row unit of it spans blocks); an int8 down matvec quantizes
+    /// `h` itself, since this launch clears the tag.
+    fn f16_glu(
+        &self,
+        act: Act,
+        x: &Buf,
+        n: usize,
+        wg: &Matrix,
+        wu: &Matrix,
+        h: &mut Buf,
+    ) -> Result<(), CudaError> {
+        let (rows, cols) = (wg.rows, wg.cols);
+        if x.len < n * cols || h.len != n * rows {
+            return Err(shape(
+                "gate_up_glu",
+                format!(
+                    "{n} tokens through 2x{rows}x{cols}: input {} floats, output {}",
+                    x.len, h.len
+                ),
+            ));
+        }
+        let lpr = lanes_per_row(cols / 8, self.f16_loads);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (a, lpr) = (act.code(), lpr as i32);
+        self.launch(
+            &self.fns.matvec_f16_glu,
+            cfg,
+            "F16 gate/up matvec with the GLU",
+            &[
+                &self.ptr(&wg.data),
+                &self.ptr(&wu.data),
+                &(wg.row_bytes as i64),
+                &int("gate_up_glu", rows)?,
+                &self.ptr(&x.s),
+                &int("gate_up_glu", cols)?,
+                &a,
+                &self.ptr(&h.s),
+                &lpr,
+            ],
+        )
     }
 
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
@@ -2070,8 +2142,8 @@ macro_rules! arg {
 }
 arg!(u64, i64, i32, f32, MmvqMats);
 
-/// The matrices of one int8-activation matvec launch (`MmvqMats` in
-/// `kernels.cu`, field for field).
+/// The matrices of one int8-activation or F16 matvec launch (`MmvqMats`
+/// in `kernels.cu`, field for field).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct MmvqMats {

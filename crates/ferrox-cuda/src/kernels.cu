@@ -1084,19 +1084,22 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
 
 // F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
 // `lpr` lanes share a row, as in the int8 kernels; four loads in flight.
-extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* __restrict__ x,
-                                         float* __restrict__ y, int rows, int cols,
-                                         long long row_bytes, int lpr) {
+// Up to three matrices of one width over the same input in one launch
+// (`MmvqMats`, as the int8 kernels: Q, K and V; one matrix is the case
+// m.rows[1] == 0), picked with the selects.
+extern "C" __global__ void matvec_f16_v8(MmvqMats m, const float* __restrict__ x, int cols, int lpr) {
     __shared__ float red[MMVQ_WARPS];
     int sub = threadIdx.x & (lpr - 1);
-    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;
+    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;
     int t = blockIdx.y;
-    bool ok = r < rows;
-    if (ok) prefetch_l2(w + (size_t)r * row_bytes, row_bytes, sub, lpr);
+    bool ok = mats_row(m, &r, &k);
+    long long row_bytes = mats_rb(m, k);
+    const u8* w = mats_w(m, k) + (size_t)r * row_bytes;
+    if (ok) prefetch_l2(w, row_bytes, sub, lpr);
     PDL_ENTER();
     float acc = 0.0f;
     if (ok) {
-        const uint4* row = (const uint4*)(w + (size_t)r * row_bytes);
+        const uint4* row = (const uint4*)w;
         const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
         int i = sub, step = lpr;
@@ -1110,7 +1113,64 @@ extern "C" __global__ void matvec_f16_v8(const u8* __restrict__ w, const float* 
         }
         for (; i < n8; i += step) acc += dot8_f16(__ldg(row + i), xt + 2 * i);
     }
-    if (row_sum(&acc, lpr, sub, red) && ok) y[(size_t)t * rows + r] = acc;
+    if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc;
+}
+
+// The gate and up matvecs of F16 rows and the GLU after them in one launch
+// (decode): the lanes of `matvec_f16_v8` (`lpr` a row) take the same row of
+// both matrices, a step's four 16-byte loads of each written before the
+// first dot (ptxas, at its default register target, still spreads them
+// between the dots, as in `matvec_f16_v8`; __launch_bounds__(256, 1)
+// keeps them together at 96 registers: unmeasured), and the row's lane 0
+// writes h = act(g) * u. `act`: 0 SiLU, 1 GELU
+// (tanh form), as `glu`. h only, no q8 copy: a 32-element unit of h spans
+// several blocks at these lane counts, and an F16 down matvec reads f32.
+extern "C" __global__ void matvec_f16_glu(const u8* __restrict__ wg, const u8* __restrict__ wu,
+                                          long long row_bytes, int rows, const float* __restrict__ x,
+                                          int cols, int act, float* __restrict__ h, int lpr) {
+    __shared__ float red_g[MMVQ_WARPS], red_u[MMVQ_WARPS];
+    int sub = threadIdx.x & (lpr - 1);
+    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;
+    int t = blockIdx.y;
+    bool ok = r < rows;
+    const u8* pg = wg + (size_t)r * row_bytes;
+    const u8* pu = wu + (size_t)r * row_bytes;
+    if (ok) {
+        prefetch_l2(pg, row_bytes, sub, lpr);
+        prefetch_l2(pu, row_bytes, sub, lpr);
+    }
+    PDL_ENTER();
+    float ag = 0.0f, au = 0.0f;
+    if (ok) {
+        const uint4* rg = (const uint4*)pg;
+        const uint4* ru = (const uint4*)pu;
+        const float4* xt = (const float4*)(x + (size_t)t * cols);
+        int n8 = cols >> 3;
+        int i = sub, step = lpr;
+        for (; i + 3 * step < n8; i += 4 * step) {
+            uint4 g[4], u[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                g[j] = __ldg(rg + i + j * step);
+                u[j] = __ldg(ru + i + j * step);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                ag += dot8_f16(g[j], xt + 2 * (i + j * step));
+                au += dot8_f16(u[j], xt + 2 * (i + j * step));
+            }
+        }
+        for (; i < n8; i += step) {
+            uint4 g = __ldg(rg + i), u = __ldg(ru + i);
+            ag += dot8_f16(g, xt + 2 * i);
+            au += dot8_f16(u, xt + 2 * i);
+        }
+    }
+    // Two reduction buffers: one shared by both sums would let a warp's
+    // second write land before the row's lane 0 read its first.
+    row_sum(&ag, lpr, sub, red_g);
+    if (row_sum(&au, lpr, sub, red_u) && ok)
+        h[(size_t)t * rows + r] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;
 }
 
 // Index of the largest value of each row (ties: the lowest index; NaN never

@@ -885,7 +885,9 @@ mod tests {
     }
 
     /// Q, K and V (or gate and up) in one launch give what three separate
-    /// matvecs give, for every kind (fused or not), at 1 and 3 tokens.
+    /// matvecs give, for every kind (fused or not), at 1 and 3 tokens; F16
+    /// also at widths whose blocks hold rows of two matrices (520: 16 rows
+    /// a block; 2056: 4 rows a block, sums across warps).
     #[test]
     fn matmul_many_matches_separate_matmuls() {
         let Some(c) = gpu("CUDA matmul_many (one launch over several matrices) vs one matmul each")
@@ -893,8 +895,18 @@ mod tests {
             return;
         };
         let mut r = rng();
-        for kind in claimed() {
+        let widths = |kind: QuantKind| {
             let cols = kind.block_elems().max(32) * 4;
+            if kind == QuantKind::F16 {
+                vec![cols, 520, 2056]
+            } else {
+                vec![cols]
+            }
+        };
+        for (kind, cols) in claimed()
+            .into_iter()
+            .flat_map(|k| widths(k).into_iter().map(move |c| (k, c)))
+        {
             let shapes = [37usize, 9, 16];
             let ws: Vec<CudaWeight> = shapes
                 .iter()
@@ -926,7 +938,7 @@ mod tests {
                     let e = rel(&read(c, b), &read(c, a));
                     assert!(
                         e < 1e-6,
-                        "{kind} n={n} matrix {i}: matmul_many differs by {e:e}"
+                        "{kind} {cols} wide n={n} matrix {i}: matmul_many differs by {e:e}"
                     );
                 }
             }
@@ -1412,15 +1424,18 @@ mod tests {
     }
 
     /// The gate and up matvecs with the GLU in one launch give what the two
-    /// int8 matvecs and the GLU give apart (the sums in another order: a
-    /// tight relative bound), every int8 kind, both activations, rows in
-    /// 32s, widths with and without a partial step; `gate` and `up` stay
-    /// unwritten (so the fused kernel ran), and the q8 copy of `h` it
-    /// leaves gives the down matvec, bit for bit, what quantizing `h`
-    /// separately gives.
+    /// matvecs and the GLU give apart (the int8 sums in another order: a
+    /// tight relative bound), every int8 kind and F16, both activations;
+    /// int8 rows in 32s, F16 rows that leave the last block part empty
+    /// (37), widths with and without a partial step, and F16 rows wider
+    /// than a warp's lanes (2056: the shared-memory sums); `gate` and `up`
+    /// stay unwritten (so the fused kernel ran), and the down matvec over
+    /// `h` gives, bit for bit, what it gives over a fresh copy of `h` (the
+    /// int8 kernels' q8 copy of `h`; F16 leaves none, and must not leave
+    /// another input's).
     #[test]
     fn fused_gate_up_glu_matches_the_matvecs_then_the_glu() {
-        let Some(c) = gpu("CUDA gate/up matvec fused with the GLU (mmvq_glu) vs the matvecs then the GLU") else {
+        let Some(c) = gpu("CUDA gate/up matvec fused with the GLU (mmvq_glu, matvec_f16_glu) vs the matvecs then the GLU") else {
             return;
         };
         if !c.device().fuses() {
@@ -1429,14 +1444,27 @@ mod tests {
         }
         let d = c.device();
         let mut r = rng();
-        for kind in claimed().into_iter().filter(|&k| ferrox_cuda::mmvq_kind(k)) {
-            for (rows, cols) in [(64usize, 512usize), (96, if kind.block_elems() == 256 { 768 } else { 544 })] {
+        let fused_kinds = claimed()
+            .into_iter()
+            .filter(|&k| ferrox_cuda::mmvq_kind(k) || k == QuantKind::F16);
+        for kind in fused_kinds {
+            let shapes: &[(usize, usize)] = if kind == QuantKind::F16 {
+                &[(37, 520), (37, 2056), (64, 512), (5, 24)]
+            } else if kind.block_elems() == 256 {
+                &[(64, 512), (96, 768)]
+            } else {
+                &[(64, 512), (96, 544)]
+            };
+            for &(rows, cols) in shapes {
                 let (gb, _) = matrix(&mut r, kind, rows, cols);
                 let (ub, _) = matrix(&mut r, kind, rows, cols);
-                let (db, _) = matrix(&mut r, QuantKind::Q8_0, 5, rows);
+                // The down matrix as a model of the kind has it (an F16 `h`
+                // need not be whole 32s).
+                let dk = if kind == QuantKind::F16 { kind } else { QuantKind::Q8_0 };
+                let (db, _) = matrix(&mut r, dk, 5, rows);
                 let wg = CudaWeight::Matrix(d.upload_matrix(kind, &gb, rows, cols).unwrap());
                 let wu = CudaWeight::Matrix(d.upload_matrix(kind, &ub, rows, cols).unwrap());
-                let wd = CudaWeight::Matrix(d.upload_matrix(QuantKind::Q8_0, &db, 5, rows).unwrap());
+                let wd = CudaWeight::Matrix(d.upload_matrix(dk, &db, 5, rows).unwrap());
                 for n in [1usize, 3] {
                     let x = d.upload_f32(&rand_vec(&mut r, n * cols, 2.0)).unwrap();
                     for act in [Activation::SiluGated, Activation::GeluGated] {
@@ -1445,7 +1473,11 @@ mod tests {
                         let mut h = d.upload_f32(&vec![f32::NAN; n * rows]).unwrap();
                         c.gate_up_glu(act, &x, n, &wg, &wu, &mut gate, &mut up, &mut h).unwrap();
                         assert!(read(c, &gate).iter().all(|v| v.is_nan()), "{kind}: the fused path did not run (gate written)");
-                        assert!(d.q8_holds(&h), "{kind}: the fused GLU left no q8 copy of h");
+                        if kind == QuantKind::F16 {
+                            assert!(!d.q8_holds(&h), "{kind}: the F16 GLU writes no q8 copy of h");
+                        } else {
+                            assert!(d.q8_holds(&h), "{kind}: the fused GLU left no q8 copy of h");
+                        }
                         let got = read(c, &h);
                         let mut down = c.alloc(n * 5).unwrap();
                         c.matmul(&wd, &h, &mut down, n).unwrap();
