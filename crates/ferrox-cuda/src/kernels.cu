@@ -1857,6 +1857,18 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return r;
 }
 
+// Two floats as two f16x2 registers whose sum is them to ~2^-22: the
+// rounded halves (`*hi`) and what rounding left (`*lo`). The tensor-core
+// attention multiplies both, so its queries and probabilities keep f32
+// precision (the keys and values are f16 in the cache already).
+__device__ __forceinline__ void split_h2(float a, float b, u32* hi, u32* lo) {
+    *hi = pack_h2(a, b);
+    float ha, hb;
+    asm("{ .reg .f16 x, y; mov.b32 {x, y}, %2; cvt.f32.f16 %0, x; cvt.f32.f16 %1, y; }"
+        : "=f"(ha), "=f"(hb) : "r"(*hi));
+    *lo = pack_h2(a - ha, b - hb);
+}
+
 // c += a * b for one 16x8x16 tile: a the row-major 16x16 f16 fragment
 // (a[0]: row g, cols 2t..2t+1; a[1]: row g+8; a[2]/a[3]: cols + 8), b the
 // 16x8 f16 fragment (b0: rows 2t..2t+1 of col g; b1: rows + 8), c the f32
@@ -1880,7 +1892,8 @@ __device__ __forceinline__ u32 lds32(const u16* p) { return *(const u32*)p; }
 // staged in shared memory as f16 (keys row-major, values transposed, rows
 // padded by 16 bytes so the fragment reads do not collide in banks). Per
 // tile a warp computes S = Q K^T (queries as f16 fragments kept in
-// registers), scales, softcaps and masks it, keeps the online softmax
+// registers, each split in two so the product keeps f32 precision:
+// `split_h2`), scales, softcaps and masks it, keeps the online softmax
 // (row max over the quad, lane-partial sums added at the end) and adds
 // P V with P taken straight from S's accumulators. head_dim % 16 == 0,
 // head_dim_v % 8 == 0, both <= 128 (the host checks).
@@ -1924,7 +1937,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_mma(
         wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
     }
     int nkk = hd >> 4, ndt = hdv >> 3;
-    u32 qa[FA_MAXD / 16][4];
+    u32 qa[FA_MAXD / 16][4], ql[FA_MAXD / 16][4];  // the queries, split (`split_h2`)
     const float* qra = q + ((size_t)ra * n_head + h) * hd;
     const float* qrb = q + ((size_t)rb * n_head + h) * hd;
 #pragma unroll
@@ -1935,10 +1948,10 @@ extern "C" __global__ void __launch_bounds__(128) attention_mma(
             float2 x1 = pb >= 0 ? *(const float2*)(qrb + c) : make_float2(0.f, 0.f);
             float2 x2 = pa >= 0 ? *(const float2*)(qra + c + 8) : make_float2(0.f, 0.f);
             float2 x3 = pb >= 0 ? *(const float2*)(qrb + c + 8) : make_float2(0.f, 0.f);
-            qa[kk][0] = pack_h2(x0.x, x0.y);
-            qa[kk][1] = pack_h2(x1.x, x1.y);
-            qa[kk][2] = pack_h2(x2.x, x2.y);
-            qa[kk][3] = pack_h2(x3.x, x3.y);
+            split_h2(x0.x, x0.y, &qa[kk][0], &ql[kk][0]);
+            split_h2(x1.x, x1.y, &qa[kk][1], &ql[kk][1]);
+            split_h2(x2.x, x2.y, &qa[kk][2], &ql[kk][2]);
+            split_h2(x3.x, x3.y, &qa[kk][3], &ql[kk][3]);
         }
     }
     float oacc[FA_MAXD / 8][4];
@@ -1977,8 +1990,13 @@ extern "C" __global__ void __launch_bounds__(128) attention_mma(
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
             const u16* kr = ks + (nt * 8 + g) * kst + 2 * tq;
 #pragma unroll
-            for (int kk = 0; kk < FA_MAXD / 16; kk++)
-                if (kk < nkk) mma16816(sc[nt], qa[kk], lds32(kr + kk * 16), lds32(kr + kk * 16 + 8));
+            for (int kk = 0; kk < FA_MAXD / 16; kk++) {
+                if (kk < nkk) {
+                    u32 b0 = lds32(kr + kk * 16), b1 = lds32(kr + kk * 16 + 8);
+                    mma16816(sc[nt], qa[kk], b0, b1);
+                    mma16816(sc[nt], ql[kk], b0, b1);
+                }
+            }
         }
         // Scale, softcap, mask; the rows' new maxima.
         float mxa = -INF_F, mxb = -INF_F;
@@ -2029,14 +2047,18 @@ extern "C" __global__ void __launch_bounds__(128) attention_mma(
         // O += P V, 16 keys a step.
 #pragma unroll
         for (int k2 = 0; k2 < FA_KT / 16; k2++) {
-            u32 pf[4] = {pack_h2(sc[2 * k2][0], sc[2 * k2][1]), pack_h2(sc[2 * k2][2], sc[2 * k2][3]),
-                         pack_h2(sc[2 * k2 + 1][0], sc[2 * k2 + 1][1]),
-                         pack_h2(sc[2 * k2 + 1][2], sc[2 * k2 + 1][3])};
+            u32 pf[4], pl[4];
+            split_h2(sc[2 * k2][0], sc[2 * k2][1], &pf[0], &pl[0]);
+            split_h2(sc[2 * k2][2], sc[2 * k2][3], &pf[1], &pl[1]);
+            split_h2(sc[2 * k2 + 1][0], sc[2 * k2 + 1][1], &pf[2], &pl[2]);
+            split_h2(sc[2 * k2 + 1][2], sc[2 * k2 + 1][3], &pf[3], &pl[3]);
 #pragma unroll
             for (int d = 0; d < FA_MAXD / 8; d++) {
                 if (d < ndt) {
                     const u16* vr = vt + (d * 8 + g) * vst + k2 * 16 + 2 * tq;
-                    mma16816(oacc[d], pf, lds32(vr), lds32(vr + 8));
+                    u32 b0 = lds32(vr), b1 = lds32(vr + 8);
+                    mma16816(oacc[d], pf, b0, b1);
+                    mma16816(oacc[d], pl, b0, b1);
                 }
             }
         }
