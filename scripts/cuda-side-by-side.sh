@@ -15,7 +15,8 @@
 #   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
 # Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), KINDS, REPS, NO_LLAMA=1,
 # LOG (default /tmp/logs), SHAPE (llama-1b), SKIP_KB=1, KB_SHAPES="2048x2048 ..." (kernel_bench at decode shapes too), PROFILE=1 (ncu),
-# PROFILE_COLD=0 (only the warm-cache decode profiles), PROFILE_KINDS="Q4_0 F16", AB_GRAPHS=1.
+# PROFILE_COLD=0 (only the warm-cache decode profiles), PROFILE_KINDS="Q4_0 F16", AB_GRAPHS=1,
+# AB_VARIANTS/AB_KINDS/AB_REPS (below), KB_KINDS (kernel_bench's kinds).
 set -u
 D=${D:-target/h-cuda}
 OUT=${OUT:-/tmp/ferrox-out}
@@ -64,7 +65,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 if [ -x $D/kernel_bench ] && [ "${SKIP_KB:-0}" != 1 ]; then
-  timeout 150 $D/kernel_bench >$LOG/kernel_bench.txt 2>&1
+  timeout 150 $D/kernel_bench ${KB_ARGS:-} >$LOG/kernel_bench.txt 2>&1
   summary+=("kernel_bench rc=$?")
   # KB_SHAPES="2048x2048 8192x2048": the decode shapes too (L2-resident
   # when small: two copies alternate, so these read partly from L2).
@@ -145,6 +146,19 @@ if [ "${AB_GRAPHS:-0}" = 1 ]; then
   FERROX_CUDA_GRAPHS=0 timeout 60 $D/ferrox bench --backend cuda -m $M/Q4_0.gguf -p 0 -n 128 -r ${REPS:-5} -o jsonl >$LOG/ferrox-Q4_0-nographs.jsonl 2>&1
   summary+=("ferrox Q4_0 graphs off rc=$?: tg128 $(python3 -c "import json; print('%.1f' % json.loads(open('$LOG/ferrox-Q4_0-nographs.jsonl').readline())['avg_ts'])" 2>&1)")
 fi
+# AB_VARIANTS="FERROX_CUDA_DEC_MAX=0;FERROX_CUDA_FUSE=0": ferrox again under each
+# env setting (';'-separated) on the AB_KINDS files, for attributing the
+# ratios above to the changes that the settings turn off.
+IFS=';' read -r -a ABV <<< "${AB_VARIANTS:-}"
+for v in "${ABV[@]}"; do
+  [ -z "$v" ] && continue
+  for k in ${AB_KINDS:-Q4_K_M}; do
+    f=$M/$k.gguf; [ $k = F16 ] && f=$M/f16.gguf
+    r=$(env $v timeout 60 $D/ferrox bench --backend cuda -m $f -p 512 -n 128 -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err |
+      python3 -c "import json,sys; print(' '.join('%s %.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], r['avg_ts']) for r in map(json.loads, sys.stdin)))")
+    summary+=("ferrox $k [$v]: $r")
+  done
+done
 if [ "${RUN_CHECK:-1}" = 1 ]; then
   prompt=$(printf 'a%.0s' $(seq 1 508))
   $D/ferrox run --backend cuda $M/Q4_0.gguf -p "$prompt" -n 128 --ignore-eos --temp 0 --no-echo -c 1024 -v >$LOG/run.out 2>$LOG/run.err
