@@ -1026,29 +1026,41 @@ impl Device {
     /// One launch of the 16-byte-load F16 matvec over up to three F16
     /// matrices of one width (checked by the callers: [`f16_fits`], shapes).
     fn matvec_f16(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
-        if mats.len() > 3 || n > 65535 {
-            return Err(shape(
-                "matvec_f16",
-                format!("{} matrices, {n} tokens in one launch", mats.len()),
-            ));
-        }
         let cols = mats[0].0.cols;
-        let m = mmvq_mats(self, mats)?;
-        let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
         // Lanes per row so that a lane has about four 16-byte loads.
-        let lpr = lanes_per_row(cols / 8, self.f16_loads);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let lpr = lpr as i32;
+        let (m, cfg, lpr) = self.mats_launch("matvec_f16", mats, n, cols / 8, self.f16_loads)?;
         self.launch(
             &self.fns.matvec_f16_v8,
             cfg,
             "matvec",
             &[&m, &self.ptr(&x.s), &int("matvec", cols)?, &lpr],
         )
+    }
+
+    /// The argument and grid of a row-matvec launch over up to three
+    /// matrices (`MmvqMats`) and `n` tokens: 256-thread blocks whose `lpr`
+    /// lanes share a row, sized so a lane takes about `per_lane` of a row's
+    /// `loads` (returned as the kernel's `lpr` argument).
+    fn mats_launch(
+        &self,
+        op: &'static str,
+        mats: &[(&Matrix, u64)],
+        n: usize,
+        loads: usize,
+        per_lane: usize,
+    ) -> Result<(MmvqMats, LaunchConfig, i32), CudaError> {
+        if mats.len() > 3 || n > 65535 {
+            return Err(shape(op, format!("{} matrices, {n} tokens in one launch", mats.len())));
+        }
+        let m = mmvq_mats(self, mats)?;
+        let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        let lpr = lanes_per_row(loads, per_lane);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        Ok((m, cfg, lpr as i32))
     }
 
     /// One launch of the int8-activation kernel over up to three matrices of
@@ -1065,23 +1077,9 @@ impl Device {
                 op: "int8 matvec",
                 kind: w0.kind,
             })?;
-        if mats.len() > 3 || n > 65535 {
-            return Err(shape(
-                "mmvq",
-                format!("{} matrices, {n} tokens in one launch", mats.len()),
-            ));
-        }
         let cols = w0.cols;
+        let (m, cfg, lpr) = self.mats_launch("mmvq", mats, n, cols / 32, self.mmvq_units)?;
         let (qs, ds) = self.q8_input(x, n * cols, cols)?;
-        let m = mmvq_mats(self, mats)?;
-        let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
-        let lpr = lanes_per_row(cols / 32, self.mmvq_units);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let lpr = lpr as i32;
         self.launch_keep(
             f,
             cfg,
@@ -1132,15 +1130,7 @@ impl Device {
             return Ok(false);
         }
         let (rows, cols) = (wg.rows, wg.cols);
-        if x.len < n * cols || h.len != n * rows {
-            return Err(shape(
-                "gate_up_glu",
-                format!(
-                    "{n} tokens through 2x{rows}x{cols}: input {} floats, output {}",
-                    x.len, h.len
-                ),
-            ));
-        }
+        glu_shape(x, h, n, rows, cols)?;
         let (qs, ds) = self.q8_input(x, n * cols, cols)?;
         let slot = self.q8_tag().map_or(0, |t| t.slot);
         let out_slot = 1 - slot;
@@ -1193,15 +1183,7 @@ impl Device {
         h: &mut Buf,
     ) -> Result<(), CudaError> {
         let (rows, cols) = (wg.rows, wg.cols);
-        if x.len < n * cols || h.len != n * rows {
-            return Err(shape(
-                "gate_up_glu",
-                format!(
-                    "{n} tokens through 2x{rows}x{cols}: input {} floats, output {}",
-                    x.len, h.len
-                ),
-            ));
-        }
+        glu_shape(x, h, n, rows, cols)?;
         let lpr = lanes_per_row(cols / 8, self.f16_loads);
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
@@ -2212,6 +2194,21 @@ fn repack_q4_k(bytes: &[u8], row_bytes: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+/// The shape check of a fused gate/up + GLU launch: `n` tokens of `cols`
+/// in, `n` of `rows` out.
+fn glu_shape(x: &Buf, h: &Buf, n: usize, rows: usize, cols: usize) -> Result<(), CudaError> {
+    if x.len < n * cols || h.len != n * rows {
+        return Err(shape(
+            "gate_up_glu",
+            format!(
+                "{n} tokens through 2x{rows}x{cols}: input {} floats, output {}",
+                x.len, h.len
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Dynamic shared memory of `attention_dec` for `chunk` keys a stage

@@ -1496,6 +1496,130 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
 #define GA_MAXG 8
 #define GA_ACC 8
 #define GA_FAST 512
+// The grouped kernels' phases (`attention_gqa`, `attention_dec`), each
+// over a chunk of keys whose rows are at generic addresses (the cache in
+// global memory, or a copy staged in shared memory).
+//
+// Scores of one key (`kr`: its row, 16-byte aligned) against the group's G
+// queries (`sq`: [G][hd] in shared memory): spc[g * stride] = the scaled,
+// softcapped q_g . k.
+__device__ __forceinline__ void ga_scores(const uint4* kr, const float* sq, int G, int hd, float scale,
+                                          float softcap, float* spc, int stride) {
+    float d[GA_MAXG];
+#pragma unroll
+    for (int g = 0; g < GA_MAXG; g++) d[g] = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < hd; i += 8) {
+        uint4 kk = kr[i >> 3];
+        float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
+                       h2f((u16)kk.z), h2f((u16)(kk.z >> 16)), h2f((u16)kk.w), h2f((u16)(kk.w >> 16))};
+#pragma unroll
+        for (int g = 0; g < GA_MAXG; g++) {
+            if (g < G) {
+                const float* qg = sq + g * hd + i;
+#pragma unroll
+                for (int e = 0; e < 8; e++) d[g] += qg[e] * k8[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GA_MAXG; g++) {
+        if (g < G) {
+            float sc = d[g] * scale;
+            if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+            spc[g * stride] = sc;
+        }
+    }
+}
+
+// A warp per head: the chunk's max, the exponentials (in place in `sp`,
+// [G][stride]), their sum; the online-softmax state (max, sum, this chunk's
+// correction) per head in shared memory. Warps >= G do nothing.
+__device__ __forceinline__ void ga_softmax(float* sp, int stride, int nc, int G, float* sm_m, float* sm_l,
+                                           float* sm_corr) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp >= G) return;
+    float* pg = sp + warp * stride;
+    float cm = -INF_F;
+    for (int j = lane; j < nc; j += 32) cm = fmaxf(cm, pg[j]);
+    cm = warp_max(cm);
+    float mo = sm_m[warp];
+    float mn = fmaxf(mo, cm);
+    float cs = 0.0f;
+    for (int j = lane; j < nc; j += 32) {
+        float e = expf(pg[j] - mn);
+        pg[j] = e;
+        cs += e;
+    }
+    cs = warp_sum(cs);
+    if (lane == 0) {
+        float corr = expf(mo - mn);
+        sm_corr[warp] = corr;
+        sm_l[warp] = sm_l[warp] * corr + cs;
+        sm_m[warp] = mn;
+    }
+}
+
+// The fast value path: acc[g * 4 + i] (head g, value dim i * 32 + lane)
+// rescaled by the chunk's corrections, then a warp per key (keys warp,
+// warp + 8, ...) adds p_gj * v_j; `v0` is key 0's row plus the lane,
+// `vstride` halves between keys.
+__device__ __forceinline__ void ga_values(const u16* v0, size_t vstride, const float* sp, int stride, int nc,
+                                          int G, int nd, const float* sm_corr, float* acc) {
+    int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int g = 0; g < GA_MAXG; g++) {
+        if (g < G) {
+            float corr = sm_corr[g];
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[g * 4 + i] *= corr;
+        }
+    }
+#pragma unroll 2
+    for (int j = warp; j < nc; j += GA_THREADS / 32) {
+        const u16* vr = v0 + (size_t)j * vstride;
+        float vv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) vv[i] = i < nd ? h2f(vr[i * 32]) : 0.0f;
+#pragma unroll
+        for (int g = 0; g < GA_MAXG; g++) {
+            if (g < G) {
+                float pj = sp[g * stride + j];
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[g * 4 + i] += pj * vv[i];
+            }
+        }
+    }
+}
+
+// The fast path's end: each warp's partial sums through shared memory
+// (`part`, 8 warps x G x hdv), a thread per output adds the 8, divides by
+// the head's sum and writes it (token t, KV head kvh), with its q8 copy when
+// `qs` is given (G * hdv % 32 == 0: whole warps stay in the loop, a warp's
+// 32 outputs one q8 unit). Every thread of the block must call it.
+__device__ __forceinline__ void ga_finish(const float* acc, float* part, int G, int hdv, int nd,
+                                          const float* sm_l, float* out, int t, int n_head, int kvh,
+                                          i8* qs, float2* ds) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int g = 0; g < GA_MAXG; g++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (g < G && i < nd) part[(warp * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * hdv; idx += GA_THREADS) {
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
+        int g = idx / hdv;
+        long long o = ((long long)t * n_head + (long long)kvh * G) * hdv + idx;
+        float v = a / sm_l[g];
+        out[o] = v;
+        if (qs) quant_lane(v, o, qs, ds);
+    }
+}
+
 extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u16* vc, float* out,
                                          const u32* seq, const u32* pos, int n_head, int n_head_kv,
                                          int hd, int hdv, int n_ctx, float scale, float softcap,
@@ -1509,7 +1633,7 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
     int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
     int s = seq[t], p = pos[t];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x, lane = tid & 31;
     bool fast = G * hdv <= GA_FAST && (hdv & 31) == 0 && hdv <= 128;
     int nd = hdv >> 5;  // value dims a lane takes per head (fast path), <= 4
     const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * hd;
@@ -1529,82 +1653,13 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
     for (int k = 0; k < GA_MAXG * 4; k++) acc[k] = 0.0f;
     for (int c0 = lo; c0 <= p; c0 += GA_THREADS) {
         int nc = min(GA_THREADS, p + 1 - c0);
-        if (tid < nc) {
-            const uint4* kr = (const uint4*)(kb + (size_t)(c0 + tid) * kd);
-            float d[GA_MAXG];
-#pragma unroll
-            for (int g = 0; g < GA_MAXG; g++) d[g] = 0.0f;
-#pragma unroll 4
-            for (int i = 0; i < hd; i += 8) {
-                uint4 kk = kr[i >> 3];
-                float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
-                               h2f((u16)kk.z), h2f((u16)(kk.z >> 16)), h2f((u16)kk.w), h2f((u16)(kk.w >> 16))};
-#pragma unroll
-                for (int g = 0; g < GA_MAXG; g++) {
-                    if (g < G) {
-                        const float* qg = sq + g * hd + i;
-#pragma unroll
-                        for (int e = 0; e < 8; e++) d[g] += qg[e] * k8[e];
-                    }
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < GA_MAXG; g++) {
-                if (g < G) {
-                    float sc = d[g] * scale;
-                    if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
-                    sp[g * GA_THREADS + tid] = sc;
-                }
-            }
-        }
+        if (tid < nc)
+            ga_scores((const uint4*)(kb + (size_t)(c0 + tid) * kd), sq, G, hd, scale, softcap, sp + tid, GA_THREADS);
         __syncthreads();
-        // A warp per head: the chunk's max, the exponentials, their sum.
-        if (warp < G) {
-            float* pg = sp + warp * GA_THREADS;
-            float cm = -INF_F;
-            for (int j = lane; j < nc; j += 32) cm = fmaxf(cm, pg[j]);
-            cm = warp_max(cm);
-            float mo = sm_m[warp];
-            float mn = fmaxf(mo, cm);
-            float cs = 0.0f;
-            for (int j = lane; j < nc; j += 32) {
-                float e = expf(pg[j] - mn);
-                pg[j] = e;
-                cs += e;
-            }
-            cs = warp_sum(cs);
-            if (lane == 0) {
-                float corr = expf(mo - mn);
-                sm_corr[warp] = corr;
-                sm_l[warp] = sm_l[warp] * corr + cs;
-                sm_m[warp] = mn;
-            }
-        }
+        ga_softmax(sp, GA_THREADS, nc, G, sm_m, sm_l, sm_corr);
         __syncthreads();
         if (fast) {
-#pragma unroll
-            for (int g = 0; g < GA_MAXG; g++) {
-                if (g < G) {
-                    float corr = sm_corr[g];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[g * 4 + i] *= corr;
-                }
-            }
-#pragma unroll 2
-            for (int j = warp; j < nc; j += GA_THREADS / 32) {
-                const u16* vr = vb + (size_t)(c0 + j) * vd + lane;
-                float vv[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) vv[i] = i < nd ? h2f(vr[i * 32]) : 0.0f;
-#pragma unroll
-                for (int g = 0; g < GA_MAXG; g++) {
-                    if (g < G) {
-                        float pj = sp[g * GA_THREADS + j];
-#pragma unroll
-                        for (int i = 0; i < 4; i++) acc[g * 4 + i] += pj * vv[i];
-                    }
-                }
-            }
+            ga_values(vb + (size_t)c0 * vd + lane, vd, sp, GA_THREADS, nc, G, nd, sm_corr, acc);
         } else {
 #pragma unroll
             for (int k = 0; k < GA_ACC; k++) {
@@ -1623,26 +1678,7 @@ extern "C" __global__ void attention_gqa(const float* q, const u16* kc, const u1
         __syncthreads();
     }
     if (fast) {
-        // Each warp's partial sums, then a thread per output adds the 8.
-#pragma unroll
-        for (int g = 0; g < GA_MAXG; g++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                if (g < G && i < nd) part[(warp * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
-        }
-        __syncthreads();
-        // (G * hdv % 32 == 0 here, so whole warps stay in the loop and a
-        // warp's 32 outputs are one unit of the q8 copy, when `qs` is given.)
-        for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
-            float a = 0.0f;
-#pragma unroll
-            for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
-            int g = idx / hdv;
-            long long o = ((long long)t * n_head + (long long)kvh * G) * hdv + idx;
-            float v = a / sm_l[g];
-            out[o] = v;
-            if (qs) quant_lane(v, o, qs, ds);
-        }
+        ga_finish(acc, part, G, hdv, nd, sm_l, out, t, n_head, kvh, qs, ds);
         return;
     }
 #pragma unroll
@@ -1707,7 +1743,7 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     float* sp = sq + G * hd;                // [G][chunk]
     float* part = sp + G * chunk;           // [8 warps][G][hdv]
     int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x, lane = tid & 31;
     PDL_ENTER();
     int s = seq[t], p = pos[t];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
@@ -1748,103 +1784,17 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         int nc = min(chunk, p + 1 - c0);
         cp_async_wait1();
         __syncthreads();
-        if (tid < nc) {
-            const uint4* kr = (const uint4*)(ks + (st * chunk + tid) * kst);
-            float d[GA_MAXG];
-#pragma unroll
-            for (int g = 0; g < GA_MAXG; g++) d[g] = 0.0f;
-#pragma unroll 4
-            for (int i = 0; i < hd; i += 8) {
-                uint4 kk = kr[i >> 3];
-                float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
-                               h2f((u16)kk.z), h2f((u16)(kk.z >> 16)), h2f((u16)kk.w), h2f((u16)(kk.w >> 16))};
-#pragma unroll
-                for (int g = 0; g < GA_MAXG; g++) {
-                    if (g < G) {
-                        const float* qg = sq + g * hd + i;
-#pragma unroll
-                        for (int e = 0; e < 8; e++) d[g] += qg[e] * k8[e];
-                    }
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < GA_MAXG; g++) {
-                if (g < G) {
-                    float sc = d[g] * scale;
-                    if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
-                    sp[g * chunk + tid] = sc;
-                }
-            }
-        }
+        if (tid < nc)
+            ga_scores((const uint4*)(ks + (st * chunk + tid) * kst), sq, G, hd, scale, softcap, sp + tid, chunk);
         __syncthreads();
-        if (warp < G) {
-            float* pg = sp + warp * chunk;
-            float cm = -INF_F;
-            for (int j = lane; j < nc; j += 32) cm = fmaxf(cm, pg[j]);
-            cm = warp_max(cm);
-            float mo = sm_m[warp];
-            float mn = fmaxf(mo, cm);
-            float cs = 0.0f;
-            for (int j = lane; j < nc; j += 32) {
-                float e = expf(pg[j] - mn);
-                pg[j] = e;
-                cs += e;
-            }
-            cs = warp_sum(cs);
-            if (lane == 0) {
-                float corr = expf(mo - mn);
-                sm_corr[warp] = corr;
-                sm_l[warp] = sm_l[warp] * corr + cs;
-                sm_m[warp] = mn;
-            }
-        }
+        ga_softmax(sp, chunk, nc, G, sm_m, sm_l, sm_corr);
         __syncthreads();
-#pragma unroll
-        for (int g = 0; g < GA_MAXG; g++) {
-            if (g < G) {
-                float corr = sm_corr[g];
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[g * 4 + i] *= corr;
-            }
-        }
-        const u16* vst = vs + st * chunk * hdv + lane;
-#pragma unroll 2
-        for (int j = warp; j < nc; j += GA_THREADS / 32) {
-            float vv[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) vv[i] = i < nd ? h2f(vst[j * hdv + i * 32]) : 0.0f;
-#pragma unroll
-            for (int g = 0; g < GA_MAXG; g++) {
-                if (g < G) {
-                    float pj = sp[g * chunk + j];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[g * 4 + i] += pj * vv[i];
-                }
-            }
-        }
+        ga_values(vs + st * chunk * hdv + lane, hdv, sp, chunk, nc, G, nd, sm_corr, acc);
         __syncthreads();  // stage st and the scores are free again
         if (c0 + 2 * chunk <= p) stage(c0 + 2 * chunk, st);
         else cp_async_commit();
     }
-#pragma unroll
-    for (int g = 0; g < GA_MAXG; g++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (g < G && i < nd) part[(warp * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
-    }
-    __syncthreads();
-    // G * hdv % 32 == 0: whole warps stay in the loop, a warp's 32 outputs
-    // are one unit of the q8 copy.
-    for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
-        float a = 0.0f;
-#pragma unroll
-        for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
-        int g = idx / hdv;
-        long long o = ((long long)t * n_head + (long long)kvh * G) * hdv + idx;
-        float v = a / sm_l[g];
-        out[o] = v;
-        if (qs) quant_lane(v, o, qs, ds);
-    }
+    ga_finish(acc, part, G, hdv, nd, sm_l, out, t, n_head, kvh, qs, ds);
 }
 
 // ---- prefill attention on the tensor cores (mma.sync, sm_80+).
