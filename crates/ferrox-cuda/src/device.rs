@@ -1054,13 +1054,8 @@ impl Device {
         }
         let m = mmvq_mats(self, mats)?;
         let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
-        let lpr = lanes_per_row(loads, per_lane);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        Ok((m, cfg, lpr as i32))
+        let (cfg, lpr) = row_grid(rows, n, loads, per_lane);
+        Ok((m, cfg, lpr))
     }
 
     /// One launch of the int8-activation kernel over up to three matrices of
@@ -1184,13 +1179,8 @@ impl Device {
     ) -> Result<(), CudaError> {
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
-        let lpr = lanes_per_row(cols / 8, self.f16_loads);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (a, lpr) = (act.code(), lpr as i32);
+        let (cfg, lpr) = row_grid(rows, n, cols / 8, self.f16_loads);
+        let a = act.code();
         self.launch(
             &self.fns.matvec_f16_glu,
             cfg,
@@ -2142,8 +2132,9 @@ unsafe impl cudarc::driver::DeviceRepr for MmvqMats {}
 /// 2-byte-aligned quants (Q4_0, Q8_0: scale first; Q6_K: scale last): per
 /// row, every block's other bytes block after block (16, 32 or 208 bytes, so
 /// each block's quants start 16-byte aligned and load as uint4), then the
-/// blocks' scales, padded to 16 bytes. `None` for kinds kept as in the file.
-/// The kernels' `deq_`/`dot_` functions read this layout (`kernels.cu`).
+/// blocks' scales, padded to 16 bytes; Q4_K has its own layout
+/// ([`repack_q4_k`]). `None` for kinds kept as in the file. The kernels'
+/// `deq_`/`dot_` functions read these layouts (`kernels.cu`).
 fn repack(kind: QuantKind, bytes: &[u8], rows: usize, row_bytes: usize) -> Option<(Vec<u8>, usize)> {
     if kind == QuantKind::Q4K {
         return Some((repack_q4_k(bytes, row_bytes), row_bytes));
@@ -2215,6 +2206,20 @@ fn glu_shape(x: &Buf, h: &Buf, n: usize, rows: usize, cols: usize) -> Result<(),
 /// (its layout comment in `kernels.cu`).
 fn dec_smem_bytes(chunk: usize, g: usize, hd: usize, hdv: usize) -> usize {
     2 * chunk * (hd + 8 + hdv) * 2 + (g * hd + g * chunk + 8 * g * hdv) * 4
+}
+
+/// The grid of a row-matvec launch over `rows` rows and `n` tokens:
+/// 256-thread blocks whose lanes share a row ([`lanes_per_row`] of a row's
+/// `loads`, about `per_lane` a lane), and that lane count as the kernels'
+/// `lpr` argument.
+fn row_grid(rows: usize, n: usize, loads: usize, per_lane: usize) -> (LaunchConfig, i32) {
+    let lpr = lanes_per_row(loads, per_lane);
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    (cfg, lpr as i32)
 }
 
 /// Lanes of a 256-thread block that share one row of the matvec kernels

@@ -1121,7 +1121,8 @@ extern "C" __global__ void matvec_f16_v8(MmvqMats m, const float* __restrict__ x
 // both matrices, a step's four 16-byte loads of each written before the
 // first dot (ptxas, at its default register target, still spreads them
 // between the dots, as in `matvec_f16_v8`; __launch_bounds__(256, 1)
-// keeps them together at 96 registers: unmeasured), and the row's lane 0
+// keeps them together at 96 registers but measured no faster on the H200:
+// benchmarks/cuda.md, session 6), and the row's lane 0
 // writes h = act(g) * u. `act`: 0 SiLU, 1 GELU
 // (tanh form), as `glu`. h only, no q8 copy: a 32-element unit of h spans
 // several blocks at these lane counts, and an F16 down matvec reads f32.

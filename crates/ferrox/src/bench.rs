@@ -417,18 +417,11 @@ fn gen_pass<B: DeviceBackend>(
 ) -> Result<(), ModelError> {
     let n_vocab = model.n_vocab() as u64;
     let mut tok = bos.unwrap_or_else(|| (rng.next() % n_vocab) as u32);
-    // (Measuring only: FERROX_BENCH_ARGMAX=1 brings back the argmax instead
-    // of the logits, to see what reading the logits back costs a token.)
-    let argmax = std::env::var("FERROX_BENCH_ARGMAX").is_ok_and(|v| v == "1");
     let mut logits = Vec::new();
     for pos in 0..n {
         let mut b = Batch::default();
         b.push(tok, pos as u32, 0, true);
-        if argmax {
-            model.forward_argmax(ctx, &b)?;
-        } else {
-            model.forward_into(ctx, &b, &mut logits)?;
-        }
+        model.forward_into(ctx, &b, &mut logits)?;
         tok = (rng.next() % n_vocab) as u32;
     }
     Ok(())
