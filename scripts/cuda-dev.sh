@@ -8,7 +8,7 @@
 # VARIANTS: ';'-separated env settings compared in every step ("" is the default),
 # e.g. "FERROX_CUDA_MMVQ_ROWS=1;FERROX_CUDA_MMVQ_ROWS=2"; KINDS (Q4_K Q4_0 Q8_0);
 # NCU_SHAPE (e.g. 8192x2048): ncu's detailed sections on kernel_bench at that shape;
-# REPS (decode repetitions, 3).
+# REPS (decode repetitions, 3); KB_VARIANTS: kernel_bench's own (default VARIANTS).
 set -u
 D=${D:-target/h-cuda5}
 OUT=${OUT:-/tmp/ferrox-out}
@@ -18,6 +18,9 @@ T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee $LOG/gpu.txt
 IFS=';' read -r -a VARS <<< "${VARIANTS:-}"
 [ ${#VARS[@]} = 0 ] && VARS=("")
+# kernel_bench's variants (KB_VARIANTS, default VARIANTS).
+IFS=';' read -r -a KBV <<< "${KB_VARIANTS-${VARIANTS:-}}"
+[ ${#KBV[@]} = 0 ] && KBV=("")
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 300 $D/tests/ferrox_core backend:: --test-threads=1 >$LOG/tests.log 2>&1
@@ -38,7 +41,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 for sh in ${KB_SHAPES:-}; do
-  for v in "${VARS[@]}"; do
+  for v in "${KBV[@]}"; do
     echo "== $sh [$v]" >>$LOG/kernel_bench.txt
     env $v KB_GEMM=0 timeout 120 $D/kernel_bench ${sh%x*} ${sh#*x} >>$LOG/kernel_bench.txt 2>&1
   done

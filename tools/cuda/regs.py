@@ -5,7 +5,8 @@ compiled here by NVRTC to an sm_90 cubin (no GPU, no ptxas needed):
 nvidia-cuda-nvrtc, on LD_LIBRARY_PATH or in site-packages). The source is
 what NVRTC gets at run time (kernels.cu after the IQ tables compile.rs
 prints from ferrox-quant): read from $FERROX_KERNEL_SRC if set, else
-printed by `cargo run --release -p ferrox-cuda --example kernel_source`."""
+printed by `cargo run --release -p ferrox-cuda --example kernel_source`.
+FERROX_CUDA_DEFINES (as at run time) sets the kernels' compile-time knobs."""
 import ctypes, glob, os, struct, subprocess, sys
 
 def load_nvrtc():
@@ -27,7 +28,8 @@ def cubin(src):
     nv = load_nvrtc()
     prog = ctypes.c_void_p()
     assert nv.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"kernels.cu", 0, None, None) == 0
-    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--use_fast_math"] if False else [b"--gpu-architecture=sm_90"]
+    # FERROX_CUDA_DEFINES: the kernels' compile-time knobs, as the host passes them.
+    opts = [b"--gpu-architecture=sm_90"] + [b"-D" + d.encode() for d in os.environ.get("FERROX_CUDA_DEFINES", "").split()]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = nv.nvrtcCompileProgram(prog, len(opts), arr)
     n = ctypes.c_size_t()

@@ -4,6 +4,9 @@
 //! the H200 figures and command are in `benchmarks/cuda.md`.
 //! `KB_KINDS=Q4_0,Q4_K` limits the kinds (the IQ1/IQ2/IQ3 lattice kinds get
 //! random valid blocks: ferrox has no quantizer for them); `KB_GEMM=0` skips the GEMM column.
+//! The "chained" line times 24 launches back to back (per launch): what a
+//! decode step sees; the table's single launches include the host's launch
+//! latency, which dominates below ~20 MB.
 
 use std::time::Instant;
 
@@ -80,6 +83,17 @@ fn main() {
         ms.sort_by(f64::total_cmp);
         ms[ms.len() / 2]
     };
+    // The same, a chain of CHAIN calls between the events, per call: the
+    // host's launch latency is paid once, and each launch overlaps the
+    // previous one as in a decode step (programmatic dependent launch).
+    const CHAIN: usize = 24;
+    let time_chain = |f: &mut dyn FnMut()| -> f64 {
+        time(&mut || {
+            for _ in 0..CHAIN {
+                f();
+            }
+        }) / CHAIN as f64
+    };
     println!(
         "{:<7} {:>10} {:>12} {:>10} {:>14} {:>12}",
         "kind", "MiB", "matvec us", "GB/s", "gemm512 ms", "TFLOP/s"
@@ -111,6 +125,11 @@ fn main() {
                 .unwrap();
             i += 1;
         });
+        let mv_chain = time_chain(&mut || {
+            dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, &mut y, 1)
+                .unwrap();
+            i += 1;
+        });
         let gm = if gemm {
             time(&mut || {
                 dev.matmul_with(MatmulPath::Gemm, &w[i % copies], &x, &mut y, 512)
@@ -128,6 +147,16 @@ fn main() {
         let glu = if fused_glu {
             let mut h = dev.alloc(rows).unwrap();
             time(&mut || {
+                dev.gate_up_glu(ferrox_cuda::Act::Silu, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
+                    .unwrap();
+                i += 2;
+            })
+        } else {
+            f64::NAN
+        };
+        let glu_chain = if fused_glu {
+            let mut h = dev.alloc(rows).unwrap();
+            time_chain(&mut || {
                 dev.gate_up_glu(ferrox_cuda::Act::Silu, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
                     .unwrap();
                 i += 2;
@@ -169,6 +198,15 @@ fn main() {
             (f64::NAN, f64::NAN)
         };
         println!("{:<6} matmul_many x3 {:.1} us, three matvecs {:.1} us", kind.name(), many * 1e3, three * 1e3);
+        let gbs = |ms: f64, n: f64| n * bytes.len() as f64 / (ms * 1e-3) / 1e9;
+        println!(
+            "{:<6} chained x{CHAIN}: matvec {:.2} us ({:.0} GB/s), gate/up+GLU {:.2} us ({:.0} GB/s)",
+            kind.name(),
+            mv_chain * 1e3,
+            gbs(mv_chain, 1.0),
+            glu_chain * 1e3,
+            gbs(glu_chain, 2.0)
+        );
         let gb = bytes.len() as f64 / (mv * 1e-3) / 1e9;
         let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (gm * 1e-3) / 1e12;
         println!(

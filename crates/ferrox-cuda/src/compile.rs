@@ -64,11 +64,46 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-fn options(arch: &str) -> CompileOptions {
+fn options(arch: &str, defines: &[String]) -> CompileOptions {
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    options.extend(defines.iter().map(|d| format!("-D{d}")));
     CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        options,
         ..Default::default()
     }
+}
+
+/// The kernel source's compile-time knobs from `FERROX_CUDA_DEFINES`
+/// ([`parse_defines`]): a measuring aid for trying a kernel variant without
+/// a new build; the defaults in `kernels.cu` are the measured choices.
+pub(crate) fn env_defines() -> Result<Vec<String>, CudaError> {
+    std::env::var("FERROX_CUDA_DEFINES").map_or(Ok(Vec::new()), |v| parse_defines(&v))
+}
+
+/// `NAME` or `NAME=VALUE` items separated by spaces or commas (e.g.
+/// `FERROX_PREFETCH=0,MMVQ_STEP=8`); anything but identifiers and plain
+/// values is refused, so nothing else reaches NVRTC's command line.
+pub(crate) fn parse_defines(v: &str) -> Result<Vec<String>, CudaError> {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with(|c: char| c.is_ascii_digit())
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    v.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|d| !d.is_empty())
+        .map(|d| {
+            let (name, value) = d.split_once('=').unwrap_or((d, "1"));
+            let plain = !value.is_empty() && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if ident(name) && plain {
+                Ok(d.to_string())
+            } else {
+                Err(CudaError::Compile {
+                    arch: String::new(),
+                    log: format!("FERROX_CUDA_DEFINES: {d:?} is not NAME or NAME=VALUE"),
+                })
+            }
+        })
+        .collect()
 }
 
 fn nvrtc_version() -> String {
@@ -83,11 +118,11 @@ fn nvrtc_version() -> String {
     }
 }
 
-fn compile(arch: &str) -> Result<Ptx, CudaError> {
+fn compile(arch: &str, defines: &[String]) -> Result<Ptx, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::MissingLibrary { lib: "libnvrtc" });
     }
-    cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), options(arch)).map_err(|e| {
+    cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), options(arch, defines)).map_err(|e| {
         CudaError::Compile {
             arch: arch.to_string(),
             log: match e {
@@ -101,7 +136,7 @@ fn compile(arch: &str) -> Result<Ptx, CudaError> {
 /// Compiles every kernel for `arch` (e.g. [`crate::CHECK_ARCH`]) with NVRTC
 /// alone: no driver, no device. Returns the PTX's size.
 pub fn compile_check(arch: &str) -> Result<usize, CudaError> {
-    Ok(compile(arch)?.to_src().len())
+    Ok(compile(arch, &[])?.to_src().len())
 }
 
 fn cache_dir() -> Option<PathBuf> {
@@ -112,9 +147,10 @@ fn cache_dir() -> Option<PathBuf> {
     Some(PathBuf::from(home).join(".cache/ferrox/cuda"))
 }
 
-/// The module for `arch`: from the disk cache, or compiled and stored. A
-/// cache that cannot be written only costs a compile per process.
-pub(crate) fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
+/// The module for `arch` (with `defines`, [`env_defines`]): from the disk
+/// cache, or compiled and stored. A cache that cannot be written only costs
+/// a compile per process.
+pub(crate) fn ptx_for(arch: &str, defines: &[String]) -> Result<Ptx, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::MissingLibrary { lib: "libnvrtc" });
     }
@@ -122,6 +158,10 @@ pub(crate) fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
     h.update(kernel_source().as_bytes());
     h.update(arch.as_bytes());
     h.update(nvrtc_version().as_bytes());
+    for d in defines {
+        h.update(b"\0");
+        h.update(d.as_bytes());
+    }
     let key: String = h
         .finalize()
         .iter()
@@ -132,7 +172,7 @@ pub(crate) fn ptx_for(arch: &str) -> Result<Ptx, CudaError> {
     if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(Ptx::from_src(text));
     }
-    let ptx = compile(arch)?;
+    let ptx = compile(arch, defines)?;
     if let Some(p) = path {
         let text = ptx.to_src();
         let tmp = p.with_extension(format!("tmp{}", std::process::id()));
@@ -165,6 +205,16 @@ mod tests {
         }
         for (j, &m) in KMASK_IQ2XS.iter().enumerate() {
             assert_eq!(m, 1 << j);
+        }
+    }
+
+    #[test]
+    fn defines_take_names_and_plain_values_only() {
+        let ok = super::parse_defines(" FERROX_PREFETCH=0,MMVQ_STEP=8  X ").unwrap();
+        assert_eq!(ok, ["FERROX_PREFETCH=0", "MMVQ_STEP=8", "X"]);
+        assert!(super::parse_defines("").unwrap().is_empty());
+        for bad in ["A=", "=1", "1A=2", "A=1;rm", "A=\"x\"", "-DA", "A=(1)"] {
+            assert!(super::parse_defines(bad).is_err(), "{bad}");
         }
     }
 

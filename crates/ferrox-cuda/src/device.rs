@@ -302,6 +302,10 @@ struct Scratch {
     /// q8 buffers outgrown: kept, since a recorded graph may still read
     /// them (a graph holds raw addresses).
     retired: Vec<CudaSlice<u8>>,
+    /// The GLU kernels' per-unit counters (`glu_unit_q8`): zero between
+    /// launches. Grows like the q8 slots; outgrown ones in `retired_cnt`.
+    cnt: Option<CudaSlice<u32>>,
+    retired_cnt: Vec<CudaSlice<u32>>,
 }
 
 /// Which input the q8 scratch holds right now: the buffer, how many floats
@@ -437,7 +441,14 @@ impl Device {
             .map_err(drv("reading the compute capability"))?;
         let arch = format!("compute_{major}{minor}");
         let name = ctx.name().map_err(drv("reading the device name"))?;
-        let ptx = crate::compile::ptx_for(&arch)?;
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("reading the multiprocessor count"))?;
+        // The kernels' knobs (`FERROX_CUDA_DEFINES`, for measuring) and the
+        // device's SM count (the first-wave prefetch bound).
+        let mut defines = crate::compile::env_defines()?;
+        defines.push(format!("FERROX_SMS={}", sms.max(1)));
+        let ptx = crate::compile::ptx_for(&arch, &defines)?;
         let module = ctx
             .load_module(ptx)
             .map_err(drv(format!("loading the kernels for {arch}")))?;
@@ -607,6 +618,24 @@ impl Device {
         }
         let p = sc.q8[slot].as_ref().map_or(0, |s| self.ptr(s));
         Ok((p, p + elems as u64))
+    }
+
+    /// At least `n` zeroed u32 counters for the GLU kernels' q8 units.
+    fn unit_counters(&self, n: usize) -> Result<u64, CudaError> {
+        let mut sc = self
+            .scratch
+            .lock()
+            .map_err(|_| shape("unit counters", "scratch lock poisoned".into()))?;
+        if sc.cnt.as_ref().is_none_or(|c| c.len() < n) {
+            let fresh = self
+                .stream
+                .alloc_zeros::<u32>(n.max(1024).next_power_of_two())
+                .map_err(drv(format!("allocating {n} unit counters")))?;
+            if let Some(old) = sc.cnt.replace(fresh) {
+                sc.retired_cnt.push(old);
+            }
+        }
+        Ok(sc.cnt.as_ref().map_or(0, |c| self.ptr(c)))
     }
 
     /// The q8 copy of `x` (`elems` floats in rows of `width`): where the
@@ -1130,12 +1159,19 @@ impl Device {
         let slot = self.q8_tag().map_or(0, |t| t.slot);
         let out_slot = 1 - slot;
         let (hq, hds) = self.q8_scratch_slot(n * rows, out_slot)?;
+        let cnt = self.unit_counters(n * rows / 32)?;
         let a = act.code();
+        // A row within a warp (8 to 32 lanes), about MMVQ_UNITS units of
+        // each matrix a lane.
+        // (rows % 32 == 0, so the 256 / lpr rows of a block, 8 to 32,
+        // tile them and every 32-row unit.)
+        let lpr = lanes_per_row(cols / 32, self.mmvq_units).min(32);
         let cfg = LaunchConfig {
-            grid_dim: ((rows / 32) as u32, n as u32, 1),
+            grid_dim: ((rows / (256 / lpr)) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let lpr = lpr as i32;
         self.launch(
             f,
             cfg,
@@ -1152,6 +1188,8 @@ impl Device {
                 &self.ptr(&h.s),
                 &hq,
                 &hds,
+                &lpr,
+                &cnt,
             ],
         )?;
         self.set_q8_tag(Some(Q8Tag {

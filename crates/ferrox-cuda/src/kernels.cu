@@ -40,11 +40,85 @@ typedef signed char i8;
     } while (0)
 #endif
 
+// Compile-time knobs (the host may set them through FERROX_CUDA_DEFINES to
+// measure a variant; the defaults are the measured choices):
+// FERROX_PREFETCH: the matvecs' L2 prefetch of their rows before PDL_ENTER;
+// FERROX_WLOAD: 1 loads the 16-byte weight vectors with
+// `ld.global.nc.L1::no_allocate.L2::256B` (streamed past L1, L2 fetching
+// 256-byte runs) instead of plain `ld.global.nc`.
+#ifndef FERROX_PREFETCH
+#define FERROX_PREFETCH 1
+#endif
+#ifndef FERROX_WLOAD
+#define FERROX_WLOAD 0
+#endif
+// FERROX_F16_MINB: the F16 matvecs' __launch_bounds__ minimum blocks an SM
+// (0: no bound, ptxas's default register target, which spreads a step's
+// loads between the dots).
+#ifndef FERROX_F16_MINB
+#define FERROX_F16_MINB 2
+#endif
+// MMVQ_STEP / F16_STEP: units (16-byte F16 vectors) a lane loads together
+// before the first dot, in the int8 and F16 matvecs.
+#ifndef MMVQ_STEP
+#define MMVQ_STEP 4
+#endif
+#ifndef F16_STEP
+#define F16_STEP 4
+#endif
+#if FERROX_F16_MINB > 0
+#define F16_BOUNDS __launch_bounds__(256, FERROX_F16_MINB)
+#define F16_PER_SM FERROX_F16_MINB
+#else
+#define F16_BOUNDS __launch_bounds__(256)
+#define F16_PER_SM 8
+#endif
+// FERROX_MMVQ_MINB: the same for the int8 matvecs (mmvq_<kind>); at two
+// blocks an SM ptxas keeps a step's loads ahead of its dots (at its
+// default target it spread them between the dots: one load in flight).
+#ifndef FERROX_MMVQ_MINB
+#define FERROX_MMVQ_MINB 2
+#endif
+#if FERROX_MMVQ_MINB > 0
+#define MMVQ_BOUNDS __launch_bounds__(256, FERROX_MMVQ_MINB)
+#define MMVQ_PER_SM FERROX_MMVQ_MINB
+#else
+#define MMVQ_BOUNDS __launch_bounds__(256)
+#define MMVQ_PER_SM 4
+#endif
+
+// FERROX_SMS: the device's multiprocessor count (the host defines it).
+// FERROX_PF_WAVE: 1 prefetches only in the launch's first wave of blocks
+// (`per_sm` resident an SM): later blocks start after the previous kernel
+// has finished, so their prefetch only doubles their requests.
+#ifndef FERROX_SMS
+#define FERROX_SMS 132
+#endif
+#ifndef FERROX_PF_WAVE
+#define FERROX_PF_WAVE 0
+#endif
+
 // Brings `bytes` of immutable weights from `p` towards L2, a 128-byte line
 // per lane at `first`, `first + stride`, ... (before PDL_ENTER).
-__device__ __forceinline__ void prefetch_l2(const u8* p, long long bytes, int first, int stride) {
+__device__ __forceinline__ void prefetch_l2(const u8* p, long long bytes, int first, int stride, int per_sm) {
+#if FERROX_PREFETCH
+    if (FERROX_PF_WAVE && blockIdx.x + blockIdx.y * gridDim.x >= FERROX_SMS * per_sm) return;
     for (long long o = (long long)first * 128; o < bytes; o += (long long)stride * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+#endif
+}
+
+// 16 bytes of immutable weights (16-byte aligned).
+__device__ __forceinline__ uint4 ldw4(const void* p) {
+#if FERROX_WLOAD
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    return __ldg((const uint4*)p);
+#endif
 }
 
 __device__ __forceinline__ float h2f(u16 h) {
@@ -746,7 +820,7 @@ __device__ __forceinline__ u32 ld_a2(const u8* p) {
 // qx: the unit's 32 int8 activations as 8 ints; dx its scale; sx = dx * sum(q).
 // The dot returns the unit's dot in weight-scale units times dx.
 
-__device__ __forceinline__ uint4 ldg4(const u8* p) { return __ldg((const uint4*)p); }
+__device__ __forceinline__ uint4 ldg4(const u8* p) { return ldw4(p); }
 __device__ __forceinline__ u16 ldg2(const u8* p) { return __ldg((const unsigned short*)p); }
 
 struct Wq4_0 { uint4 q; u16 d; };
@@ -954,7 +1028,7 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
     }
 
 #define DEFINE_MMVQ(NAME)                                                                          \
-    extern "C" __global__ void mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
+    extern "C" __global__ void MMVQ_BOUNDS mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
                                            const float2* __restrict__ dsx, int cols, int lpr) {  \
         __shared__ float red[MMVQ_WARPS];                                                         \
         int n_units = cols >> 5;                                                                  \
@@ -963,26 +1037,37 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
         int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;                           \
         bool ok = mats_row(m, &r, &k);                                                            \
         const u8* row = mats_w(m, k) + (size_t)r * mats_rb(m, k);                                 \
-        if (ok) prefetch_l2(row, mats_rb(m, k), sub, lpr);                                        \
+        if (ok) prefetch_l2(row, mats_rb(m, k), sub, lpr, MMVQ_PER_SM);                           \
         PDL_ENTER();                                                                              \
         float acc = 0.0f;                                                                         \
         if (ok) {                                                                                 \
             const int4* qt = qx + (size_t)t * n_units * 2;                                        \
             const float2* dt = dsx + (size_t)t * n_units;                                         \
             int u = sub, step = lpr;                                                              \
-            /* Four units a step: all four units' weight loads first. */                          \
-            for (; u + 3 * step < n_units; u += 4 * step) {                                       \
-                W##NAME w[4];                                                                     \
-                _Pragma("unroll") for (int j = 0; j < 4; j++) w[j] = ld_##NAME(row, u + j * step, cols); \
-                _Pragma("unroll") for (int j = 0; j < 4; j++) {                                   \
+            /* MMVQ_STEP units a step: all their weight loads first. */                          \
+            for (; u + (MMVQ_STEP - 1) * step < n_units; u += MMVQ_STEP * step) {                 \
+                W##NAME w[MMVQ_STEP];                                                             \
+                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) w[j] = ld_##NAME(row, u + j * step, cols); \
+                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                           \
                     LOAD_ACTS(qt, dt, u + j * step, q8, dd);                                      \
                     acc += dot_##NAME(w[j], q8, dd.x, dd.y);                                      \
                 }                                                                                 \
             }                                                                                     \
-            for (; u < n_units; u += step) {                                                      \
-                W##NAME w = ld_##NAME(row, u, cols);                                              \
-                LOAD_ACTS(qt, dt, u, q8, dd);                                                     \
-                acc += dot_##NAME(w, q8, dd.x, dd.y);                                             \
+            /* The rest (under MMVQ_STEP units a lane): one guarded step, */                     \
+            /* its loads still issued together. */                                                \
+            if (u < n_units) {                                                                    \
+                W##NAME w[MMVQ_STEP];                                                             \
+                /* (clamped, not guarded: unconditional loads stay together) */                  \
+                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++)                             \
+                    w[j] = ld_##NAME(row, min(u + j * step, n_units - 1), cols);                  \
+                /* (a clamped unit's dot is computed, then dropped: a guard */                   \
+                /* would let the compiler sink its load into it) */                               \
+                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                           \
+                    int uj = min(u + j * step, n_units - 1);                                      \
+                    LOAD_ACTS(qt, dt, uj, q8, dd);                                                \
+                    float d_ = dot_##NAME(w[j], q8, dd.x, dd.y);                                  \
+                    acc += u + j * step < n_units ? d_ : 0.0f;                                    \
+                }                                                                                 \
             }                                                                                     \
         }                                                                                         \
         if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc; \
@@ -1002,77 +1087,108 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
 }
 
+// The q8 copy of the GLU output's 32-row unit holding rows r0 .. r0 + rpb
+// (rpb <= 32 divides 32) of token t, once all its 32 / rpb blocks wrote
+// their rows of h: each block fences its writes and counts itself in; the
+// last one reads the unit back from L2 and quantizes it, then resets the
+// counter for the next launch. Every thread of the block calls it.
+__device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds, unsigned* cnt, int t,
+                                            int rows, int r0, int rpb, bool* last) {
+    long long unit = ((long long)t * rows + r0) >> 5;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned need = 32 / rpb;
+        *last = need == 1 || atomicAdd(cnt + unit, 1u) == need - 1;
+    }
+    __syncthreads();
+    if (*last && threadIdx.x < 32) {
+        __threadfence();
+        long long i = unit * 32 + threadIdx.x;
+        quant_lane(__ldcg(h + i), i, hq, hds);
+        if (threadIdx.x == 0 && rpb < 32) cnt[unit] = 0;
+    }
+}
+
 // The gate and up matvecs and the GLU after them in one launch (decode):
-// 32 rows a block, 8 lanes a row; a lane takes units sub, sub + 8, ... of
-// the row of both matrices, four of each a step (all eight units' loads
-// issued before the first dot), then the block writes h = act(g) * u for
-// its 32 rows and, from one warp, their q8 unit for the down matvec (so
-// rows % 32 == 0). `act`: 0 SiLU, 1 GELU (tanh form), as `glu`. The
-// output q8 buffer is not the input's (two scratch slots).
-#define GLU_LPR 8
-// Occupancy: unbounded, the Q4_K kernel takes 130 registers (one block an
-// SM); bounded to two blocks an SM it takes 120 without spilling. (A
-// minimum of one block is not the same as none: the compiler then takes
-// up to 163 registers for the other kinds.)
-#define GLU_BOUNDS_1 __launch_bounds__(256)
-#define GLU_BOUNDS_2 __launch_bounds__(256, 2)
-#define DEFINE_MMVQ_GLU(NAME, MINB)                                                                    \
-    extern "C" __global__ void GLU_BOUNDS_##MINB mmvq_glu_##NAME(                           \
+// `lpr` lanes a row (8, 16 or 32: a row within a warp), 256 / lpr rows a
+// block, so a block is short and a launch has many (the last wave of a
+// launch of few long blocks left most SMs idle: benchmarks/cuda.md,
+// session 7). A lane takes units sub, sub + lpr, ... of the row of both
+// matrices, MMVQ_STEP of each a step (all their loads issued before the
+// first dot); the row's lane 0 writes h = act(g) * u. `act`: 0 SiLU, 1
+// GELU (tanh form), as `glu`. h's q8 copy for the down matvec (32-row
+// units; rows % 32 == 0): the last of the unit's blocks to finish
+// quantizes it (`cnt`, one counter a unit and token, zero between launches:
+// the last block resets it). The output q8 buffer is not the input's (two
+// scratch slots).
+// Occupancy: two blocks an SM keep every kind's loads together (ptxas
+// otherwise spreads them between the dots to save registers).
+#ifndef FERROX_GLU_MINB
+#define FERROX_GLU_MINB 2
+#endif
+#define DEFINE_MMVQ_GLU(NAME)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, FERROX_GLU_MINB) mmvq_glu_##NAME(          \
         const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,      \
         const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols, int act,           \
-        float* __restrict__ h, i8* __restrict__ hq, float2* __restrict__ hds) {                   \
-        __shared__ float hv[32];                                                                  \
+        float* __restrict__ h, i8* __restrict__ hq, float2* __restrict__ hds, int lpr,            \
+        unsigned* __restrict__ cnt) {                                                             \
+        __shared__ bool last;                                                                     \
         int n_units = cols >> 5;                                                                  \
-        int sub = threadIdx.x & (GLU_LPR - 1);                                                    \
+        int sub = threadIdx.x & (lpr - 1);                                                        \
         int t = blockIdx.y;                                                                       \
-        int rl = threadIdx.x / GLU_LPR;                                                           \
-        int r = blockIdx.x * 32 + rl;                                                             \
+        int rpb = blockDim.x / lpr;                                                               \
+        int r = blockIdx.x * rpb + threadIdx.x / lpr;                                             \
         const u8* rg = wg + (size_t)r * row_bytes;                                                \
         const u8* ru = wu + (size_t)r * row_bytes;                                                \
-        prefetch_l2(rg, row_bytes, sub, GLU_LPR);                                                 \
-        prefetch_l2(ru, row_bytes, sub, GLU_LPR);                                                 \
+        prefetch_l2(rg, row_bytes, sub, lpr, FERROX_GLU_MINB);                                    \
+        prefetch_l2(ru, row_bytes, sub, lpr, FERROX_GLU_MINB);                                    \
         PDL_ENTER();                                                                              \
         float ag = 0.0f, au = 0.0f;                                                               \
         const int4* qt = qx + (size_t)t * n_units * 2;                                            \
         const float2* dt = dsx + (size_t)t * n_units;                                             \
         int u = sub;                                                                              \
-        for (; u + 3 * GLU_LPR < n_units; u += 4 * GLU_LPR) {                                     \
-            W##NAME g[4], v[4];                                                                   \
-            _Pragma("unroll") for (int j = 0; j < 4; j++) {                                       \
-                g[j] = ld_##NAME(rg, u + j * GLU_LPR, cols);                                      \
-                v[j] = ld_##NAME(ru, u + j * GLU_LPR, cols);                                      \
+        for (; u + (MMVQ_STEP - 1) * lpr < n_units; u += MMVQ_STEP * lpr) {                       \
+            W##NAME g[MMVQ_STEP], v[MMVQ_STEP];                                                   \
+            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+                g[j] = ld_##NAME(rg, u + j * lpr, cols);                                          \
+                v[j] = ld_##NAME(ru, u + j * lpr, cols);                                          \
             }                                                                                     \
-            _Pragma("unroll") for (int j = 0; j < 4; j++) {                                       \
-                LOAD_ACTS(qt, dt, u + j * GLU_LPR, q8, dd);                                       \
+            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+                LOAD_ACTS(qt, dt, u + j * lpr, q8, dd);                                           \
                 ag += dot_##NAME(g[j], q8, dd.x, dd.y);                                           \
                 au += dot_##NAME(v[j], q8, dd.x, dd.y);                                           \
             }                                                                                     \
         }                                                                                         \
-        for (; u < n_units; u += GLU_LPR) {                                                       \
-            W##NAME g = ld_##NAME(rg, u, cols), v = ld_##NAME(ru, u, cols);                       \
-            LOAD_ACTS(qt, dt, u, q8, dd);                                                         \
-            ag += dot_##NAME(g, q8, dd.x, dd.y);                                                  \
-            au += dot_##NAME(v, q8, dd.x, dd.y);                                                  \
+        if (u < n_units) { /* the rest: one guarded step, as in mmvq */                           \
+            W##NAME g[MMVQ_STEP], v[MMVQ_STEP];                                                   \
+            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+                int uj = min(u + j * lpr, n_units - 1);                                           \
+                g[j] = ld_##NAME(rg, uj, cols);                                                   \
+                v[j] = ld_##NAME(ru, uj, cols);                                                   \
+            }                                                                                     \
+            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+                int uj = min(u + j * lpr, n_units - 1);                                           \
+                LOAD_ACTS(qt, dt, uj, q8, dd);                                                    \
+                float dg_ = dot_##NAME(g[j], q8, dd.x, dd.y), du_ = dot_##NAME(v[j], q8, dd.x, dd.y); \
+                bool in_ = u + j * lpr < n_units;                                                 \
+                ag += in_ ? dg_ : 0.0f;                                                           \
+                au += in_ ? du_ : 0.0f;                                                           \
+            }                                                                                     \
         }                                                                                         \
-        _Pragma("unroll") for (int o = GLU_LPR >> 1; o > 0; o >>= 1) {                            \
+        for (int o = lpr >> 1; o > 0; o >>= 1) {                                                  \
             ag += __shfl_xor_sync(0xffffffffu, ag, o);                                            \
             au += __shfl_xor_sync(0xffffffffu, au, o);                                            \
         }                                                                                         \
-        if (sub == 0) {                                                                           \
-            float y = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;                                 \
-            hv[rl] = y;                                                                           \
-            h[(size_t)t * rows + r] = y;                                                          \
-        }                                                                                         \
-        __syncthreads();                                                                          \
-        if (threadIdx.x < 32)                                                                     \
-            quant_lane(hv[threadIdx.x], (long long)t * rows + blockIdx.x * 32 + threadIdx.x, hq, hds); \
+        if (sub == 0) h[(size_t)t * rows + r] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;       \
+        glu_unit_q8(h, hq, hds, cnt, t, rows, blockIdx.x * rpb, rpb, &last);                     \
     }
 
-DEFINE_MMVQ_GLU(q4_0, 1)
-DEFINE_MMVQ_GLU(q5_0, 1)
-DEFINE_MMVQ_GLU(q8_0, 1)
-DEFINE_MMVQ_GLU(q4_k, 2)
-DEFINE_MMVQ_GLU(q6_k, 1)
+DEFINE_MMVQ_GLU(q4_0)
+DEFINE_MMVQ_GLU(q5_0)
+DEFINE_MMVQ_GLU(q8_0)
+DEFINE_MMVQ_GLU(q4_k)
+DEFINE_MMVQ_GLU(q6_k)
 
 
 __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
@@ -1087,7 +1203,7 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
 // Up to three matrices of one width over the same input in one launch
 // (`MmvqMats`, as the int8 kernels: Q, K and V; one matrix is the case
 // m.rows[1] == 0), picked with the selects.
-extern "C" __global__ void matvec_f16_v8(MmvqMats m, const float* __restrict__ x, int cols, int lpr) {
+extern "C" __global__ void F16_BOUNDS matvec_f16_v8(MmvqMats m, const float* __restrict__ x, int cols, int lpr) {
     __shared__ float red[MMVQ_WARPS];
     int sub = threadIdx.x & (lpr - 1);
     int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;
@@ -1095,7 +1211,7 @@ extern "C" __global__ void matvec_f16_v8(MmvqMats m, const float* __restrict__ x
     bool ok = mats_row(m, &r, &k);
     long long row_bytes = mats_rb(m, k);
     const u8* w = mats_w(m, k) + (size_t)r * row_bytes;
-    if (ok) prefetch_l2(w, row_bytes, sub, lpr);
+    if (ok) prefetch_l2(w, row_bytes, sub, lpr, F16_PER_SM);
     PDL_ENTER();
     float acc = 0.0f;
     if (ok) {
@@ -1103,30 +1219,40 @@ extern "C" __global__ void matvec_f16_v8(MmvqMats m, const float* __restrict__ x
         const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
         int i = sub, step = lpr;
-        // Four loads a step with no guard between them, then the rest.
-        for (; i + 3 * step < n8; i += 4 * step) {
-            uint4 h[4];
+        // F16_STEP loads a step with no guard between them, then the rest
+        // (under F16_STEP a lane) as one step whose loads are clamped to
+        // the row and whose extra dots are dropped after (unconditional
+        // loads and dots: a guard lets the compiler sink a load into it).
+        for (; i + (F16_STEP - 1) * step < n8; i += F16_STEP * step) {
+            uint4 h[F16_STEP];
 #pragma unroll
-            for (int j = 0; j < 4; j++) h[j] = __ldg(row + i + j * step);
+            for (int j = 0; j < F16_STEP; j++) h[j] = ldw4(row + i + j * step);
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc += dot8_f16(h[j], xt + 2 * (i + j * step));
+            for (int j = 0; j < F16_STEP; j++) acc += dot8_f16(h[j], xt + 2 * (i + j * step));
         }
-        for (; i < n8; i += step) acc += dot8_f16(__ldg(row + i), xt + 2 * i);
+        if (i < n8) {
+            uint4 h[F16_STEP];
+#pragma unroll
+            for (int j = 0; j < F16_STEP; j++) h[j] = ldw4(row + min(i + j * step, n8 - 1));
+#pragma unroll
+            for (int j = 0; j < F16_STEP; j++) {
+                float d = dot8_f16(h[j], xt + 2 * min(i + j * step, n8 - 1));
+                acc += i + j * step < n8 ? d : 0.0f;
+            }
+        }
     }
     if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc;
 }
 
 // The gate and up matvecs of F16 rows and the GLU after them in one launch
 // (decode): the lanes of `matvec_f16_v8` (`lpr` a row) take the same row of
-// both matrices, a step's four 16-byte loads of each written before the
-// first dot (ptxas, at its default register target, still spreads them
-// between the dots, as in `matvec_f16_v8`; __launch_bounds__(256, 1)
-// keeps them together at 96 registers but measured no faster on the H200:
-// benchmarks/cuda.md, session 6), and the row's lane 0
-// writes h = act(g) * u. `act`: 0 SiLU, 1 GELU
+// both matrices, a step's F16_STEP 16-byte loads of each issued before the
+// first dot (F16_BOUNDS: at ptxas's default register target they were
+// spread between the dots; benchmarks/cuda.md, session 7), and the row's
+// lane 0 writes h = act(g) * u. `act`: 0 SiLU, 1 GELU
 // (tanh form), as `glu`. h only, no q8 copy: a 32-element unit of h spans
 // several blocks at these lane counts, and an F16 down matvec reads f32.
-extern "C" __global__ void matvec_f16_glu(const u8* __restrict__ wg, const u8* __restrict__ wu,
+extern "C" __global__ void F16_BOUNDS matvec_f16_glu(const u8* __restrict__ wg, const u8* __restrict__ wu,
                                           long long row_bytes, int rows, const float* __restrict__ x,
                                           int cols, int act, float* __restrict__ h, int lpr) {
     __shared__ float red_g[MMVQ_WARPS], red_u[MMVQ_WARPS];
@@ -1137,8 +1263,8 @@ extern "C" __global__ void matvec_f16_glu(const u8* __restrict__ wg, const u8* _
     const u8* pg = wg + (size_t)r * row_bytes;
     const u8* pu = wu + (size_t)r * row_bytes;
     if (ok) {
-        prefetch_l2(pg, row_bytes, sub, lpr);
-        prefetch_l2(pu, row_bytes, sub, lpr);
+        prefetch_l2(pg, row_bytes, sub, lpr, F16_PER_SM);
+        prefetch_l2(pu, row_bytes, sub, lpr, F16_PER_SM);
     }
     PDL_ENTER();
     float ag = 0.0f, au = 0.0f;
@@ -1148,23 +1274,35 @@ extern "C" __global__ void matvec_f16_glu(const u8* __restrict__ wg, const u8* _
         const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
         int i = sub, step = lpr;
-        for (; i + 3 * step < n8; i += 4 * step) {
-            uint4 g[4], u[4];
+        for (; i + (F16_STEP - 1) * step < n8; i += F16_STEP * step) {
+            uint4 g[F16_STEP], u[F16_STEP];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                g[j] = __ldg(rg + i + j * step);
-                u[j] = __ldg(ru + i + j * step);
+            for (int j = 0; j < F16_STEP; j++) {
+                g[j] = ldw4(rg + i + j * step);
+                u[j] = ldw4(ru + i + j * step);
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < F16_STEP; j++) {
                 ag += dot8_f16(g[j], xt + 2 * (i + j * step));
                 au += dot8_f16(u[j], xt + 2 * (i + j * step));
             }
         }
-        for (; i < n8; i += step) {
-            uint4 g = __ldg(rg + i), u = __ldg(ru + i);
-            ag += dot8_f16(g, xt + 2 * i);
-            au += dot8_f16(u, xt + 2 * i);
+        if (i < n8) {  // the rest: one guarded step, as in matvec_f16_v8
+            uint4 g[F16_STEP], u[F16_STEP];
+#pragma unroll
+            for (int j = 0; j < F16_STEP; j++) {
+                int ij = min(i + j * step, n8 - 1);  // clamped: the loads stay unconditional
+                g[j] = ldw4(rg + ij);
+                u[j] = ldw4(ru + ij);
+            }
+#pragma unroll
+            for (int j = 0; j < F16_STEP; j++) {
+                const float4* xj = xt + 2 * min(i + j * step, n8 - 1);
+                float dg = dot8_f16(g[j], xj), du = dot8_f16(u[j], xj);
+                bool in = i + j * step < n8;
+                ag += in ? dg : 0.0f;
+                au += in ? du : 0.0f;
+            }
         }
     }
     // Two reduction buffers: one shared by both sums would let a warp's
@@ -1249,20 +1387,27 @@ extern "C" __global__ void rms_norm(float* x, const float* w, int width, float e
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ b,
                                         const float* __restrict__ w, float* __restrict__ out,
                                         int width, float eps, i8* __restrict__ qs,
-                                        float2* __restrict__ ds) { PDL_ENTER();
+                                        float2* __restrict__ ds) {
     __shared__ float red[32];
     float* r = x + (size_t)blockIdx.x * width;
     const float* br = b ? b + (size_t)blockIdx.x * width : 0;
     float* o = out + (size_t)blockIdx.x * width;
     // The first NORM_KEEP values of each thread stay in registers between
-    // the two passes; wider rows re-read the rest.
+    // the two passes; wider rows re-read the rest. The norm's weights are
+    // read before PDL_ENTER (immutable): their DRAM round trip overlaps
+    // the previous kernel.
     float keep[NORM_KEEP], add[NORM_KEEP], wk[NORM_KEEP];
+#pragma unroll
+    for (int k = 0; k < NORM_KEEP; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        wk[k] = i < width ? __ldg(w + i) : 0.0f;
+    }
+    PDL_ENTER();
 #pragma unroll
     for (int k = 0; k < NORM_KEEP; k++) {
         int i = threadIdx.x + k * blockDim.x;
         keep[k] = i < width ? r[i] : 0.0f;
         add[k] = (br && i < width) ? br[i] : 0.0f;
-        wk[k] = i < width ? w[i] : 0.0f;
     }
     float s = 0.0f;
 #pragma unroll
@@ -1745,8 +1890,12 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     float* part = sp + G * chunk;           // [8 warps][G][hdv]
     int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
     int tid = threadIdx.x, lane = tid & 31;
-    PDL_ENTER();
+    // The slot and position lists are written by a copy before the pass's
+    // first kernel, never by a kernel, and a kernel starts only once the
+    // one before its predecessor has finished (PDL_ENTER waits, then lets
+    // the next start): they may be read before the wait.
     int s = seq[t], p = pos[t];
+    PDL_ENTER();
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
     const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;

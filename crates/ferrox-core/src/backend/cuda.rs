@@ -1451,9 +1451,12 @@ mod tests {
             let shapes: &[(usize, usize)] = if kind == QuantKind::F16 {
                 &[(37, 520), (37, 2056), (64, 512), (5, 24)]
             } else if kind.block_elems() == 256 {
-                &[(64, 512), (96, 768)]
+                // Up to 24 units a row: 8 lanes and 32 rows a block; 2048
+                // and 4352 wide: 16 and 32 lanes, so two and four blocks
+                // share each 32-row q8 unit of h (the unit counters).
+                &[(64, 512), (96, 768), (96, 2048), (64, 4352)]
             } else {
-                &[(64, 512), (96, 544)]
+                &[(64, 512), (96, 544), (96, 2080), (160, 4128)]
             };
             for &(rows, cols) in shapes {
                 let (gb, _) = matrix(&mut r, kind, rows, cols);
