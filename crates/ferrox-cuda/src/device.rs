@@ -353,6 +353,10 @@ pub struct Device {
     /// Batches of at most this many tokens take `attention_dec`
     /// (`FERROX_CUDA_DEC_MAX`, default 16; 0 turns it off).
     dec_max: usize,
+    /// Query heads a decode-attention block takes (`FERROX_CUDA_DEC_HEADS`,
+    /// default 0: the whole group of a KV head; 1: a block per query head,
+    /// each staging its KV head's keys itself).
+    dec_heads: usize,
     /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
     /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
     mma_attn: bool,
@@ -552,6 +556,10 @@ impl Device {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(16),
+            dec_heads: std::env::var("FERROX_CUDA_DEC_HEADS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
         })
@@ -1760,10 +1768,15 @@ impl Device {
         let ga_fast = g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128;
         // Decode batches: the staged kernel (`attention_dec`), with the
         // largest chunk of keys (128, 64 or 32) its shared memory allows.
+        // Query heads a decode block takes: the group, or a divisor of it.
+        let gs = match self.dec_heads {
+            h if h > 0 && h < g && g.is_multiple_of(h) => h,
+            _ => g,
+        };
         let dec_chunk = if gqa && ga_fast && n <= self.dec_max {
             [128usize, 64, 32]
                 .into_iter()
-                .find(|&c| dec_smem_bytes(c, g, hd, hdv) <= self.dec_smem)
+                .find(|&c| dec_smem_bytes(c, gs, hd, hdv) <= self.dec_smem)
         } else {
             None
         };
@@ -1779,7 +1792,7 @@ impl Device {
         let (f, blocks, threads, smem) = if mma {
             (&self.fns.attention_mma, n.div_ceil(64), 128, (64 * (hd + 8) + hdv * (64 + 8)) * 2)
         } else if let Some(c) = dec_chunk {
-            (&self.fns.attention_dec, n * a.n_head_kv, 256, dec_smem_bytes(c, g, hd, hdv))
+            (&self.fns.attention_dec, n * a.n_head / gs, 256, dec_smem_bytes(c, gs, hd, hdv))
         } else if gqa {
             (
                 &self.fns.attention_gqa,
@@ -1826,14 +1839,14 @@ impl Device {
                 ],
             )?;
         } else if let Some(c) = dec_chunk {
-            let c = c as i32;
+            let (c, gs) = (c as i32, gs as i32);
             self.launch(
                 f,
                 cfg,
                 "attention",
                 &[
                     &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
-                    &softcap, &window, &c, &qs, &ds,
+                    &softcap, &window, &c, &qs, &ds, &gs,
                 ],
             )?;
         } else {

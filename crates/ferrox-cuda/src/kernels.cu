@@ -1870,7 +1870,9 @@ __device__ __forceinline__ void cp_async_wait1() {
 // bytes so the threads' 16-byte reads do not collide in banks), softmax a
 // warp per head, values a warp per key with a lane per value dim (as
 // `attention_gqa`'s fast path), and the q8 copy of the output for the
-// output projection. Same limits as that fast path: group <= 8,
+// output projection. A block takes `gs` query heads of one KV head (the
+// whole group, or a divisor of it: each block then stages the keys itself).
+// Same limits as that fast path: group <= 8,
 // head_dim % 8 == 0, head_dim_v % 32 == 0, head_dim_v <= 128,
 // group * head_dim_v <= 512; chunk <= 256. The host sizes the dynamic
 // shared memory: 2 * chunk * (head_dim + 8 + head_dim_v) halves, then
@@ -1878,17 +1880,21 @@ __device__ __forceinline__ void cp_async_wait1() {
 extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     const float* q, const u16* kc, const u16* vc, float* out, const u32* seq, const u32* pos,
     int n_head, int n_head_kv, int hd, int hdv, int n_ctx, float scale, float softcap, int window,
-    int chunk, i8* qs, float2* ds) {
+    int chunk, i8* qs, float2* ds, int gs) {
     extern __shared__ uint4 dsm4[];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
-    int G = n_head / n_head_kv;
+    // A block takes gs query heads (the KV head's group, or a divisor of
+    // it: FERROX_CUDA_DEC_HEADS), h0 the first; the phases see G = gs.
+    int G = gs;
+    int blocks_t = n_head / gs;
     int kst = hd + 8;                       // halves per staged key row
     u16* ks = (u16*)dsm4;                   // [2][chunk][kst]
     u16* vs = ks + 2 * chunk * kst;         // [2][chunk][hdv]
     float* sq = (float*)(vs + 2 * chunk * hdv);  // [G][hd]
     float* sp = sq + G * hd;                // [G][chunk]
     float* part = sp + G * chunk;           // [8 warps][G][hdv]
-    int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv;
+    int t = blockIdx.x / blocks_t, h0 = (blockIdx.x % blocks_t) * gs;
+    int kvh = h0 / (n_head / n_head_kv);
     int tid = threadIdx.x, lane = tid & 31;
     // The slot and position lists are written by a copy before the pass's
     // first kernel, never by a kernel, and a kernel starts only once the
@@ -1920,7 +1926,7 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     stage(lo, 0);
     if (lo + chunk <= p) stage(lo + chunk, 1);
     else cp_async_commit();
-    const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * hd;
+    const float* qh = q + ((size_t)t * n_head + (size_t)h0) * hd;
     for (int i = tid; i < G * hd; i += GA_THREADS) sq[i] = qh[i];
     if (tid < G) {
         sm_m[tid] = -INF_F;
@@ -1944,7 +1950,8 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         if (c0 + 2 * chunk <= p) stage(c0 + 2 * chunk, st);
         else cp_async_commit();
     }
-    ga_finish(acc, part, G, hdv, nd, sm_l, out, t, n_head, kvh, qs, ds);
+    // (ga_finish writes heads kvh' * G ..: with kvh' = h0 / gs, h0 on.)
+    ga_finish(acc, part, G, hdv, nd, sm_l, out, t, n_head, h0 / gs, qs, ds);
 }
 
 // ---- prefill attention on the tensor cores (mma.sync, sm_80+).
