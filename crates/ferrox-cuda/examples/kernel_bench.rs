@@ -144,25 +144,17 @@ fn main() {
         // x again, a small launch counted in).
         let fused_glu = (ferrox_cuda::mmvq_kind(kind) && rows.is_multiple_of(32))
             || (kind == QuantKind::F16 && cols.is_multiple_of(8));
-        let glu = if fused_glu {
+        // Single launches, then chained.
+        let (glu, glu_chain) = if fused_glu {
             let mut h = dev.alloc(rows).unwrap();
-            time(&mut || {
+            let mut call = || {
                 dev.gate_up_glu(ferrox_cuda::Act::Silu, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
                     .unwrap();
                 i += 2;
-            })
+            };
+            (time(&mut call), time_chain(&mut call))
         } else {
-            f64::NAN
-        };
-        let glu_chain = if fused_glu {
-            let mut h = dev.alloc(rows).unwrap();
-            time_chain(&mut || {
-                dev.gate_up_glu(ferrox_cuda::Act::Silu, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
-                    .unwrap();
-                i += 2;
-            })
-        } else {
-            f64::NAN
+            (f64::NAN, f64::NAN)
         };
         // The same apart: two matvecs and the GLU launch (what the fused
         // launch replaces).
