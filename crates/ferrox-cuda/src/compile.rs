@@ -94,7 +94,12 @@ pub(crate) fn parse_defines(v: &str) -> Result<Vec<String>, CudaError> {
         .map(|d| {
             let (name, value) = d.split_once('=').unwrap_or((d, "1"));
             let plain = !value.is_empty() && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if ident(name) && plain {
+            if name == "FERROX_SMS" {
+                Err(CudaError::Compile {
+                    arch: String::new(),
+                    log: "FERROX_CUDA_DEFINES: FERROX_SMS is the device's, set by the host".into(),
+                })
+            } else if ident(name) && plain {
                 Ok(d.to_string())
             } else {
                 Err(CudaError::Compile {
@@ -213,7 +218,7 @@ mod tests {
         let ok = super::parse_defines(" FERROX_PREFETCH=0,MMVQ_STEP=8  X ").unwrap();
         assert_eq!(ok, ["FERROX_PREFETCH=0", "MMVQ_STEP=8", "X"]);
         assert!(super::parse_defines("").unwrap().is_empty());
-        for bad in ["A=", "=1", "1A=2", "A=1;rm", "A=\"x\"", "-DA", "A=(1)"] {
+        for bad in ["A=", "=1", "1A=2", "A=1;rm", "A=\"x\"", "-DA", "A=(1)", "FERROX_SMS=4"] {
             assert!(super::parse_defines(bad).is_err(), "{bad}");
         }
     }

@@ -66,6 +66,9 @@ typedef signed char i8;
 #ifndef F16_STEP
 #define F16_STEP 4
 #endif
+#if MMVQ_STEP < 1 || F16_STEP < 1
+#error "MMVQ_STEP and F16_STEP must be at least 1"
+#endif
 #if FERROX_F16_MINB > 0
 #define F16_BOUNDS __launch_bounds__(256, FERROX_F16_MINB)
 #define F16_PER_SM FERROX_F16_MINB
@@ -1126,6 +1129,9 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
 // otherwise spreads them between the dots to save registers).
 #ifndef FERROX_GLU_MINB
 #define FERROX_GLU_MINB 2
+#endif
+#if FERROX_GLU_MINB < 1
+#error "FERROX_GLU_MINB must be at least 1"
 #endif
 #define DEFINE_MMVQ_GLU(NAME)                                                                     \
     extern "C" __global__ void __launch_bounds__(256, FERROX_GLU_MINB) mmvq_glu_##NAME(          \
