@@ -8,7 +8,9 @@
 # VARIANTS: ';'-separated env settings compared in every step ("" is the default),
 # e.g. "FERROX_CUDA_MMVQ_ROWS=1;FERROX_CUDA_MMVQ_ROWS=2"; KINDS (Q4_K Q4_0 Q8_0);
 # NCU_SHAPE (e.g. 8192x2048): ncu's detailed sections on kernel_bench at that shape;
-# REPS (decode repetitions, 3); KB_VARIANTS: kernel_bench's own (default VARIANTS).
+# REPS (decode repetitions, 3); KB_VARIANTS: kernel_bench's own (default VARIANTS);
+# TRACE_KINDS (e.g. "Q8_0 F16"): the in-graph kernel timeline of 16 decode steps
+# (FERROX_TRACE, tools/cuda/trace.py), TRACE_DEFINES more knobs for it.
 set -u
 D=${D:-target/h-cuda5}
 OUT=${OUT:-/tmp/ferrox-out}
@@ -99,6 +101,17 @@ if [ -n "${PROFILE_DECODE:-}" ] && command -v ncu >/dev/null; then
       $D/ferrox bench --backend cuda -m $M/$k.gguf -p 0 -n 16 -r 1 >$LOG/ncu-decode-$k.txt 2>&1
     echo "$(el) ncu decode $k rc=$?"
     grep -E "Invocations|gpu__time_duration" $LOG/ncu-decode-$k.txt | paste - - | sed -E 's/, Device 0, CC 9.0//; s/gpu__time_duration.sum//; s/[[:space:]]+/ /g' | head -40
+  done
+fi
+if [ -n "${TRACE_KINDS:-}" ]; then
+  # The in-graph timeline of 16 decode steps (kernels compiled with
+  # FERROX_TRACE; TRACE_DEFINES adds knobs), summed per kernel by
+  # tools/cuda/trace.py.
+  for k in $TRACE_KINDS; do
+    FERROX_CUDA_DEFINES="FERROX_TRACE=1${TRACE_DEFINES:+,$TRACE_DEFINES}" FERROX_CUDA_TRACE=$LOG/trace-$k.txt \
+      timeout 120 $D/ferrox bench --backend cuda -m $M/$k.gguf -p 0 -n 16 -r 1 >/dev/null 2>>$LOG/trace.err
+    echo "$(el) trace $k rc=$?"
+    python3 tools/cuda/trace.py $LOG/trace-$k.txt --positions 12 | tee $LOG/trace-$k.summary
   done
 fi
 echo "$(el) end"

@@ -57,6 +57,32 @@ fn iq_tables() -> String {
     s
 }
 
+/// The kernel whose `PDL_ENTER` is at 1-based `line` of [`kernel_source`]
+/// (what `FERROX_TRACE` records): the macro call for a kernel a `DEFINE_...`
+/// line makes (one line may make several: `DEFINE_KIND(q4_0)`), else the
+/// name after the nearest `__global__ void` at or above the line.
+pub fn kernel_at_line(src: &str, line: usize) -> String {
+    let lines: Vec<&str> = src.lines().collect();
+    let Some(at) = line.checked_sub(1).filter(|&i| i < lines.len()) else {
+        return format!("line {line}");
+    };
+    let t = lines[at].trim();
+    if t.starts_with("DEFINE_") {
+        return t.trim_end_matches(';').to_string();
+    }
+    for l in lines[..=at].iter().rev() {
+        if let Some(p) = l.find("__global__ void ") {
+            // Skip `__launch_bounds__(..)` and upper-case bound macros.
+            let name = l[p + 16..]
+                .split_whitespace()
+                .find(|w| w.starts_with(|c: char| c.is_ascii_lowercase()) && w.contains('('))
+                .and_then(|w| w.split('(').next());
+            return name.map_or_else(|| format!("line {line}"), str::to_string);
+        }
+    }
+    format!("line {line}")
+}
+
 /// Whether `libnvrtc` can be loaded; cudarc panics on first use otherwise.
 pub fn nvrtc_present() -> bool {
     // SAFETY: only tries to dlopen the library by its candidate names; no
@@ -221,6 +247,29 @@ mod tests {
         for bad in ["A=", "=1", "1A=2", "A=1;rm", "A=\"x\"", "-DA", "A=(1)", "FERROX_SMS=4"] {
             assert!(super::parse_defines(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Every kernel entry (`PDL_ENTER();` outside the macro's own
+    /// definition) names a kernel or its DEFINE line, as the trace needs.
+    #[test]
+    fn every_pdl_enter_line_names_its_kernel() {
+        let src = super::kernel_source();
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, l) in src.lines().enumerate() {
+            if l.contains("PDL_ENTER();") {
+                let name = super::kernel_at_line(src, i + 1);
+                assert!(!name.starts_with("line "), "line {}: {l}", i + 1);
+                seen.insert(name);
+            }
+        }
+        let at = |needle: &str| src.lines().position(|l| l.trim() == needle).map(|i| i + 1);
+        for k in ["attention_dec", "add_rms_norm", "rms_norm", "matvec_f16_v8", "matvec_f16_glu", "rope_kv"] {
+            assert!(seen.contains(k), "{k} not among {seen:?}");
+        }
+        let q8 = at("DEFINE_MMVQ(q8_0)").expect("DEFINE_MMVQ(q8_0) line");
+        assert_eq!(super::kernel_at_line(src, q8), "DEFINE_MMVQ(q8_0)");
+        assert_eq!(super::kernel_at_line(src, 0), "line 0");
+        assert_eq!(super::kernel_at_line(src, usize::MAX), format!("line {}", usize::MAX));
     }
 
     /// Every table is there in full, so the hash that keys the PTX cache

@@ -364,6 +364,9 @@ pub struct Device {
     /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
     /// time without them bounds what making them faster can give.
     skip: Skip,
+    /// The module, kept when the kernels were compiled with `FERROX_TRACE`
+    /// (its `ferrox_trace` records; [`Device::write_trace`]).
+    trace: Option<Arc<cudarc::driver::CudaModule>>,
 }
 
 /// Launch kinds `FERROX_CUDA_SKIP` leaves out (see [`Device`]).
@@ -408,6 +411,22 @@ fn grid(n: usize, block: u32) -> LaunchConfig {
         grid_dim: (n.div_ceil(block as usize).max(1) as u32, 1, 1),
         block_dim: (block, 1, 1),
         shared_mem_bytes: 0,
+    }
+}
+
+/// With tracing compiled in and `FERROX_CUDA_TRACE=<file>`, the trace is
+/// written when the device closes (measuring only).
+impl Drop for Device {
+    fn drop(&mut self) {
+        if self.trace.is_none() {
+            return;
+        }
+        if let Some(p) = std::env::var_os("FERROX_CUDA_TRACE") {
+            match self.write_trace(std::path::Path::new(&p)) {
+                Ok(n) => eprintln!("ferrox: {n} kernel entries traced to {}", p.to_string_lossy()),
+                Err(e) => eprintln!("ferrox: trace not written: {e}"),
+            }
+        }
     }
 }
 
@@ -456,6 +475,10 @@ impl Device {
         let module = ctx
             .load_module(ptx)
             .map_err(drv(format!("loading the kernels for {arch}")))?;
+        let traced = defines
+            .iter()
+            .any(|d| d == "FERROX_TRACE" || (d.starts_with("FERROX_TRACE=") && d != "FERROX_TRACE=0"));
+        let trace = traced.then(|| Arc::clone(&module));
         let f = |n: &str| {
             module
                 .load_function(n)
@@ -562,6 +585,7 @@ impl Device {
                 .unwrap_or(0),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
+            trace,
         })
     }
 
@@ -590,6 +614,50 @@ impl Device {
         self.stream
             .synchronize()
             .map_err(drv("synchronizing the stream"))
+    }
+
+    /// Measuring only: with the kernels compiled with `FERROX_TRACE`
+    /// (`FERROX_CUDA_DEFINES=FERROX_TRACE=1`), writes every kernel entry
+    /// recorded so far to `path`, a line each in launch order: index, the
+    /// ns timer when the kernel's first block reached its wait, when the
+    /// wait returned, the source line and the kernel it names
+    /// (`tools/cuda/trace.py` reads it). Returns the records written;
+    /// without tracing, 0 and no file.
+    pub fn write_trace(&self, path: &std::path::Path) -> Result<usize, CudaError> {
+        let Some(m) = &self.trace else {
+            return Ok(0);
+        };
+        self.synchronize()?;
+        let read = |name: &str| -> Result<Vec<u8>, CudaError> {
+            let g = m
+                .get_global(name, &self.stream)
+                .map_err(drv(format!("finding {name}")))?;
+            self.stream
+                .clone_dtoh(&g)
+                .map_err(drv(format!("reading {name}")))
+        };
+        let n = read("ferrox_trace_n")?;
+        let n = u32::from_le_bytes(n.get(..4).and_then(|b| b.try_into().ok()).unwrap_or([0; 4])) as usize;
+        let recs = read("ferrox_trace")?;
+        let words: Vec<u64> = recs
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        let kept = n.min(words.len() / 3);
+        let src = crate::compile::kernel_source();
+        let mut out = String::new();
+        for (i, r) in words.chunks_exact(3).take(kept).enumerate() {
+            let name = crate::compile::kernel_at_line(src, r[2] as usize);
+            out.push_str(&format!("{i} {} {} {} {name}\n", r[0], r[1], r[2]));
+        }
+        std::fs::write(path, out).map_err(|e| CudaError::Shape {
+            op: "write_trace",
+            why: format!("{}: {e}", path.display()),
+        })?;
+        if n > kept {
+            eprintln!("ferrox: trace kept the first {kept} of {n} kernel entries");
+        }
+        Ok(kept)
     }
 
     fn set_q8_tag(&self, t: Option<Q8Tag>) {

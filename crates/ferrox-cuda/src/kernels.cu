@@ -20,23 +20,69 @@ typedef signed char i8;
 
 #define INF_F __int_as_float(0x7f800000)
 
+// FERROX_TRACE (measuring, through FERROX_CUDA_DEFINES): thread 0 of block
+// (0, 0, 0) of every kernel records in `ferrox_trace` the global timer (ns)
+// when it reaches PDL_ENTER and when the wait there returns (the previous
+// kernel has finished), and the source line of that PDL_ENTER, which names
+// the kernel (a macro-made kernel's line is its DEFINE_... line). The host
+// writes the records out at the end (`FERROX_CUDA_TRACE`, `tools/cuda/trace.py`).
+#ifndef FERROX_TRACE
+#define FERROX_TRACE 0
+#endif
+#define TRACE_MAX 32768
+#if FERROX_TRACE
+__device__ unsigned long long ferrox_trace[3 * TRACE_MAX];
+__device__ unsigned int ferrox_trace_n;
+#endif
+__device__ __forceinline__ bool trace_first() {
+    return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+}
+__device__ __forceinline__ unsigned long long trace_now() {
+#if FERROX_TRACE
+    if (trace_first()) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        return t;
+    }
+#endif
+    return 0;
+}
+__device__ __forceinline__ void trace_record(unsigned long long pre, int line) {
+#if FERROX_TRACE
+    if (trace_first()) {
+        unsigned i = atomicAdd(&ferrox_trace_n, 1u);
+        if (i < TRACE_MAX) {
+            ferrox_trace[3 * i] = pre;
+            ferrox_trace[3 * i + 1] = trace_now();
+            ferrox_trace[3 * i + 2] = (unsigned long long)line;
+        }
+    }
+#endif
+}
+
 // Programmatic dependent launch (Hopper): the host launches each kernel so
 // that it may start while the previous one still runs (FERROX_CUDA_PDL).
 // Every kernel enters through PDL_ENTER before it touches any activation,
-// index or cache memory: it waits there until the previous kernel has
+// cache or scratch memory: it waits there until the previous kernel has
 // finished and its writes are visible, then lets the next kernel start
-// launching. Only immutable weights are touched before it (the matvecs
-// prefetch their rows into L2 while the previous kernel runs). On older
-// architectures, and when the host launches plainly, it does nothing.
+// launching. Only immutable memory is read before it (the matvecs prefetch
+// their rows into L2 while the previous kernel runs, the norm reads its
+// weights) and the staged slot and position lists, which only host copies
+// write. On older architectures, and when the host launches plainly, the
+// wait does nothing.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_ENTER()                                              \
     do {                                                         \
+        unsigned long long tr_pre_ = trace_now();                \
         asm volatile("griddepcontrol.wait;" ::: "memory");       \
+        trace_record(tr_pre_, __LINE__);                         \
         asm volatile("griddepcontrol.launch_dependents;" :::);   \
     } while (0)
 #else
-#define PDL_ENTER() \
-    do {            \
+#define PDL_ENTER()                                              \
+    do {                                                         \
+        unsigned long long tr_pre_ = trace_now();                \
+        trace_record(tr_pre_, __LINE__);                         \
     } while (0)
 #endif
 
