@@ -357,6 +357,9 @@ pub struct Device {
     /// default 0: the whole group of a KV head; 1: a block per query head,
     /// each staging its KV head's keys itself).
     dec_heads: usize,
+    /// The largest key chunk `attention_dec` stages (`FERROX_CUDA_DEC_CHUNK`:
+    /// 128, 64 or 32; default 128): a smaller one needs less shared memory.
+    dec_chunk: usize,
     /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
     /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
     mma_attn: bool,
@@ -583,6 +586,10 @@ impl Device {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            dec_chunk: std::env::var("FERROX_CUDA_DEC_CHUNK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(128),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
             trace,
@@ -1844,6 +1851,7 @@ impl Device {
         let dec_chunk = if gqa && ga_fast && n <= self.dec_max {
             [128usize, 64, 32]
                 .into_iter()
+                .filter(|&c| c <= self.dec_chunk.max(32))
                 .find(|&c| dec_smem_bytes(c, gs, hd, hdv) <= self.dec_smem)
         } else {
             None
