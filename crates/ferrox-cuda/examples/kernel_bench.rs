@@ -120,16 +120,14 @@ fn main() {
         let x = dev.upload_f32(&src[..512.min(rows) * cols]).unwrap();
         let mut y = dev.alloc(512 * rows).unwrap();
         let mut i = 0;
-        let mv = time(&mut || {
-            dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, &mut y, 1)
-                .unwrap();
-            i += 1;
-        });
-        let mv_chain = time_chain(&mut || {
-            dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, &mut y, 1)
-                .unwrap();
-            i += 1;
-        });
+        let (mv, mv_chain) = {
+            let mut call = || {
+                dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, &mut y, 1)
+                    .unwrap();
+                i += 1;
+            };
+            (time(&mut call), time_chain(&mut call))
+        };
         let gm = if gemm {
             time(&mut || {
                 dev.matmul_with(MatmulPath::Gemm, &w[i % copies], &x, &mut y, 512)

@@ -302,10 +302,30 @@ struct Scratch {
     /// q8 buffers outgrown: kept, since a recorded graph may still read
     /// them (a graph holds raw addresses).
     retired: Vec<CudaSlice<u8>>,
-    /// The GLU kernels' per-unit counters (`glu_unit_q8`): zero between
-    /// launches. Grows like the q8 slots; outgrown ones in `retired_cnt`.
-    cnt: Option<CudaSlice<u32>>,
-    retired_cnt: Vec<CudaSlice<u32>>,
+    /// The GLU kernels' per-unit u32 counters (`glu_unit_q8`): zero
+    /// between launches. Grows like the q8 slots (outgrown: `retired`).
+    cnt: Option<CudaSlice<u8>>,
+}
+
+/// Makes `slot` at least `bytes` long, zeroed when new (a power of two, at
+/// least 4 KiB); the outgrown buffer goes to `retired`, not freed: a
+/// recorded graph may still use its address.
+fn grow_retiring(
+    stream: &Arc<CudaStream>,
+    slot: &mut Option<CudaSlice<u8>>,
+    retired: &mut Vec<CudaSlice<u8>>,
+    bytes: usize,
+    what: &str,
+) -> Result<(), CudaError> {
+    if slot.as_ref().is_none_or(|s| s.len() < bytes) {
+        let fresh = stream
+            .alloc_zeros::<u8>(bytes.max(4096).next_power_of_two())
+            .map_err(drv(format!("allocating {bytes} bytes of {what}")))?;
+        if let Some(old) = slot.replace(fresh) {
+            retired.push(old);
+        }
+    }
+    Ok(())
 }
 
 /// Which input the q8 scratch holds right now: the buffer, how many floats
@@ -401,12 +421,17 @@ fn int(op: &'static str, v: usize) -> Result<i32, CudaError> {
 }
 
 /// A positive number from the environment (a tuning knob), else `default`.
-fn env_usize(name: &str, default: usize) -> usize {
+/// `name`'s value as a count, else `default` (unset or not a number).
+fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|&v| v > 0)
         .unwrap_or(default)
+}
+
+/// As [`env_or`], a zero also taking the default.
+fn env_usize(name: &str, default: usize) -> usize {
+    Some(env_or(name, 0)).filter(|&v| v > 0).unwrap_or(default)
 }
 
 fn grid(n: usize, block: u32) -> LaunchConfig {
@@ -573,23 +598,11 @@ impl Device {
             fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
             f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
-            gqa_min: std::env::var("FERROX_CUDA_GQA_MIN")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1),
+            gqa_min: env_or("FERROX_CUDA_GQA_MIN", 1),
             dec_smem,
-            dec_max: std::env::var("FERROX_CUDA_DEC_MAX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(16),
-            dec_heads: std::env::var("FERROX_CUDA_DEC_HEADS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-            dec_chunk: std::env::var("FERROX_CUDA_DEC_CHUNK")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(128),
+            dec_max: env_or("FERROX_CUDA_DEC_MAX", 16),
+            dec_heads: env_or("FERROX_CUDA_DEC_HEADS", 0),
+            dec_chunk: env_or("FERROX_CUDA_DEC_CHUNK", 128),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
             trace,
@@ -686,38 +699,24 @@ impl Device {
 
     fn q8_scratch_slot(&self, elems: usize, slot: usize) -> Result<(u64, u64), CudaError> {
         let need = elems + elems / 32 * 8;
-        let mut sc = self
+        let mut guard = self
             .scratch
             .lock()
             .map_err(|_| shape("q8 scratch", "scratch lock poisoned".into()))?;
-        if sc.q8[slot].as_ref().is_none_or(|s| s.len() < need) {
-            let fresh = self
-                .stream
-                .alloc_zeros::<u8>(need.max(4096).next_power_of_two())
-                .map_err(drv(format!("allocating {need} bytes of q8 scratch")))?;
-            if let Some(old) = sc.q8[slot].replace(fresh) {
-                sc.retired.push(old);
-            }
-        }
+        let sc = &mut *guard;
+        grow_retiring(&self.stream, &mut sc.q8[slot], &mut sc.retired, need, "q8 scratch")?;
         let p = sc.q8[slot].as_ref().map_or(0, |s| self.ptr(s));
         Ok((p, p + elems as u64))
     }
 
     /// At least `n` zeroed u32 counters for the GLU kernels' q8 units.
     fn unit_counters(&self, n: usize) -> Result<u64, CudaError> {
-        let mut sc = self
+        let mut guard = self
             .scratch
             .lock()
             .map_err(|_| shape("unit counters", "scratch lock poisoned".into()))?;
-        if sc.cnt.as_ref().is_none_or(|c| c.len() < n) {
-            let fresh = self
-                .stream
-                .alloc_zeros::<u32>(n.max(1024).next_power_of_two())
-                .map_err(drv(format!("allocating {n} unit counters")))?;
-            if let Some(old) = sc.cnt.replace(fresh) {
-                sc.retired_cnt.push(old);
-            }
-        }
+        let sc = &mut *guard;
+        grow_retiring(&self.stream, &mut sc.cnt, &mut sc.retired, 4 * n, "unit counters")?;
         Ok(sc.cnt.as_ref().map_or(0, |c| self.ptr(c)))
     }
 

@@ -1102,8 +1102,8 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
                     acc += dot_##NAME(w[j], q8, dd.x, dd.y);                                      \
                 }                                                                                 \
             }                                                                                     \
-            /* The rest (under MMVQ_STEP units a lane): one guarded step, */                     \
-            /* its loads still issued together. */                                                \
+            /* The rest (under MMVQ_STEP units a lane): one step, its */                         \
+            /* loads still issued together. */                                                    \
             if (u < n_units) {                                                                    \
                 W##NAME w[MMVQ_STEP];                                                             \
                 /* (clamped, not guarded: unconditional loads stay together) */                  \
@@ -1212,7 +1212,7 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
                 au += dot_##NAME(v[j], q8, dd.x, dd.y);                                           \
             }                                                                                     \
         }                                                                                         \
-        if (u < n_units) { /* the rest: one guarded step, as in mmvq */                           \
+        if (u < n_units) { /* the rest: one clamped step, as in mmvq */                           \
             W##NAME g[MMVQ_STEP], v[MMVQ_STEP];                                                   \
             _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
                 int uj = min(u + j * lpr, n_units - 1);                                           \
@@ -1339,7 +1339,7 @@ extern "C" __global__ void F16_BOUNDS matvec_f16_glu(const u8* __restrict__ wg, 
                 au += dot8_f16(u[j], xt + 2 * (i + j * step));
             }
         }
-        if (i < n8) {  // the rest: one guarded step, as in matvec_f16_v8
+        if (i < n8) {  // the rest: one clamped step, as in matvec_f16_v8
             uint4 g[F16_STEP], u[F16_STEP];
 #pragma unroll
             for (int j = 0; j < F16_STEP; j++) {
