@@ -5,7 +5,8 @@
 # by `ferrox quantize`. Binaries are built here and carried in $D (see the
 # header of scripts/cuda-side-by-side.sh; same layout).
 # Env: SKIP_TESTS=1; KB_SHAPES ("2048x2048 8192x2048 ..."), KB_KINDS (Q4_0,Q4_K,...);
-# VARIANTS: ';'-separated env settings compared in every step ("" is the default),
+# VARIANTS: ';'-separated env settings compared in every step ("" is the default;
+# TEST_VARIANTS those the tests run again under, default VARIANTS),
 # e.g. "FERROX_CUDA_MMVQ_ROWS=1;FERROX_CUDA_MMVQ_ROWS=2"; KINDS (Q4_K Q4_0 Q8_0);
 # NCU_SHAPE (e.g. 8192x2048): ncu's detailed sections on kernel_bench at that shape;
 # REPS (decode repetitions, 3); KB_VARIANTS: kernel_bench's own (default VARIANTS);
@@ -33,10 +34,12 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     echo "$(el) SABOTAGED tests rc=$?: $(grep -E '^test result' $LOG/tests-sabotaged.log | tail -1)"
     grep -E "^test .*FAILED|panicked" $LOG/tests-sabotaged.log | head -12
   fi
-  # The matvec/GEMM tests again under each non-default variant.
-  for v in "${VARS[@]}"; do
+  # The matvec/GEMM tests again under each non-default variant
+  # (TEST_VARIANTS, default VARIANTS: those that change what runs).
+  IFS=';' read -r -a TVARS <<< "${TEST_VARIANTS-${VARIANTS:-}}"
+  for v in "${TVARS[@]}"; do
     [ -z "$v" ] && continue
-    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::matmul_many backend::cuda::tests::fused backend::cuda::tests::every_architecture backend::cuda::tests::greedy --test-threads=1 >$LOG/tests-variant.log 2>&1
+    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::matmul_many backend::cuda::tests::fused backend::cuda::tests::norms backend::cuda::tests::every_architecture backend::cuda::tests::greedy --test-threads=1 >$LOG/tests-variant.log 2>&1
     echo "$(el) matvec tests [$v] rc=$?: $(grep -E '^test result' $LOG/tests-variant.log | tail -1)"
     grep -E "panicked|FAILED" $LOG/tests-variant.log | head -4
   done

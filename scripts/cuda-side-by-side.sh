@@ -13,7 +13,7 @@
 #   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
 #   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
-# Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), KINDS, REPS, NO_LLAMA=1,
+# Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), STOP_ON_FAIL=1, KINDS, REPS, NO_LLAMA=1,
 # LOG (default /tmp/logs), SHAPE (llama-1b), SKIP_KB=1, KB_SHAPES="2048x2048 ..." (kernel_bench at decode shapes too), PROFILE=1 (ncu),
 # PROFILE_COLD=0 (only the warm-cache decode profiles), PROFILE_KINDS="Q4_0 F16", AB_GRAPHS=1,
 # AB_VARIANTS/AB_KINDS/AB_REPS (below), KB_KINDS (kernel_bench's kinds).
@@ -59,9 +59,19 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
       rc=$?
       summary+=("$name rc=$rc: $(grep -E '^test result' "$LOG/$name.log" | tail -1)")
       grep -E "NOT CHECKED|panicked|FAILED" "$LOG/$name.log" | head -8 | sed "s/^/  $name: /"
+      [ $set = tests ] && [ $rc != 0 ] && failed=1
     done
   done
   echo "$(el) tests done"
+  # STOP_ON_FAIL=1: a failing test ends the call here (no benchmark of
+  # wrong kernels; the llama.cpp build is stopped).
+  if [ "${STOP_ON_FAIL:-0}" = 1 ] && [ "${failed:-0}" = 1 ]; then
+    pkill -f "cmake --build" 2>/dev/null; [ -n "${LLPID:-}" ] && kill $LLPID 2>/dev/null
+    printf '%s\n' "${summary[@]}" | tee $LOG/summary.txt
+    tar czf "$OUT/logs.tgz" -C $LOG .
+    echo "$(el) stopped: a test failed"
+    exit 1
+  fi
 fi
 
 if [ -x $D/kernel_bench ] && [ "${SKIP_KB:-0}" != 1 ]; then
