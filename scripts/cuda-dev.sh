@@ -26,11 +26,12 @@ IFS=';' read -r -a KBV <<< "${KB_VARIANTS-${VARIANTS:-}}"
 [ ${#KBV[@]} = 0 ] && KBV=("")
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 $D/tests/ferrox_core backend:: --test-threads=1 >$LOG/tests.log 2>&1
+  # (--nocapture: a test that found no GPU says so on stderr)
+  timeout 300 $D/tests/ferrox_core backend:: --test-threads=1 --nocapture >$LOG/tests.log 2>&1
   echo "$(el) tests rc=$?: $(grep -E '^test result' $LOG/tests.log | tail -1)"
-  grep -E "NOT CHECKED|panicked|FAILED" $LOG/tests.log | head -8
+  grep -E "no CUDA device|NOT CHECKED|panicked|FAILED" $LOG/tests.log | head -8
   if [ "${SABOTAGE:-0}" = 1 ] && [ -x $D/tests-sabotaged/ferrox_core ]; then
-    timeout 300 $D/tests-sabotaged/ferrox_core backend:: --test-threads=1 >$LOG/tests-sabotaged.log 2>&1
+    timeout 300 $D/tests-sabotaged/ferrox_core backend:: --test-threads=1 --nocapture >$LOG/tests-sabotaged.log 2>&1
     echo "$(el) SABOTAGED tests rc=$?: $(grep -E '^test result' $LOG/tests-sabotaged.log | tail -1)"
     grep -E "^test .*FAILED|panicked" $LOG/tests-sabotaged.log | head -12
   fi

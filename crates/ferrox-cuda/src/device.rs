@@ -587,8 +587,13 @@ impl Device {
             )
             .map_err(drv("reading the shared memory limit"))?
             .max(0) as usize;
-        // (Its static shared memory, a few floats, comes off the limit.)
-        let dec_smem = dec_smem.saturating_sub(1024);
+        // (Its static shared memory comes off the limit.)
+        let dec_static = fns
+            .attention_dec
+            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map_err(drv("reading attention_dec's static shared memory"))?
+            .max(0) as usize;
+        let dec_smem = dec_smem.saturating_sub(dec_static);
         fns.attention_dec
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -2523,8 +2528,10 @@ fn norm_smem(cols: usize, int8: bool) -> usize {
     cols * 4 + if int8 { cols + cols / 32 * 8 } else { 0 }
 }
 
-/// The most dynamic shared memory a launch takes without opting in.
-const NORM_SMEM_MAX: usize = 48 * 1024;
+/// The most dynamic shared memory a fused-norm matvec launch takes: the
+/// 48 KiB a launch gets without opting in, less 1 KiB for the kernels'
+/// static shared memory (a few floats).
+const NORM_SMEM_MAX: usize = 47 * 1024;
 
 /// The matrices of one int8-activation or F16 matvec launch (`MmvqMats`
 /// in `kernels.cu`, field for field).
