@@ -16,7 +16,7 @@ set -u
 D=${D:-target/h-cuda5}
 OUT=${OUT:-/tmp/ferrox-out}
 LOG=$OUT; mkdir -p $LOG
-export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root}
+export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root} FERROX_REQUIRE_GPU=1
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee $LOG/gpu.txt
 IFS=';' read -r -a VARS <<< "${VARIANTS:-}"

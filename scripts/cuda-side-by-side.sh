@@ -22,7 +22,7 @@ D=${D:-target/h-cuda}
 OUT=${OUT:-/tmp/ferrox-out}
 mkdir -p "$OUT"
 LOG=${LOG:-/tmp/logs}; mkdir -p $LOG
-export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root}
+export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root} FERROX_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >$LOG/gpu.txt 2>&1
 cat $LOG/gpu.txt
 git log -1 --format='device tree: %h %s' 2>/dev/null

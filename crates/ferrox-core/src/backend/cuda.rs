@@ -798,20 +798,27 @@ mod tests {
     use crate::model::Model;
 
     /// One device for every test of the process (opening compiles or loads
-    /// the kernels); `None`, loudly, without one.
+    /// the kernels); `None`, loudly, without one. With
+    /// `FERROX_REQUIRE_GPU=1` (the GPU machine's scripts set it) a device
+    /// that does not open fails the test instead: a GPU test must not pass
+    /// by skipping where a GPU is meant to be.
     fn gpu(what: &str) -> Option<&'static Cuda> {
-        static DEV: OnceLock<Option<Cuda>> = OnceLock::new();
-        let dev = DEV.get_or_init(|| match Cuda::open() {
+        static DEV: OnceLock<Result<Cuda, String>> = OnceLock::new();
+        let dev = DEV.get_or_init(|| Cuda::open().map_err(|e| e.to_string()));
+        let dev = match dev {
             Ok(c) => Some(c),
+            Err(e) if std::env::var_os("FERROX_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+                panic!("no CUDA device (FERROX_REQUIRE_GPU=1): {e}")
+            }
             Err(e) => {
                 eprintln!("no CUDA device: {e}");
                 None
             }
-        });
+        };
         if dev.is_none() {
             eprintln!("NOT CHECKED (no CUDA device here): {what}");
         }
-        dev.as_ref()
+        dev
     }
 
     fn rng() -> SplitMix64 {
