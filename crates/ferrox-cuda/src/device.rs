@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use ferrox_quant::QuantKind;
 
@@ -208,10 +207,6 @@ pub struct AttnShape {
     /// Every token of the call is in one cache slot (the tensor-core
     /// prefill kernel shares each staged key tile among a block's queries).
     pub one_slot: bool,
-    /// No two tokens of the call share a slot (the decode kernel may then
-    /// rotate and store each token's key itself: no token attends to
-    /// another's row of the same call).
-    pub own_slots: bool,
 }
 
 /// How one RoPE call is shaped (see `ferrox_core::backend::RopeParams`).
@@ -310,8 +305,6 @@ struct Scratch {
     /// The GLU kernels' per-unit u32 counters (`glu_unit_q8`): zero
     /// between launches. Grows like the q8 slots (outgrown: `retired`).
     cnt: Option<CudaSlice<u8>>,
-    /// Page-locked host memory `read` copies through (`pinned_read`).
-    pinned: Option<PinnedHostSlice<f32>>,
 }
 
 /// Makes `slot` at least `bytes` long, zeroed when new (a power of two, at
@@ -387,20 +380,6 @@ pub struct Device {
     /// The largest key chunk `attention_dec` stages (`FERROX_CUDA_DEC_CHUNK`:
     /// 128, 64 or 32; default 128): a smaller one needs less shared memory.
     dec_chunk: usize,
-    /// RoPE and the cache store of a decode step's keys inside
-    /// `attention_dec` when no two tokens share a slot
-    /// (`FERROX_CUDA_ROPE_FUSE=0`: `rope_kv` first, for measuring).
-    rope_fuse: bool,
-    /// Input norms inside decode matvec launches (`norm_matmul_many`,
-    /// `norm_gate_up_glu`; `FERROX_CUDA_NORM_FUSE=0`: a norm launch first,
-    /// for measuring).
-    norm_fuse: bool,
-    /// Residual adds inside decode matvec launches (`matmul_add`;
-    /// `FERROX_CUDA_RES_FUSE=0`: a matvec then an add, for measuring).
-    res_fuse: bool,
-    /// `read` copies through page-locked host memory
-    /// (`FERROX_CUDA_PINNED_READ=1`, for measuring).
-    pinned_read: bool,
     /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
     /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
     mma_attn: bool,
@@ -587,13 +566,8 @@ impl Device {
             )
             .map_err(drv("reading the shared memory limit"))?
             .max(0) as usize;
-        // (Its static shared memory comes off the limit.)
-        let dec_static = fns
-            .attention_dec
-            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-            .map_err(drv("reading attention_dec's static shared memory"))?
-            .max(0) as usize;
-        let dec_smem = dec_smem.saturating_sub(dec_static);
+        // (Its static shared memory, a few floats, comes off the limit.)
+        let dec_smem = dec_smem.saturating_sub(1024);
         fns.attention_dec
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -629,10 +603,6 @@ impl Device {
             dec_max: env_or("FERROX_CUDA_DEC_MAX", 16),
             dec_heads: env_or("FERROX_CUDA_DEC_HEADS", 0),
             dec_chunk: env_or("FERROX_CUDA_DEC_CHUNK", 128),
-            rope_fuse: env_or("FERROX_CUDA_ROPE_FUSE", 1) != 0,
-            norm_fuse: env_or("FERROX_CUDA_NORM_FUSE", 1) != 0,
-            res_fuse: env_or("FERROX_CUDA_RES_FUSE", 1) != 0,
-            pinned_read: env_or("FERROX_CUDA_PINNED_READ", 0) != 0,
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
             trace,
@@ -963,37 +933,6 @@ impl Device {
         if dst.is_empty() {
             return Ok(());
         }
-        if self.pinned_read {
-            let mut sc = self
-                .scratch
-                .lock()
-                .map_err(|_| shape("read", "scratch lock poisoned".into()))?;
-            if sc.pinned.as_ref().is_none_or(|p| p.len() < dst.len()) {
-                sc.pinned = None;
-                // Cacheable (flags 0): the host reads it right after.
-                // SAFETY: only the first dst.len() values are read, after
-                // the copy below has written them.
-                sc.pinned = Some(
-                    unsafe {
-                        self.stream
-                            .context()
-                            .alloc_pinned_with_flags::<f32>(dst.len().next_power_of_two(), 0)
-                    }
-                    .map_err(drv("allocating page-locked memory"))?,
-                );
-            }
-            let pinned = sc
-                .pinned
-                .as_mut()
-                .ok_or_else(|| shape("read", "page-locked buffer not allocated".into()))?;
-            self.stream
-                .memcpy_dtoh(&src.s.slice(..dst.len()), pinned)
-                .map_err(drv("reading back"))?;
-            self.synchronize()?;
-            let host = pinned.as_slice().map_err(drv("reading back"))?;
-            dst.copy_from_slice(&host[..dst.len()]);
-            return Ok(());
-        }
         self.stream
             .memcpy_dtoh(&src.s.slice(..dst.len()), dst)
             .map_err(drv("reading back"))?;
@@ -1124,10 +1063,10 @@ impl Device {
                     return Err(shape("matvec", format!("{n} tokens in one launch")));
                 }
                 if mmvq_fits(w) {
-                    return self.mmvq(&[(w, self.ptr(&y.s))], x, n, Extra::default());
+                    return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
                 }
                 if f16_fits(w) {
-                    return self.matvec_f16(&[(w, self.ptr(&y.s))], x, n, Extra::default());
+                    return self.matvec_f16(&[(w, self.ptr(&y.s))], x, n);
                 }
                 // Every other kind: the unit decoder.
                 let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
@@ -1150,7 +1089,7 @@ impl Device {
                     ],
                 )
             }
-            MatmulPath::Gemm => self.gemm(w, x, y, n, false),
+            MatmulPath::Gemm => self.gemm(w, x, y, n),
         }
     }
 
@@ -1190,132 +1129,22 @@ impl Device {
         }
         let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(w, y)| (*w, self.ptr(&y.s))).collect();
         if f16_fits(mats[0].0) {
-            return self.matvec_f16(&mats, x, n, Extra::default());
+            return self.matvec_f16(&mats, x, n);
         }
-        self.mmvq(&mats, x, n, Extra::default())
-    }
-
-    /// `cur = rms_norm(x) * w` (rows of `w.len`), then
-    /// [`Device::matmul_many`] over `cur` (one to three matrices). Decode
-    /// batches on the int8 or F16 matvec path, the matrices of one kind and
-    /// width, take the norm inside the matvec launch (each block norms its
-    /// token's row into shared memory): no launch of its own, and `cur` is
-    /// left unwritten. Otherwise [`Device::add_rms_norm`] into `cur` first.
-    pub fn norm_matmul_many(
-        &self,
-        x: &mut Buf,
-        w: &Buf,
-        eps: f32,
-        cur: &mut Buf,
-        n: usize,
-        outs: &mut [(&Matrix, &mut Buf)],
-    ) -> Result<(), CudaError> {
-        let fits = |m: &Matrix| {
-            m.kind == outs[0].0.kind
-                && m.cols == w.len
-                && (mmvq_fits(m) || f16_fits(m))
-        };
-        let int8 = mmvq_fits(outs[0].0);
-        if !(self.fuse && self.norm_fuse)
-            || outs.is_empty()
-            || outs.len() > 3
-            || !outs.iter().all(|(m, _)| fits(m))
-            || self.matmul_path(n) != MatmulPath::Matvec
-            || n == 0
-            || n > 65535
-            || x.len != n * w.len
-            || norm_smem(w.len, int8) > NORM_SMEM_MAX
-        {
-            self.add_rms_norm(x, None, w, eps, cur)?;
-            return self.matmul_many(cur, n, outs);
-        }
-        for (m, y) in outs.iter() {
-            if y.len < n * m.rows {
-                return Err(shape(
-                    "matmul",
-                    format!("{n} tokens through {}x{}: output {}", m.rows, m.cols, y.len),
-                ));
-            }
-        }
-        let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(m, y)| (*m, self.ptr(&y.s))).collect();
-        let ex = Extra {
-            nin: self.norm_in(x, w, eps),
-            res: 0,
-        };
-        if int8 {
-            self.mmvq(&mats, x, n, ex)
-        } else {
-            self.matvec_f16(&mats, x, n, ex)
-        }
-    }
-
-    /// `acc += x W^T` for `n` rows: the residual add inside the matvec
-    /// launch (decode batches on the int8 or F16 matvec path; each output
-    /// is read and written by the one lane that computed it) or the GEMM
-    /// (beta 1), otherwise [`Device::matmul`] into `tmp` then
-    /// [`Device::add`].
-    pub fn matmul_add(
-        &self,
-        w: &Matrix,
-        x: &Buf,
-        n: usize,
-        tmp: &mut Buf,
-        acc: &mut Buf,
-    ) -> Result<(), CudaError> {
-        let fits = acc.len == n * w.rows && x.len >= n * w.cols && n > 0;
-        if fits && self.res_fuse && self.matmul_path(n) == MatmulPath::Gemm {
-            // (prefill: cuBLAS adds into `acc` itself, beta 1)
-            return self.gemm(w, x, acc, n, true);
-        }
-        if !(self.fuse && self.res_fuse)
-            || !(mmvq_fits(w) || f16_fits(w))
-            || self.matmul_path(n) != MatmulPath::Matvec
-            || n > 65535
-            || !fits
-        {
-            self.matmul(w, x, tmp, n)?;
-            return self.add(acc, tmp);
-        }
-        if self.q8_tag().is_some_and(|t| t.buf == acc.id) {
-            self.set_q8_tag(None);
-        }
-        let a = self.ptr(&acc.s);
-        let ex = Extra {
-            nin: NormIn::default(),
-            res: a,
-        };
-        if mmvq_fits(w) {
-            self.mmvq(&[(w, a)], x, n, ex)
-        } else {
-            self.matvec_f16(&[(w, a)], x, n, ex)
-        }
-    }
-
-    /// The kernel argument of a fused input norm over `x` with weights `w`.
-    fn norm_in(&self, x: &Buf, w: &Buf, eps: f32) -> NormIn {
-        NormIn {
-            x: self.ptr(&x.s),
-            w: self.ptr(&w.s),
-            eps,
-            pad: 0,
-        }
+        self.mmvq(&mats, x, n)
     }
 
     /// One launch of the 16-byte-load F16 matvec over up to three F16
-    /// matrices of one width (checked by the callers: [`f16_fits`], shapes),
-    /// with `ex`'s fused input norm and residual.
-    fn matvec_f16(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize, ex: Extra) -> Result<(), CudaError> {
+    /// matrices of one width (checked by the callers: [`f16_fits`], shapes).
+    fn matvec_f16(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
         let cols = mats[0].0.cols;
         // Lanes per row so that a lane has about four 16-byte loads.
-        let (m, mut cfg, lpr) = self.mats_launch("matvec_f16", mats, n, cols / 8, self.f16_loads)?;
-        if ex.nin.x != 0 {
-            cfg.shared_mem_bytes = norm_smem(cols, false) as u32;
-        }
+        let (m, cfg, lpr) = self.mats_launch("matvec_f16", mats, n, cols / 8, self.f16_loads)?;
         self.launch(
             &self.fns.matvec_f16_v8,
             cfg,
             "matvec",
-            &[&m, &self.ptr(&x.s), &int("matvec", cols)?, &lpr, &ex.nin, &ex.res],
+            &[&m, &self.ptr(&x.s), &int("matvec", cols)?, &lpr],
         )
     }
 
@@ -1343,9 +1172,8 @@ impl Device {
     /// One launch of the int8-activation kernel over up to three matrices of
     /// one kind and width (checked by the callers: [`mmvq_fits`], shapes).
     /// The activations are quantized once into the q8 scratch, unless the
-    /// launch that wrote `x` (the fused norm, the GLU) already did, or the
-    /// kernel norms and quantizes them itself (`ex.nin`).
-    fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize, ex: Extra) -> Result<(), CudaError> {
+    /// launch that wrote `x` (the fused norm, the GLU) already did.
+    fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
         let w0 = mats[0].0;
         let f = self
             .kind_fns(w0.kind, "matvec")?
@@ -1356,18 +1184,13 @@ impl Device {
                 kind: w0.kind,
             })?;
         let cols = w0.cols;
-        let (m, mut cfg, lpr) = self.mats_launch("mmvq", mats, n, cols / 32, self.mmvq_units)?;
-        let (qs, ds) = if ex.nin.x != 0 {
-            cfg.shared_mem_bytes = norm_smem(cols, true) as u32;
-            (0, 0)
-        } else {
-            self.q8_input(x, n * cols, cols)?
-        };
+        let (m, cfg, lpr) = self.mats_launch("mmvq", mats, n, cols / 32, self.mmvq_units)?;
+        let (qs, ds) = self.q8_input(x, n * cols, cols)?;
         self.launch_keep(
             f,
             cfg,
             "int8 matvec",
-            &[&m, &qs, &ds, &int("mmvq", cols)?, &lpr, &ex.nin, &ex.res],
+            &[&m, &qs, &ds, &int("mmvq", cols)?, &lpr],
         )
     }
 
@@ -1387,54 +1210,6 @@ impl Device {
         wu: &Matrix,
         h: &mut Buf,
     ) -> Result<bool, CudaError> {
-        self.gate_up_glu_with(act, x, n, wg, wu, h, None)
-    }
-
-    /// `cur = rms_norm(x) * w`, then [`Device::gate_up_glu`] over `cur`;
-    /// where that fuses (and the row fits the kernels' shared memory) the
-    /// norm goes into the same launch and `cur` is left unwritten.
-    /// Returns what `gate_up_glu` returns: false, with `cur` written and
-    /// nothing else launched, where the GLU does not fuse.
-    #[allow(clippy::too_many_arguments)]
-    pub fn norm_gate_up_glu(
-        &self,
-        act: Act,
-        x: &mut Buf,
-        w: &Buf,
-        eps: f32,
-        cur: &mut Buf,
-        n: usize,
-        wg: &Matrix,
-        wu: &Matrix,
-        h: &mut Buf,
-    ) -> Result<bool, CudaError> {
-        let int8 = mmvq_fits(wg);
-        if self.fuse
-            && self.norm_fuse
-            && n > 0
-            && wg.cols == w.len
-            && x.len == n * w.len
-            && norm_smem(w.len, int8) <= NORM_SMEM_MAX
-            && self.gate_up_glu_with(act, x, n, wg, wu, h, Some((w, eps)))?
-        {
-            return Ok(true);
-        }
-        self.add_rms_norm(x, None, w, eps, cur)?;
-        self.gate_up_glu(act, cur, n, wg, wu, h)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn gate_up_glu_with(
-        &self,
-        act: Act,
-        x: &Buf,
-        n: usize,
-        wg: &Matrix,
-        wu: &Matrix,
-        h: &mut Buf,
-        norm: Option<(&Buf, f32)>,
-    ) -> Result<bool, CudaError> {
-        let nin = norm.map_or(NormIn::default(), |(w, eps)| self.norm_in(x, w, eps));
         let same = wg.kind == wu.kind
             && wg.rows == wu.rows
             && wg.cols == wu.cols
@@ -1445,7 +1220,7 @@ impl Device {
             && self.matmul_path(n) == MatmulPath::Matvec
             && n <= 65535
         {
-            return self.f16_glu(act, x, n, wg, wu, h, nin).map(|()| true);
+            return self.f16_glu(act, x, n, wg, wu, h).map(|()| true);
         }
         let f = match self.kind_fns(wg.kind, "matvec")?.mmvq_glu.as_ref() {
             Some(f) => f,
@@ -1462,7 +1237,7 @@ impl Device {
         }
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
-        let (qs, ds) = if nin.x != 0 { (0, 0) } else { self.q8_input(x, n * cols, cols)? };
+        let (qs, ds) = self.q8_input(x, n * cols, cols)?;
         let slot = self.q8_tag().map_or(0, |t| t.slot);
         let out_slot = 1 - slot;
         let (hq, hds) = self.q8_scratch_slot(n * rows, out_slot)?;
@@ -1476,7 +1251,7 @@ impl Device {
         let cfg = LaunchConfig {
             grid_dim: ((rows / (256 / lpr)) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: if nin.x != 0 { norm_smem(cols, true) as u32 } else { 0 },
+            shared_mem_bytes: 0,
         };
         let lpr = lpr as i32;
         self.launch(
@@ -1497,7 +1272,6 @@ impl Device {
                 &hds,
                 &lpr,
                 &cnt,
-                &nin,
             ],
         )?;
         self.set_q8_tag(Some(Q8Tag {
@@ -1514,7 +1288,6 @@ impl Device {
     /// `matvec_f16_v8` per row, both rows a lane. Writes no q8 copy of `h`
     /// (a 32-row unit of it spans blocks); an int8 down matvec quantizes
     /// `h` itself, since this launch clears the tag.
-    #[allow(clippy::too_many_arguments)]
     fn f16_glu(
         &self,
         act: Act,
@@ -1523,14 +1296,10 @@ impl Device {
         wg: &Matrix,
         wu: &Matrix,
         h: &mut Buf,
-        nin: NormIn,
     ) -> Result<(), CudaError> {
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
-        let (mut cfg, lpr) = row_grid(rows, n, cols / 8, self.f16_loads);
-        if nin.x != 0 {
-            cfg.shared_mem_bytes = norm_smem(cols, false) as u32;
-        }
+        let (cfg, lpr) = row_grid(rows, n, cols / 8, self.f16_loads);
         let a = act.code();
         self.launch(
             &self.fns.matvec_f16_glu,
@@ -1546,14 +1315,11 @@ impl Device {
                 &a,
                 &self.ptr(&h.s),
                 &lpr,
-                &nin,
             ],
         )
     }
 
-    /// `y = x W^T` on cuBLAS (W dequantized to f16 first), or with
-    /// `accumulate` `y += x W^T` (beta 1: a residual add in the GEMM).
-    fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize, accumulate: bool) -> Result<(), CudaError> {
+    fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
         let blas = self
             .blas
             .as_ref()
@@ -1607,7 +1373,7 @@ impl Device {
             "f32 to f16",
             &[&self.ptr(&x.s), &x16, &nx],
         )?;
-        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+        let (alpha, beta) = (1.0f32, 0.0f32);
         let yp = self.ptr(&y.s);
         self.set_q8_tag(None);
         // SAFETY: A is the rows x cols f16 copy of W (row-major, so column-
@@ -2006,51 +1772,7 @@ impl Device {
         if n > 65535 {
             return Err(shape("kv_store", format!("{n} tokens in one launch")));
         }
-        // The grouped kernel (a block per token and KV head) where its
-        // limits allow; the per-head one otherwise.
-        let g = a.n_head / a.n_head_kv;
-        // (`gqa_min`: a knob for measuring the two at small batches.)
-        let gqa = n >= self.gqa_min
-            && hd.is_multiple_of(8)
-            && g <= 8
-            && g * hd <= 2048
-            && g * hdv <= 2048;
-        // The grouped kernel's fast value path (`GA_FAST` in kernels.cu).
-        let ga_fast = g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128;
-        // Decode batches: the staged kernel (`attention_dec`), with the
-        // largest chunk of keys (128, 64 or 32) its shared memory allows.
-        // Query heads a decode block takes: the group, or a divisor of it.
-        let gs = match self.dec_heads {
-            h if h > 0 && h < g && g.is_multiple_of(h) => h,
-            _ => g,
-        };
-        let dec_chunk = if gqa && ga_fast && n <= self.dec_max {
-            [128usize, 64, 32]
-                .into_iter()
-                .filter(|&c| c <= self.dec_chunk.max(32))
-                .find(|&c| dec_smem_bytes(c, gs, hd, hdv) <= self.dec_smem)
-        } else {
-            None
-        };
-        // Prefill batches of one slot: the tensor-core kernel.
-        let mma = dec_chunk.is_none()
-            && self.mma_attn
-            && a.one_slot
-            && n > self.dec_max.max(16)
-            && hd.is_multiple_of(16)
-            && hd <= 128
-            && hdv.is_multiple_of(8)
-            && hdv <= 128;
-        // RoPE and the cache store go into the decode kernel when no two
-        // tokens share a slot (no block then needs a row another block of
-        // the launch writes); `rope_kv` runs first otherwise.
-        let fuse = match rope {
-            Some(_) => dec_chunk.is_some() && a.own_slots && self.rope_fuse,
-            None => false,
-        };
-        if fuse {
-            // (attention_dec rotates and stores)
-        } else if let Some((r, factors)) = rope {
+        if let Some((r, factors)) = rope {
             let most = (n * a.n_head * (r.n_rot / 2))
                 .max(n * a.n_head_kv * (hd / 2))
                 .max(n * vd);
@@ -2107,6 +1829,41 @@ impl Device {
                 ],
             )?;
         }
+        // The grouped kernel (a block per token and KV head) where its
+        // limits allow; the per-head one otherwise.
+        let g = a.n_head / a.n_head_kv;
+        // (`gqa_min`: a knob for measuring the two at small batches.)
+        let gqa = n >= self.gqa_min
+            && hd.is_multiple_of(8)
+            && g <= 8
+            && g * hd <= 2048
+            && g * hdv <= 2048;
+        // The grouped kernel's fast value path (`GA_FAST` in kernels.cu).
+        let ga_fast = g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128;
+        // Decode batches: the staged kernel (`attention_dec`), with the
+        // largest chunk of keys (128, 64 or 32) its shared memory allows.
+        // Query heads a decode block takes: the group, or a divisor of it.
+        let gs = match self.dec_heads {
+            h if h > 0 && h < g && g.is_multiple_of(h) => h,
+            _ => g,
+        };
+        let dec_chunk = if gqa && ga_fast && n <= self.dec_max {
+            [128usize, 64, 32]
+                .into_iter()
+                .filter(|&c| c <= self.dec_chunk.max(32))
+                .find(|&c| dec_smem_bytes(c, gs, hd, hdv) <= self.dec_smem)
+        } else {
+            None
+        };
+        // Prefill batches of one slot: the tensor-core kernel.
+        let mma = dec_chunk.is_none()
+            && self.mma_attn
+            && a.one_slot
+            && n > self.dec_max.max(16)
+            && hd.is_multiple_of(16)
+            && hd <= 128
+            && hdv.is_multiple_of(8)
+            && hdv <= 128;
         let (f, blocks, threads, smem) = if mma {
             (&self.fns.attention_mma, n.div_ceil(64), 128, (64 * (hd + 8) + hdv * (64 + 8)) * 2)
         } else if let Some(c) = dec_chunk {
@@ -2158,28 +1915,13 @@ impl Device {
             )?;
         } else if let Some(c) = dec_chunk {
             let (c, gs) = (c as i32, gs as i32);
-            // The fused RoPE's parameters (n_rot 0: the cache holds the
-            // token's key and value already).
-            let (n_rot, halves, base, freq_scale, attn_factor, fp) = match rope {
-                Some((r, factors)) if fuse => (
-                    int("attention", r.n_rot)?,
-                    i32::from(r.halves),
-                    r.base,
-                    r.freq_scale,
-                    r.attn_factor,
-                    factors.map_or(0u64, |f| self.ptr(&f.s)),
-                ),
-                _ => (0, 0, 0.0, 0.0, 0.0, 0),
-            };
-            let (knp, vnp) = (self.ptr(&k.s), self.ptr(&v.s));
             self.launch(
                 f,
                 cfg,
                 "attention",
                 &[
                     &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
-                    &softcap, &window, &c, &qs, &ds, &gs, &knp, &vnp, &n_rot, &halves, &base,
-                    &freq_scale, &attn_factor, &fp,
+                    &softcap, &window, &c, &qs, &ds, &gs,
                 ],
             )?;
         } else {
@@ -2496,42 +2238,7 @@ macro_rules! arg {
         }
     )*};
 }
-arg!(u64, i64, i32, f32, MmvqMats, NormIn);
-
-/// A fused input norm of a decode matvec launch (`NormIn` in `kernels.cu`,
-/// field for field): `x` 0 when there is none.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct NormIn {
-    x: u64,
-    w: u64,
-    eps: f32,
-    pad: i32,
-}
-
-// SAFETY: plain old data with the C layout the kernel declares.
-unsafe impl cudarc::driver::DeviceRepr for NormIn {}
-
-/// What a row-matvec launch takes besides its input: the input's norm
-/// fused in, and the buffer its outputs are added to (`res`: 0 for none;
-/// the output buffer itself for a residual add).
-#[derive(Clone, Copy, Default)]
-struct Extra {
-    nin: NormIn,
-    res: u64,
-}
-
-/// Dynamic shared memory of a matvec launch with the input norm fused
-/// (`norm_in_f32`/`norm_in_q8` in `kernels.cu`): the f32 row, then for the
-/// int8 kernels its q8 units (a byte a value, 8 bytes a 32-value unit).
-fn norm_smem(cols: usize, int8: bool) -> usize {
-    cols * 4 + if int8 { cols + cols / 32 * 8 } else { 0 }
-}
-
-/// The most dynamic shared memory a fused-norm matvec launch takes: the
-/// 48 KiB a launch gets without opting in, less 1 KiB for the kernels'
-/// static shared memory (a few floats).
-const NORM_SMEM_MAX: usize = 47 * 1024;
+arg!(u64, i64, i32, f32, MmvqMats);
 
 /// The matrices of one int8-activation or F16 matvec launch (`MmvqMats`
 /// in `kernels.cu`, field for field).

@@ -1018,55 +1018,6 @@ struct MmvqMats {
     long long row_bytes[3];
 };
 
-// The input norm a decode matvec may take in (fused, instead of an
-// `add_rms_norm` launch before it): when `x` is set, each block computes
-// rms_norm(x[t]) * w of its token itself (every block the whole row: it
-// costs a read of the row from L2, where a launch of its own cost a
-// kernel boundary) into shared memory, and reads its activations there.
-struct NormIn {
-    const float* x;
-    const float* w;
-    float eps;
-    int pad_;
-};
-
-// The normed row of token t (`cols` wide) into `st` (f32, shared): the
-// row times the norm's weights first, then (after the block's sum of
-// squares) the scale. Every thread of the block calls it; `red` holds 8
-// floats.
-__device__ __forceinline__ void norm_in_f32(const NormIn& nin, int t, int cols, float* st, float* red) {
-    const float* xr = nin.x + (size_t)t * cols;
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = xr[i];
-        ss += v * v;
-        st[i] = v * __ldg(nin.w + i);
-    }
-    float sc = rsqrtf(block_sum(ss, red) / cols + nin.eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) st[i] *= sc;
-    __syncthreads();
-}
-
-// As `norm_in_f32`, then the row's q8 units (`quant_lane`, a warp a unit;
-// cols % 32 == 0) into `q8` and `d8` (shared), which the int8 kernels read
-// as they read the q8 buffer.
-__device__ __forceinline__ void norm_in_q8(const NormIn& nin, int t, int cols, float* st, i8* q8, float2* d8,
-                                           float* red) {
-    const float* xr = nin.x + (size_t)t * cols;
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = xr[i];
-        ss += v * v;
-        st[i] = v * __ldg(nin.w + i);
-    }
-    float sc = rsqrtf(block_sum(ss, red) / cols + nin.eps);
-    int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int u = threadIdx.x >> 5; u < (cols >> 5); u += nw) quant_lane(st[u * 32 + lane] * sc, u * 32 + lane, q8, d8);
-    __syncthreads();
-}
-
 // A block is 256 threads; `lpr` lanes (8, 16, ..., 256: a power of two)
 // share a row, so a block takes 256 / lpr rows. A lane takes the row's
 // 32-element units u = sub, sub + lpr, ...: it reads the unit's weights
@@ -1127,10 +1078,8 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
 
 #define DEFINE_MMVQ(NAME)                                                                          \
     extern "C" __global__ void MMVQ_BOUNDS mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
-                                           const float2* __restrict__ dsx, int cols, int lpr,    \
-                                           NormIn nin, const float* res) {                       \
+                                           const float2* __restrict__ dsx, int cols, int lpr) {  \
         __shared__ float red[MMVQ_WARPS];                                                         \
-        extern __shared__ uint4 nsm4[];                                                           \
         int n_units = cols >> 5;                                                                  \
         int sub = threadIdx.x & (lpr - 1);                                                        \
         int t = blockIdx.y;                                                                       \
@@ -1139,16 +1088,10 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
         const u8* row = mats_w(m, k) + (size_t)r * mats_rb(m, k);                                 \
         if (ok) prefetch_l2(row, mats_rb(m, k), sub, lpr, MMVQ_PER_SM);                           \
         PDL_ENTER();                                                                              \
-        const int4* qt = qx + (size_t)t * n_units * 2;                                            \
-        const float2* dt = dsx + (size_t)t * n_units;                                             \
-        if (nin.x) { /* the input norm fused: the q8 row in shared memory */                      \
-            i8* q8s_ = (i8*)((float*)nsm4 + cols);                                                \
-            norm_in_q8(nin, t, cols, (float*)nsm4, q8s_, (float2*)(q8s_ + cols), red);           \
-            qt = (const int4*)q8s_;                                                               \
-            dt = (const float2*)(q8s_ + cols);                                                    \
-        }                                                                                         \
         float acc = 0.0f;                                                                         \
         if (ok) {                                                                                 \
+            const int4* qt = qx + (size_t)t * n_units * 2;                                        \
+            const float2* dt = dsx + (size_t)t * n_units;                                         \
             int u = sub, step = lpr;                                                              \
             /* MMVQ_STEP units a step: all their weight loads first. */                          \
             for (; u + (MMVQ_STEP - 1) * step < n_units; u += MMVQ_STEP * step) {                 \
@@ -1176,10 +1119,7 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
-        if (row_sum(&acc, lpr, sub, red) && ok) {                                                 \
-            size_t o_ = (size_t)t * mats_rows(m, k) + r;                                          \
-            mats_y(m, k)[o_] = res ? acc + res[o_] : acc;                                         \
-        }                                                                                         \
+        if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc; \
     }
 
 DEFINE_MMVQ(q4_0)
@@ -1244,10 +1184,8 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
         const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,      \
         const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols, int act,           \
         float* __restrict__ h, i8* __restrict__ hq, float2* __restrict__ hds, int lpr,            \
-        unsigned* __restrict__ cnt, NormIn nin) {                                                 \
+        unsigned* __restrict__ cnt) {                                                             \
         __shared__ bool last;                                                                     \
-        __shared__ float red[MMVQ_WARPS];                                                         \
-        extern __shared__ uint4 nsm4[];                                                           \
         int n_units = cols >> 5;                                                                  \
         int sub = threadIdx.x & (lpr - 1);                                                        \
         int t = blockIdx.y;                                                                       \
@@ -1261,12 +1199,6 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
         float ag = 0.0f, au = 0.0f;                                                               \
         const int4* qt = qx + (size_t)t * n_units * 2;                                            \
         const float2* dt = dsx + (size_t)t * n_units;                                             \
-        if (nin.x) { /* the input norm fused, as in mmvq */                                       \
-            i8* q8s_ = (i8*)((float*)nsm4 + cols);                                                \
-            norm_in_q8(nin, t, cols, (float*)nsm4, q8s_, (float2*)(q8s_ + cols), red);           \
-            qt = (const int4*)q8s_;                                                               \
-            dt = (const float2*)(q8s_ + cols);                                                    \
-        }                                                                                         \
         int u = sub;                                                                              \
         for (; u + (MMVQ_STEP - 1) * lpr < n_units; u += MMVQ_STEP * lpr) {                       \
             W##NAME g[MMVQ_STEP], v[MMVQ_STEP];                                                   \
@@ -1323,10 +1255,8 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
 // Up to three matrices of one width over the same input in one launch
 // (`MmvqMats`, as the int8 kernels: Q, K and V; one matrix is the case
 // m.rows[1] == 0), picked with the selects.
-extern "C" __global__ void F16_BOUNDS matvec_f16_v8(MmvqMats m, const float* __restrict__ x, int cols, int lpr,
-                                                    NormIn nin, const float* res) {
+extern "C" __global__ void F16_BOUNDS matvec_f16_v8(MmvqMats m, const float* __restrict__ x, int cols, int lpr) {
     __shared__ float red[MMVQ_WARPS];
-    extern __shared__ uint4 nsm4[];
     int sub = threadIdx.x & (lpr - 1);
     int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;
     int t = blockIdx.y;
@@ -1335,14 +1265,10 @@ extern "C" __global__ void F16_BOUNDS matvec_f16_v8(MmvqMats m, const float* __r
     const u8* w = mats_w(m, k) + (size_t)r * row_bytes;
     if (ok) prefetch_l2(w, row_bytes, sub, lpr, F16_PER_SM);
     PDL_ENTER();
-    const float4* xt = (const float4*)(x + (size_t)t * cols);
-    if (nin.x) {  // the input norm fused: the normed row in shared memory
-        norm_in_f32(nin, t, cols, (float*)nsm4, red);
-        xt = (const float4*)nsm4;
-    }
     float acc = 0.0f;
     if (ok) {
         const uint4* row = (const uint4*)w;
+        const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
         int i = sub, step = lpr;
         // F16_STEP loads a step with no guard between them, then the rest
@@ -1367,10 +1293,7 @@ extern "C" __global__ void F16_BOUNDS matvec_f16_v8(MmvqMats m, const float* __r
             }
         }
     }
-    if (row_sum(&acc, lpr, sub, red) && ok) {
-        size_t o = (size_t)t * mats_rows(m, k) + r;
-        mats_y(m, k)[o] = res ? acc + res[o] : acc;
-    }
+    if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc;
 }
 
 // The gate and up matvecs of F16 rows and the GLU after them in one launch
@@ -1383,9 +1306,8 @@ extern "C" __global__ void F16_BOUNDS matvec_f16_v8(MmvqMats m, const float* __r
 // several blocks at these lane counts, and an F16 down matvec reads f32.
 extern "C" __global__ void F16_BOUNDS matvec_f16_glu(const u8* __restrict__ wg, const u8* __restrict__ wu,
                                           long long row_bytes, int rows, const float* __restrict__ x,
-                                          int cols, int act, float* __restrict__ h, int lpr, NormIn nin) {
+                                          int cols, int act, float* __restrict__ h, int lpr) {
     __shared__ float red_g[MMVQ_WARPS], red_u[MMVQ_WARPS];
-    extern __shared__ uint4 nsm4[];
     int sub = threadIdx.x & (lpr - 1);
     int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;
     int t = blockIdx.y;
@@ -1397,15 +1319,11 @@ extern "C" __global__ void F16_BOUNDS matvec_f16_glu(const u8* __restrict__ wg, 
         prefetch_l2(pu, row_bytes, sub, lpr, F16_PER_SM);
     }
     PDL_ENTER();
-    const float4* xt = (const float4*)(x + (size_t)t * cols);
-    if (nin.x) {  // the input norm fused, as in matvec_f16_v8
-        norm_in_f32(nin, t, cols, (float*)nsm4, red_g);
-        xt = (const float4*)nsm4;
-    }
     float ag = 0.0f, au = 0.0f;
     if (ok) {
         const uint4* rg = (const uint4*)pg;
         const uint4* ru = (const uint4*)pu;
+        const float4* xt = (const float4*)(x + (size_t)t * cols);
         int n8 = cols >> 3;
         int i = sub, step = lpr;
         for (; i + (F16_STEP - 1) * step < n8; i += F16_STEP * step) {
@@ -2000,43 +1918,27 @@ __device__ __forceinline__ void cp_async_wait1() {
 // and barriers, not bandwidth. A chunk of `chunk` keys is staged in shared
 // memory with every K and V load of the chunk issued at once (cp.async),
 // the next chunk's loads issued before this chunk is computed (two stages).
-// Then, all from shared memory: scores `L` lanes per key (L the power of
-// two >= head_dim / 8, each lane 8 dims of the key against its 8 dims of
-// every query head, kept in registers, then a butterfly over the L lanes;
-// rows padded by 16 bytes so the lanes' 16-byte reads do not collide in
-// banks), softmax a warp per head, values a warp per key with a lane per
-// value dim (as `attention_gqa`'s fast path), and the q8 copy of the output
-// for the output projection. A block takes `gs` query heads of one KV head
-// (the whole group, or a divisor of it: each block then stages the keys
-// itself).
-//
-// RoPE fused (`n_rot` > 0, the host's choice when no two tokens of the
-// batch share a slot): q and k come unrotated; the block rotates its
-// queries and the token's key (cos/sin computed before PDL_ENTER: they
-// depend only on the staged position), stores the key and value (`kn`,
-// `vn`) into the f16 cache (the first block of the KV head), and takes the
-// token's own row from registers rather than from the cache (no block of
-// the launch reads another token's row). `n_rot` == 0: the cache already
-// holds them (`rope_kv` or `kv_store` ran before).
-// Same limits as `attention_gqa`'s fast path: group <= 8,
-// head_dim % 8 == 0, head_dim <= 256, head_dim_v % 32 == 0,
-// head_dim_v <= 128, group * head_dim_v <= 512; chunk <= 256. The host
-// sizes the dynamic shared memory: 2 * chunk * (head_dim + 8 + head_dim_v)
-// halves, then G * head_dim + G * chunk + 8 * G * head_dim_v floats.
-#define DEC_MAXP 128  // rotated pairs of a head (head_dim <= 256)
+// Then, all from shared memory: scores a thread per key (rows padded by 16
+// bytes so the threads' 16-byte reads do not collide in banks), softmax a
+// warp per head, values a warp per key with a lane per value dim (as
+// `attention_gqa`'s fast path), and the q8 copy of the output for the
+// output projection. A block takes `gs` query heads of one KV head (the
+// whole group, or a divisor of it: each block then stages the keys itself).
+// Same limits as that fast path: group <= 8,
+// head_dim % 8 == 0, head_dim_v % 32 == 0, head_dim_v <= 128,
+// group * head_dim_v <= 512; chunk <= 256. The host sizes the dynamic
+// shared memory: 2 * chunk * (head_dim + 8 + head_dim_v) halves, then
+// G * head_dim + G * chunk + 8 * G * head_dim_v floats.
 extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
-    const float* q, u16* kc, u16* vc, float* out, const u32* seq, const u32* pos,
+    const float* q, const u16* kc, const u16* vc, float* out, const u32* seq, const u32* pos,
     int n_head, int n_head_kv, int hd, int hdv, int n_ctx, float scale, float softcap, int window,
-    int chunk, i8* qs, float2* ds, int gs, const float* kn, const float* vn, int n_rot, int halves,
-    float base, float freq_scale, float attn_factor, const float* factors) {
+    int chunk, i8* qs, float2* ds, int gs) {
     extern __shared__ uint4 dsm4[];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
-    __shared__ float2 cs[DEC_MAXP];
     // A block takes gs query heads (the KV head's group, or a divisor of
     // it: FERROX_CUDA_DEC_HEADS), h0 the first; the phases see G = gs.
     int G = gs;
     int blocks_t = n_head / gs;
-    int group = n_head / n_head_kv;
     int kst = hd + 8;                       // halves per staged key row
     u16* ks = (u16*)dsm4;                   // [2][chunk][kst]
     u16* vs = ks + 2 * chunk * kst;         // [2][chunk][hdv]
@@ -2044,64 +1946,23 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     float* sp = sq + G * hd;                // [G][chunk]
     float* part = sp + G * chunk;           // [8 warps][G][hdv]
     int t = blockIdx.x / blocks_t, h0 = (blockIdx.x % blocks_t) * gs;
-    int kvh = h0 / group;
+    int kvh = h0 / (n_head / n_head_kv);
     int tid = threadIdx.x, lane = tid & 31;
     // The slot and position lists are written by a copy before the pass's
     // first kernel, never by a kernel, and a kernel starts only once the
     // one before its predecessor has finished (PDL_ENTER waits, then lets
-    // the next start): they may be read before the wait, and so may the
-    // rotation's factors (immutable).
+    // the next start): they may be read before the wait.
     int s = seq[t], p = pos[t];
-    bool fused = n_rot > 0;
-    int half_rot = n_rot >> 1;
-    if (fused && tid < half_rot) {
-        float c, sn;
-        rope_cs((u32)p, tid, n_rot, base, freq_scale, attn_factor, factors, &c, &sn);
-        cs[tid] = make_float2(c, sn);
-    }
     PDL_ENTER();
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    // Keys [lo, pe) come from the cache; key p from registers when fused.
-    int pe = fused ? p : p + 1;
     size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
     const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;
     const u16* vb = vc + (size_t)s * n_ctx * vd + (size_t)kvh * hdv;
     int k16 = hd >> 3, v16 = hdv >> 3;  // 16-byte pieces a key / value row
-    int pairs = hd >> 1;
-    // The token's key pair `tid` (dims ia, ib; rotated below) and value
-    // dim `tid`, loads issued before the chunks'.
-    float k0 = 0.0f, k1 = 0.0f, vx = 0.0f;
-    int ia = 0, ib = 0;
-    if (fused) {
-        if (tid < pairs) {
-            const float* kr = kn + ((size_t)t * n_head_kv + kvh) * hd;
-            if (tid < half_rot) {
-                ia = halves ? tid : 2 * tid;
-                ib = halves ? tid + half_rot : 2 * tid + 1;
-            } else {
-                ia = n_rot + 2 * (tid - half_rot);
-                ib = ia + 1;
-            }
-            k0 = kr[ia];
-            k1 = kr[ib];
-        }
-        if (tid < hdv) vx = vn[((size_t)t * n_head_kv + kvh) * hdv + tid];
-    }
-    // The token's own row (fused) into the staged chunk that holds key p,
-    // stage st starting at key c0.
-    auto own_row = [&](int c0, int st) {
-        if (!fused || p < c0 || p >= c0 + chunk) return;
-        int j = p - c0;
-        if (tid < pairs) {
-            ks[(st * chunk + j) * kst + ia] = f2h(k0);
-            ks[(st * chunk + j) * kst + ib] = f2h(k1);
-        }
-        if (tid < hdv) vs[(st * chunk + j) * hdv + tid] = f2h(vx);
-    };
-    // Issue the loads of the cached keys [c0, min(c0 + chunk, pe)) into
-    // stage st (a committed group, empty past the last key).
+    // Issue the loads of the chunk starting at key c0 into stage st (a
+    // committed group, empty past the last key).
     auto stage = [&](int c0, int st) {
-        int nc = max(0, min(chunk, pe - c0));
+        int nc = min(chunk, p + 1 - c0);
         u16* kd_ = ks + st * chunk * kst;
         u16* vd_ = vs + st * chunk * hdv;
         for (int i = tid; i < nc * k16; i += GA_THREADS) {
@@ -2115,68 +1976,14 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         cp_async_commit();
     };
     stage(lo, 0);
-    stage(lo + chunk, 1);
-    if (fused) {
-        __syncthreads();  // cs
-        if (tid < half_rot) {
-            float2 c = cs[tid];
-            float x0 = k0, x1 = k1;
-            k0 = x0 * c.x - x1 * c.y;
-            k1 = x0 * c.y + x1 * c.x;
-        }
-        // The cache's copy, for the steps after this one.
-        if (h0 % group == 0) {
-            u16* kcr = kc + ((size_t)s * n_ctx + p) * kd + (size_t)kvh * hd;
-            if (tid < pairs) {
-                kcr[ia] = f2h(k0);
-                kcr[ib] = f2h(k1);
-            }
-            if (tid < hdv) vc[((size_t)s * n_ctx + p) * vd + (size_t)kvh * hdv + tid] = f2h(vx);
-        }
-        own_row(lo, 0);
-        own_row(lo + chunk, 1);
-    }
+    if (lo + chunk <= p) stage(lo + chunk, 1);
+    else cp_async_commit();
     const float* qh = q + ((size_t)t * n_head + (size_t)h0) * hd;
-    if (fused) {
-        for (int i = tid; i < G * pairs; i += GA_THREADS) {
-            int g = i / pairs, r = i - g * pairs;
-            int a, b;
-            if (r < half_rot) {
-                a = halves ? r : 2 * r;
-                b = halves ? r + half_rot : 2 * r + 1;
-            } else {
-                a = n_rot + 2 * (r - half_rot);
-                b = a + 1;
-            }
-            float x0 = qh[g * hd + a], x1 = qh[g * hd + b];
-            if (r < half_rot) {
-                float2 c = cs[r];
-                float y0 = x0 * c.x - x1 * c.y;
-                x1 = x0 * c.y + x1 * c.x;
-                x0 = y0;
-            }
-            sq[g * hd + a] = x0;
-            sq[g * hd + b] = x1;
-        }
-    } else {
-        for (int i = tid; i < G * hd; i += GA_THREADS) sq[i] = qh[i];
-    }
+    for (int i = tid; i < G * hd; i += GA_THREADS) sq[i] = qh[i];
     if (tid < G) {
         sm_m[tid] = -INF_F;
         sm_l[tid] = 0.0f;
     }
-    __syncthreads();
-    // Scores: L lanes a key, lane e of them dims 8e..8e+7 (none past hd),
-    // those dims of the G queries kept in registers.
-    int L = 1;
-    while (L < k16) L <<= 1;
-    int e = tid & (L - 1), kpp = GA_THREADS / L;  // keys a pass
-    bool ein = e < k16;
-    float qr[GA_MAXG][8];
-#pragma unroll
-    for (int g = 0; g < GA_MAXG; g++)
-#pragma unroll
-        for (int k = 0; k < 8; k++) qr[g][k] = (g < G && ein) ? sq[g * hd + e * 8 + k] : 0.0f;
     int nd = hdv >> 5;  // value dims a lane takes per head, <= 4
     float acc[GA_MAXG * 4];  // acc[g * 4 + i]: head g, value dim i * 32 + lane
 #pragma unroll
@@ -2185,42 +1992,15 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         int nc = min(chunk, p + 1 - c0);
         cp_async_wait1();
         __syncthreads();
-        for (int j0 = 0; j0 < nc; j0 += kpp) {
-            int j = j0 + tid / L;
-            // Lanes past the chunk compute on row 0 (every lane shuffles).
-            int jr = j < nc ? j : 0;
-            float d[GA_MAXG];
-            uint4 kk = ein ? *(const uint4*)(ks + (st * chunk + jr) * kst + e * 8) : make_uint4(0, 0, 0, 0);
-            float k8[8] = {h2f((u16)kk.x), h2f((u16)(kk.x >> 16)), h2f((u16)kk.y), h2f((u16)(kk.y >> 16)),
-                           h2f((u16)kk.z), h2f((u16)(kk.z >> 16)), h2f((u16)kk.w), h2f((u16)(kk.w >> 16))};
-#pragma unroll
-            for (int g = 0; g < GA_MAXG; g++) {
-                d[g] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < 8; k++) d[g] += qr[g][k] * k8[k];
-            }
-            for (int o = L >> 1; o > 0; o >>= 1) {
-#pragma unroll
-                for (int g = 0; g < GA_MAXG; g++) d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
-            }
-            if (e == 0 && j < nc) {
-#pragma unroll
-                for (int g = 0; g < GA_MAXG; g++) {
-                    if (g < G) {
-                        float sc = d[g] * scale;
-                        if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
-                        sp[g * chunk + j] = sc;
-                    }
-                }
-            }
-        }
+        if (tid < nc)
+            ga_scores((const uint4*)(ks + (st * chunk + tid) * kst), sq, G, hd, scale, softcap, sp + tid, chunk);
         __syncthreads();
         ga_softmax(sp, chunk, nc, G, sm_m, sm_l, sm_corr);
         __syncthreads();
         ga_values(vs + st * chunk * hdv + lane, hdv, sp, chunk, nc, G, nd, sm_corr, acc);
         __syncthreads();  // stage st and the scores are free again
-        stage(c0 + 2 * chunk, st);
-        own_row(c0 + 2 * chunk, st);
+        if (c0 + 2 * chunk <= p) stage(c0 + 2 * chunk, st);
+        else cp_async_commit();
     }
     // (ga_finish writes heads kvh' * G ..: with kvh' = h0 / gs, h0 on.)
     ga_finish(acc, part, G, hdv, nd, sm_l, out, t, n_head, h0 / gs, qs, ds);

@@ -418,17 +418,10 @@ fn gen_pass<B: DeviceBackend>(
     let n_vocab = model.n_vocab() as u64;
     let mut tok = bos.unwrap_or_else(|| (rng.next() % n_vocab) as u32);
     let mut logits = Vec::new();
-    // Measuring only: FERROX_BENCH_ARGMAX=1 takes the greedy id instead of
-    // the logits (what `run` does at temperature 0), to see the readback.
-    let argmax = std::env::var_os("FERROX_BENCH_ARGMAX").is_some_and(|v| v == "1");
     for pos in 0..n {
         let mut b = Batch::default();
         b.push(tok, pos as u32, 0, true);
-        if argmax {
-            model.forward_argmax(ctx, &b)?;
-        } else {
-            model.forward_into(ctx, &b, &mut logits)?;
-        }
+        model.forward_into(ctx, &b, &mut logits)?;
         tok = (rng.next() % n_vocab) as u32;
     }
     Ok(())

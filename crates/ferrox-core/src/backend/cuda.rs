@@ -349,14 +349,8 @@ mod dispatch {
     }
 
     fn attn_shape(p: &AttnParams, batch: &Batch) -> AttnShape {
-        let one_slot = batch.seq.iter().all(|&s| Some(&s) == batch.seq.first());
         AttnShape {
-            one_slot,
-            own_slots: batch.seq.len() <= 1 || (!one_slot && {
-                let mut s = batch.seq.clone();
-                s.sort_unstable();
-                s.windows(2).all(|w| w[0] != w[1])
-            }),
+            one_slot: batch.seq.iter().all(|&s| Some(&s) == batch.seq.first()),
             n_head: p.n_head,
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
@@ -559,54 +553,6 @@ mod dispatch {
                 self.glu(a, gate, up, h)?;
             }
             Ok(())
-        }
-
-        fn norm_matmul_many(
-            &self,
-            x: &mut Buf,
-            w: &CudaWeight,
-            eps: f32,
-            cur: &mut Buf,
-            n: usize,
-            outs: &mut [(&CudaWeight, &mut Buf)],
-        ) -> Result<(), BackendError> {
-            let mut ms = Vec::with_capacity(outs.len());
-            for (m, y) in outs.iter_mut() {
-                ms.push((m.matrix("matmul")?, &mut **y));
-            }
-            self.dev
-                .norm_matmul_many(x, w.vector("norm")?, eps, cur, n, &mut ms)
-                .map_err(be)
-        }
-
-        fn norm_gate_up_glu(
-            &self,
-            a: Activation,
-            x: &mut Buf,
-            w: &CudaWeight,
-            eps: f32,
-            cur: &mut Buf,
-            n: usize,
-            wg: &CudaWeight,
-            wu: &CudaWeight,
-            gate: &mut Buf,
-            up: &mut Buf,
-            h: &mut Buf,
-        ) -> Result<(), BackendError> {
-            let fused = self
-                .dev
-                .norm_gate_up_glu(act(a), x, w.vector("norm")?, eps, cur, n, wg.matrix("gate")?, wu.matrix("up")?, h)
-                .map_err(be)?;
-            if !fused {
-                // (`cur` holds the normed input)
-                self.matmul_many(cur, n, &mut [(wg, &mut *gate), (wu, &mut *up)])?;
-                self.glu(a, gate, up, h)?;
-            }
-            Ok(())
-        }
-
-        fn matmul_add(&self, w: &CudaWeight, x: &Buf, n: usize, tmp: &mut Buf, acc: &mut Buf) -> Result<(), BackendError> {
-            self.dev.matmul_add(w.matrix("matmul")?, x, n, tmp, acc).map_err(be)
         }
 
         fn rope_attention(
@@ -1421,19 +1367,15 @@ mod tests {
         assert!(q8_checked > 0, "no decode batch left a q8 copy of the attention output");
     }
 
-    /// RoPE with the cache store in one launch (`rope_kv`), or inside the
-    /// decode attention kernel (batches where no two tokens share a slot),
-    /// then attention: what the CPU gives through its separate RoPE and
-    /// attention (queries where rotated in place, and output), in both
-    /// styles, partial rotation with frequency factors, over prefill,
-    /// two-slot and single-token decode batches; the cache each step wrote
-    /// is read back by a later step (so a wrong store shows). A second
-    /// shape (head size 128, four heads a KV head) decodes past a 255-token
-    /// prefill, so the token's own row lands at the end of the second
-    /// staged chunk of keys and at the start of the third.
+    /// RoPE with the cache store in one launch (`rope_kv`), then
+    /// attention: what the CPU gives through its separate RoPE and
+    /// attention (queries and output), in both styles, partial rotation
+    /// with frequency factors, over prefill, two-slot and single-token
+    /// decode batches; the cache each step wrote is read back by a later
+    /// step (so a wrong store shows).
     #[test]
     fn fused_rope_and_cache_store_match_the_cpu_rope_then_attention() {
-        let Some(c) = gpu("CUDA RoPE fused with the KV store (rope_kv, attention_dec) vs the CPU rope then attention") else {
+        let Some(c) = gpu("CUDA RoPE fused with the KV store (rope_kv) vs the CPU rope then attention") else {
             return;
         };
         if !c.device().fuses() {
@@ -1442,72 +1384,48 @@ mod tests {
         }
         let cpu = Cpu::new(2);
         let mut r = rng();
-        // (head size, heads, KV heads, context, prefill of slot 1, then
-        // (position, slot) decode batches)
-        type Shape = (usize, usize, usize, usize, u32, Vec<Vec<(u32, u32)>>);
-        let small: Shape = (
-            64,
-            4,
-            2,
-            64,
-            7,
-            vec![
-                vec![(7, 1), (0, 0)],
-                vec![(8, 1), (1, 0)],
-                vec![(9, 1), (2, 0)],
-                vec![(10, 1)],
-                vec![(3, 0)],
-                vec![(11, 1)],
-                vec![(4, 0)],
-                vec![(12, 1)],
-            ],
-        );
-        let long: Shape = (128, 8, 2, 320, 255, vec![vec![(255, 1)], vec![(256, 1), (0, 0)], vec![(257, 1)], vec![(1, 0)]]);
-        for (hd, n_head, n_head_kv, n_ctx, prefill, steps) in [small, long] {
-            for (style, n_rot, factors) in [(RopeStyle::Halves, 64, false), (RopeStyle::Interleaved, 32, true), (RopeStyle::Halves, 48, true)] {
-                let p = AttnParams { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None };
-                let rp = RopeParams { style, n_rot, base: 10000.0, freq_scale: 1.0, attn_factor: 1.0 };
-                let (kd, qd) = (p.n_head_kv * hd, p.n_head * hd);
-                let mut hkv = cpu.kv_cache(2, n_ctx, &[kd], &[kd]).unwrap();
-                let mut dkv = c.kv_cache(2, n_ctx, &[kd], &[kd]).unwrap();
-                let ff: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
-                let hf = factors.then(|| CpuWeight::Vector(ff.clone()));
-                let df = factors.then(|| CudaWeight::Vector(c.device().upload_f32(&ff).unwrap()));
-                let mut batches = Vec::new();
+        for (style, n_rot, factors) in [(RopeStyle::Halves, 64, false), (RopeStyle::Interleaved, 32, true), (RopeStyle::Halves, 48, true)] {
+            let hd = 64;
+            let p = AttnParams { n_head: 4, n_head_kv: 2, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None };
+            let rp = RopeParams { style, n_rot, base: 10000.0, freq_scale: 1.0, attn_factor: 1.0 };
+            let (kd, qd) = (p.n_head_kv * hd, p.n_head * hd);
+            let mut hkv = cpu.kv_cache(2, 64, &[kd], &[kd]).unwrap();
+            let mut dkv = c.kv_cache(2, 64, &[kd], &[kd]).unwrap();
+            let ff: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+            let hf = factors.then(|| CpuWeight::Vector(ff.clone()));
+            let df = factors.then(|| CudaWeight::Vector(c.device().upload_f32(&ff).unwrap()));
+            let mut batches = Vec::new();
+            let mut b = Batch::default();
+            for i in 0..7 {
+                b.push(0, i, 1, true);
+            }
+            batches.push(b);
+            for step in 0..3u32 {
                 let mut b = Batch::default();
-                for i in 0..prefill {
-                    b.push(0, i, 1, true);
-                }
+                b.push(0, 7 + step, 1, true);
+                b.push(0, step, 0, true);
                 batches.push(b);
-                for step in &steps {
-                    let mut b = Batch::default();
-                    for &(pos, slot) in step {
-                        b.push(0, pos, slot, true);
-                    }
-                    batches.push(b);
-                }
-                for b in &batches {
-                    let n = b.len();
-                    let q = rand_vec(&mut r, n * qd, 2.0);
-                    let k = rand_vec(&mut r, n * kd, 2.0);
-                    let v = rand_vec(&mut r, n * kd, 1.0);
-                    let ((mut hq, mut dq), (mut hk, mut dk), (hv, dv)) = (pair(c, &q), pair(c, &k), pair(c, &v));
-                    let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * qd]);
-                    cpu.rope_attention(&mut hkv, 0, b, &mut hq, &mut hk, &hv, &mut ho, &rp, hf.as_ref(), &p).unwrap();
-                    c.rope_attention(&mut dkv, 0, b, &mut dq, &mut dk, &dv, &mut dout, &rp, df.as_ref(), &p).unwrap();
-                    // Batches sharing a slot rotate q in place first
-                    // (`rope_kv`); where no two tokens share one the decode
-                    // kernel may rotate its own copy (q is scratch
-                    // afterwards), and only the output tells.
-                    let shared = (1..n).any(|i| b.seq[..i].contains(&b.seq[i]));
-                    let eq = if shared { rel(&read(c, &dq), &hq) } else { 0.0 };
-                    let eo = rel(&read(c, &dout), &ho);
-                    assert!(
-                        eq < 1e-4 && eo < 1e-3,
-                        "head size {hd}, {style:?} n_rot {n_rot} factors {factors}, batch of {n} at {:?}: relative error q {eq:e}, output {eo:e}",
-                        b.pos
-                    );
-                }
+            }
+            // Single tokens, each read back by the next step of its slot.
+            for (pos, slot) in [(10u32, 1u32), (3, 0), (11, 1), (4, 0), (12, 1)] {
+                let mut b = Batch::default();
+                b.push(0, pos, slot, true);
+                batches.push(b);
+            }
+            for b in &batches {
+                let n = b.len();
+                let q = rand_vec(&mut r, n * qd, 2.0);
+                let k = rand_vec(&mut r, n * kd, 2.0);
+                let v = rand_vec(&mut r, n * kd, 1.0);
+                let ((mut hq, mut dq), (mut hk, mut dk), (hv, dv)) = (pair(c, &q), pair(c, &k), pair(c, &v));
+                let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * qd]);
+                cpu.rope_attention(&mut hkv, 0, b, &mut hq, &mut hk, &hv, &mut ho, &rp, hf.as_ref(), &p).unwrap();
+                c.rope_attention(&mut dkv, 0, b, &mut dq, &mut dk, &dv, &mut dout, &rp, df.as_ref(), &p).unwrap();
+                let (eq, eo) = (rel(&read(c, &dq), &hq), rel(&read(c, &dout), &ho));
+                assert!(
+                    eq < 1e-4 && eo < 1e-3,
+                    "{style:?} n_rot {n_rot} factors {factors}, batch of {n}: relative error q {eq:e}, output {eo:e}"
+                );
             }
         }
     }
@@ -1607,140 +1525,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The input norm inside the decode matvecs (`norm_matmul_many` over
-    /// one and three matrices, `norm_gate_up_glu`) and the residual add
-    /// inside them (`matmul_add`) against the host: the norm in f64, the
-    /// int8 kinds' activations quantized per 32 as the kernels do (so a q8
-    /// value rounded the other way is all that separates them: a loose
-    /// bound there, a tight one for F16), every int8 kind and F16, one and
-    /// three tokens, and the residual add of an 11-token GEMM (beta 1). The
-    /// scratch the unfused ops would write (`cur`, `gate`, `up`, `tmp`)
-    /// stays unwritten, so the fused launches ran; the residual stream is
-    /// read, not written, by the norm.
-    #[test]
-    fn norms_and_residual_adds_fused_into_the_matvecs_match_the_host() {
-        let Some(c) = gpu("CUDA input norms and residual adds fused into mmvq/mmvq_glu/matvec_f16_v8/matvec_f16_glu vs the host") else {
-            return;
-        };
-        if !c.device().fuses() {
-            eprintln!("NOT CHECKED: FERROX_CUDA_FUSE=0, the fused norms and residual adds did not run");
-            return;
-        }
-        let d = c.device();
-        let mut r = rng();
-        let eps = 1e-5f32;
-        let kinds = claimed()
-            .into_iter()
-            .filter(|&k| ferrox_cuda::mmvq_kind(k) || k == QuantKind::F16);
-        for kind in kinds {
-            let int8 = kind != QuantKind::F16;
-            let cols = match kind.block_elems() {
-                256 => 768,
-                32 => 544,
-                _ => 520,
-            };
-            let tol = if int8 { 3e-3 } else { 1e-5 };
-            // Rows a multiple of 32 where the int8 GLU needs it.
-            let rows = [64usize, 37, 37];
-            let mats: Vec<(CudaWeight, Vec<f32>)> = rows.iter().map(|&n_r| matrix_like(&mut r, d, kind, n_r, cols)).collect();
-            let dot = |deq: &[f32], xs: &[f32], n: usize, n_r: usize| -> Vec<f32> {
-                let mut y = vec![0.0f32; n * n_r];
-                for t in 0..n {
-                    for o in 0..n_r {
-                        let s: f64 = (0..cols).map(|i| deq[o * cols + i] as f64 * xs[t * cols + i] as f64).sum();
-                        y[t * n_r + o] = s as f32;
-                    }
-                }
-                y
-            };
-            let nan = |len: usize| d.upload_f32(&vec![f32::NAN; len]).unwrap();
-            for n in [1usize, 3] {
-                let x = rand_vec(&mut r, n * cols, 2.0);
-                let g: Vec<f32> = rand_vec(&mut r, cols, 0.5).iter().map(|v| 1.0 + v).collect();
-                let gw = CudaWeight::Vector(d.upload_f32(&g).unwrap());
-                // The host norm, then (int8) the kernels' quantization.
-                let normed: Vec<f32> = x
-                    .chunks(cols)
-                    .flat_map(|row| {
-                        let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
-                        let sc = 1.0 / (ms + eps as f64).sqrt();
-                        row.iter().zip(&g).map(move |(&v, &w)| (v as f64 * sc * w as f64) as f32).collect::<Vec<_>>()
-                    })
-                    .collect();
-                let xr: Vec<f32> = if int8 {
-                    normed.chunks(cols).flat_map(ferrox_cuda::mmvq_quantize_activations).collect()
-                } else {
-                    normed.clone()
-                };
-                for k in [1usize, 3] {
-                    let mut xd = d.upload_f32(&x).unwrap();
-                    let mut cur = nan(n * cols);
-                    let mut ys: Vec<_> = rows[..k].iter().map(|&n_r| nan(n * n_r)).collect();
-                    let mut outs: Vec<(&CudaWeight, &mut ferrox_cuda::Buf)> =
-                        mats[..k].iter().map(|(w, _)| w).zip(ys.iter_mut()).collect();
-                    c.norm_matmul_many(&mut xd, &gw, eps, &mut cur, n, &mut outs).unwrap();
-                    assert!(read(c, &cur).iter().all(|v| v.is_nan()), "{kind} n={n}: the norm was not fused (cur written)");
-                    assert_eq!(read(c, &xd), x, "{kind} n={n}: the fused norm wrote its input");
-                    for (i, y) in ys.iter().enumerate() {
-                        let e = rel(&read(c, y), &dot(&mats[i].1, &xr, n, rows[i]));
-                        assert!(e < tol, "{kind} n={n}, {k} matrices, matrix {i}: relative error {e:e}");
-                    }
-                }
-                // The gate/up matvecs with the GLU (SiLU), the norm fused in.
-                let mut xd = d.upload_f32(&x).unwrap();
-                let (mut cur, mut gate, mut up, mut h) = (nan(n * cols), nan(n * 64), nan(n * 64), nan(n * 64));
-                let (wg, wu) = (&mats[0], &matrix_like(&mut r, d, kind, 64, cols));
-                c.norm_gate_up_glu(Activation::SiluGated, &mut xd, &gw, eps, &mut cur, n, &wg.0, &wu.0, &mut gate, &mut up, &mut h)
-                    .unwrap();
-                assert!(read(c, &cur).iter().all(|v| v.is_nan()), "{kind} n={n}: the GLU's norm was not fused (cur written)");
-                let (gv, uv) = (dot(&wg.1, &xr, n, 64), dot(&wu.1, &xr, n, 64));
-                let want: Vec<f32> = gv.iter().zip(&uv).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
-                let e = rel(&read(c, &h), &want);
-                assert!(e < tol, "{kind} n={n}: normed gate/up GLU relative error {e:e}");
-
-                // The residual add inside the matvec: acc += W input.
-                let input = rand_vec(&mut r, n * cols, 2.0);
-                let acc0 = rand_vec(&mut r, n * 37, 4.0);
-                let ir: Vec<f32> = if int8 {
-                    input.chunks(cols).flat_map(ferrox_cuda::mmvq_quantize_activations).collect()
-                } else {
-                    input.clone()
-                };
-                let want: Vec<f32> = dot(&mats[1].1, &ir, n, 37).iter().zip(&acc0).map(|(a, b)| a + b).collect();
-                let (ind, mut tmp, mut acc) = (d.upload_f32(&input).unwrap(), nan(n * 37), d.upload_f32(&acc0).unwrap());
-                c.matmul_add(&mats[1].0, &ind, n, &mut tmp, &mut acc).unwrap();
-                assert!(read(c, &tmp).iter().all(|v| v.is_nan()), "{kind} n={n}: the residual add was not fused (tmp written)");
-                let e = rel(&read(c, &acc), &want);
-                assert!(e < 1e-5, "{kind} n={n}: matvec with the residual add, relative error {e:e}");
-            }
-            // A prefill batch: the GEMM adds into `acc` itself (beta 1;
-            // f16 operands, so the GEMM test's bound).
-            let n = 11;
-            let input = rand_vec(&mut r, n * cols, 1.0);
-            let acc0 = rand_vec(&mut r, n * 37, 4.0);
-            let want: Vec<f32> = dot(&mats[1].1, &input, n, 37).iter().zip(&acc0).map(|(a, b)| a + b).collect();
-            let (ind, mut tmp, mut acc) = (d.upload_f32(&input).unwrap(), nan(n * 37), d.upload_f32(&acc0).unwrap());
-            c.matmul_add(&mats[1].0, &ind, n, &mut tmp, &mut acc).unwrap();
-            if d.matmul_path(n) == MatmulPath::Gemm {
-                assert!(read(c, &tmp).iter().all(|v| v.is_nan()), "{kind}: the GEMM did not add in place (tmp written)");
-            }
-            let e = rel(&read(c, &acc), &want);
-            assert!(e < 4e-3, "{kind} n={n}: GEMM with the residual add, relative error {e:e}");
-        }
-    }
-
-    /// A random matrix of `kind` on the device, with its dequantized values.
-    fn matrix_like(
-        r: &mut SplitMix64,
-        d: &ferrox_cuda::Device,
-        kind: QuantKind,
-        rows: usize,
-        cols: usize,
-    ) -> (CudaWeight, Vec<f32>) {
-        let (b, deq) = matrix(r, kind, rows, cols);
-        (CudaWeight::Matrix(d.upload_matrix(kind, &b, rows, cols).unwrap()), deq)
     }
 
     fn tiny(arch: Arch) -> std::path::PathBuf {

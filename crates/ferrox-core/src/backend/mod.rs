@@ -363,59 +363,10 @@ pub trait DeviceBackend: Send + Sync {
         self.glu(act, gate, up, h)
     }
 
-    /// `cur = rms_norm(x) * w`, then [`DeviceBackend::matmul_many`] over
-    /// `cur`: a block's input norm and its first projections. `cur` is
-    /// scratch (a backend that norms inside the matvecs may leave it
-    /// unwritten). The default is the two ops.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_matmul_many(
-        &self,
-        x: &mut Self::Buf,
-        w: &Self::Weight,
-        eps: f32,
-        cur: &mut Self::Buf,
-        n: usize,
-        outs: &mut [(&Self::Weight, &mut Self::Buf)],
-    ) -> Result<(), BackendError> {
-        self.add_rms_norm(x, None, w, eps, cur)?;
-        self.matmul_many(cur, n, outs)
-    }
-
-    /// `cur = rms_norm(x) * w`, then [`DeviceBackend::gate_up_glu`] over
-    /// `cur`; `cur`, `gate` and `up` are scratch. The default is the two ops.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_gate_up_glu(
-        &self,
-        act: crate::arch::Activation,
-        x: &mut Self::Buf,
-        w: &Self::Weight,
-        eps: f32,
-        cur: &mut Self::Buf,
-        n: usize,
-        wg: &Self::Weight,
-        wu: &Self::Weight,
-        gate: &mut Self::Buf,
-        up: &mut Self::Buf,
-        h: &mut Self::Buf,
-    ) -> Result<(), BackendError> {
-        self.add_rms_norm(x, None, w, eps, cur)?;
-        self.gate_up_glu(act, cur, n, wg, wu, gate, up, h)
-    }
-
-    /// `acc += x W^T` over `n` tokens: a projection added into the residual
-    /// stream. `tmp` (`[n, rows]`) is scratch. The default is
-    /// [`DeviceBackend::matmul`] into `tmp` then [`DeviceBackend::add`].
-    fn matmul_add(&self, w: &Self::Weight, x: &Self::Buf, n: usize, tmp: &mut Self::Buf, acc: &mut Self::Buf) -> Result<(), BackendError> {
-        self.matmul(w, x, tmp, n)?;
-        self.add(acc, tmp)
-    }
-
     /// RoPE on a layer's queries and keys at the batch's positions, then
     /// [`DeviceBackend::attention`] (which stores the keys and values into
     /// the cache first). The default is [`DeviceBackend::rope_qk`] then
-    /// `attention`; a device backend rotates and stores in one launch, or
-    /// inside its attention kernel. `q` and `k` are scratch afterwards:
-    /// rotated, or left as they came.
+    /// `attention`; a device backend rotates and stores in one launch.
     #[allow(clippy::too_many_arguments)]
     fn rope_attention(
         &self,

@@ -592,15 +592,13 @@ impl<B: DeviceBackend> Model<B> {
             be.scale(x, (c.n_embd as f32).sqrt())?;
         }
 
-        // A block's output goes into the residual stream `x` inside its
-        // last projection (`matmul_add`) unless a post-norm or bias comes
-        // between: then `o` holds it (`pending`) until the next norm adds it.
+        // `o` holds the last block's output until the next norm adds it in.
         let mut pending = false;
         for (l, w) in self.layers.iter().enumerate() {
-            let add = pending.then_some(&*o);
+            be.add_rms_norm(x, pending.then_some(&*o), &w.attn_norm, c.rms_eps, cur)?;
             match (&w.qkv, &mut *qkv) {
                 (Some(wqkv), Some(buf)) => {
-                    normed_matmul(be, x, add, &w.attn_norm, c.rms_eps, cur, n, &mut [(wqkv, &mut *buf)])?;
+                    be.matmul(wqkv, cur, buf, n)?;
                     if let Some(b) = &w.qkv_bias {
                         be.add_bias(buf, b, n)?;
                     }
@@ -614,7 +612,7 @@ impl<B: DeviceBackend> Model<B> {
                         (Some(a), Some(b), Some(c)) => (a, b, c),
                         _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither fused nor separate QKV") }),
                     };
-                    normed_matmul(be, x, add, &w.attn_norm, c.rms_eps, cur, n, &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
+                    be.matmul_many(cur, n, &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
                     for (buf, b) in [(&mut *q, &w.q_bias), (&mut *k, &w.k_bias), (&mut *v, &w.v_bias)] {
                         if let Some(b) = b {
                             be.add_bias(buf, b, n)?;
@@ -638,23 +636,29 @@ impl<B: DeviceBackend> Model<B> {
                 window: if local { c.window } else { None },
             };
             be.rope_attention(kv, l, batch, q, k, v, attn, &rp, factors, &ap)?;
-            pending = project_into(be, &w.out, w.out_bias.as_ref(), w.post_attn_norm.as_ref(), c.rms_eps, attn, n, o, x)?;
+            be.matmul(&w.out, attn, o, n)?;
+            if let Some(b) = &w.out_bias {
+                be.add_bias(o, b, n)?;
+            }
+            if let Some(pn) = &w.post_attn_norm {
+                be.rms_norm(o, pn, c.rms_eps)?;
+            }
 
-            let add = pending.then_some(&*o);
-            match (&w.gate, add) {
-                (Some(wg), None) => {
-                    be.norm_gate_up_glu(spec.activation, x, &w.ffn_norm, c.rms_eps, cur, n, wg, &w.up, gate, up, h)?;
-                }
-                (Some(wg), Some(a)) => {
-                    be.add_rms_norm(x, Some(a), &w.ffn_norm, c.rms_eps, cur)?;
+            be.add_rms_norm(x, Some(&*o), &w.ffn_norm, c.rms_eps, cur)?;
+            match &w.gate {
+                Some(wg) => {
                     be.gate_up_glu(spec.activation, cur, n, wg, &w.up, gate, up, h)?;
                 }
-                (None, add) => {
-                    normed_matmul(be, x, add, &w.ffn_norm, c.rms_eps, cur, n, &mut [(&w.up, &mut *up)])?;
+                None => {
+                    be.matmul(&w.up, cur, up, n)?;
                     be.glu_fused(spec.activation, up, h, c.n_ff)?;
                 }
             }
-            pending = project_into(be, &w.down, None, w.post_ffn_norm.as_ref(), c.rms_eps, h, n, o, x)?;
+            be.matmul(&w.down, h, o, n)?;
+            if let Some(pn) = &w.post_ffn_norm {
+                be.rms_norm(o, pn, c.rms_eps)?;
+            }
+            pending = true;
         }
 
         let Some(hd) = hd else {
@@ -663,78 +667,22 @@ impl<B: DeviceBackend> Model<B> {
             }
             return Ok(());
         };
-        let head = self.output.as_ref().unwrap_or(&self.embd);
         if rows.len() == n {
-            // Every row: the last residual add (if still apart), the output
-            // norm and the head.
-            let add = pending.then_some(&*o);
-            normed_matmul(be, x, add, &self.output_norm, c.rms_eps, &mut hd.xo, n, &mut [(head, &mut hd.logits)])?;
+            // Every row: the last residual add and the output norm in one.
+            be.add_rms_norm(x, pending.then_some(&*o), &self.output_norm, c.rms_eps, &mut hd.xo)?;
         } else {
             if pending {
                 be.add(x, o)?;
             }
             be.gather_rows(x, rows, c.n_embd, &mut hd.xo)?;
             be.rms_norm(&mut hd.xo, &self.output_norm, c.rms_eps)?;
-            be.matmul(head, &hd.xo, &mut hd.logits, rows.len())?;
         }
+        be.matmul(self.output.as_ref().unwrap_or(&self.embd), &hd.xo, &mut hd.logits, rows.len())?;
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut hd.logits, cap)?;
         }
         Ok(())
     }
-}
-
-/// `x += add` (when given), `cur = rms_norm(x) * w`, then the matmuls over
-/// `cur`: with nothing to add, one [`DeviceBackend::norm_matmul_many`] (a
-/// device backend norms inside the matvecs).
-#[allow(clippy::too_many_arguments)]
-fn normed_matmul<B: DeviceBackend>(
-    be: &B,
-    x: &mut B::Buf,
-    add: Option<&B::Buf>,
-    w: &B::Weight,
-    eps: f32,
-    cur: &mut B::Buf,
-    n: usize,
-    outs: &mut [(&B::Weight, &mut B::Buf)],
-) -> Result<(), BackendError> {
-    match add {
-        None => be.norm_matmul_many(x, w, eps, cur, n, outs),
-        Some(a) => {
-            be.add_rms_norm(x, Some(a), w, eps, cur)?;
-            be.matmul_many(cur, n, outs)
-        }
-    }
-}
-
-/// A block's closing projection of `input` into the residual stream `x`:
-/// straight in (`matmul_add`) where nothing comes between, else into `o`
-/// with its bias and post-norm, left for the next norm to add. Returns
-/// whether `o` is pending so.
-#[allow(clippy::too_many_arguments)]
-fn project_into<B: DeviceBackend>(
-    be: &B,
-    w: &B::Weight,
-    bias: Option<&B::Weight>,
-    post_norm: Option<&B::Weight>,
-    eps: f32,
-    input: &B::Buf,
-    n: usize,
-    o: &mut B::Buf,
-    x: &mut B::Buf,
-) -> Result<bool, BackendError> {
-    if bias.is_none() && post_norm.is_none() {
-        be.matmul_add(w, input, n, o, x)?;
-        return Ok(false);
-    }
-    be.matmul(w, input, o, n)?;
-    if let Some(b) = bias {
-        be.add_bias(o, b, n)?;
-    }
-    if let Some(pn) = post_norm {
-        be.rms_norm(o, pn, eps)?;
-    }
-    Ok(true)
 }
 
 fn describe_device<B: DeviceBackend>(backend: &B) -> String {
