@@ -26,7 +26,8 @@ IFS=';' read -r -a KBV <<< "${KB_VARIANTS-${VARIANTS:-}}"
 [ ${#KBV[@]} = 0 ] && KBV=("")
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # (--nocapture: a test that found no GPU says so on stderr)
+  # (FERROX_REQUIRE_GPU=1, exported above, fails a test whose device does
+  # not open; --nocapture keeps the NOT CHECKED lines of passing tests)
   timeout 300 $D/tests/ferrox_core backend:: --test-threads=1 --nocapture >$LOG/tests.log 2>&1
   echo "$(el) tests rc=$?: $(grep -E '^test result' $LOG/tests.log | tail -1)"
   grep -E "no CUDA device|NOT CHECKED|panicked|FAILED" $LOG/tests.log | head -8
@@ -40,7 +41,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   IFS=';' read -r -a TVARS <<< "${TEST_VARIANTS-${VARIANTS:-}}"
   for v in "${TVARS[@]}"; do
     [ -z "$v" ] && continue
-    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::matmul_many backend::cuda::tests::fused backend::cuda::tests::norms backend::cuda::tests::every_architecture backend::cuda::tests::greedy --test-threads=1 >$LOG/tests-variant.log 2>&1
+    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::matmul_many backend::cuda::tests::fused backend::cuda::tests::every_architecture backend::cuda::tests::greedy --test-threads=1 >$LOG/tests-variant.log 2>&1
     echo "$(el) matvec tests [$v] rc=$?: $(grep -E '^test result' $LOG/tests-variant.log | tail -1)"
     grep -E "panicked|FAILED" $LOG/tests-variant.log | head -4
   done

@@ -55,11 +55,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
       name=$set-$(basename "$t")
       filter=""
       case "$name" in *ferrox_core*) filter="backend::";; esac
-      # (--nocapture: a test that found no GPU says so on stderr, and a
-      # passing test's stderr is otherwise swallowed)
+      # (FERROX_REQUIRE_GPU=1, exported above: a device that does not open
+      # fails the GPU tests; --nocapture keeps the NOT CHECKED lines of
+      # tests that passed, which are otherwise swallowed)
       timeout 300 "$t" $filter --test-threads=1 --nocapture >"$LOG/$name.log" 2>&1
       rc=$?
-      grep -q "no CUDA device" "$LOG/$name.log" && { rc=99; echo "  $name: NO CUDA DEVICE: $(grep -m1 'no CUDA device' "$LOG/$name.log")"; }
       summary+=("$name rc=$rc: $(grep -E '^test result' "$LOG/$name.log" | tail -1)")
       grep -E "NOT CHECKED|panicked|FAILED" "$LOG/$name.log" | head -8 | sed "s/^/  $name: /"
       [ $set = tests ] && [ $rc != 0 ] && failed=1

@@ -420,7 +420,6 @@ fn int(op: &'static str, v: usize) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| shape(op, format!("{v} does not fit a 32-bit kernel argument")))
 }
 
-/// A positive number from the environment (a tuning knob), else `default`.
 /// `name`'s value as a count, else `default` (unset or not a number).
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
