@@ -10,6 +10,7 @@
 #   cargo test --release -p ferrox-cuda --no-run                         (-> $D/tests/ferrox_cuda*)
 #   the same ferrox-core test binary built with sabotaged kernels.cu     (-> $D/tests-sabotaged/)
 #   $D/ferrox, $D/kernel_bench, $D/tests/*   stripped release binaries (--features cuda)
+#   $D/ferrox-base                            optional: an earlier build, for AB_VARIANTS' BASE=1
 #   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
 #   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
@@ -161,13 +162,15 @@ if [ "${AB_GRAPHS:-0}" = 1 ]; then
 fi
 # AB_VARIANTS="FERROX_CUDA_DEC_MAX=0;FERROX_CUDA_FUSE=0": ferrox again under each
 # env setting (';'-separated) on the AB_KINDS files, for attributing the
-# ratios above to the changes that the settings turn off.
+# ratios above to the changes that the settings turn off; a variant with
+# BASE=1 runs $D/ferrox-base (an earlier build) instead.
 IFS=';' read -r -a ABV <<< "${AB_VARIANTS:-}"
 for v in "${ABV[@]}"; do
   [ -z "$v" ] && continue
   for k in ${AB_KINDS:-Q4_K_M}; do
     f=$M/$k.gguf; [ $k = F16 ] && f=$M/f16.gguf
-    r=$(env $v timeout 60 $D/ferrox bench --backend cuda -m $f -p 512 -n 128 -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err |
+    bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; esac
+    r=$(env $v timeout 60 $bin bench --backend cuda -m $f -p 512 -n 128 -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err |
       python3 -c "import json,sys; print(' '.join('%s %.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], r['avg_ts']) for r in map(json.loads, sys.stdin)))")
     summary+=("ferrox $k [$v]: $r")
   done
