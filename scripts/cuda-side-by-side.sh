@@ -62,7 +62,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
       timeout 300 "$t" $filter --test-threads=1 --nocapture >"$LOG/$name.log" 2>&1
       rc=$?
       summary+=("$name rc=$rc: $(grep -E '^test result' "$LOG/$name.log" | tail -1)")
-      grep -E "NOT CHECKED|panicked|FAILED" "$LOG/$name.log" | head -8 | sed "s/^/  $name: /"
+      grep -E "no CUDA device|NOT CHECKED|panicked|FAILED" "$LOG/$name.log" | head -8 | sed "s/^/  $name: /"
       [ $set = tests ] && [ $rc != 0 ] && failed=1
     done
   done
