@@ -274,6 +274,8 @@ struct Fns {
     argmax_rows: CudaFunction,
     matvec_f16_v8: CudaFunction,
     matvec_f16_glu: CudaFunction,
+    matvec_f16_stream: CudaFunction,
+    matvec_f16_glu_stream: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
     rope_kv: CudaFunction,
@@ -360,6 +362,12 @@ pub struct Device {
     /// 16-byte loads of a row one lane of the F16 matvec takes
     /// (`FERROX_CUDA_F16_LOADS`, default 4).
     f16_loads: usize,
+    /// Blocks an SM of the streaming F16 matvecs' grid
+    /// (`FERROX_CUDA_F16_STREAM`, default 2, the kernels' launch bound;
+    /// 0 takes the one-step kernels `matvec_f16_v8` and `matvec_f16_glu`).
+    f16_stream: usize,
+    /// The device's multiprocessors.
+    sms: usize,
     /// Kernels launched as programmatic dependent launches (Hopper and
     /// later; `FERROX_CUDA_PDL=0` turns it off).
     pdl: bool,
@@ -543,6 +551,8 @@ impl Device {
             argmax_rows: f("argmax_rows")?,
             matvec_f16_v8: f("matvec_f16_v8")?,
             matvec_f16_glu: f("matvec_f16_glu")?,
+            matvec_f16_stream: f("matvec_f16_stream")?,
+            matvec_f16_glu_stream: f("matvec_f16_glu_stream")?,
             rope: f("rope")?,
             kv_store: f("kv_store")?,
             rope_kv: f("rope_kv")?,
@@ -596,6 +606,8 @@ impl Device {
             mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 4),
             fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
             f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
+            f16_stream: env_or("FERROX_CUDA_F16_STREAM", 2),
+            sms: sms.max(1) as usize,
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: env_or("FERROX_CUDA_GQA_MIN", 1),
             dec_smem,
@@ -1139,12 +1151,36 @@ impl Device {
         let cols = mats[0].0.cols;
         // Lanes per row so that a lane has about four 16-byte loads.
         let (m, cfg, lpr) = self.mats_launch("matvec_f16", mats, n, cols / 8, self.f16_loads)?;
+        if let Some(cfg) = self.stream_grid(mats.iter().map(|(w, _)| w.rows).sum(), n) {
+            return self.launch(
+                &self.fns.matvec_f16_stream,
+                cfg,
+                "matvec",
+                &[&m, &self.ptr(&x.s), &int("matvec", cols)?],
+            );
+        }
         self.launch(
             &self.fns.matvec_f16_v8,
             cfg,
             "matvec",
             &[&m, &self.ptr(&x.s), &int("matvec", cols)?, &lpr],
         )
+    }
+
+    /// The grid of a streaming F16 launch over `rows` rows and `n` tokens
+    /// (a warp a row, the warps striding over the rows): one wave of
+    /// `f16_stream` 256-thread blocks an SM shared by the tokens, fewer
+    /// where the rows are fewer than its warps. None when streaming is off.
+    fn stream_grid(&self, rows: usize, n: usize) -> Option<LaunchConfig> {
+        if self.f16_stream == 0 {
+            return None;
+        }
+        let wave = (self.sms * self.f16_stream / n.max(1)).max(1);
+        Some(LaunchConfig {
+            grid_dim: (rows.div_ceil(8).min(wave) as u32, n as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        })
     }
 
     /// The argument and grid of a row-matvec launch over up to three
@@ -1298,8 +1334,25 @@ impl Device {
     ) -> Result<(), CudaError> {
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
-        let (cfg, lpr) = row_grid(rows, n, cols / 8, self.f16_loads);
         let a = act.code();
+        if let Some(cfg) = self.stream_grid(rows, n) {
+            return self.launch(
+                &self.fns.matvec_f16_glu_stream,
+                cfg,
+                "F16 gate/up matvec with the GLU",
+                &[
+                    &self.ptr(&wg.data),
+                    &self.ptr(&wu.data),
+                    &(wg.row_bytes as i64),
+                    &int("gate_up_glu", rows)?,
+                    &self.ptr(&x.s),
+                    &int("gate_up_glu", cols)?,
+                    &a,
+                    &self.ptr(&h.s),
+                ],
+            );
+        }
+        let (cfg, lpr) = row_grid(rows, n, cols / 8, self.f16_loads);
         self.launch(
             &self.fns.matvec_f16_glu,
             cfg,

@@ -1364,6 +1364,178 @@ extern "C" __global__ void F16_BOUNDS matvec_f16_glu(const u8* __restrict__ wg, 
         h[(size_t)t * rows + r] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;
 }
 
+// Streaming F16 matvecs (decode). The kernels above give a lane one step of
+// F16_STEP loads of one row and end: a launch is a wave or more of blocks
+// that each make one round trip to memory, and between waves an SM holds
+// few loads in flight (the ramp and tail of every block). Here a warp takes
+// a whole row and the grid's warps stride over the rows (warp w: rows w,
+// w + W, ...), and a lane keeps two steps of loads in registers: the next
+// step's loads (the next row's, across a row's end) are issued before the
+// current step's dots, so the loads keep flowing until the warp's last row.
+// A warp takes its row's steps starting at step w0 % spr (its first row's
+// index, modulo the steps a row), wrapping round: were every warp at the
+// same step of its row, the warps' loads would sit a row's bytes apart
+// (16 KiB at 8192 wide), and on the H200 that stride ran ~10% slower than
+// the same bytes read contiguously (benchmarks/cuda.md, session 10).
+// The first two steps (immutable weights) are loaded before PDL_ENTER,
+// while the previous kernel finishes. FERROX_F16S_MINB: the blocks an SM
+// the host sizes the grid for (the launch bound); F16S_STEP / F16S_GSTEP:
+// 16-byte loads a step of a matrix in the matvec / the gate-up GLU.
+#ifndef FERROX_F16S_MINB
+#define FERROX_F16S_MINB 2
+#endif
+#ifndef F16S_STEP
+#define F16S_STEP 8
+#endif
+#ifndef F16S_GSTEP
+#define F16S_GSTEP 4
+#endif
+// FERROX_F16S_ROT: 0 takes every row's steps in order (for measuring).
+#ifndef FERROX_F16S_ROT
+#define FERROX_F16S_ROT 1
+#endif
+
+template <int S>
+__device__ __forceinline__ void f16s_load(uint4 (&h)[S], const uint4* row, int n8, int u0) {
+#pragma unroll
+    for (int j = 0; j < S; j++) h[j] = ldw4(row + min(u0 + 32 * j, n8 - 1));
+}
+
+// The step's dots; loads past the row's end were clamped to its last unit,
+// and their dots are dropped here.
+template <int S>
+__device__ __forceinline__ float f16s_dot(const uint4 (&h)[S], const float4* xt, int n8, int u0) {
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+        int u = u0 + 32 * j;
+        float d = dot8_f16(h[j], xt + 2 * min(u, n8 - 1));
+        a += u < n8 ? d : 0.0f;
+    }
+    return a;
+}
+
+// Up to three F16 matrices of one width over one input (`MmvqMats`, as
+// `matvec_f16_v8`), blockIdx.y the token.
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB)
+    matvec_f16_stream(MmvqMats m, const float* __restrict__ x, int cols) {
+    constexpr int S = F16S_STEP;
+    int lane = threadIdx.x & 31;
+    int nw = gridDim.x * (blockDim.x >> 5);
+    int w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int t = blockIdx.y;
+    int rows = m.rows[0] + m.rows[1] + m.rows[2];
+    int n8 = cols >> 3, spr = (n8 + 32 * S - 1) / (32 * S);
+    int ns = w0 < rows ? ((rows - 1 - w0) / nw + 1) * spr : 0;
+    int rot = FERROX_F16S_ROT ? w0 % spr : 0;
+    // Step s: row w0 + (s / spr) * nw, units u0 + 32 j.
+    auto at = [&](int s, int* u0) {
+        int i = s / spr, r = w0 + i * nw, k, st = s - i * spr + rot;
+        *u0 = lane + (st < spr ? st : st - spr) * 32 * S;
+        mats_row(m, &r, &k);
+        return (const uint4*)(mats_w(m, k) + (size_t)r * mats_rb(m, k));
+    };
+    auto finish = [&](int s, float acc) {
+        float tot = warp_sum(acc);
+        if (lane == 0) {
+            int r = w0 + (s / spr) * nw, k;
+            mats_row(m, &r, &k);
+            mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = tot;
+        }
+    };
+    uint4 a[S], b[S];
+    int ua = 0, ub = 0;
+    if (ns > 0) f16s_load(a, at(0, &ua), n8, ua);
+    if (ns > 1) f16s_load(b, at(1, &ub), n8, ub);
+    PDL_ENTER();
+    const float4* xt = (const float4*)(x + (size_t)t * cols);
+    float acc = 0.0f;
+    for (int s = 0; s < ns; s += 2) {
+        acc += f16s_dot(a, xt, n8, ua);
+        if (s % spr == spr - 1) {
+            finish(s, acc);
+            acc = 0.0f;
+        }
+        if (s + 2 < ns) f16s_load(a, at(s + 2, &ua), n8, ua);
+        if (s + 1 < ns) {
+            acc += f16s_dot(b, xt, n8, ub);
+            if ((s + 1) % spr == spr - 1) {
+                finish(s + 1, acc);
+                acc = 0.0f;
+            }
+            if (s + 3 < ns) f16s_load(b, at(s + 3, &ub), n8, ub);
+        }
+    }
+}
+
+// The gate and up matvecs and the GLU after them (`matvec_f16_glu`'s
+// arguments less `lpr`), streamed as `matvec_f16_stream`: a step is
+// F16S_GSTEP loads of each matrix.
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB)
+    matvec_f16_glu_stream(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,
+                          int rows, const float* __restrict__ x, int cols, int act, float* __restrict__ h) {
+    constexpr int S = F16S_GSTEP;
+    int lane = threadIdx.x & 31;
+    int nw = gridDim.x * (blockDim.x >> 5);
+    int w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int t = blockIdx.y;
+    int n8 = cols >> 3, spr = (n8 + 32 * S - 1) / (32 * S);
+    int ns = w0 < rows ? ((rows - 1 - w0) / nw + 1) * spr : 0;
+    int rot = FERROX_F16S_ROT ? w0 % spr : 0;
+    auto off = [&](int s, int* u0) {
+        int i = s / spr, st = s - i * spr + rot;
+        *u0 = lane + (st < spr ? st : st - spr) * 32 * S;
+        return (size_t)(w0 + i * nw) * row_bytes;
+    };
+    auto finish = [&](int s, float ag, float au) {
+        ag = warp_sum(ag);
+        au = warp_sum(au);
+        if (lane == 0) h[(size_t)t * rows + w0 + (s / spr) * nw] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;
+    };
+    uint4 ga[S], ua_[S], gb[S], ub_[S];
+    int ua = 0, ub = 0;
+    size_t o;
+    if (ns > 0) {
+        o = off(0, &ua);
+        f16s_load(ga, (const uint4*)(wg + o), n8, ua);
+        f16s_load(ua_, (const uint4*)(wu + o), n8, ua);
+    }
+    if (ns > 1) {
+        o = off(1, &ub);
+        f16s_load(gb, (const uint4*)(wg + o), n8, ub);
+        f16s_load(ub_, (const uint4*)(wu + o), n8, ub);
+    }
+    PDL_ENTER();
+    const float4* xt = (const float4*)(x + (size_t)t * cols);
+    float ag = 0.0f, au = 0.0f;
+    for (int s = 0; s < ns; s += 2) {
+        ag += f16s_dot(ga, xt, n8, ua);
+        au += f16s_dot(ua_, xt, n8, ua);
+        if (s % spr == spr - 1) {
+            finish(s, ag, au);
+            ag = au = 0.0f;
+        }
+        if (s + 2 < ns) {
+            o = off(s + 2, &ua);
+            f16s_load(ga, (const uint4*)(wg + o), n8, ua);
+            f16s_load(ua_, (const uint4*)(wu + o), n8, ua);
+        }
+        if (s + 1 < ns) {
+            ag += f16s_dot(gb, xt, n8, ub);
+            au += f16s_dot(ub_, xt, n8, ub);
+            if ((s + 1) % spr == spr - 1) {
+                finish(s + 1, ag, au);
+                ag = au = 0.0f;
+            }
+            if (s + 3 < ns) {
+                o = off(s + 3, &ub);
+                f16s_load(gb, (const uint4*)(wg + o), n8, ub);
+                f16s_load(ub_, (const uint4*)(wu + o), n8, ub);
+            }
+        }
+    }
+}
+
 // Index of the largest value of each row (ties: the lowest index; NaN never
 // wins). One block per row.
 extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) { PDL_ENTER();

@@ -891,6 +891,49 @@ mod tests {
         }
     }
 
+    /// The F16 decode matvec against the f64 dot at shapes where a warp
+    /// streams several rows (more rows than one wave of warps, 8 448 on an
+    /// H200's 132 SMs: the next row's loads issued before the last row's
+    /// dots), several steps a row with a partial last one (2056 wide:
+    /// 257 units), and rows shorter than a step (24 and 8 wide).
+    #[test]
+    fn f16_matvec_streams_every_row_as_the_f64_dot() {
+        let Some(c) = gpu("CUDA F16 decode matvec (matvec_f16_stream) vs the f64 dot") else {
+            return;
+        };
+        let mut r = rng();
+        for (rows, cols) in [(20011usize, 24usize), (9001, 2056), (5, 8)] {
+            let (bytes, deq) = matrix(&mut r, QuantKind::F16, rows, cols);
+            let w = c.device().upload_matrix(QuantKind::F16, &bytes, rows, cols).unwrap();
+            for n in [1usize, 3] {
+                let x = rand_vec(&mut r, n * cols, 1.0);
+                let mut want = vec![0.0f32; n * rows];
+                for t in 0..n {
+                    for o in 0..rows {
+                        let d: f64 = (0..cols)
+                            .map(|i| deq[o * cols + i] as f64 * x[t * cols + i] as f64)
+                            .sum();
+                        want[t * rows + o] = d as f32;
+                    }
+                }
+                let xb = c.device().upload_f32(&x).unwrap();
+                let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                c.device().matmul_with(MatmulPath::Matvec, &w, &xb, &mut y, n).unwrap();
+                let got = read(c, &y);
+                // Every row, against the largest: a row skipped (NaN) or
+                // taken from the wrong place shows even among 20 011.
+                let top = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| (g - w).abs() / top)
+                    .fold(0.0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) });
+                assert!(worst < 1e-5, "F16 {rows}x{cols} n={n}: worst row off by {worst:e} of the largest");
+                assert!(rel(&got, &want) < 1e-5, "F16 {rows}x{cols} n={n}: {:e}", rel(&got, &want));
+            }
+        }
+    }
+
     /// Q, K and V (or gate and up) in one launch give what three separate
     /// matvecs give, for every kind (fused or not), at 1 and 3 tokens; F16
     /// also at widths whose blocks hold rows of two matrices (520: 16 rows
@@ -1456,7 +1499,8 @@ mod tests {
             .filter(|&k| ferrox_cuda::mmvq_kind(k) || k == QuantKind::F16);
         for kind in fused_kinds {
             let shapes: &[(usize, usize)] = if kind == QuantKind::F16 {
-                &[(37, 520), (37, 2056), (64, 512), (5, 24)]
+                // and rows past a wave of warps (a warp streams several).
+                &[(37, 520), (37, 2056), (64, 512), (5, 24), (9001, 24), (4500, 2056)]
             } else if kind.block_elems() == 256 {
                 // Up to 24 units a row: 8 lanes and 32 rows a block; 2048
                 // and 4352 wide: 16 and 32 lanes, so two and four blocks
