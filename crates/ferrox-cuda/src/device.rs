@@ -232,6 +232,8 @@ struct KindFns {
     matvec: CudaFunction,
     /// The int8-activation (dp4a) matvec, for the kinds that have one.
     mmvq: Option<CudaFunction>,
+    /// Its streaming form (`mmvq_stream_<kind>`: a warp a row).
+    mmvq_stream: Option<CudaFunction>,
     /// The gate and up matvecs with the GLU (`mmvq_glu_<kind>`).
     mmvq_glu: Option<CudaFunction>,
     get_rows: CudaFunction,
@@ -366,6 +368,9 @@ pub struct Device {
     /// (`FERROX_CUDA_F16_STREAM`, default 2, the kernels' launch bound;
     /// 0 takes the one-step kernels `matvec_f16_v8` and `matvec_f16_glu`).
     f16_stream: usize,
+    /// The same for the int8 matvecs (`mmvq_stream_<kind>`;
+    /// `FERROX_CUDA_MMVQ_STREAM`, default 2; 0 takes `mmvq_<kind>`).
+    mmvq_stream: usize,
     /// The device's multiprocessors.
     sms: usize,
     /// Kernels launched as programmatic dependent launches (Hopper and
@@ -531,6 +536,11 @@ impl Device {
                         } else {
                             None
                         },
+                        mmvq_stream: if mmvq_kind(k) {
+                            Some(f(&format!("mmvq_stream_{s}"))?)
+                        } else {
+                            None
+                        },
                         mmvq_glu: if mmvq_kind(k) {
                             Some(f(&format!("mmvq_glu_{s}"))?)
                         } else {
@@ -607,6 +617,7 @@ impl Device {
             fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
             f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
             f16_stream: env_or("FERROX_CUDA_F16_STREAM", 2),
+            mmvq_stream: env_or("FERROX_CUDA_MMVQ_STREAM", 2),
             sms: sms.max(1) as usize,
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: env_or("FERROX_CUDA_GQA_MIN", 1),
@@ -1151,7 +1162,7 @@ impl Device {
         let cols = mats[0].0.cols;
         // Lanes per row so that a lane has about four 16-byte loads.
         let (m, cfg, lpr) = self.mats_launch("matvec_f16", mats, n, cols / 8, self.f16_loads)?;
-        if let Some(cfg) = self.stream_grid(mats.iter().map(|(w, _)| w.rows).sum(), n) {
+        if let Some(cfg) = self.stream_grid(mats.iter().map(|(w, _)| w.rows).sum(), n, self.f16_stream) {
             return self.launch(
                 &self.fns.matvec_f16_stream,
                 cfg,
@@ -1167,15 +1178,16 @@ impl Device {
         )
     }
 
-    /// The grid of a streaming F16 launch over `rows` rows and `n` tokens
-    /// (a warp a row, the warps striding over the rows): one wave of
-    /// `f16_stream` 256-thread blocks an SM shared by the tokens, fewer
-    /// where the rows are fewer than its warps. None when streaming is off.
-    fn stream_grid(&self, rows: usize, n: usize) -> Option<LaunchConfig> {
-        if self.f16_stream == 0 {
+    /// The grid of a streaming matvec launch over `rows` rows and `n`
+    /// tokens (a warp a row, the warps striding over the rows): one wave
+    /// of `per_sm` 256-thread blocks an SM shared by the tokens, fewer
+    /// where the rows are fewer than its warps. None when `per_sm` is 0
+    /// (streaming off).
+    fn stream_grid(&self, rows: usize, n: usize, per_sm: usize) -> Option<LaunchConfig> {
+        if per_sm == 0 {
             return None;
         }
-        let wave = (self.sms * self.f16_stream / n.max(1)).max(1);
+        let wave = (self.sms * per_sm / n.max(1)).max(1);
         Some(LaunchConfig {
             grid_dim: (rows.div_ceil(8).min(wave) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
@@ -1210,17 +1222,23 @@ impl Device {
     /// launch that wrote `x` (the fused norm, the GLU) already did.
     fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
         let w0 = mats[0].0;
-        let f = self
-            .kind_fns(w0.kind, "matvec")?
-            .mmvq
-            .as_ref()
-            .ok_or(CudaError::NoKernel {
-                op: "int8 matvec",
-                kind: w0.kind,
-            })?;
+        let fns = self.kind_fns(w0.kind, "matvec")?;
+        let no = || CudaError::NoKernel {
+            op: "int8 matvec",
+            kind: w0.kind,
+        };
         let cols = w0.cols;
         let (m, cfg, lpr) = self.mats_launch("mmvq", mats, n, cols / 32, self.mmvq_units)?;
         let (qs, ds) = self.q8_input(x, n * cols, cols)?;
+        if let Some(cfg) = self.stream_grid(mats.iter().map(|(w, _)| w.rows).sum(), n, self.mmvq_stream) {
+            return self.launch_keep(
+                fns.mmvq_stream.as_ref().ok_or_else(no)?,
+                cfg,
+                "int8 matvec",
+                &[&m, &qs, &ds, &int("mmvq", cols)?],
+            );
+        }
+        let f = fns.mmvq.as_ref().ok_or_else(no)?;
         self.launch_keep(
             f,
             cfg,
@@ -1335,7 +1353,7 @@ impl Device {
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
         let a = act.code();
-        if let Some(cfg) = self.stream_grid(rows, n) {
+        if let Some(cfg) = self.stream_grid(rows, n, self.f16_stream) {
             return self.launch(
                 &self.fns.matvec_f16_glu_stream,
                 cfg,

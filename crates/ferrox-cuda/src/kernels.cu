@@ -1128,6 +1128,108 @@ DEFINE_MMVQ(q8_0)
 DEFINE_MMVQ(q4_k)
 DEFINE_MMVQ(q6_k)
 
+// The int8 matvecs streamed as the F16 ones (`matvec_f16_stream`, below:
+// a warp a row, the grid's warps striding over the rows, two steps of
+// MMVQS_STEP units a lane in registers, the next issued before the
+// current one's dots, the step order rotated by the warp's first row),
+// for every int8 kind through its unit loader and dot.
+#ifndef MMVQS_STEP
+#define MMVQS_STEP 2
+#endif
+#ifndef FERROX_MMVQS_MINB
+#define FERROX_MMVQS_MINB 2
+#endif
+#ifndef FERROX_MMVQS_ROT
+#define FERROX_MMVQS_ROT 1
+#endif
+template <class K>
+__device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* __restrict__ qx,
+                                                 const float2* __restrict__ dsx, int cols) {
+    typedef typename K::W W;
+    constexpr int S = MMVQS_STEP;
+    int lane = threadIdx.x & 31;
+    int nw = gridDim.x * (blockDim.x >> 5);
+    int w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int t = blockIdx.y;
+    int rows = m.rows[0] + m.rows[1] + m.rows[2];
+    int nu = cols >> 5, spr = (nu + 32 * S - 1) / (32 * S);
+    int ns = w0 < rows ? ((rows - 1 - w0) / nw + 1) * spr : 0;
+    int rot = FERROX_MMVQS_ROT ? w0 % spr : 0;
+    auto at = [&](int s, int* u0) {
+        int i = s / spr, r = w0 + i * nw, k, st = s - i * spr + rot;
+        *u0 = lane + (st < spr ? st : st - spr) * 32 * S;
+        mats_row(m, &r, &k);
+        return mats_w(m, k) + (size_t)r * mats_rb(m, k);
+    };
+    auto load = [&](W (&w)[S], const u8* row, int u0) {
+#pragma unroll
+        for (int j = 0; j < S; j++) w[j] = K::ld(row, min(u0 + 32 * j, nu - 1), cols);
+    };
+    const int4* qt = qx + (size_t)t * nu * 2;
+    const float2* dt = dsx + (size_t)t * nu;
+    // (units past the row's end were loaded clamped; their dots are dropped)
+    auto dots = [&](const W (&w)[S], int u0) {
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            int u = u0 + 32 * j, uc = min(u, nu - 1);
+            LOAD_ACTS(qt, dt, uc, q8, dd);
+            float d = K::dot(w[j], q8, dd.x, dd.y);
+            a += u < nu ? d : 0.0f;
+        }
+        return a;
+    };
+    auto finish = [&](int s, float acc) {
+        float tot = warp_sum(acc);
+        if (lane == 0) {
+            int r = w0 + (s / spr) * nw, k;
+            mats_row(m, &r, &k);
+            mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = tot;
+        }
+    };
+    W a[S], b[S];
+    int ua = 0, ub = 0;
+    if (ns > 0) load(a, at(0, &ua), ua);
+    if (ns > 1) load(b, at(1, &ub), ub);
+    PDL_ENTER();
+    float acc = 0.0f;
+    for (int s = 0; s < ns; s += 2) {
+        acc += dots(a, ua);
+        if (s % spr == spr - 1) {
+            finish(s, acc);
+            acc = 0.0f;
+        }
+        if (s + 2 < ns) load(a, at(s + 2, &ua), ua);
+        if (s + 1 < ns) {
+            acc += dots(b, ub);
+            if ((s + 1) % spr == spr - 1) {
+                finish(s + 1, acc);
+                acc = 0.0f;
+            }
+            if (s + 3 < ns) load(b, at(s + 3, &ub), ub);
+        }
+    }
+}
+
+#define DEFINE_MMVQ_STREAM(NAME)                                                                   \
+    struct K_##NAME {                                                                             \
+        typedef W##NAME W;                                                                        \
+        static __device__ __forceinline__ W ld(const u8* r, int u, int c) { return ld_##NAME(r, u, c); } \
+        static __device__ __forceinline__ float dot(const W& w, const int* q, float d, float s) { \
+            return dot_##NAME(w, q, d, s);                                                        \
+        }                                                                                         \
+    };                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, FERROX_MMVQS_MINB)                         \
+        mmvq_stream_##NAME(MmvqMats m, const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols) { \
+        mmvq_stream_body<K_##NAME>(m, qx, dsx, cols);                                             \
+    }
+
+DEFINE_MMVQ_STREAM(q4_0)
+DEFINE_MMVQ_STREAM(q5_0)
+DEFINE_MMVQ_STREAM(q8_0)
+DEFINE_MMVQ_STREAM(q4_k)
+DEFINE_MMVQ_STREAM(q6_k)
+
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 

@@ -891,45 +891,63 @@ mod tests {
         }
     }
 
-    /// The F16 decode matvec against the f64 dot at shapes where a warp
-    /// streams several rows (more rows than one wave of warps, 8 448 on an
-    /// H200's 132 SMs: the next row's loads issued before the last row's
-    /// dots), several steps a row with a partial last one (2056 wide:
-    /// 257 units), and rows shorter than a step (24 and 8 wide).
+    /// The streaming decode matvecs (F16 and every int8 kind) against the
+    /// f64 dot at shapes where a warp streams several rows (more rows than
+    /// one wave of warps, 4 224 on an H200's 132 SMs at two blocks an SM:
+    /// the next row's loads issued before the last row's dots), several
+    /// steps a row with a partial last one (F16 2056 wide: 257 16-byte
+    /// units; int8 97 or 104 units), and rows shorter than a step.
     #[test]
-    fn f16_matvec_streams_every_row_as_the_f64_dot() {
-        let Some(c) = gpu("CUDA F16 decode matvec (matvec_f16_stream) vs the f64 dot") else {
+    fn streaming_matvecs_match_the_f64_dot_over_many_rows() {
+        let Some(c) = gpu("CUDA streaming decode matvecs (matvec_f16_stream, mmvq_stream_<kind>) vs the f64 dot") else {
             return;
         };
         let mut r = rng();
-        for (rows, cols) in [(20011usize, 24usize), (9001, 2056), (5, 8)] {
-            let (bytes, deq) = matrix(&mut r, QuantKind::F16, rows, cols);
-            let w = c.device().upload_matrix(QuantKind::F16, &bytes, rows, cols).unwrap();
-            for n in [1usize, 3] {
-                let x = rand_vec(&mut r, n * cols, 1.0);
-                let mut want = vec![0.0f32; n * rows];
-                for t in 0..n {
-                    for o in 0..rows {
-                        let d: f64 = (0..cols)
-                            .map(|i| deq[o * cols + i] as f64 * x[t * cols + i] as f64)
-                            .sum();
-                        want[t * rows + o] = d as f32;
+        let kinds = claimed()
+            .into_iter()
+            .filter(|&k| k == QuantKind::F16 || ferrox_cuda::mmvq_kind(k));
+        for kind in kinds {
+            let be = kind.block_elems();
+            let shapes: Vec<(usize, usize)> = match (kind, be) {
+                (QuantKind::F16, _) => vec![(20011, 24), (9001, 2056), (5, 8)],
+                (_, 256) => vec![(20011, 256), (9001, 256 * 13)],
+                _ => vec![(20011, be), (9001, be * 97)],
+            };
+            for (rows, cols) in shapes {
+                let (bytes, deq) = matrix(&mut r, kind, rows, cols);
+                let w = c.device().upload_matrix(kind, &bytes, rows, cols).unwrap();
+                for n in [1usize, 3] {
+                    let x = rand_vec(&mut r, n * cols, 1.0);
+                    // The int8 kernels take the activations quantized per 32.
+                    let xr: Vec<f32> = if kind == QuantKind::F16 {
+                        x.clone()
+                    } else {
+                        x.chunks(cols).flat_map(ferrox_cuda::mmvq_quantize_activations).collect()
+                    };
+                    let mut want = vec![0.0f32; n * rows];
+                    for t in 0..n {
+                        for o in 0..rows {
+                            let d: f64 = (0..cols)
+                                .map(|i| deq[o * cols + i] as f64 * xr[t * cols + i] as f64)
+                                .sum();
+                            want[t * rows + o] = d as f32;
+                        }
                     }
+                    let xb = c.device().upload_f32(&x).unwrap();
+                    let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                    c.device().matmul_with(MatmulPath::Matvec, &w, &xb, &mut y, n).unwrap();
+                    let got = read(c, &y);
+                    // Every row, against the largest: a row skipped (NaN) or
+                    // taken from the wrong place shows even among 20 011.
+                    let top = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    let worst = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(g, w)| (g - w).abs() / top)
+                        .fold(0.0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) });
+                    assert!(worst < 1e-5, "{kind} {rows}x{cols} n={n}: worst row off by {worst:e} of the largest");
+                    assert!(rel(&got, &want) < 1e-5, "{kind} {rows}x{cols} n={n}: {:e}", rel(&got, &want));
                 }
-                let xb = c.device().upload_f32(&x).unwrap();
-                let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
-                c.device().matmul_with(MatmulPath::Matvec, &w, &xb, &mut y, n).unwrap();
-                let got = read(c, &y);
-                // Every row, against the largest: a row skipped (NaN) or
-                // taken from the wrong place shows even among 20 011.
-                let top = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let worst = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(g, w)| (g - w).abs() / top)
-                    .fold(0.0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) });
-                assert!(worst < 1e-5, "F16 {rows}x{cols} n={n}: worst row off by {worst:e} of the largest");
-                assert!(rel(&got, &want) < 1e-5, "F16 {rows}x{cols} n={n}: {:e}", rel(&got, &want));
             }
         }
     }
