@@ -1131,16 +1131,19 @@ DEFINE_MMVQ(q6_k)
 // The int8 matvecs streamed as the F16 ones (`matvec_f16_stream`, below:
 // a warp a row, the grid's warps striding over the rows, two steps of
 // MMVQS_STEP units a lane in registers, the next issued before the
-// current one's dots, the step order rotated by the warp's first row),
-// for every int8 kind through its unit loader and dot.
+// current one's dots), for every int8 kind through its unit loader and dot.
 #ifndef MMVQS_STEP
 #define MMVQS_STEP 2
 #endif
 #ifndef FERROX_MMVQS_MINB
 #define FERROX_MMVQS_MINB 2
 #endif
+// FERROX_MMVQS_ROT: 1 rotates the step order as the F16 stream does; off
+// by default: on the H200 it cost the int8 kinds 1-2% of decode (1b Q8_0
+// 1312 vs 1330 t/s, Q4_K 1520 vs 1545, 8b Q8_0 332 vs 335; session 10),
+// where it gave F16 7% (8b 229 vs 214).
 #ifndef FERROX_MMVQS_ROT
-#define FERROX_MMVQS_ROT 1
+#define FERROX_MMVQS_ROT 0
 #endif
 template <class K>
 __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* __restrict__ qx,
