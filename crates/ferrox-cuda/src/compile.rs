@@ -263,11 +263,11 @@ mod tests {
             }
         }
         let at = |needle: &str| src.lines().position(|l| l.trim() == needle).map(|i| i + 1);
-        for k in ["attention_dec", "add_rms_norm", "rms_norm", "matvec_f16_v8", "matvec_f16_glu", "rope_kv"] {
+        for k in ["attention_dec", "add_rms_norm", "rms_norm", "matvec_f16_stream", "matvec_f16_glu_stream", "mmvq_stream_##NAME", "rope_kv"] {
             assert!(seen.contains(k), "{k} not among {seen:?}");
         }
-        let q8 = at("DEFINE_MMVQ(q8_0)").expect("DEFINE_MMVQ(q8_0) line");
-        assert_eq!(super::kernel_at_line(src, q8), "DEFINE_MMVQ(q8_0)");
+        let q8 = at("DEFINE_MMVQ_STREAM(q8_0)").expect("DEFINE_MMVQ_STREAM(q8_0) line");
+        assert_eq!(super::kernel_at_line(src, q8), "DEFINE_MMVQ_STREAM(q8_0)");
         assert_eq!(super::kernel_at_line(src, 0), "line 0");
         assert_eq!(super::kernel_at_line(src, usize::MAX), format!("line {}", usize::MAX));
     }

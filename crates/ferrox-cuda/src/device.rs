@@ -178,7 +178,7 @@ pub enum Act {
 }
 
 impl Act {
-    /// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu` kernels.
+    /// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu_stream` kernels.
     fn code(self) -> i32 {
         match self {
             Act::Silu => 0,
@@ -230,17 +230,16 @@ pub struct RopeShape {
 
 struct KindFns {
     matvec: CudaFunction,
-    /// The int8-activation (dp4a) matvec, for the kinds that have one.
+    /// The int8-activation (dp4a) matvec (`mmvq_stream_<kind>`: a warp a
+    /// row), for the kinds that have one.
     mmvq: Option<CudaFunction>,
-    /// Its streaming form (`mmvq_stream_<kind>`: a warp a row).
-    mmvq_stream: Option<CudaFunction>,
     /// The gate and up matvecs with the GLU (`mmvq_glu_<kind>`).
     mmvq_glu: Option<CudaFunction>,
     get_rows: CudaFunction,
     dequant: CudaFunction,
 }
 
-/// The kinds whose decode matvec runs on int8 activations (`mmvq_<kind>`
+/// The kinds whose decode matvec runs on int8 activations (`mmvq_stream_<kind>`
 /// in `kernels.cu`): activations quantized per 32 elements once per input (q8 scratch),
 /// `__dp4a` dot products. Tested against the scalar twin on the same
 /// quantized activations ([`mmvq_quantize_activations`]).
@@ -274,8 +273,6 @@ struct Fns {
     rms_norm: CudaFunction,
     add_rms_norm: CudaFunction,
     argmax_rows: CudaFunction,
-    matvec_f16_v8: CudaFunction,
-    matvec_f16_glu: CudaFunction,
     matvec_f16_stream: CudaFunction,
     matvec_f16_glu_stream: CudaFunction,
     rope: CudaFunction,
@@ -355,22 +352,16 @@ pub struct Device {
     arch: String,
     scratch: Mutex<Scratch>,
     q8_tag: Mutex<Option<Q8Tag>>,
-    /// Units of a row one lane of the int8 matvec takes
-    /// (`FERROX_CUDA_MMVQ_UNITS`, default 4): sets the lanes per row.
+    /// Units of a row one lane of the int8 gate/up GLU kernel takes
+    /// (`FERROX_CUDA_MMVQ_UNITS`, default 4): sets its lanes per row.
     mmvq_units: usize,
     /// Fused launches (RoPE with the cache store, the GLU in the gate/up
     /// matvec); `FERROX_CUDA_FUSE=0` turns them off, for measuring.
     fuse: bool,
-    /// 16-byte loads of a row one lane of the F16 matvec takes
-    /// (`FERROX_CUDA_F16_LOADS`, default 4).
-    f16_loads: usize,
-    /// Blocks an SM of the streaming F16 matvecs' grid
-    /// (`FERROX_CUDA_F16_STREAM`, default 2, the kernels' launch bound;
-    /// 0 takes the one-step kernels `matvec_f16_v8` and `matvec_f16_glu`).
-    f16_stream: usize,
-    /// The same for the int8 matvecs (`mmvq_stream_<kind>`;
-    /// `FERROX_CUDA_MMVQ_STREAM`, default 2; 0 takes `mmvq_<kind>`).
-    mmvq_stream: usize,
+    /// Blocks an SM of the streaming matvecs' grid (`matvec_f16_stream`,
+    /// `matvec_f16_glu_stream`, `mmvq_stream_<kind>`;
+    /// `FERROX_CUDA_STREAM_BLOCKS`, default 2: the kernels' launch bound).
+    stream_blocks: usize,
     /// The device's multiprocessors.
     sms: usize,
     /// Kernels launched as programmatic dependent launches (Hopper and
@@ -532,11 +523,6 @@ impl Device {
                     KindFns {
                         matvec: f(&format!("matvec_{s}"))?,
                         mmvq: if mmvq_kind(k) {
-                            Some(f(&format!("mmvq_{s}"))?)
-                        } else {
-                            None
-                        },
-                        mmvq_stream: if mmvq_kind(k) {
                             Some(f(&format!("mmvq_stream_{s}"))?)
                         } else {
                             None
@@ -559,8 +545,6 @@ impl Device {
             rms_norm: f("rms_norm")?,
             add_rms_norm: f("add_rms_norm")?,
             argmax_rows: f("argmax_rows")?,
-            matvec_f16_v8: f("matvec_f16_v8")?,
-            matvec_f16_glu: f("matvec_f16_glu")?,
             matvec_f16_stream: f("matvec_f16_stream")?,
             matvec_f16_glu_stream: f("matvec_f16_glu_stream")?,
             rope: f("rope")?,
@@ -615,9 +599,7 @@ impl Device {
             q8_tag: Mutex::new(None),
             mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 4),
             fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
-            f16_loads: env_usize("FERROX_CUDA_F16_LOADS", 4),
-            f16_stream: env_or("FERROX_CUDA_F16_STREAM", 2),
-            mmvq_stream: env_or("FERROX_CUDA_MMVQ_STREAM", 2),
+            stream_blocks: env_usize("FERROX_CUDA_STREAM_BLOCKS", 2),
             sms: sms.max(1) as usize,
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
             gqa_min: env_or("FERROX_CUDA_GQA_MIN", 1),
@@ -1156,64 +1138,46 @@ impl Device {
         self.mmvq(&mats, x, n)
     }
 
-    /// One launch of the 16-byte-load F16 matvec over up to three F16
+    /// One launch of the streaming F16 matvec over up to three F16
     /// matrices of one width (checked by the callers: [`f16_fits`], shapes).
     fn matvec_f16(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
         let cols = mats[0].0.cols;
-        // Lanes per row so that a lane has about four 16-byte loads.
-        let (m, cfg, lpr) = self.mats_launch("matvec_f16", mats, n, cols / 8, self.f16_loads)?;
-        if let Some(cfg) = self.stream_grid(mats.iter().map(|(w, _)| w.rows).sum(), n, self.f16_stream) {
-            return self.launch(
-                &self.fns.matvec_f16_stream,
-                cfg,
-                "matvec",
-                &[&m, &self.ptr(&x.s), &int("matvec", cols)?],
-            );
-        }
+        let (m, cfg) = self.mats_launch("matvec_f16", mats, n)?;
         self.launch(
-            &self.fns.matvec_f16_v8,
+            &self.fns.matvec_f16_stream,
             cfg,
             "matvec",
-            &[&m, &self.ptr(&x.s), &int("matvec", cols)?, &lpr],
+            &[&m, &self.ptr(&x.s), &int("matvec", cols)?],
         )
     }
 
     /// The grid of a streaming matvec launch over `rows` rows and `n`
     /// tokens (a warp a row, the warps striding over the rows): one wave
-    /// of `per_sm` 256-thread blocks an SM shared by the tokens, fewer
-    /// where the rows are fewer than its warps. None when `per_sm` is 0
-    /// (streaming off).
-    fn stream_grid(&self, rows: usize, n: usize, per_sm: usize) -> Option<LaunchConfig> {
-        if per_sm == 0 {
-            return None;
-        }
-        let wave = (self.sms * per_sm / n.max(1)).max(1);
-        Some(LaunchConfig {
+    /// of `stream_blocks` 256-thread blocks an SM shared by the tokens,
+    /// fewer where the rows are fewer than its warps.
+    fn stream_grid(&self, rows: usize, n: usize) -> LaunchConfig {
+        let wave = (self.sms * self.stream_blocks / n.max(1)).max(1);
+        LaunchConfig {
             grid_dim: (rows.div_ceil(8).min(wave) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
-        })
+        }
     }
 
-    /// The argument and grid of a row-matvec launch over up to three
-    /// matrices (`MmvqMats`) and `n` tokens: 256-thread blocks whose `lpr`
-    /// lanes share a row, sized so a lane takes about `per_lane` of a row's
-    /// `loads` (returned as the kernel's `lpr` argument).
+    /// The argument and grid of a streaming matvec launch over up to three
+    /// matrices (`MmvqMats`) and `n` tokens.
     fn mats_launch(
         &self,
         op: &'static str,
         mats: &[(&Matrix, u64)],
         n: usize,
-        loads: usize,
-        per_lane: usize,
-    ) -> Result<(MmvqMats, LaunchConfig, i32), CudaError> {
+    ) -> Result<(MmvqMats, LaunchConfig), CudaError> {
         if mats.len() > 3 || n > 65535 {
             return Err(shape(op, format!("{} matrices, {n} tokens in one launch", mats.len())));
         }
         let m = mmvq_mats(self, mats)?;
         let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
-        let (cfg, lpr) = row_grid(rows, n, loads, per_lane);
-        Ok((m, cfg, lpr))
+        Ok((m, self.stream_grid(rows, n)))
     }
 
     /// One launch of the int8-activation kernel over up to three matrices of
@@ -1222,36 +1186,25 @@ impl Device {
     /// launch that wrote `x` (the fused norm, the GLU) already did.
     fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
         let w0 = mats[0].0;
-        let fns = self.kind_fns(w0.kind, "matvec")?;
-        let no = || CudaError::NoKernel {
-            op: "int8 matvec",
-            kind: w0.kind,
-        };
+        let f = self
+            .kind_fns(w0.kind, "matvec")?
+            .mmvq
+            .as_ref()
+            .ok_or(CudaError::NoKernel {
+                op: "int8 matvec",
+                kind: w0.kind,
+            })?;
         let cols = w0.cols;
-        let (m, cfg, lpr) = self.mats_launch("mmvq", mats, n, cols / 32, self.mmvq_units)?;
+        let (m, cfg) = self.mats_launch("mmvq", mats, n)?;
         let (qs, ds) = self.q8_input(x, n * cols, cols)?;
-        if let Some(cfg) = self.stream_grid(mats.iter().map(|(w, _)| w.rows).sum(), n, self.mmvq_stream) {
-            return self.launch_keep(
-                fns.mmvq_stream.as_ref().ok_or_else(no)?,
-                cfg,
-                "int8 matvec",
-                &[&m, &qs, &ds, &int("mmvq", cols)?],
-            );
-        }
-        let f = fns.mmvq.as_ref().ok_or_else(no)?;
-        self.launch_keep(
-            f,
-            cfg,
-            "int8 matvec",
-            &[&m, &qs, &ds, &int("mmvq", cols)?, &lpr],
-        )
+        self.launch_keep(f, cfg, "int8 matvec", &[&m, &qs, &ds, &int("mmvq", cols)?])
     }
 
     /// `h = act(x Wg^T) * (x Wu^T)` in one launch (`mmvq_glu_<kind>`),
     /// with `h`'s q8 copy for the down matvec written beside it: for decode
     /// batches (the int8 matvec path) over two matrices of one kind and
     /// shape whose rows come in whole 32s. Two F16 matrices of one shape
-    /// take `matvec_f16_glu` (any rows; `h` alone, no q8 copy). Returns
+    /// take `matvec_f16_glu_stream` (any rows; `h` alone, no q8 copy). Returns
     /// false, launching nothing, where that does not hold (or fusing is
     /// off): the caller then runs the matvecs and the GLU apart.
     pub fn gate_up_glu(
@@ -1337,8 +1290,8 @@ impl Device {
     }
 
     /// [`Device::gate_up_glu`] for two F16 matrices of one shape (checked
-    /// by the caller: [`f16_fits`], the matvec path): the lanes of
-    /// `matvec_f16_v8` per row, both rows a lane. Writes no q8 copy of `h`
+    /// by the caller: [`f16_fits`], the matvec path): `matvec_f16_stream`'s
+    /// warp a row, over both matrices' rows. Writes no q8 copy of `h`
     /// (a 32-row unit of it spans blocks); an int8 down matvec quantizes
     /// `h` itself, since this launch clears the tag.
     fn f16_glu(
@@ -1353,27 +1306,9 @@ impl Device {
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
         let a = act.code();
-        if let Some(cfg) = self.stream_grid(rows, n, self.f16_stream) {
-            return self.launch(
-                &self.fns.matvec_f16_glu_stream,
-                cfg,
-                "F16 gate/up matvec with the GLU",
-                &[
-                    &self.ptr(&wg.data),
-                    &self.ptr(&wu.data),
-                    &(wg.row_bytes as i64),
-                    &int("gate_up_glu", rows)?,
-                    &self.ptr(&x.s),
-                    &int("gate_up_glu", cols)?,
-                    &a,
-                    &self.ptr(&h.s),
-                ],
-            );
-        }
-        let (cfg, lpr) = row_grid(rows, n, cols / 8, self.f16_loads);
         self.launch(
-            &self.fns.matvec_f16_glu,
-            cfg,
+            &self.fns.matvec_f16_glu_stream,
+            self.stream_grid(rows, n),
             "F16 gate/up matvec with the GLU",
             &[
                 &self.ptr(&wg.data),
@@ -1384,7 +1319,6 @@ impl Device {
                 &int("gate_up_glu", cols)?,
                 &a,
                 &self.ptr(&h.s),
-                &lpr,
             ],
         )
     }
@@ -2404,23 +2338,9 @@ fn dec_smem_bytes(chunk: usize, g: usize, hd: usize, hdv: usize) -> usize {
     2 * chunk * (hd + 8 + hdv) * 2 + (g * hd + g * chunk + 8 * g * hdv) * 4
 }
 
-/// The grid of a row-matvec launch over `rows` rows and `n` tokens:
-/// 256-thread blocks whose lanes share a row ([`lanes_per_row`] of a row's
-/// `loads`, about `per_lane` a lane), and that lane count as the kernels'
-/// `lpr` argument.
-fn row_grid(rows: usize, n: usize, loads: usize, per_lane: usize) -> (LaunchConfig, i32) {
-    let lpr = lanes_per_row(loads, per_lane);
-    let cfg = LaunchConfig {
-        grid_dim: (rows.div_ceil(256 / lpr) as u32, n as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    (cfg, lpr as i32)
-}
-
-/// Lanes of a 256-thread block that share one row of the matvec kernels
-/// (a power of two, 8 to 256): about `per_lane` loads (units) a lane, the
-/// kernels issuing four at a time.
+/// Lanes of a 256-thread block that share one row of the int8 gate/up GLU
+/// kernels (a power of two, 8 to 256; the caller caps it at a warp): about
+/// `per_lane` loads (units) a lane, the kernels issuing four at a time.
 fn lanes_per_row(loads: usize, per_lane: usize) -> usize {
     (loads / per_lane.max(1)).next_power_of_two().clamp(8, 256)
 }

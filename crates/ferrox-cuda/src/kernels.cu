@@ -65,9 +65,9 @@ __device__ __forceinline__ void trace_record(unsigned long long pre, int line) {
 // Every kernel enters through PDL_ENTER before it touches any activation,
 // cache or scratch memory: it waits there until the previous kernel has
 // finished and its writes are visible, then lets the next kernel start
-// launching. Only immutable memory is read before it (the matvecs prefetch
-// their rows into L2 while the previous kernel runs, the norm reads its
-// weights) and the staged slot and position lists, which only host copies
+// launching. Only immutable memory is read before it (the streaming
+// matvecs load their first two steps of weights, the int8 gate/up kernels
+// prefetch their rows into L2, the norm reads its weights) and the staged slot and position lists, which only host copies
 // write. On older architectures, and when the host launches plainly, the
 // wait does nothing.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -88,7 +88,8 @@ __device__ __forceinline__ void trace_record(unsigned long long pre, int line) {
 
 // Compile-time knobs (the host may set them through FERROX_CUDA_DEFINES to
 // measure a variant; the defaults are the measured choices):
-// FERROX_PREFETCH: the matvecs' L2 prefetch of their rows before PDL_ENTER;
+// FERROX_PREFETCH: the int8 gate/up kernels' L2 prefetch of their rows
+// before PDL_ENTER;
 // FERROX_WLOAD: 1 loads the 16-byte weight vectors with
 // `ld.global.nc.L1::no_allocate.L2::256B` (streamed past L1, L2 fetching
 // 256-byte runs) instead of plain `ld.global.nc`.
@@ -98,42 +99,13 @@ __device__ __forceinline__ void trace_record(unsigned long long pre, int line) {
 #ifndef FERROX_WLOAD
 #define FERROX_WLOAD 0
 #endif
-// FERROX_F16_MINB: the F16 matvecs' __launch_bounds__ minimum blocks an SM
-// (0: no bound, ptxas's default register target, which spreads a step's
-// loads between the dots).
-#ifndef FERROX_F16_MINB
-#define FERROX_F16_MINB 2
-#endif
-// MMVQ_STEP / F16_STEP: units (16-byte F16 vectors) a lane loads together
-// before the first dot, in the int8 and F16 matvecs.
+// MMVQ_STEP: units a lane of the gate/up GLU kernels loads together before
+// the first dot.
 #ifndef MMVQ_STEP
 #define MMVQ_STEP 4
 #endif
-#ifndef F16_STEP
-#define F16_STEP 4
-#endif
-#if MMVQ_STEP < 1 || F16_STEP < 1
-#error "MMVQ_STEP and F16_STEP must be at least 1"
-#endif
-#if FERROX_F16_MINB > 0
-#define F16_BOUNDS __launch_bounds__(256, FERROX_F16_MINB)
-#define F16_PER_SM FERROX_F16_MINB
-#else
-#define F16_BOUNDS __launch_bounds__(256)
-#define F16_PER_SM 8
-#endif
-// FERROX_MMVQ_MINB: the same for the int8 matvecs (mmvq_<kind>); at two
-// blocks an SM ptxas keeps a step's loads ahead of its dots (at its
-// default target it spread them between the dots: one load in flight).
-#ifndef FERROX_MMVQ_MINB
-#define FERROX_MMVQ_MINB 2
-#endif
-#if FERROX_MMVQ_MINB > 0
-#define MMVQ_BOUNDS __launch_bounds__(256, FERROX_MMVQ_MINB)
-#define MMVQ_PER_SM FERROX_MMVQ_MINB
-#else
-#define MMVQ_BOUNDS __launch_bounds__(256)
-#define MMVQ_PER_SM 4
+#if MMVQ_STEP < 1
+#error "MMVQ_STEP must be at least 1"
 #endif
 
 // FERROX_SMS: the device's multiprocessor count (the host defines it).
@@ -1018,31 +990,6 @@ struct MmvqMats {
     long long row_bytes[3];
 };
 
-// A block is 256 threads; `lpr` lanes (8, 16, ..., 256: a power of two)
-// share a row, so a block takes 256 / lpr rows. A lane takes the row's
-// 32-element units u = sub, sub + lpr, ...: it reads the unit's weights
-// (consecutive lanes, consecutive units) and the unit's 32 int8 activations
-// and scale from the q8 buffer (L1/L2-resident), four units' loads issued
-// together, no shared-memory staging and no barrier before the weight
-// loads. The host picks lpr so that a lane has about four units.
-// The sum over the `lpr` lanes of each row: shuffles within a warp, then
-// (rows wider than a warp) shared memory. Every thread of the block must
-// call it. Returns whether this thread holds its row's total (sub == 0).
-__device__ __forceinline__ bool row_sum(float* acc, int lpr, int sub, float* red) {
-    float a = *acc;
-    int w = lpr < 32 ? lpr : 32;
-    for (int o = w >> 1; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-    if (lpr > 32) {
-        int warp = threadIdx.x >> 5;
-        if ((threadIdx.x & 31) == 0) red[warp] = a;
-        __syncthreads();
-        if (sub == 0)
-            for (int j = 1; j < (lpr >> 5); j++) a += red[warp + j];
-    }
-    *acc = a;
-    return sub == 0;
-}
-
 // Matrix `k` of `m` without indexing the parameter's arrays at run time
 // (that copies the struct to local memory).
 __device__ __forceinline__ const u8* mats_w(const MmvqMats& m, int k) { return k == 0 ? m.w[0] : k == 1 ? m.w[1] : m.w[2]; }
@@ -1076,62 +1023,14 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
         Q8[4] = qb_.x; Q8[5] = qb_.y; Q8[6] = qb_.z; Q8[7] = qb_.w;                               \
     }
 
-#define DEFINE_MMVQ(NAME)                                                                          \
-    extern "C" __global__ void MMVQ_BOUNDS mmvq_##NAME(MmvqMats m, const int4* __restrict__ qx,              \
-                                           const float2* __restrict__ dsx, int cols, int lpr) {  \
-        __shared__ float red[MMVQ_WARPS];                                                         \
-        int n_units = cols >> 5;                                                                  \
-        int sub = threadIdx.x & (lpr - 1);                                                        \
-        int t = blockIdx.y;                                                                       \
-        int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;                           \
-        bool ok = mats_row(m, &r, &k);                                                            \
-        const u8* row = mats_w(m, k) + (size_t)r * mats_rb(m, k);                                 \
-        if (ok) prefetch_l2(row, mats_rb(m, k), sub, lpr, MMVQ_PER_SM);                           \
-        PDL_ENTER();                                                                              \
-        float acc = 0.0f;                                                                         \
-        if (ok) {                                                                                 \
-            const int4* qt = qx + (size_t)t * n_units * 2;                                        \
-            const float2* dt = dsx + (size_t)t * n_units;                                         \
-            int u = sub, step = lpr;                                                              \
-            /* MMVQ_STEP units a step: all their weight loads first. */                          \
-            for (; u + (MMVQ_STEP - 1) * step < n_units; u += MMVQ_STEP * step) {                 \
-                W##NAME w[MMVQ_STEP];                                                             \
-                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) w[j] = ld_##NAME(row, u + j * step, cols); \
-                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                           \
-                    LOAD_ACTS(qt, dt, u + j * step, q8, dd);                                      \
-                    acc += dot_##NAME(w[j], q8, dd.x, dd.y);                                      \
-                }                                                                                 \
-            }                                                                                     \
-            /* The rest (under MMVQ_STEP units a lane): one step, its */                         \
-            /* loads still issued together. */                                                    \
-            if (u < n_units) {                                                                    \
-                W##NAME w[MMVQ_STEP];                                                             \
-                /* (clamped, not guarded: unconditional loads stay together) */                  \
-                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++)                             \
-                    w[j] = ld_##NAME(row, min(u + j * step, n_units - 1), cols);                  \
-                /* (a clamped unit's dot is computed, then dropped: a guard */                   \
-                /* would let the compiler sink its load into it) */                               \
-                _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                           \
-                    int uj = min(u + j * step, n_units - 1);                                      \
-                    LOAD_ACTS(qt, dt, uj, q8, dd);                                                \
-                    float d_ = dot_##NAME(w[j], q8, dd.x, dd.y);                                  \
-                    acc += u + j * step < n_units ? d_ : 0.0f;                                    \
-                }                                                                                 \
-            }                                                                                     \
-        }                                                                                         \
-        if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc; \
-    }
 
-DEFINE_MMVQ(q4_0)
-DEFINE_MMVQ(q5_0)
-DEFINE_MMVQ(q8_0)
-DEFINE_MMVQ(q4_k)
-DEFINE_MMVQ(q6_k)
-
-// The int8 matvecs streamed as the F16 ones (`matvec_f16_stream`, below:
+// The int8 matvecs, streamed as the F16 ones (`matvec_f16_stream`, below:
 // a warp a row, the grid's warps striding over the rows, two steps of
 // MMVQS_STEP units a lane in registers, the next issued before the
 // current one's dots), for every int8 kind through its unit loader and dot.
+// A lane takes units lane, lane + 32, ... of its row: the unit's weights
+// (consecutive lanes, consecutive units) and its 32 int8 activations and
+// scale from the q8 buffer (L1/L2-resident).
 #ifndef MMVQS_STEP
 #define MMVQS_STEP 2
 #endif
@@ -1145,9 +1044,11 @@ DEFINE_MMVQ(q6_k)
 #ifndef FERROX_MMVQS_ROT
 #define FERROX_MMVQS_ROT 0
 #endif
-template <class K>
+// `enter` is the kernel's PDL_ENTER (a lambda at the kernel's line, so the
+// trace names the kind's instance).
+template <class K, class Enter>
 __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* __restrict__ qx,
-                                                 const float2* __restrict__ dsx, int cols) {
+                                                 const float2* __restrict__ dsx, int cols, Enter enter) {
     typedef typename K::W W;
     constexpr int S = MMVQS_STEP;
     int lane = threadIdx.x & 31;
@@ -1194,7 +1095,7 @@ __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* 
     int ua = 0, ub = 0;
     if (ns > 0) load(a, at(0, &ua), ua);
     if (ns > 1) load(b, at(1, &ub), ub);
-    PDL_ENTER();
+    enter();
     float acc = 0.0f;
     for (int s = 0; s < ns; s += 2) {
         acc += dots(a, ua);
@@ -1222,9 +1123,9 @@ __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* 
             return dot_##NAME(w, q, d, s);                                                        \
         }                                                                                         \
     };                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, FERROX_MMVQS_MINB)                         \
-        mmvq_stream_##NAME(MmvqMats m, const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols) { \
-        mmvq_stream_body<K_##NAME>(m, qx, dsx, cols);                                             \
+    extern "C" __global__ void __launch_bounds__(256, FERROX_MMVQS_MINB) mmvq_stream_##NAME(      \
+        MmvqMats m, const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols) {      \
+        mmvq_stream_body<K_##NAME>(m, qx, dsx, cols, [] { PDL_ENTER(); });                        \
     }
 
 DEFINE_MMVQ_STREAM(q4_0)
@@ -1355,125 +1256,11 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
            h2f((u16)h.w) * b.z + h2f((u16)(h.w >> 16)) * b.w;
 }
 
-// F16 rows with 16-byte loads (8 halves a lane a step); cols % 8 == 0.
-// `lpr` lanes share a row, as in the int8 kernels; four loads in flight.
-// Up to three matrices of one width over the same input in one launch
-// (`MmvqMats`, as the int8 kernels: Q, K and V; one matrix is the case
-// m.rows[1] == 0), picked with the selects.
-extern "C" __global__ void F16_BOUNDS matvec_f16_v8(MmvqMats m, const float* __restrict__ x, int cols, int lpr) {
-    __shared__ float red[MMVQ_WARPS];
-    int sub = threadIdx.x & (lpr - 1);
-    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr, k;
-    int t = blockIdx.y;
-    bool ok = mats_row(m, &r, &k);
-    long long row_bytes = mats_rb(m, k);
-    const u8* w = mats_w(m, k) + (size_t)r * row_bytes;
-    if (ok) prefetch_l2(w, row_bytes, sub, lpr, F16_PER_SM);
-    PDL_ENTER();
-    float acc = 0.0f;
-    if (ok) {
-        const uint4* row = (const uint4*)w;
-        const float4* xt = (const float4*)(x + (size_t)t * cols);
-        int n8 = cols >> 3;
-        int i = sub, step = lpr;
-        // F16_STEP loads a step with no guard between them, then the rest
-        // (under F16_STEP a lane) as one step whose loads are clamped to
-        // the row and whose extra dots are dropped after (unconditional
-        // loads and dots: a guard lets the compiler sink a load into it).
-        for (; i + (F16_STEP - 1) * step < n8; i += F16_STEP * step) {
-            uint4 h[F16_STEP];
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) h[j] = ldw4(row + i + j * step);
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) acc += dot8_f16(h[j], xt + 2 * (i + j * step));
-        }
-        if (i < n8) {
-            uint4 h[F16_STEP];
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) h[j] = ldw4(row + min(i + j * step, n8 - 1));
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) {
-                float d = dot8_f16(h[j], xt + 2 * min(i + j * step, n8 - 1));
-                acc += i + j * step < n8 ? d : 0.0f;
-            }
-        }
-    }
-    if (row_sum(&acc, lpr, sub, red) && ok) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = acc;
-}
-
-// The gate and up matvecs of F16 rows and the GLU after them in one launch
-// (decode): the lanes of `matvec_f16_v8` (`lpr` a row) take the same row of
-// both matrices, a step's F16_STEP 16-byte loads of each issued before the
-// first dot (F16_BOUNDS: at ptxas's default register target they were
-// spread between the dots; benchmarks/cuda.md, session 7), and the row's
-// lane 0 writes h = act(g) * u. `act`: 0 SiLU, 1 GELU
-// (tanh form), as `glu`. h only, no q8 copy: a 32-element unit of h spans
-// several blocks at these lane counts, and an F16 down matvec reads f32.
-extern "C" __global__ void F16_BOUNDS matvec_f16_glu(const u8* __restrict__ wg, const u8* __restrict__ wu,
-                                          long long row_bytes, int rows, const float* __restrict__ x,
-                                          int cols, int act, float* __restrict__ h, int lpr) {
-    __shared__ float red_g[MMVQ_WARPS], red_u[MMVQ_WARPS];
-    int sub = threadIdx.x & (lpr - 1);
-    int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;
-    int t = blockIdx.y;
-    bool ok = r < rows;
-    const u8* pg = wg + (size_t)r * row_bytes;
-    const u8* pu = wu + (size_t)r * row_bytes;
-    if (ok) {
-        prefetch_l2(pg, row_bytes, sub, lpr, F16_PER_SM);
-        prefetch_l2(pu, row_bytes, sub, lpr, F16_PER_SM);
-    }
-    PDL_ENTER();
-    float ag = 0.0f, au = 0.0f;
-    if (ok) {
-        const uint4* rg = (const uint4*)pg;
-        const uint4* ru = (const uint4*)pu;
-        const float4* xt = (const float4*)(x + (size_t)t * cols);
-        int n8 = cols >> 3;
-        int i = sub, step = lpr;
-        for (; i + (F16_STEP - 1) * step < n8; i += F16_STEP * step) {
-            uint4 g[F16_STEP], u[F16_STEP];
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) {
-                g[j] = ldw4(rg + i + j * step);
-                u[j] = ldw4(ru + i + j * step);
-            }
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) {
-                ag += dot8_f16(g[j], xt + 2 * (i + j * step));
-                au += dot8_f16(u[j], xt + 2 * (i + j * step));
-            }
-        }
-        if (i < n8) {  // the rest: one clamped step, as in matvec_f16_v8
-            uint4 g[F16_STEP], u[F16_STEP];
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) {
-                int ij = min(i + j * step, n8 - 1);  // clamped: the loads stay unconditional
-                g[j] = ldw4(rg + ij);
-                u[j] = ldw4(ru + ij);
-            }
-#pragma unroll
-            for (int j = 0; j < F16_STEP; j++) {
-                const float4* xj = xt + 2 * min(i + j * step, n8 - 1);
-                float dg = dot8_f16(g[j], xj), du = dot8_f16(u[j], xj);
-                bool in = i + j * step < n8;
-                ag += in ? dg : 0.0f;
-                au += in ? du : 0.0f;
-            }
-        }
-    }
-    // Two reduction buffers: one shared by both sums would let a warp's
-    // second write land before the row's lane 0 read its first.
-    row_sum(&ag, lpr, sub, red_g);
-    if (row_sum(&au, lpr, sub, red_u) && ok)
-        h[(size_t)t * rows + r] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;
-}
-
-// Streaming F16 matvecs (decode). The kernels above give a lane one step of
-// F16_STEP loads of one row and end: a launch is a wave or more of blocks
-// that each make one round trip to memory, and between waves an SM holds
-// few loads in flight (the ramp and tail of every block). Here a warp takes
-// a whole row and the grid's warps stride over the rows (warp w: rows w,
+// Streaming F16 matvecs (decode and small batches). The kernels before
+// them (to session 9) gave a lane one step of four loads of one row and
+// ended: a launch was a wave or more of blocks that each made one round
+// trip to memory, and between waves an SM held few loads in flight (the
+// ramp and tail of every block). Here a warp takes a whole row and the grid's warps stride over the rows (warp w: rows w,
 // w + W, ...), and a lane keeps two steps of loads in registers: the next
 // step's loads (the next row's, across a row's end) are issued before the
 // current step's dots, so the loads keep flowing until the warp's last row.
@@ -1520,10 +1307,10 @@ __device__ __forceinline__ float f16s_dot(const uint4 (&h)[S], const float4* xt,
     return a;
 }
 
-// Up to three F16 matrices of one width over one input (`MmvqMats`, as
-// `matvec_f16_v8`), blockIdx.y the token.
-extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB)
-    matvec_f16_stream(MmvqMats m, const float* __restrict__ x, int cols) {
+// Up to three F16 matrices of one width over one input (`MmvqMats`, in
+// one launch), blockIdx.y the token.
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_stream(
+    MmvqMats m, const float* __restrict__ x, int cols) {
     constexpr int S = F16S_STEP;
     int lane = threadIdx.x & 31;
     int nw = gridDim.x * (blockDim.x >> 5);
@@ -1576,9 +1363,9 @@ extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB)
 // The gate and up matvecs and the GLU after them (`matvec_f16_glu`'s
 // arguments less `lpr`), streamed as `matvec_f16_stream`: a step is
 // F16S_GSTEP loads of each matrix.
-extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB)
-    matvec_f16_glu_stream(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,
-                          int rows, const float* __restrict__ x, int cols, int act, float* __restrict__ h) {
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_glu_stream(
+    const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,
+    const float* __restrict__ x, int cols, int act, float* __restrict__ h) {
     constexpr int S = F16S_GSTEP;
     int lane = threadIdx.x & 31;
     int nw = gridDim.x * (blockDim.x >> 5);

@@ -34,7 +34,7 @@ fn every_kind_in_the_launch_table_has_its_three_kernels_in_the_source() {
             // The int8-activation kinds also need their decode matvec and
             // the gate/up matvec with the GLU (Device::open loads both).
             if ferrox_cuda::mmvq_kind(k) {
-                for def in [format!("DEFINE_MMVQ({s})"), format!("DEFINE_MMVQ_GLU({s})")] {
+                for def in [format!("DEFINE_MMVQ_STREAM({s})"), format!("DEFINE_MMVQ_GLU({s})")] {
                     assert!(
                         src.lines().any(|l| l.trim() == def),
                         "{k}: no {def} line in kernels.cu"

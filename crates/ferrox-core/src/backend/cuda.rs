@@ -954,8 +954,8 @@ mod tests {
 
     /// Q, K and V (or gate and up) in one launch give what three separate
     /// matvecs give, for every kind (fused or not), at 1 and 3 tokens; F16
-    /// also at widths whose blocks hold rows of two matrices (520: 16 rows
-    /// a block; 2056: 4 rows a block, sums across warps).
+    /// also at 520 and 2056 wide (one and three steps a row, the last
+    /// partial).
     #[test]
     fn matmul_many_matches_separate_matmuls() {
         let Some(c) = gpu("CUDA matmul_many (one launch over several matrices) vs one matmul each")
@@ -1503,7 +1503,7 @@ mod tests {
     /// another input's).
     #[test]
     fn fused_gate_up_glu_matches_the_matvecs_then_the_glu() {
-        let Some(c) = gpu("CUDA gate/up matvec fused with the GLU (mmvq_glu, matvec_f16_glu) vs the matvecs then the GLU") else {
+        let Some(c) = gpu("CUDA gate/up matvec fused with the GLU (mmvq_glu, matvec_f16_glu_stream) vs the matvecs then the GLU") else {
             return;
         };
         if !c.device().fuses() {
