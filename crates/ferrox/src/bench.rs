@@ -6,7 +6,10 @@
 //! test evaluates N random tokens (BOS first when the model adds one) in
 //! batches of `-b`, asking for the logits of each batch's last token only; a
 //! `tgN` test decodes N tokens one at a time from an empty cache, each a
-//! forward pass with its logits read back. Each test runs once as a warmup
+//! forward pass with its logits read back. With `-d D` a test starts with D
+//! tokens already in the cache (a pp pass of random tokens before each
+//! repetition, not timed), as llama-bench's `-d`: decode and prefill at
+//! depth, where attention over the cache costs more. Each test runs once as a warmup
 //! (`pp`: the whole prompt; `tg`: one token), then `-r` timed repetitions;
 //! t/s is tokens over wall time per repetition, reported as mean and sample
 //! standard deviation. We add what llama-bench lacks: the load time
@@ -59,6 +62,15 @@ pub struct Args {
         default_value = "128"
     )]
     n_gen: Vec<usize>,
+    /// Tokens in the cache before each test (comma-separated; every test
+    /// runs at each depth).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
     /// Tokens per forward pass in pp tests.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
@@ -111,7 +123,7 @@ pub struct TestResult {
     pub n_prompt: usize,
     /// Generated tokens.
     pub n_gen: usize,
-    /// Tokens in the cache before the test (always 0 here).
+    /// Tokens in the cache before the test (`-d`).
     pub n_depth: usize,
     /// When the test ran (RFC 3339, UTC).
     pub test_time: String,
@@ -328,23 +340,45 @@ fn bench_model<B: DeviceBackend>(
         peak_rss_bytes: 0,
     };
     let first = tok.add_bos().then(|| tok.bos()).flatten();
-    let tests = a
+    let tests: Vec<(usize, usize)> = a
         .n_prompt
         .iter()
         .filter(|&&n| n > 0)
         .map(|&n| (n, 0))
-        .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
-    for (n_prompt, n_gen) in tests {
+        .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)))
+        .collect();
+    let n_ctx_train = model.config().n_ctx_train;
+    for &(n_prompt, n_gen) in &tests {
+        for &depth in &a.n_depth {
+            let need = depth + n_prompt + n_gen;
+            if need > n_ctx_train {
+                bail!(
+                    "{} at depth {depth} needs {need} positions; {} was trained for {n_ctx_train} (context_length)",
+                    test_name(n_prompt, n_gen, 0),
+                    path.display()
+                );
+            }
+        }
+    }
+    for (n_prompt, n_gen, depth) in tests
+        .iter()
+        .flat_map(|&(p, g)| a.n_depth.iter().map(move |&d| (p, g, d)))
+    {
         let test_time = rfc3339_now();
-        let mut ctx = model.new_context(n_prompt + n_gen, 1)?;
-        let mut rng = SplitMix(0x5eed ^ ((n_prompt as u64) << 20) ^ (n_gen as u64));
+        let mut ctx = model.new_context(depth + n_prompt + n_gen, 1)?;
+        let mut rng = SplitMix(0x5eed ^ ((n_prompt as u64) << 20) ^ (n_gen as u64) ^ ((depth as u64) << 40));
         let mut run_once = |n_prompt: usize, n_gen: usize| -> Result<u64, ModelError> {
+            // The cache's first `depth` positions, refilled before each
+            // repetition (not timed).
+            if depth > 0 {
+                prompt_pass(&model, &mut ctx, 0, depth, a.batch_size, first, &mut rng)?;
+            }
             let t = Instant::now();
             if n_prompt > 0 {
-                prompt_pass(&model, &mut ctx, n_prompt, a.batch_size, first, &mut rng)?;
+                prompt_pass(&model, &mut ctx, depth, n_prompt, a.batch_size, first, &mut rng)?;
             }
             if n_gen > 0 {
-                gen_pass(&model, &mut ctx, n_gen, first, &mut rng)?;
+                gen_pass(&model, &mut ctx, depth, n_gen, first, &mut rng)?;
             }
             Ok(t.elapsed().as_nanos() as u64)
         };
@@ -362,6 +396,7 @@ fn bench_model<B: DeviceBackend>(
         let row = TestResult {
             n_prompt,
             n_gen,
+            n_depth: depth,
             test_time,
             avg_ns: mean(&ns_f) as u64,
             stddev_ns: stddev(&ns_f) as u64,
@@ -377,11 +412,13 @@ fn bench_model<B: DeviceBackend>(
     Ok(())
 }
 
-/// `n` random tokens (the first is BOS when the model adds one) in batches,
-/// each asking for its last token's logits, as llama-bench's prompt test.
+/// `n` random tokens from position `start` (the one at position 0 is BOS
+/// when the model adds one) in batches, each asking for its last token's
+/// logits, as llama-bench's prompt test.
 fn prompt_pass<B: DeviceBackend>(
     model: &Model<B>,
     ctx: &mut ferrox_core::model::Context<B>,
+    start: usize,
     n: usize,
     n_batch: usize,
     bos: Option<u32>,
@@ -393,7 +430,7 @@ fn prompt_pass<B: DeviceBackend>(
         let len = n_batch.min(n - done);
         let mut b = Batch::default();
         for i in 0..len {
-            let pos = done + i;
+            let pos = start + done + i;
             let tok = match (pos, bos) {
                 (0, Some(t)) => t,
                 _ => (rng.next() % n_vocab) as u32,
@@ -406,19 +443,23 @@ fn prompt_pass<B: DeviceBackend>(
     Ok(())
 }
 
-/// `n` single-token forward passes from position 0, as llama-bench's
-/// generation test (random tokens stand in for sampled ones).
+/// `n` single-token forward passes from position `start`, as llama-bench's
+/// generation test (random tokens stand in for sampled ones; BOS first at
+/// position 0 when the model adds one).
 fn gen_pass<B: DeviceBackend>(
     model: &Model<B>,
     ctx: &mut ferrox_core::model::Context<B>,
+    start: usize,
     n: usize,
     bos: Option<u32>,
     rng: &mut SplitMix,
 ) -> Result<(), ModelError> {
     let n_vocab = model.n_vocab() as u64;
-    let mut tok = bos.unwrap_or_else(|| (rng.next() % n_vocab) as u32);
+    let mut tok = bos
+        .filter(|_| start == 0)
+        .unwrap_or_else(|| (rng.next() % n_vocab) as u32);
     let mut logits = Vec::new();
-    for pos in 0..n {
+    for pos in start..start + n {
         let mut b = Batch::default();
         b.push(tok, pos as u32, 0, true);
         model.forward_into(ctx, &b, &mut logits)?;
@@ -605,6 +646,20 @@ impl Printer {
     }
 }
 
+/// A test's name as llama-bench prints it: `pp512`, `tg128`, `tg128 @ d4096`.
+fn test_name(n_prompt: usize, n_gen: usize, depth: usize) -> String {
+    let test = match (n_prompt, n_gen) {
+        (p, 0) => format!("pp{p}"),
+        (0, g) => format!("tg{g}"),
+        (p, g) => format!("pp{p}+tg{g}"),
+    };
+    if depth > 0 {
+        format!("{test} @ d{depth}")
+    } else {
+        test
+    }
+}
+
 fn md_row(r: &Row) -> String {
     match r {
         Row::Ran(t) => {
@@ -618,11 +673,7 @@ fn md_row(r: &Row) -> String {
             } else {
                 format!("{:.2} B", t.model_n_params as f64 / 1e9)
             };
-            let test = match (t.n_prompt, t.n_gen) {
-                (p, 0) => format!("pp{p}"),
-                (0, g) => format!("tg{g}"),
-                (p, g) => format!("pp{p}+tg{g}"),
-            };
+            let test = test_name(t.n_prompt, t.n_gen, t.n_depth);
             format!(
                 "| {} | {size} | {params} | {} | {} | {test} | {:.2} ± {:.2} | {:.2} | {:.0} MiB |",
                 t.model_type,

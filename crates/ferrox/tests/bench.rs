@@ -178,6 +178,46 @@ fn bench_emits_a_markdown_table_with_llama_bench_columns() {
     }
 }
 
+/// `-d` runs every test at each depth: the rows carry `n_depth`, the
+/// markdown names the test as llama-bench does (`tg4 @ d16`), and a depth
+/// past the model's context is a clean error before anything runs.
+#[test]
+fn bench_at_depth_runs_every_test_at_each_depth() {
+    let model = tiny(Arch::Llama, 1);
+    let m = model.to_str().unwrap();
+    let o = ferrox(&[
+        "bench", "-m", m, "-p", "8", "-n", "4", "-d", "0,16", "-r", "1", "-t", "1", "-o", "jsonl",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let rows: Vec<serde_json::Value> = text(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("line not JSON ({e}): {l}")))
+        .collect();
+    let got: Vec<(u64, u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            assert!(r["avg_ts"].as_f64().unwrap() > 0.0, "{r}");
+            (
+                r["n_prompt"].as_u64().unwrap(),
+                r["n_gen"].as_u64().unwrap(),
+                r["n_depth"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [(8, 0, 0), (8, 0, 16), (0, 4, 0), (0, 4, 16)]);
+
+    let o = ferrox(&["bench", "-m", m, "-p", "0", "-n", "4", "-d", "16", "-r", "1", "-t", "1"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.lines().any(|l| l.contains("| tg4 @ d16 |")), "{out}");
+
+    // The tiny model's context_length is 256: 250 + 8 positions do not fit.
+    assert_clean_error(
+        &ferrox(&["bench", "-m", m, "-p", "8", "-n", "0", "-d", "250", "-r", "1", "-t", "1"]),
+        "pp8 at depth 250 needs 258 positions",
+    );
+}
+
 #[test]
 fn a_suite_row_that_cannot_run_says_why() {
     let suite = scratch("suite.json");
