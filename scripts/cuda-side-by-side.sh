@@ -14,7 +14,7 @@
 #   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
 #   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
-# Env: SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), STOP_ON_FAIL=1, KINDS, REPS, NO_LLAMA=1,
+# Env: DEPTH (e.g. "0,4096": every bench also with that many tokens in the cache, -d of both), SKIP_TESTS=1, SABOTAGE=1 (run $D/tests-sabotaged/* too), STOP_ON_FAIL=1, KINDS, REPS, NO_LLAMA=1,
 # LOG (default /tmp/logs), SHAPE (llama-1b), SKIP_KB=1, KB_SHAPES="2048x2048 ..." (kernel_bench at decode shapes too), PROFILE=1 (ncu),
 # PROFILE_COLD=0 (only the warm-cache decode profiles), PROFILE_KINDS="Q4_0 F16", AB_GRAPHS=1,
 # AB_VARIANTS/AB_KINDS/AB_REPS (below), KB_KINDS (kernel_bench's kinds).
@@ -117,18 +117,20 @@ echo "$(el) quantized"
 for kf in "${files[@]}"; do
   k=${kf%%:*}; f=${kf#*:}
   $D/ferrox kernels "$f" 2>/dev/null | grep -i "per decoded token\|crossings" | sed "s/^/$k: /" >>$LOG/bytes.txt
-  timeout 120 $D/ferrox bench --backend cuda -m "$f" -p 512 -n 128 -r ${REPS:-5} -o jsonl >$LOG/ferrox-$k.jsonl 2>$LOG/ferrox-$k.err
+  timeout 120 $D/ferrox bench --backend cuda -m "$f" -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${REPS:-5} -o jsonl >$LOG/ferrox-$k.jsonl 2>$LOG/ferrox-$k.err
   summary+=("ferrox $k rc=$?: $(python3 -c "
 import json,sys
 for l in open('$LOG/ferrox-$k.jsonl'):
     r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
+    t += '@d%d' % r['n_depth'] if r.get('n_depth') else ''
     print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1)")
   if [ -f $LL/.built ]; then
-    timeout 120 $LL/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r ${REPS:-5} -o jsonl >$LOG/llama-$k.jsonl 2>$LOG/llama-$k.err
+    timeout 120 $LL/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${REPS:-5} -o jsonl >$LOG/llama-$k.jsonl 2>$LOG/llama-$k.err
     summary+=("llama.cpp $k rc=$?: $(python3 -c "
 import json,sys
 for l in open('$LOG/llama-$k.jsonl'):
     r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
+    t += '@d%d' % r['n_depth'] if r.get('n_depth') else ''
     print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1)")
   fi
   echo "$(el) $k benched"
@@ -170,8 +172,8 @@ for v in "${ABV[@]}"; do
   for k in ${AB_KINDS:-Q4_K_M}; do
     f=$M/$k.gguf; [ $k = F16 ] && f=$M/f16.gguf
     bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; esac
-    r=$(env $v timeout 60 $bin bench --backend cuda -m $f -p 512 -n 128 -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err |
-      python3 -c "import json,sys; print(' '.join('%s %.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], r['avg_ts']) for r in map(json.loads, sys.stdin)))")
+    r=$(env $v timeout 60 $bin bench --backend cuda -m $f -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err |
+      python3 -c "import json,sys; print(' '.join('%s%s %.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], '@d%d' % r['n_depth'] if r.get('n_depth') else '', r['avg_ts']) for r in map(json.loads, sys.stdin)))")
     summary+=("ferrox $k [$v]: $r")
   done
 done
