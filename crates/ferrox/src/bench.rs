@@ -47,40 +47,20 @@ pub struct Args {
     #[arg(long, conflicts_with = "models")]
     suite: Option<PathBuf>,
     /// Prompt lengths, one pp test each (comma-separated; 0 for none).
-    #[arg(
-        short = 'p',
-        long = "n-prompt",
-        value_delimiter = ',',
-        default_value = "512"
-    )]
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
     n_prompt: Vec<usize>,
     /// Generation lengths, one tg test each (comma-separated; 0 for none).
-    #[arg(
-        short = 'n',
-        long = "n-gen",
-        value_delimiter = ',',
-        default_value = "128"
-    )]
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
     /// Tokens in the cache before each test (comma-separated; every test
     /// runs at each depth).
-    #[arg(
-        short = 'd',
-        long = "n-depth",
-        value_delimiter = ',',
-        default_value = "0"
-    )]
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
     n_depth: Vec<usize>,
     /// Tokens per forward pass in pp tests.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
     /// Thread counts (comma-separated; 0: all cores).
-    #[arg(
-        short = 't',
-        long = "threads",
-        value_delimiter = ',',
-        default_value = "0"
-    )]
+    #[arg(short = 't', long = "threads", value_delimiter = ',', default_value = "0")]
     threads: Vec<usize>,
     /// Timed repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
