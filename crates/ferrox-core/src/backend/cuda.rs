@@ -831,6 +831,19 @@ mod tests {
         (bytes, deq)
     }
 
+    /// `y[t][o] = sum_i w[o][i] * x[t][i]` in f64, for every token of `x`
+    /// (rows of `cols`): the reference of the matvec tests.
+    fn f64_dot(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+        x.chunks(cols)
+            .flat_map(|xt| {
+                (0..rows).map(move |o| {
+                    let d: f64 = (0..cols).map(|i| w[o * cols + i] as f64 * xt[i] as f64).sum();
+                    d as f32
+                })
+            })
+            .collect()
+    }
+
     /// An odd number of rows, and columns that are an odd number of blocks
     /// (for the float kinds an odd number of elements: no tail is whole).
     fn odd_shape(kind: QuantKind) -> (usize, usize) {
@@ -861,18 +874,7 @@ mod tests {
                 } else {
                     x.clone()
                 };
-                let dot = |xs: &[f32]| {
-                    let mut want = vec![0.0f32; n * rows];
-                    for t in 0..n {
-                        for o in 0..rows {
-                            let d: f64 = (0..cols)
-                                .map(|i| deq[o * cols + i] as f64 * xs[t * cols + i] as f64)
-                                .sum();
-                            want[t * rows + o] = d as f32;
-                        }
-                    }
-                    want
-                };
+                let dot = |xs: &[f32]| f64_dot(&deq, xs, rows, cols);
                 let want = dot(&xr);
                 let xb = c.device().upload_f32(&x).unwrap();
                 let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
@@ -924,15 +926,7 @@ mod tests {
                     } else {
                         x.chunks(cols).flat_map(ferrox_cuda::mmvq_quantize_activations).collect()
                     };
-                    let mut want = vec![0.0f32; n * rows];
-                    for t in 0..n {
-                        for o in 0..rows {
-                            let d: f64 = (0..cols)
-                                .map(|i| deq[o * cols + i] as f64 * xr[t * cols + i] as f64)
-                                .sum();
-                            want[t * rows + o] = d as f32;
-                        }
-                    }
+                    let want = f64_dot(&deq, &xr, rows, cols);
                     let xb = c.device().upload_f32(&x).unwrap();
                     let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
                     c.device().matmul_with(MatmulPath::Matvec, &w, &xb, &mut y, n).unwrap();
