@@ -1044,44 +1044,32 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
 #ifndef FERROX_MMVQS_ROT
 #define FERROX_MMVQS_ROT 0
 #endif
-// `enter` is the kernel's PDL_ENTER (a lambda at the kernel's line, so the
-// trace names the kind's instance).
-template <class K, class Enter>
-__device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* __restrict__ qx,
-                                                 const float2* __restrict__ dsx, int cols, Enter enter) {
-    typedef typename K::W W;
-    constexpr int S = MMVQS_STEP;
+// The streaming loop of the decode matvecs over `MmvqMats` (int8 kinds and
+// F16): a warp a row, the grid's warps striding over the rows, two steps
+// of S units a lane (`units` a row) in registers, the next step's loads
+// (the next row's, across a row's end) issued before the current step's
+// dots; the first two steps are loaded before `enter` (the kernel's
+// PDL_ENTER, a lambda at the kernel's line so the trace names it). ROT
+// starts each warp's row at a rotated step. `load(W (&)[S], row, u0)`
+// loads a step (units u0 + 32 j of the row's bytes, clamped to the row);
+// `dots(const W (&)[S], u0)` its dots against token blockIdx.y's input
+// (read only after `enter`), units past the row's end dropped.
+template <int S, bool ROT, class W, class Load, class Dots, class Enter>
+__device__ __forceinline__ void mats_stream(const MmvqMats& m, int units, Load load, Dots dots, Enter enter) {
     int lane = threadIdx.x & 31;
     int nw = gridDim.x * (blockDim.x >> 5);
     int w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int t = blockIdx.y;
     int rows = m.rows[0] + m.rows[1] + m.rows[2];
-    int nu = cols >> 5, spr = (nu + 32 * S - 1) / (32 * S);
+    int spr = (units + 32 * S - 1) / (32 * S);
     int ns = w0 < rows ? ((rows - 1 - w0) / nw + 1) * spr : 0;
-    int rot = FERROX_MMVQS_ROT ? w0 % spr : 0;
+    int rot = ROT ? w0 % spr : 0;
+    // Step s: row w0 + (s / spr) * nw, units u0 + 32 j.
     auto at = [&](int s, int* u0) {
         int i = s / spr, r = w0 + i * nw, k, st = s - i * spr + rot;
         *u0 = lane + (st < spr ? st : st - spr) * 32 * S;
         mats_row(m, &r, &k);
         return mats_w(m, k) + (size_t)r * mats_rb(m, k);
-    };
-    auto load = [&](W (&w)[S], const u8* row, int u0) {
-#pragma unroll
-        for (int j = 0; j < S; j++) w[j] = K::ld(row, min(u0 + 32 * j, nu - 1), cols);
-    };
-    const int4* qt = qx + (size_t)t * nu * 2;
-    const float2* dt = dsx + (size_t)t * nu;
-    // (units past the row's end were loaded clamped; their dots are dropped)
-    auto dots = [&](const W (&w)[S], int u0) {
-        float a = 0.0f;
-#pragma unroll
-        for (int j = 0; j < S; j++) {
-            int u = u0 + 32 * j, uc = min(u, nu - 1);
-            LOAD_ACTS(qt, dt, uc, q8, dd);
-            float d = K::dot(w[j], q8, dd.x, dd.y);
-            a += u < nu ? d : 0.0f;
-        }
-        return a;
     };
     auto finish = [&](int s, float acc) {
         float tot = warp_sum(acc);
@@ -1113,6 +1101,36 @@ __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* 
             if (s + 3 < ns) load(b, at(s + 3, &ub), ub);
         }
     }
+}
+
+// An int8 kind's step (`K::ld`, `K::dot`) in `mats_stream`, against token
+// blockIdx.y's q8 activations.
+template <class K, class Enter>
+__device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* __restrict__ qx,
+                                                 const float2* __restrict__ dsx, int cols, Enter enter) {
+    typedef typename K::W W;
+    constexpr int S = MMVQS_STEP;
+    int nu = cols >> 5;
+    auto load = [&](W (&w)[S], const u8* row, int u0) {
+#pragma unroll
+        for (int j = 0; j < S; j++) w[j] = K::ld(row, min(u0 + 32 * j, nu - 1), cols);
+    };
+    int t = blockIdx.y;
+    const int4* qt = qx + (size_t)t * nu * 2;
+    const float2* dt = dsx + (size_t)t * nu;
+    // (units past the row's end were loaded clamped; their dots are dropped)
+    auto dots = [&](const W (&w)[S], int u0) {
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            int u = u0 + 32 * j, uc = min(u, nu - 1);
+            LOAD_ACTS(qt, dt, uc, q8, dd);
+            float d = K::dot(w[j], q8, dd.x, dd.y);
+            a += u < nu ? d : 0.0f;
+        }
+        return a;
+    };
+    mats_stream<S, FERROX_MMVQS_ROT != 0, W>(m, nu, load, dots, enter);
 }
 
 #define DEFINE_MMVQ_STREAM(NAME)                                                                   \
@@ -1312,52 +1330,12 @@ __device__ __forceinline__ float f16s_dot(const uint4 (&h)[S], const float4* xt,
 extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_stream(
     MmvqMats m, const float* __restrict__ x, int cols) {
     constexpr int S = F16S_STEP;
-    int lane = threadIdx.x & 31;
-    int nw = gridDim.x * (blockDim.x >> 5);
-    int w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int n8 = cols >> 3;
     int t = blockIdx.y;
-    int rows = m.rows[0] + m.rows[1] + m.rows[2];
-    int n8 = cols >> 3, spr = (n8 + 32 * S - 1) / (32 * S);
-    int ns = w0 < rows ? ((rows - 1 - w0) / nw + 1) * spr : 0;
-    int rot = FERROX_F16S_ROT ? w0 % spr : 0;
-    // Step s: row w0 + (s / spr) * nw, units u0 + 32 j.
-    auto at = [&](int s, int* u0) {
-        int i = s / spr, r = w0 + i * nw, k, st = s - i * spr + rot;
-        *u0 = lane + (st < spr ? st : st - spr) * 32 * S;
-        mats_row(m, &r, &k);
-        return (const uint4*)(mats_w(m, k) + (size_t)r * mats_rb(m, k));
-    };
-    auto finish = [&](int s, float acc) {
-        float tot = warp_sum(acc);
-        if (lane == 0) {
-            int r = w0 + (s / spr) * nw, k;
-            mats_row(m, &r, &k);
-            mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = tot;
-        }
-    };
-    uint4 a[S], b[S];
-    int ua = 0, ub = 0;
-    if (ns > 0) f16s_load(a, at(0, &ua), n8, ua);
-    if (ns > 1) f16s_load(b, at(1, &ub), n8, ub);
-    PDL_ENTER();
     const float4* xt = (const float4*)(x + (size_t)t * cols);
-    float acc = 0.0f;
-    for (int s = 0; s < ns; s += 2) {
-        acc += f16s_dot(a, xt, n8, ua);
-        if (s % spr == spr - 1) {
-            finish(s, acc);
-            acc = 0.0f;
-        }
-        if (s + 2 < ns) f16s_load(a, at(s + 2, &ua), n8, ua);
-        if (s + 1 < ns) {
-            acc += f16s_dot(b, xt, n8, ub);
-            if ((s + 1) % spr == spr - 1) {
-                finish(s + 1, acc);
-                acc = 0.0f;
-            }
-            if (s + 3 < ns) f16s_load(b, at(s + 3, &ub), n8, ub);
-        }
-    }
+    mats_stream<S, FERROX_F16S_ROT != 0, uint4>(
+        m, n8, [&](uint4(&w)[S], const u8* row, int u0) { f16s_load(w, (const uint4*)row, n8, u0); },
+        [&](const uint4(&w)[S], int u0) { return f16s_dot(w, xt, n8, u0); }, [] { PDL_ENTER(); });
 }
 
 // The gate and up matvecs and the GLU after them (`matvec_f16_glu`'s
