@@ -320,30 +320,27 @@ fn bench_model<B: DeviceBackend>(
         peak_rss_bytes: 0,
     };
     let first = tok.add_bos().then(|| tok.bos()).flatten();
-    let tests: Vec<(usize, usize)> = a
+    // Every test at every depth, each checked to fit before any runs.
+    let runs: Vec<(usize, usize, usize)> = a
         .n_prompt
         .iter()
         .filter(|&&n| n > 0)
         .map(|&n| (n, 0))
         .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)))
+        .flat_map(|(p, g)| a.n_depth.iter().map(move |&d| (p, g, d)))
         .collect();
     let n_ctx_train = model.config().n_ctx_train;
-    for &(n_prompt, n_gen) in &tests {
-        for &depth in &a.n_depth {
-            let need = depth + n_prompt + n_gen;
-            if need > n_ctx_train {
-                bail!(
-                    "{} at depth {depth} needs {need} positions; {} was trained for {n_ctx_train} (context_length)",
-                    test_name(n_prompt, n_gen, 0),
-                    path.display()
-                );
-            }
+    for &(n_prompt, n_gen, depth) in &runs {
+        let need = depth + n_prompt + n_gen;
+        if need > n_ctx_train {
+            bail!(
+                "{} at depth {depth} needs {need} positions; {} was trained for {n_ctx_train} (context_length)",
+                test_name(n_prompt, n_gen, 0),
+                path.display()
+            );
         }
     }
-    for (n_prompt, n_gen, depth) in tests
-        .iter()
-        .flat_map(|&(p, g)| a.n_depth.iter().map(move |&d| (p, g, d)))
-    {
+    for (n_prompt, n_gen, depth) in runs {
         let test_time = rfc3339_now();
         let mut ctx = model.new_context(depth + n_prompt + n_gen, 1)?;
         let mut rng = SplitMix(0x5eed ^ ((n_prompt as u64) << 20) ^ (n_gen as u64) ^ ((depth as u64) << 40));
