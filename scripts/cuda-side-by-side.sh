@@ -30,6 +30,16 @@ git log -1 --format='device tree: %h %s' 2>/dev/null
 summary=()
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s]"; }
+# A bench's JSON lines (ferrox's or llama-bench's, on stdin) as
+# "pp512 98543.3  tg128@d4096 927.2".
+results() {
+  python3 -c "
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
+    t += '@d%d' % r['n_depth'] if r.get('n_depth') else ''
+    print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1
+}
 
 # llama.cpp: a carried build, else build it now in the background.
 LL=/tmp/llama
@@ -118,20 +128,10 @@ for kf in "${files[@]}"; do
   k=${kf%%:*}; f=${kf#*:}
   $D/ferrox kernels "$f" 2>/dev/null | grep -i "per decoded token\|crossings" | sed "s/^/$k: /" >>$LOG/bytes.txt
   timeout 120 $D/ferrox bench --backend cuda -m "$f" -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${REPS:-5} -o jsonl >$LOG/ferrox-$k.jsonl 2>$LOG/ferrox-$k.err
-  summary+=("ferrox $k rc=$?: $(python3 -c "
-import json,sys
-for l in open('$LOG/ferrox-$k.jsonl'):
-    r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
-    t += '@d%d' % r['n_depth'] if r.get('n_depth') else ''
-    print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1)")
+  summary+=("ferrox $k rc=$?: $(results <$LOG/ferrox-$k.jsonl)")
   if [ -f $LL/.built ]; then
     timeout 120 $LL/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${REPS:-5} -o jsonl >$LOG/llama-$k.jsonl 2>$LOG/llama-$k.err
-    summary+=("llama.cpp $k rc=$?: $(python3 -c "
-import json,sys
-for l in open('$LOG/llama-$k.jsonl'):
-    r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
-    t += '@d%d' % r['n_depth'] if r.get('n_depth') else ''
-    print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1)")
+    summary+=("llama.cpp $k rc=$?: $(results <$LOG/llama-$k.jsonl)")
   fi
   echo "$(el) $k benched"
 done
@@ -172,8 +172,7 @@ for v in "${ABV[@]}"; do
   for k in ${AB_KINDS:-Q4_K_M}; do
     f=$M/$k.gguf; [ $k = F16 ] && f=$M/f16.gguf
     bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; esac
-    r=$(env $v timeout 60 $bin bench --backend cuda -m $f -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err |
-      python3 -c "import json,sys; print(' '.join('%s%s %.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], '@d%d' % r['n_depth'] if r.get('n_depth') else '', r['avg_ts']) for r in map(json.loads, sys.stdin)))")
+    r=$(env $v timeout 60 $bin bench --backend cuda -m $f -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err | results)
     summary+=("ferrox $k [$v]: $r")
   done
 done
