@@ -353,8 +353,9 @@ pub struct Device {
     scratch: Mutex<Scratch>,
     q8_tag: Mutex<Option<Q8Tag>>,
     /// Units of a row one lane of the int8 gate/up GLU kernel takes
-    /// (`FERROX_CUDA_MMVQ_UNITS`, default 4): sets its lanes per row.
-    mmvq_units: usize,
+    /// (`FERROX_CUDA_MMVQ_UNITS`; unset, [`glu_units`] per kind): sets its
+    /// lanes per row.
+    mmvq_units: Option<usize>,
     /// Fused launches (RoPE with the cache store, the GLU in the gate/up
     /// matvec); `FERROX_CUDA_FUSE=0` turns them off, for measuring.
     fuse: bool,
@@ -597,7 +598,7 @@ impl Device {
             arch,
             scratch: Mutex::new(Scratch::default()),
             q8_tag: Mutex::new(None),
-            mmvq_units: env_usize("FERROX_CUDA_MMVQ_UNITS", 4),
+            mmvq_units: Some(env_or("FERROX_CUDA_MMVQ_UNITS", 0)).filter(|&v| v > 0),
             fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
             stream_blocks: env_usize("FERROX_CUDA_STREAM_BLOCKS", 2),
             sms: sms.max(1) as usize,
@@ -1253,7 +1254,8 @@ impl Device {
         // each matrix a lane.
         // (rows % 32 == 0, so the 256 / lpr rows of a block, 8 to 32,
         // tile them and every 32-row unit.)
-        let lpr = lanes_per_row(cols / 32, self.mmvq_units).min(32);
+        let units = self.mmvq_units.unwrap_or_else(|| glu_units(wg.kind));
+        let lpr = lanes_per_row(cols / 32, units).min(32);
         let cfg = LaunchConfig {
             grid_dim: ((rows / (256 / lpr)) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
@@ -2341,6 +2343,17 @@ fn dec_smem_bytes(chunk: usize, g: usize, hd: usize, hdv: usize) -> usize {
 /// Lanes of a 256-thread block that share one row of the int8 gate/up GLU
 /// kernels (a power of two, 8 to 256; the caller caps it at a warp): about
 /// `per_lane` loads (units) a lane, the kernels issuing four at a time.
+/// Units of each matrix a lane of the int8 gate/up GLU takes: 8 for the
+/// kinds whose units are 16 or 18 bytes (with 4, a lane had too few bytes
+/// in flight: on the H200 8b Q4_K decode 403 -> 415 t/s, Q4_0 with its
+/// 8-unit step 444 -> 459; benchmarks/cuda.md, session 12), else 4.
+fn glu_units(kind: QuantKind) -> usize {
+    match kind {
+        QuantKind::Q4_0 | QuantKind::Q4K => 8,
+        _ => 4,
+    }
+}
+
 fn lanes_per_row(loads: usize, per_lane: usize) -> usize {
     (loads / per_lane.max(1)).next_power_of_two().clamp(8, 256)
 }

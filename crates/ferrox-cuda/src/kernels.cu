@@ -1105,11 +1105,10 @@ __device__ __forceinline__ void mats_stream(const MmvqMats& m, int units, Load l
 
 // An int8 kind's step (`K::ld`, `K::dot`) in `mats_stream`, against token
 // blockIdx.y's q8 activations.
-template <class K, class Enter>
+template <class K, int S, class Enter>
 __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* __restrict__ qx,
                                                  const float2* __restrict__ dsx, int cols, Enter enter) {
     typedef typename K::W W;
-    constexpr int S = MMVQS_STEP;
     int nu = cols >> 5;
     auto load = [&](W (&w)[S], const u8* row, int u0) {
 #pragma unroll
@@ -1143,9 +1142,29 @@ __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* 
     };                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, FERROX_MMVQS_MINB) mmvq_stream_##NAME(      \
         MmvqMats m, const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols) {      \
-        mmvq_stream_body<K_##NAME>(m, qx, dsx, cols, [] { PDL_ENTER(); });                        \
+        mmvq_stream_body<K_##NAME, MMVQS_STEP_##NAME>(m, qx, dsx, cols, [] { PDL_ENTER(); });      \
     }
 
+// Units a lane loads a step, per kind (MMVQS_STEP_<kind>, default
+// MMVQS_STEP). Q4_0: 4 (18-byte units: at 2 a lane kept too few bytes in
+// flight; on the H200 its 14336x4096 matvec went from 2.2 to 3.0 TB/s
+// and 8b Q4_0 decode from 400 to 444 t/s; Q4_K gained nothing in decode,
+// Q8_0 at 3 or 4 lost: benchmarks/cuda.md, session 12).
+#ifndef MMVQS_STEP_q4_0
+#define MMVQS_STEP_q4_0 4
+#endif
+#ifndef MMVQS_STEP_q5_0
+#define MMVQS_STEP_q5_0 MMVQS_STEP
+#endif
+#ifndef MMVQS_STEP_q8_0
+#define MMVQS_STEP_q8_0 MMVQS_STEP
+#endif
+#ifndef MMVQS_STEP_q4_k
+#define MMVQS_STEP_q4_k MMVQS_STEP
+#endif
+#ifndef MMVQS_STEP_q6_k
+#define MMVQS_STEP_q6_k MMVQS_STEP
+#endif
 DEFINE_MMVQ_STREAM(q4_0)
 DEFINE_MMVQ_STREAM(q5_0)
 DEFINE_MMVQ_STREAM(q8_0)
@@ -1188,7 +1207,7 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
 // block, so a block is short and a launch has many (the last wave of a
 // launch of few long blocks left most SMs idle: benchmarks/cuda.md,
 // session 7). A lane takes units sub, sub + lpr, ... of the row of both
-// matrices, MMVQ_STEP of each a step (all their loads issued before the
+// matrices, MMVQ_GSTEP_<kind> of each a step (all their loads issued before the
 // first dot); the row's lane 0 writes h = act(g) * u. `act`: 0 SiLU, 1
 // GELU (tanh form), as `glu`. h's q8 copy for the down matvec (32-row
 // units; rows % 32 == 0): the last of the unit's blocks to finish
@@ -1203,6 +1222,25 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
 #if FERROX_GLU_MINB < 1
 #error "FERROX_GLU_MINB must be at least 1"
 #endif
+// MMVQ_GSTEP_<kind>: the GLU's units of each matrix a lane loads together
+// (default MMVQ_STEP). Q4_0: 8 (its units are 18 bytes: with 4 a lane had
+// too few bytes in flight; on the H200 8b Q4_0 decode 444 -> 459 t/s with
+// the host's 8 units a lane, benchmarks/cuda.md session 12).
+#ifndef MMVQ_GSTEP_q4_0
+#define MMVQ_GSTEP_q4_0 8
+#endif
+#ifndef MMVQ_GSTEP_q5_0
+#define MMVQ_GSTEP_q5_0 MMVQ_STEP
+#endif
+#ifndef MMVQ_GSTEP_q8_0
+#define MMVQ_GSTEP_q8_0 MMVQ_STEP
+#endif
+#ifndef MMVQ_GSTEP_q4_k
+#define MMVQ_GSTEP_q4_k MMVQ_STEP
+#endif
+#ifndef MMVQ_GSTEP_q6_k
+#define MMVQ_GSTEP_q6_k MMVQ_STEP
+#endif
 #define DEFINE_MMVQ_GLU(NAME)                                                                     \
     extern "C" __global__ void __launch_bounds__(256, FERROX_GLU_MINB) mmvq_glu_##NAME(          \
         const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,      \
@@ -1210,6 +1248,7 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
         float* __restrict__ h, i8* __restrict__ hq, float2* __restrict__ hds, int lpr,            \
         unsigned* __restrict__ cnt) {                                                             \
         __shared__ bool last;                                                                     \
+        constexpr int GS_ = MMVQ_GSTEP_##NAME;                                                    \
         int n_units = cols >> 5;                                                                  \
         int sub = threadIdx.x & (lpr - 1);                                                        \
         int t = blockIdx.y;                                                                       \
@@ -1224,26 +1263,26 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
         const int4* qt = qx + (size_t)t * n_units * 2;                                            \
         const float2* dt = dsx + (size_t)t * n_units;                                             \
         int u = sub;                                                                              \
-        for (; u + (MMVQ_STEP - 1) * lpr < n_units; u += MMVQ_STEP * lpr) {                       \
-            W##NAME g[MMVQ_STEP], v[MMVQ_STEP];                                                   \
-            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+        for (; u + (GS_ - 1) * lpr < n_units; u += GS_ * lpr) {                                   \
+            W##NAME g[GS_], v[GS_];                                                               \
+            _Pragma("unroll") for (int j = 0; j < GS_; j++) {                                     \
                 g[j] = ld_##NAME(rg, u + j * lpr, cols);                                          \
                 v[j] = ld_##NAME(ru, u + j * lpr, cols);                                          \
             }                                                                                     \
-            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+            _Pragma("unroll") for (int j = 0; j < GS_; j++) {                                     \
                 LOAD_ACTS(qt, dt, u + j * lpr, q8, dd);                                           \
                 ag += dot_##NAME(g[j], q8, dd.x, dd.y);                                           \
                 au += dot_##NAME(v[j], q8, dd.x, dd.y);                                           \
             }                                                                                     \
         }                                                                                         \
         if (u < n_units) { /* the rest: one clamped step, as in mmvq */                           \
-            W##NAME g[MMVQ_STEP], v[MMVQ_STEP];                                                   \
-            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+            W##NAME g[GS_], v[GS_];                                                               \
+            _Pragma("unroll") for (int j = 0; j < GS_; j++) {                                     \
                 int uj = min(u + j * lpr, n_units - 1);                                           \
                 g[j] = ld_##NAME(rg, uj, cols);                                                   \
                 v[j] = ld_##NAME(ru, uj, cols);                                                   \
             }                                                                                     \
-            _Pragma("unroll") for (int j = 0; j < MMVQ_STEP; j++) {                               \
+            _Pragma("unroll") for (int j = 0; j < GS_; j++) {                                     \
                 int uj = min(u + j * lpr, n_units - 1);                                           \
                 LOAD_ACTS(qt, dt, uj, q8, dd);                                                    \
                 float dg_ = dot_##NAME(g[j], q8, dd.x, dd.y), du_ = dot_##NAME(v[j], q8, dd.x, dd.y); \

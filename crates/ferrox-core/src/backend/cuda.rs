@@ -913,7 +913,8 @@ mod tests {
             let shapes: Vec<(usize, usize)> = match (kind, be) {
                 (QuantKind::F16, _) => vec![(20011, 24), (9001, 2056), (5, 8)],
                 (_, 256) => vec![(20011, 256), (9001, 256 * 13)],
-                _ => vec![(20011, be), (9001, be * 97)],
+                // (300 units: whole steps of every kind's width, then a partial one)
+                _ => vec![(20011, be), (9001, be * 97), (3001, be * 300)],
             };
             for (rows, cols) in shapes {
                 let (bytes, deq) = matrix(&mut r, kind, rows, cols);
@@ -1519,7 +1520,9 @@ mod tests {
                 // share each 32-row q8 unit of h (the unit counters).
                 &[(64, 512), (96, 768), (96, 2048), (64, 4352)]
             } else {
-                &[(64, 512), (96, 544), (96, 2080), (160, 4128)]
+                // 2272 wide (71 units): Q4_0's 8 units a lane, 8 lanes a
+                // row, so one whole step of 8 units and a clamped rest.
+                &[(64, 512), (96, 544), (96, 2080), (160, 4128), (64, 2272)]
             };
             for &(rows, cols) in shapes {
                 let (gb, _) = matrix(&mut r, kind, rows, cols);
