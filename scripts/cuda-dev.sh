@@ -81,7 +81,7 @@ if [ -n "${KINDS-Q4_K Q4_0 Q8_0}" ]; then
     for ((round = 0; round < ${ROUNDS:-1}; round++)); do
     if (( round % 2 == 1 )); then order=(); for ((i=${#VARS[@]}-1; i>=0; i--)); do order+=("${VARS[i]}"); done; else order=("${VARS[@]}"); fi
     for v in "${order[@]}"; do
-      bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; esac
+      bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; *BASE=2*) bin=$D/ferrox-main;; esac
       r=$(env $v timeout 120 $bin bench --backend cuda -m $M/$k.gguf -p ${PP:-0} -n 128 -r ${REPS:-3} -o jsonl 2>>$LOG/bench.err |
         python3 -c "import json,sys; print(' '.join('%s %.1f±%.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], r['avg_ts'], r['stddev_ts']) for r in map(json.loads, sys.stdin)))")
       echo "$k [$v] $r" | tee -a $LOG/decode.txt

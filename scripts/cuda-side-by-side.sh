@@ -10,7 +10,7 @@
 #   cargo test --release -p ferrox-cuda --no-run                         (-> $D/tests/ferrox_cuda*)
 #   the same ferrox-core test binary built with sabotaged kernels.cu     (-> $D/tests-sabotaged/)
 #   $D/ferrox, $D/kernel_bench, $D/tests/*   stripped release binaries (--features cuda)
-#   $D/ferrox-base                            optional: an earlier build, for AB_VARIANTS' BASE=1
+#   $D/ferrox-base, $D/ferrox-main            optional: earlier builds, for AB_VARIANTS' BASE=1 and BASE=2
 #   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
 #   or $D/llama-bin.tgz.*                     a llama.cpp CUDA build brought back by an earlier call (BRING_LLAMA=1)
@@ -171,7 +171,7 @@ for v in "${ABV[@]}"; do
   [ -z "$v" ] && continue
   for k in ${AB_KINDS:-Q4_K_M}; do
     f=$M/$k.gguf; [ $k = F16 ] && f=$M/f16.gguf
-    bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; esac
+    bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; *BASE=2*) bin=$D/ferrox-main;; esac
     r=$(env $v timeout 60 $bin bench --backend cuda -m $f -p 512 -n 128 ${DEPTH:+-d $DEPTH} -r ${AB_REPS:-3} -o jsonl 2>>$LOG/ab.err | results)
     summary+=("ferrox $k [$v]: $r")
   done
