@@ -2350,7 +2350,7 @@ fn dec_smem_bytes(chunk: usize, g: usize, hd: usize, hdv: usize) -> usize {
 fn glu_units(kind: QuantKind) -> usize {
     match kind {
         QuantKind::Q4_0 | QuantKind::Q4K => 8,
-        _ => 4,
+        _ => 4, // capability table (a tuning): every other kind keeps 4
     }
 }
 
