@@ -1250,7 +1250,7 @@ impl Device {
         let (hq, hds) = self.q8_scratch_slot(n * rows, out_slot)?;
         let cnt = self.unit_counters(n * rows / 32)?;
         let a = act.code();
-        // A row within a warp (8 to 32 lanes), about MMVQ_UNITS units of
+        // A row within a warp (8 to 32 lanes), about `units` units of
         // each matrix a lane.
         // (rows % 32 == 0, so the 256 / lpr rows of a block, 8 to 32,
         // tile them and every 32-row unit.)
@@ -2340,9 +2340,6 @@ fn dec_smem_bytes(chunk: usize, g: usize, hd: usize, hdv: usize) -> usize {
     2 * chunk * (hd + 8 + hdv) * 2 + (g * hd + g * chunk + 8 * g * hdv) * 4
 }
 
-/// Lanes of a 256-thread block that share one row of the int8 gate/up GLU
-/// kernels (a power of two, 8 to 256; the caller caps it at a warp): about
-/// `per_lane` loads (units) a lane, the kernels issuing four at a time.
 /// Units of each matrix a lane of the int8 gate/up GLU takes: 8 for the
 /// kinds whose units are 16 or 18 bytes (with 4, a lane had too few bytes
 /// in flight: on the H200 8b Q4_K decode 403 -> 415 t/s, Q4_0 with its
@@ -2354,6 +2351,10 @@ fn glu_units(kind: QuantKind) -> usize {
     }
 }
 
+/// Lanes of a 256-thread block that share one row of the int8 gate/up GLU
+/// kernels (a power of two, 8 to 256; the caller caps it at a warp): about
+/// `per_lane` loads (units) a lane, the kernels issuing `MMVQ_GSTEP_<kind>`
+/// at a time.
 fn lanes_per_row(loads: usize, per_lane: usize) -> usize {
     (loads / per_lane.max(1)).next_power_of_two().clamp(8, 256)
 }

@@ -99,8 +99,8 @@ __device__ __forceinline__ void trace_record(unsigned long long pre, int line) {
 #ifndef FERROX_WLOAD
 #define FERROX_WLOAD 0
 #endif
-// MMVQ_STEP: units a lane of the gate/up GLU kernels loads together before
-// the first dot.
+// MMVQ_STEP: units of each matrix a lane of the gate/up GLU kernels loads
+// together before the first dot, the default of each kind's MMVQ_GSTEP_<kind>.
 #ifndef MMVQ_STEP
 #define MMVQ_STEP 4
 #endif
