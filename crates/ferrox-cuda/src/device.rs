@@ -378,9 +378,13 @@ pub struct Device {
     /// Batches of at most this many tokens take `attention_dec`
     /// (`FERROX_CUDA_DEC_MAX`, default 16; 0 turns it off).
     dec_max: usize,
-    /// Query heads a decode-attention block takes (`FERROX_CUDA_DEC_HEADS`,
-    /// default 0: the whole group of a KV head; 1: a block per query head,
-    /// each staging its KV head's keys itself).
+    /// Query heads a decode-attention block takes (`FERROX_CUDA_DEC_HEADS`:
+    /// 0 the whole group of a KV head; default 1, a block per query head,
+    /// each staging its KV head's keys itself: four times the blocks of a
+    /// 4-head group, so more SMs read the cache. On the H200, tg128 at a
+    /// 4096-token depth +12.5% (1b F16) and +13.5% (8b F16); at depth 0 1b
+    /// F16 +1.8%, 8b Q8_0 +3.4%, 8b F16 -0.3%: benchmarks/cuda.md,
+    /// session 13).
     dec_heads: usize,
     /// The largest key chunk `attention_dec` stages (`FERROX_CUDA_DEC_CHUNK`:
     /// 128, 64 or 32; default 128): a smaller one needs less shared memory.
@@ -606,7 +610,7 @@ impl Device {
             gqa_min: env_or("FERROX_CUDA_GQA_MIN", 1),
             dec_smem,
             dec_max: env_or("FERROX_CUDA_DEC_MAX", 16),
-            dec_heads: env_or("FERROX_CUDA_DEC_HEADS", 0),
+            dec_heads: env_or("FERROX_CUDA_DEC_HEADS", 1),
             dec_chunk: env_or("FERROX_CUDA_DEC_CHUNK", 128),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
