@@ -9,7 +9,7 @@
 # TEST_VARIANTS those the tests run again under, default VARIANTS),
 # e.g. "FERROX_CUDA_MMVQ_ROWS=1;FERROX_CUDA_MMVQ_ROWS=2"; KINDS (Q4_K Q4_0 Q8_0);
 # NCU_SHAPE (e.g. 8192x2048): ncu's detailed sections on kernel_bench at that shape;
-# REPS (decode repetitions, 3); KB_VARIANTS: kernel_bench's own (default VARIANTS);
+# REPS (decode repetitions, 3); DEPTH (e.g. "0,4096": tokens in the cache before each tg128, ferrox bench -d); KB_VARIANTS: kernel_bench's own (default VARIANTS);
 # TRACE_KINDS (e.g. "Q8_0 F16"): the in-graph kernel timeline of 16 decode steps
 # (FERROX_TRACE, tools/cuda/trace.py), TRACE_DEFINES more knobs for it.
 set -u
@@ -82,8 +82,8 @@ if [ -n "${KINDS-Q4_K Q4_0 Q8_0}" ]; then
     if (( round % 2 == 1 )); then order=(); for ((i=${#VARS[@]}-1; i>=0; i--)); do order+=("${VARS[i]}"); done; else order=("${VARS[@]}"); fi
     for v in "${order[@]}"; do
       bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; *BASE=2*) bin=$D/ferrox-main;; esac
-      r=$(env $v timeout 120 $bin bench --backend cuda -m $M/$k.gguf -p ${PP:-0} -n 128 -r ${REPS:-3} -o jsonl 2>>$LOG/bench.err |
-        python3 -c "import json,sys; print(' '.join('%s %.1f±%.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], r['avg_ts'], r['stddev_ts']) for r in map(json.loads, sys.stdin)))")
+      r=$(env $v timeout 120 $bin bench --backend cuda -m $M/$k.gguf -p ${PP:-0} -n 128 ${DEPTH:+-d $DEPTH} -r ${REPS:-3} -o jsonl 2>>$LOG/bench.err |
+        python3 -c "import json,sys; print(' '.join('%s%s %.1f±%.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], '@d%d'%r['n_depth'] if r.get('n_depth') else '', r['avg_ts'], r['stddev_ts']) for r in map(json.loads, sys.stdin)))")
       echo "$k [$v] $r" | tee -a $LOG/decode.txt
     done
     done
@@ -93,10 +93,12 @@ if [ -n "${KINDS-Q4_K Q4_0 Q8_0}" ]; then
 import re, sys, statistics, collections
 d = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    m = re.match(r"(\S+) \[(.*)\] .*tg128 ([0-9.]+)", line)
-    if m: d[(m.group(1), m.group(2))].append(float(m.group(3)))
-for (k, v), xs in d.items():
-    print(f"median {k} [{v}] tg128 {statistics.median(xs):.1f} over {len(xs)}: {' '.join('%.0f' % x for x in xs)}")
+    m = re.match(r"(\S+) \[(.*)\] (.*)", line)
+    if not m: continue
+    for t, x in re.findall(r"(tg128(?:@d\d+)?) ([0-9.]+)", m.group(3)):
+        d[(m.group(1), m.group(2), t)].append(float(x))
+for (k, v, t), xs in d.items():
+    print(f"median {k} [{v}] {t} {statistics.median(xs):.1f} over {len(xs)}: {' '.join('%.0f' % x for x in xs)}")
 PY
 fi
 if [ -n "${PROFILE_DECODE:-}" ] && command -v ncu >/dev/null; then
