@@ -41,7 +41,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   IFS=';' read -r -a TVARS <<< "${TEST_VARIANTS-${VARIANTS:-}}"
   for v in "${TVARS[@]}"; do
     [ -z "$v" ] && continue
-    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::streaming backend::cuda::tests::matmul_many backend::cuda::tests::fused backend::cuda::tests::every_architecture backend::cuda::tests::greedy --test-threads=1 >$LOG/tests-variant.log 2>&1
+    env $v timeout 200 $D/tests/ferrox_core backend::cuda::tests::every_claimed_kind_matvec backend::cuda::tests::streaming backend::cuda::tests::matmul_many backend::cuda::tests::fused backend::cuda::tests::every_architecture backend::cuda::tests::greedy backend::cuda::tests::attention --test-threads=1 >$LOG/tests-variant.log 2>&1
     echo "$(el) matvec tests [$v] rc=$?: $(grep -E '^test result' $LOG/tests-variant.log | tail -1)"
     grep -E "panicked|FAILED" $LOG/tests-variant.log | head -4
   done
