@@ -83,7 +83,7 @@ if [ -n "${KINDS-Q4_K Q4_0 Q8_0}" ]; then
     for v in "${order[@]}"; do
       bin=$D/ferrox; case "$v" in *BASE=1*) bin=$D/ferrox-base;; *BASE=2*) bin=$D/ferrox-main;; esac
       r=$(env $v timeout 120 $bin bench --backend cuda -m $M/$k.gguf -p ${PP:-0} -n 128 ${DEPTH:+-d $DEPTH} -r ${REPS:-3} -o jsonl 2>>$LOG/bench.err |
-        python3 -c "import json,sys; print(' '.join('%s%s %.1f±%.1f' % ('pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], '@d%d'%r['n_depth'] if r.get('n_depth') else '', r['avg_ts'], r['stddev_ts']) for r in map(json.loads, sys.stdin)))")
+        python3 tools/cuda/bench_results.py --sd)
       echo "$k [$v] $r" | tee -a $LOG/decode.txt
     done
     done

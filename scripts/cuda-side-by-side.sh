@@ -32,14 +32,7 @@ T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 # A bench's JSON lines (ferrox's or llama-bench's, on stdin) as
 # "pp512 98543.3  tg128@d4096 927.2".
-results() {
-  python3 -c "
-import json,sys
-for l in sys.stdin:
-    r=json.loads(l); t='pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen']
-    t += '@d%d' % r['n_depth'] if r.get('n_depth') else ''
-    print(t, '%.1f' % r['avg_ts'], end='  ')" 2>&1
-}
+results() { python3 tools/cuda/bench_results.py 2>&1; }
 
 # llama.cpp: a carried build, else build it now in the background.
 LL=/tmp/llama
