@@ -306,6 +306,10 @@ struct Scratch {
     /// The GLU kernels' per-unit u32 counters (`glu_unit_q8`): zero
     /// between launches. Grows like the q8 slots (outgrown: `retired`).
     cnt: Option<CudaSlice<u8>>,
+    /// Split decode attention's runs (max, sum, values per head) and its
+    /// per-(token, head block) u32 counters, zero between launches.
+    runs: Option<CudaSlice<u8>>,
+    runs_cnt: Option<CudaSlice<u8>>,
 }
 
 /// Makes `slot` at least `bytes` long, zeroed when new (a power of two, at
@@ -389,6 +393,12 @@ pub struct Device {
     /// The largest key chunk `attention_dec` stages (`FERROX_CUDA_DEC_CHUNK`:
     /// 128, 64 or 32; default 128): a smaller one needs less shared memory.
     dec_chunk: usize,
+    /// Split decode attention (flash-decoding): at most this many runs of
+    /// a token and head block (`FERROX_CUDA_DEC_SPLIT`, default 16; 1 turns
+    /// it off), one per `dec_span` keys of the token's window
+    /// (`FERROX_CUDA_DEC_SPAN`, default 256).
+    dec_split: usize,
+    dec_span: usize,
     /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
     /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
     mma_attn: bool,
@@ -612,10 +622,26 @@ impl Device {
             dec_max: env_or("FERROX_CUDA_DEC_MAX", 16),
             dec_heads: env_or("FERROX_CUDA_DEC_HEADS", 1),
             dec_chunk: env_or("FERROX_CUDA_DEC_CHUNK", 128),
+            dec_split: env_or("FERROX_CUDA_DEC_SPLIT", 16),
+            dec_span: env_or("FERROX_CUDA_DEC_SPAN", 256),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
             trace,
         })
+    }
+
+    /// Split decode attention's scratch: `floats` for the runs, `counters`
+    /// zeroed u32 counters.
+    fn split_scratch(&self, floats: usize, counters: usize) -> Result<(u64, u64), CudaError> {
+        let mut guard = self
+            .scratch
+            .lock()
+            .map_err(|_| shape("attention runs", "scratch lock poisoned".into()))?;
+        let sc = &mut *guard;
+        grow_retiring(&self.stream, &mut sc.runs, &mut sc.retired, 4 * floats, "attention runs")?;
+        grow_retiring(&self.stream, &mut sc.runs_cnt, &mut sc.retired, 4 * counters, "attention run counters")?;
+        let ptr = |o: &Option<CudaSlice<u8>>| o.as_ref().map_or(0, |c| self.ptr(c));
+        Ok((ptr(&sc.runs), ptr(&sc.runs_cnt)))
     }
 
     /// Whether fused launches are on (`FERROX_CUDA_FUSE`, default on).
@@ -1865,7 +1891,15 @@ impl Device {
         } else {
             None
         };
-        // Prefill batches of one slot: the tensor-core kernel.
+        // Runs a decode token's keys may be split into (the kernel picks
+        // per token from its position, so a graph serves every position).
+        let span = self.dec_span.max(dec_chunk.unwrap_or(1));
+        let nsplit = if dec_chunk.is_some() {
+            self.dec_split.min(kv.n_ctx / span).max(1)
+        } else {
+            1
+        };
+                // Prefill batches of one slot: the tensor-core kernel.
         let mma = dec_chunk.is_none()
             && self.mma_attn
             && a.one_slot
@@ -1877,7 +1911,7 @@ impl Device {
         let (f, blocks, threads, smem) = if mma {
             (&self.fns.attention_mma, n.div_ceil(64), 128, (64 * (hd + 8) + hdv * (64 + 8)) * 2)
         } else if let Some(c) = dec_chunk {
-            (&self.fns.attention_dec, n * a.n_head / gs, 256, dec_smem_bytes(c, gs, hd, hdv))
+            (&self.fns.attention_dec, n * a.n_head / gs * nsplit, 256, dec_smem_bytes(c, gs, hd, hdv))
         } else if gqa {
             (
                 &self.fns.attention_gqa,
@@ -1924,14 +1958,19 @@ impl Device {
                 ],
             )?;
         } else if let Some(c) = dec_chunk {
-            let (c, gs) = (c as i32, gs as i32);
+            let (runs, cnt) = if nsplit > 1 {
+                self.split_scratch(n * a.n_head * nsplit * (hdv + 2), n * a.n_head / gs)?
+            } else {
+                (0, 0)
+            };
+            let (c, gs, ns, span) = (c as i32, gs as i32, nsplit as i32, int("attention", span)?);
             self.launch(
                 f,
                 cfg,
                 "attention",
                 &[
                     &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
-                    &softcap, &window, &c, &qs, &ds, &gs,
+                    &softcap, &window, &c, &qs, &ds, &gs, &ns, &span, &runs, &cnt,
                 ],
             )?;
         } else {

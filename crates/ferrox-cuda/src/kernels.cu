@@ -2010,12 +2010,21 @@ __device__ __forceinline__ void cp_async_wait1() {
 // group * head_dim_v <= 512; chunk <= 256. The host sizes the dynamic
 // shared memory: 2 * chunk * (head_dim + 8 + head_dim_v) halves, then
 // G * head_dim + G * chunk + 8 * G * head_dim_v floats.
+// Long caches are split (flash-decoding): the grid holds `nsplit` runs per
+// (token, head block), split index outermost. A token whose window holds
+// ns >= 2 spans of `span` keys (ns <= nsplit, <= its chunks) has its
+// chunks dealt out over ns runs, each writing its softmax max, sum and
+// unnormalized values to `runs` ([token][head][nsplit][head_dim_v + 2]
+// floats); the last run to finish (the u32 counter `cnt[token * head
+// blocks + block]`, zero between launches) merges them. Runs past a
+// token's ns return at once; so one graph serves every position.
 extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     const float* q, const u16* kc, const u16* vc, float* out, const u32* seq, const u32* pos,
     int n_head, int n_head_kv, int hd, int hdv, int n_ctx, float scale, float softcap, int window,
-    int chunk, i8* qs, float2* ds, int gs) {
+    int chunk, i8* qs, float2* ds, int gs, int nsplit, int span, float* runs, u32* cnt) {
     extern __shared__ uint4 dsm4[];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
+    __shared__ int sm_last;
     // A block takes gs query heads (the KV head's group, or a divisor of
     // it: FERROX_CUDA_DEC_HEADS), h0 the first; the phases see G = gs.
     int G = gs;
@@ -2026,7 +2035,10 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     float* sq = (float*)(vs + 2 * chunk * hdv);  // [G][hd]
     float* sp = sq + G * hd;                // [G][chunk]
     float* part = sp + G * chunk;           // [8 warps][G][hdv]
-    int t = blockIdx.x / blocks_t, h0 = (blockIdx.x % blocks_t) * gs;
+    // Block (spl, bi): run spl of (token, head block) bi.
+    int nb = gridDim.x / nsplit;
+    int spl = blockIdx.x / nb, bi = blockIdx.x - spl * nb;
+    int t = bi / blocks_t, h0 = (bi % blocks_t) * gs;
     int kvh = h0 / (n_head / n_head_kv);
     int tid = threadIdx.x, lane = tid & 31;
     // The slot and position lists are written by a copy before the pass's
@@ -2034,8 +2046,15 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     // one before its predecessor has finished (PDL_ENTER waits, then lets
     // the next start): they may be read before the wait.
     int s = seq[t], p = pos[t];
-    PDL_ENTER();
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    // The token's runs: one per `span` keys, at most `nsplit`, at most one
+    // per chunk; its chunks dealt out evenly, run spl taking keys [lo, e).
+    int keys = p + 1 - lo, nch = (keys + chunk - 1) / chunk;
+    int ns = max(1, min(min(nsplit, keys / span), nch));
+    if (spl >= ns) return;
+    PDL_ENTER();
+    int e = min(p + 1, lo + (spl + 1) * nch / ns * chunk);
+    lo += spl * nch / ns * chunk;
     size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
     const u16* kb = kc + (size_t)s * n_ctx * kd + (size_t)kvh * hd;
     const u16* vb = vc + (size_t)s * n_ctx * vd + (size_t)kvh * hdv;
@@ -2043,7 +2062,7 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     // Issue the loads of the chunk starting at key c0 into stage st (a
     // committed group, empty past the last key).
     auto stage = [&](int c0, int st) {
-        int nc = min(chunk, p + 1 - c0);
+        int nc = min(chunk, e - c0);
         u16* kd_ = ks + st * chunk * kst;
         u16* vd_ = vs + st * chunk * hdv;
         for (int i = tid; i < nc * k16; i += GA_THREADS) {
@@ -2057,7 +2076,7 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         cp_async_commit();
     };
     stage(lo, 0);
-    if (lo + chunk <= p) stage(lo + chunk, 1);
+    if (lo + chunk < e) stage(lo + chunk, 1);
     else cp_async_commit();
     const float* qh = q + ((size_t)t * n_head + (size_t)h0) * hd;
     for (int i = tid; i < G * hd; i += GA_THREADS) sq[i] = qh[i];
@@ -2069,8 +2088,8 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     float acc[GA_MAXG * 4];  // acc[g * 4 + i]: head g, value dim i * 32 + lane
 #pragma unroll
     for (int k = 0; k < GA_MAXG * 4; k++) acc[k] = 0.0f;
-    for (int c0 = lo, st = 0; c0 <= p; c0 += chunk, st ^= 1) {
-        int nc = min(chunk, p + 1 - c0);
+    for (int c0 = lo, st = 0; c0 < e; c0 += chunk, st ^= 1) {
+        int nc = min(chunk, e - c0);
         cp_async_wait1();
         __syncthreads();
         if (tid < nc)
@@ -2080,11 +2099,62 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         __syncthreads();
         ga_values(vs + st * chunk * hdv + lane, hdv, sp, chunk, nc, G, nd, sm_corr, acc);
         __syncthreads();  // stage st and the scores are free again
-        if (c0 + 2 * chunk <= p) stage(c0 + 2 * chunk, st);
+        if (c0 + 2 * chunk < e) stage(c0 + 2 * chunk, st);
         else cp_async_commit();
     }
-    // (ga_finish writes heads kvh' * G ..: with kvh' = h0 / gs, h0 on.)
-    ga_finish(acc, part, G, hdv, nd, sm_l, out, t, n_head, h0 / gs, qs, ds);
+    if (ns == 1) {
+        // (ga_finish writes heads kvh' * G ..: with kvh' = h0 / gs, h0 on.)
+        ga_finish(acc, part, G, hdv, nd, sm_l, out, t, n_head, h0 / gs, qs, ds);
+        return;
+    }
+    // Split: this run's max, sum and unnormalized values per head, to
+    // runs[t][head][spl] = [m, l, v_0 .. v_hdv-1].
+    int rs = hdv + 2;
+#pragma unroll
+    for (int g = 0; g < GA_MAXG; g++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (g < G && i < nd) part[((tid >> 5) * G + g) * hdv + i * 32 + lane] = acc[g * 4 + i];
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GA_THREADS / 32; w++) a += part[w * G * hdv + idx];
+        int g = idx / hdv;
+        runs[(((size_t)t * n_head + h0 + g) * nsplit + spl) * rs + 2 + idx - g * hdv] = a;
+    }
+    if (tid < G) {
+        float* r = runs + (((size_t)t * n_head + h0 + tid) * nsplit + spl) * rs;
+        r[0] = sm_m[tid];
+        r[1] = sm_l[tid];
+    }
+    // The last run to finish merges them (the counter, zero between
+    // launches, is reset by it).
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) sm_last = atomicAdd(cnt + bi, 1u) == (u32)(ns - 1);
+    __syncthreads();
+    if (!sm_last) return;
+    __threadfence();
+    // (G * hdv % 32 == 0: whole warps stay in the loop, as quant_lane needs.)
+    for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
+        int g = idx / hdv, d = idx - g * hdv;
+        const float* r = runs + ((size_t)t * n_head + h0 + g) * nsplit * rs;
+        float m = -INF_F;
+        for (int k = 0; k < ns; k++) m = fmaxf(m, __ldcg(r + k * rs));
+        float l = 0.0f, v = 0.0f;
+        for (int k = 0; k < ns; k++) {
+            float w = expf(__ldcg(r + k * rs) - m);
+            l += __ldcg(r + k * rs + 1) * w;
+            v += __ldcg(r + k * rs + 2 + d) * w;
+        }
+        long long o = ((long long)t * n_head + h0 + g) * hdv + d;
+        v /= l;
+        out[o] = v;
+        if (qs) quant_lane(v, o, qs, ds);
+    }
+    if (tid == 0) cnt[bi] = 0;
 }
 
 // ---- prefill attention on the tensor cores (mma.sync, sm_80+).

@@ -1331,10 +1331,13 @@ mod tests {
         // 36: a head size the grouped kernel does not take (the per-head
         // kernel runs); the others run the grouped one. Decode batches of
         // 64 and 128 take the staged decode kernel (`attention_dec`): the
-        // 601-key step crosses its 128-key chunks, the window starts one
-        // mid-chunk.
+        // 1001-key steps cross its 128-key chunks and are split into 3 runs
+        // (a cache of 1100 allows 4 of 256 keys), twice, so the runs'
+        // counter must be back at zero; the 700-key window is split in 2,
+        // the 300-key one starts mid-chunk and is not split.
         for (hd, window, softcap) in [
             (64, None, None),
+            (64, Some(700), None),
             (128, Some(300), Some(30.0)),
             (256, Some(5u32), Some(50.0f32)),
             (40, Some(300), None),
@@ -1350,13 +1353,13 @@ mod tests {
                 window,
             };
             let (kd, qd) = (p.n_head_kv * hd, p.n_head * hd);
-            let n_ctx = 700;
+            let n_ctx = 1100;
             let mut hkv = cpu.kv_cache(2, n_ctx, &[kd, kd], &[kd, kd]).unwrap();
             let mut dkv = c.kv_cache(2, n_ctx, &[kd, kd], &[kd, kd]).unwrap();
             // A long prefill of slot 1 in chunks (crosses the 256-key chunk of
             // the kernel), a short one of slot 0, then mixed decode steps.
             let mut batches = Vec::new();
-            for chunk in 0..3 {
+            for chunk in 0..5 {
                 let mut b = Batch::default();
                 for i in 0..200 {
                     b.push(0, chunk * 200 + i, 1, true);
@@ -1368,10 +1371,12 @@ mod tests {
                 b.push(0, i, 0, true);
             }
             batches.push(b);
-            let mut b = Batch::default();
-            b.push(0, 9, 0, true);
-            b.push(0, 600, 1, true);
-            batches.push(b);
+            for step in 0..2 {
+                let mut b = Batch::default();
+                b.push(0, 9 + step, 0, true);
+                b.push(0, 1000 + step, 1, true);
+                batches.push(b);
+            }
             for b in &batches {
                 let n = b.len();
                 let q = rand_vec(&mut r, n * qd, 2.0);
