@@ -11,7 +11,8 @@
 # NCU_SHAPE (e.g. 8192x2048): ncu's detailed sections on kernel_bench at that shape;
 # REPS (decode repetitions, 3); DEPTH (e.g. "0,4096": tokens in the cache before each tg128, ferrox bench -d); KB_VARIANTS: kernel_bench's own (default VARIANTS);
 # TRACE_KINDS (e.g. "Q8_0 F16"): the in-graph kernel timeline of 16 decode steps
-# (FERROX_TRACE, tools/cuda/trace.py), TRACE_DEFINES more knobs for it.
+# (FERROX_TRACE, tools/cuda/trace.py), TRACE_DEFINES more knobs for it, TRACE_DEPTH
+# tokens in the cache first (ferrox bench -d).
 set -u
 D=${D:-target/h-cuda5}
 OUT=${OUT:-/tmp/ferrox-out}
@@ -116,7 +117,7 @@ if [ -n "${TRACE_KINDS:-}" ]; then
   # tools/cuda/trace.py.
   for k in $TRACE_KINDS; do
     FERROX_CUDA_DEFINES="FERROX_TRACE=1${TRACE_DEFINES:+,$TRACE_DEFINES}" FERROX_CUDA_TRACE=$LOG/trace-$k.txt \
-      timeout 120 $D/ferrox bench --backend cuda -m $M/$k.gguf -p 0 -n 16 -r 1 >/dev/null 2>>$LOG/trace.err
+      timeout 120 $D/ferrox bench --backend cuda -m $M/$k.gguf -p 0 -n 16 ${TRACE_DEPTH:+-d $TRACE_DEPTH} -r 1 >/dev/null 2>>$LOG/trace.err
     echo "$(el) trace $k rc=$?"
     python3 tools/cuda/trace.py $LOG/trace-$k.txt --positions 12 | tee $LOG/trace-$k.summary
   done

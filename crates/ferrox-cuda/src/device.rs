@@ -399,6 +399,10 @@ pub struct Device {
     /// (`FERROX_CUDA_DEC_SPAN`, default 256).
     dec_split: usize,
     dec_span: usize,
+    /// Query heads a block of a split token takes (`FERROX_CUDA_DEC_SPLIT_HEADS`:
+    /// 0, the default, the whole group; else a multiple of the unsplit
+    /// tokens' `dec_heads` dividing the group).
+    dec_split_heads: usize,
     /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
     /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
     mma_attn: bool,
@@ -624,6 +628,7 @@ impl Device {
             dec_chunk: env_or("FERROX_CUDA_DEC_CHUNK", 128),
             dec_split: env_or("FERROX_CUDA_DEC_SPLIT", 16),
             dec_span: env_or("FERROX_CUDA_DEC_SPAN", 256),
+            dec_split_heads: env_or("FERROX_CUDA_DEC_SPLIT_HEADS", 0),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
             trace,
@@ -1883,11 +1888,16 @@ impl Device {
             h if h > 0 && h < g && g.is_multiple_of(h) => h,
             _ => g,
         };
+        // Query heads a block of a split token takes (a multiple of gs).
+        let gss = match self.dec_split_heads {
+            h if h >= gs && h < g && g.is_multiple_of(h) && h.is_multiple_of(gs) => h,
+            _ => g,
+        };
         let dec_chunk = if gqa && ga_fast && n <= self.dec_max {
             [128usize, 64, 32]
                 .into_iter()
                 .filter(|&c| c <= self.dec_chunk.max(32))
-                .find(|&c| dec_smem_bytes(c, gs, hd, hdv) <= self.dec_smem)
+                .find(|&c| dec_smem_bytes(c, gss, hd, hdv) <= self.dec_smem)
         } else {
             None
         };
@@ -1895,7 +1905,8 @@ impl Device {
         // per token from its position, so a graph serves every position).
         let span = self.dec_span.max(dec_chunk.unwrap_or(1));
         let nsplit = if dec_chunk.is_some() {
-            self.dec_split.min(kv.n_ctx / span).max(1)
+            // (DEC_MAXSPLIT in kernels.cu: a warp's lanes merge the runs)
+            self.dec_split.min(32).min(kv.n_ctx / span).max(1)
         } else {
             1
         };
@@ -1911,7 +1922,7 @@ impl Device {
         let (f, blocks, threads, smem) = if mma {
             (&self.fns.attention_mma, n.div_ceil(64), 128, (64 * (hd + 8) + hdv * (64 + 8)) * 2)
         } else if let Some(c) = dec_chunk {
-            (&self.fns.attention_dec, n * a.n_head / gs * nsplit, 256, dec_smem_bytes(c, gs, hd, hdv))
+            (&self.fns.attention_dec, n * a.n_head / gs * nsplit, 256, dec_smem_bytes(c, gss, hd, hdv))
         } else if gqa {
             (
                 &self.fns.attention_gqa,
@@ -1963,14 +1974,14 @@ impl Device {
             } else {
                 (0, 0)
             };
-            let (c, gs, ns, span) = (c as i32, gs as i32, nsplit as i32, int("attention", span)?);
+            let (c, gs, gss, ns, span) = (c as i32, gs as i32, gss as i32, nsplit as i32, int("attention", span)?);
             self.launch(
                 f,
                 cfg,
                 "attention",
                 &[
                     &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
-                    &softcap, &window, &c, &qs, &ds, &gs, &ns, &span, &runs, &cnt,
+                    &softcap, &window, &c, &qs, &ds, &gs, &ns, &span, &runs, &cnt, &gss,
                 ],
             )?;
         } else {

@@ -1775,6 +1775,8 @@ extern "C" __global__ void attention(const float* q, const u16* kc, const u16* v
 #define GA_MAXG 8
 #define GA_ACC 8
 #define GA_FAST 512
+// Most runs a split decode-attention token has (a warp's lanes merge them).
+#define DEC_MAXSPLIT 32
 // The grouped kernels' phases (`attention_gqa`, `attention_dec`), each
 // over a chunk of keys whose rows are at generic addresses (the cache in
 // global memory, or a copy staged in shared memory).
@@ -2017,24 +2019,26 @@ __device__ __forceinline__ void cp_async_wait1() {
 // unnormalized values to `runs` ([token][head][nsplit][head_dim_v + 2]
 // floats); the last run to finish (the u32 counter `cnt[token * head
 // blocks + block]`, zero between launches) merges them. Runs past a
-// token's ns return at once; so one graph serves every position.
+// token's ns return at once; so one graph serves every position. A split
+// token's block takes `gss` heads (the whole group by default: the keys
+// are then read once, and the splits give the parallelism that a block
+// per head gives an unsplit token); nsplit <= DEC_MAXSPLIT.
 extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     const float* q, const u16* kc, const u16* vc, float* out, const u32* seq, const u32* pos,
     int n_head, int n_head_kv, int hd, int hdv, int n_ctx, float scale, float softcap, int window,
-    int chunk, i8* qs, float2* ds, int gs, int nsplit, int span, float* runs, u32* cnt) {
+    int chunk, i8* qs, float2* ds, int gs, int nsplit, int span, float* runs, u32* cnt, int gss) {
     extern __shared__ uint4 dsm4[];
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
+    __shared__ float sm_w[GA_MAXG][DEC_MAXSPLIT];
     __shared__ int sm_last;
     // A block takes gs query heads (the KV head's group, or a divisor of
-    // it: FERROX_CUDA_DEC_HEADS), h0 the first; the phases see G = gs.
-    int G = gs;
+    // it: FERROX_CUDA_DEC_HEADS), h0 the first; a split token gss of them
+    // (a multiple of gs: FERROX_CUDA_DEC_SPLIT_HEADS), taken by the block
+    // of the first, the others returning. The phases see G.
     int blocks_t = n_head / gs;
     int kst = hd + 8;                       // halves per staged key row
     u16* ks = (u16*)dsm4;                   // [2][chunk][kst]
     u16* vs = ks + 2 * chunk * kst;         // [2][chunk][hdv]
-    float* sq = (float*)(vs + 2 * chunk * hdv);  // [G][hd]
-    float* sp = sq + G * hd;                // [G][chunk]
-    float* part = sp + G * chunk;           // [8 warps][G][hdv]
     // Block (spl, bi): run spl of (token, head block) bi.
     int nb = gridDim.x / nsplit;
     int spl = blockIdx.x / nb, bi = blockIdx.x - spl * nb;
@@ -2051,8 +2055,12 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     // per chunk; its chunks dealt out evenly, run spl taking keys [lo, e).
     int keys = p + 1 - lo, nch = (keys + chunk - 1) / chunk;
     int ns = max(1, min(min(nsplit, keys / span), nch));
-    if (spl >= ns) return;
+    int G = ns > 1 ? gss : gs;
+    if (spl >= ns || h0 % G != 0) return;
     PDL_ENTER();
+    float* sq = (float*)(vs + 2 * chunk * hdv);  // [G][hd]
+    float* sp = sq + G * hd;                // [G][chunk]
+    float* part = sp + G * chunk;           // [8 warps][G][hdv]
     int e = min(p + 1, lo + (spl + 1) * nch / ns * chunk);
     lo += spl * nch / ns * chunk;
     size_t kd = (size_t)n_head_kv * hd, vd = (size_t)n_head_kv * hdv;
@@ -2066,12 +2074,12 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
         u16* kd_ = ks + st * chunk * kst;
         u16* vd_ = vs + st * chunk * hdv;
         for (int i = tid; i < nc * k16; i += GA_THREADS) {
-            int j = i / k16, e = i - j * k16;
-            cp_async16(kd_ + j * kst + e * 8, kb + (size_t)(c0 + j) * kd + e * 8);
+            int j = i / k16, x = i - j * k16;
+            cp_async16(kd_ + j * kst + x * 8, kb + (size_t)(c0 + j) * kd + x * 8);
         }
         for (int i = tid; i < nc * v16; i += GA_THREADS) {
-            int j = i / v16, e = i - j * v16;
-            cp_async16(vd_ + j * hdv + e * 8, vb + (size_t)(c0 + j) * vd + e * 8);
+            int j = i / v16, x = i - j * v16;
+            cp_async16(vd_ + j * hdv + x * 8, vb + (size_t)(c0 + j) * vd + x * 8);
         }
         cp_async_commit();
     };
@@ -2137,20 +2145,27 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     __syncthreads();
     if (!sm_last) return;
     __threadfence();
+    // Each run's weight, a warp per head (a lane per run): exp(m_k - m) / l
+    // with m the runs' max and l their sums so weighted.
+    if ((tid >> 5) < G) {
+        int g = tid >> 5;
+        const float* r = runs + ((size_t)t * n_head + h0 + g) * nsplit * rs;
+        float mk = lane < ns ? __ldcg(r + lane * rs) : -INF_F;
+        float lk = lane < ns ? __ldcg(r + lane * rs + 1) : 0.0f;
+        float m = warp_max(mk);
+        float w = lane < ns ? expf(mk - m) : 0.0f;
+        float l = warp_sum(lk * w);
+        sm_w[g][lane] = w / l;
+    }
+    __syncthreads();
     // (G * hdv % 32 == 0: whole warps stay in the loop, as quant_lane needs.)
     for (int idx = tid; idx < G * hdv; idx += GA_THREADS) {
         int g = idx / hdv, d = idx - g * hdv;
-        const float* r = runs + ((size_t)t * n_head + h0 + g) * nsplit * rs;
-        float m = -INF_F;
-        for (int k = 0; k < ns; k++) m = fmaxf(m, __ldcg(r + k * rs));
-        float l = 0.0f, v = 0.0f;
-        for (int k = 0; k < ns; k++) {
-            float w = expf(__ldcg(r + k * rs) - m);
-            l += __ldcg(r + k * rs + 1) * w;
-            v += __ldcg(r + k * rs + 2 + d) * w;
-        }
+        const float* r = runs + ((size_t)t * n_head + h0 + g) * nsplit * rs + 2 + d;
+        float v = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < ns; k++) v += sm_w[g][k] * __ldcg(r + k * rs);
         long long o = ((long long)t * n_head + h0 + g) * hdv + d;
-        v /= l;
         out[o] = v;
         if (qs) quant_lane(v, o, qs, ds);
     }
