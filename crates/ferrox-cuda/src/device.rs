@@ -588,8 +588,12 @@ impl Device {
             )
             .map_err(drv("reading the shared memory limit"))?
             .max(0) as usize;
-        // (Its static shared memory, a few floats, comes off the limit.)
-        let dec_smem = dec_smem.saturating_sub(1024);
+        // (Its static shared memory comes off the limit.)
+        let static_smem = fns
+            .attention_dec
+            .shared_size_bytes()
+            .map_err(drv("reading attention_dec's static shared memory"))?;
+        let dec_smem = dec_smem.saturating_sub(static_smem.max(0) as usize);
         fns.attention_dec
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
