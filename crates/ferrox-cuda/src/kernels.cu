@@ -2031,19 +2031,17 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     __shared__ float sm_m[GA_MAXG], sm_l[GA_MAXG], sm_corr[GA_MAXG];
     __shared__ float sm_w[GA_MAXG][DEC_MAXSPLIT];
     __shared__ int sm_last;
-    // A block takes gs query heads (the KV head's group, or a divisor of
-    // it: FERROX_CUDA_DEC_HEADS), h0 the first; a split token gss of them
-    // (a multiple of gs: FERROX_CUDA_DEC_SPLIT_HEADS), taken by the block
-    // of the first, the others returning. The phases see G.
-    int blocks_t = n_head / gs;
+    // A block takes G query heads: gs for an unsplit token (the KV head's
+    // group, or a divisor of it: FERROX_CUDA_DEC_HEADS), gss for a split
+    // one (a multiple of gs: FERROX_CUDA_DEC_SPLIT_HEADS). Block b serves
+    // token t = b % n as its r-th block, r = spl * (n_head / G) + head
+    // block: a token's working blocks come first, the rest (up to the
+    // grid's n * max(n_head / gss * nsplit, n_head / gs)) return at once.
     int kst = hd + 8;                       // halves per staged key row
     u16* ks = (u16*)dsm4;                   // [2][chunk][kst]
     u16* vs = ks + 2 * chunk * kst;         // [2][chunk][hdv]
-    // Block (spl, bi): run spl of (token, head block) bi.
-    int nb = gridDim.x / nsplit;
-    int spl = blockIdx.x / nb, bi = blockIdx.x - spl * nb;
-    int t = bi / blocks_t, h0 = (bi % blocks_t) * gs;
-    int kvh = h0 / (n_head / n_head_kv);
+    int n = gridDim.x / max(n_head / gss * nsplit, n_head / gs);
+    int t = blockIdx.x % n, r = blockIdx.x / n;
     int tid = threadIdx.x, lane = tid & 31;
     // The slot and position lists are written by a copy before the pass's
     // first kernel, never by a kernel, and a kernel starts only once the
@@ -2055,8 +2053,11 @@ extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
     // per chunk; its chunks dealt out evenly, run spl taking keys [lo, e).
     int keys = p + 1 - lo, nch = (keys + chunk - 1) / chunk;
     int ns = max(1, min(min(nsplit, keys / span), nch));
-    int G = ns > 1 ? gss : gs;
-    if (spl >= ns || h0 % G != 0) return;
+    int G = ns > 1 ? gss : gs, hbs = n_head / G;
+    if (r >= hbs * ns) return;
+    int spl = r / hbs, hb = r - spl * hbs, h0 = hb * G;
+    int kvh = h0 / (n_head / n_head_kv);
+    int bi = t * hbs + hb;  // (split tokens: their counter)
     PDL_ENTER();
     float* sq = (float*)(vs + 2 * chunk * hdv);  // [G][hd]
     float* sp = sq + G * hd;                // [G][chunk]

@@ -1331,10 +1331,11 @@ mod tests {
         // 36: a head size the grouped kernel does not take (the per-head
         // kernel runs); the others run the grouped one. Decode batches of
         // 64 and 128 take the staged decode kernel (`attention_dec`): the
-        // 1001-key steps cross its 128-key chunks and are split into 3 runs
-        // (a cache of 1100 allows 4 of 256 keys), twice, so the runs'
-        // counter must be back at zero; the 700-key window is split in 2,
-        // the 300-key one starts mid-chunk and is not split.
+        // 1001-key steps cross its 128-key chunks and are split into 7 runs
+        // (a cache of 1100 allows 8 of 128 keys) beside an unsplit 10-key
+        // token, twice, so the runs' counter must be back at zero; the
+        // 700-key window is split in 5, the 300-key one (starting
+        // mid-chunk) in 2.
         for (hd, window, softcap) in [
             (64, None, None),
             (64, Some(700), None),
