@@ -2023,7 +2023,12 @@ __device__ __forceinline__ void cp_async_wait1() {
 // token's block takes `gss` heads (the whole group by default: the keys
 // are then read once, and the splits give the parallelism that a block
 // per head gives an unsplit token); nsplit <= DEC_MAXSPLIT.
-extern "C" __global__ void __launch_bounds__(GA_THREADS) attention_dec(
+// Blocks an SM the compiler must fit attention_dec's registers for
+// (measuring knob; its shared memory allows two at the default chunk).
+#ifndef FERROX_DEC_MINB
+#define FERROX_DEC_MINB 1
+#endif
+extern "C" __global__ void __launch_bounds__(GA_THREADS, FERROX_DEC_MINB) attention_dec(
     const float* q, const u16* kc, const u16* vc, float* out, const u32* seq, const u32* pos,
     int n_head, int n_head_kv, int hd, int hdv, int n_ctx, float scale, float softcap, int window,
     int chunk, i8* qs, float2* ds, int gs, int nsplit, int span, float* runs, u32* cnt, int gss) {
