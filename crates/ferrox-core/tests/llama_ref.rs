@@ -57,6 +57,10 @@ struct Report {
     steps: usize,
     allowed_flips: usize,
     max_abs_diff: f32,
+    /// The same with each side's logits taken relative to its logit of
+    /// llama.cpp's top token (a shift of all logits, which softmax ignores,
+    /// does not count).
+    max_rel_diff: f32,
     failures: Vec<String>,
 }
 
@@ -98,7 +102,7 @@ fn near_tie(step: &Step, got: u64, threshold: f32) -> bool {
 /// Teacher-forced comparison with `reference`; when `other_path` is given
 /// (the same cases through llama.cpp's other CPU path), a step where the two
 /// llama.cpp paths choose differently is not held against ferrox.
-fn compare_greedy(model_path: &Path, reference: &str, other_path: Option<&str>, tie: Option<f32>, tolerance: f32) -> Report {
+fn compare_greedy(model_path: &Path, reference: &str, other_path: Option<&str>, tie: Option<f32>, tolerance: Spread) -> Report {
     let r = load(reference);
     let other = other_path.map(|o| steps_by_case(&load(o)));
     let want_sha = r["model_sha256"].as_str().unwrap();
@@ -155,8 +159,10 @@ fn compare_greedy(model_path: &Path, reference: &str, other_path: Option<&str>, 
                     ));
                 }
             }
+            let (top0, l0) = top[0];
             for &(id, l) in &top {
                 rep.max_abs_diff = rep.max_abs_diff.max((logits[id] - l).abs());
+                rep.max_rel_diff = rep.max_rel_diff.max(((logits[id] - logits[top0]) - (l - l0)).abs());
             }
             rep.steps += 1;
             let pos = ids.len() + s;
@@ -169,9 +175,10 @@ fn compare_greedy(model_path: &Path, reference: &str, other_path: Option<&str>, 
     assert!(rep.failures.is_empty(), "{reference}: {} mismatches:\n{}", rep.failures.len(), rep.failures.join("\n"));
     assert!(rep.steps >= 96, "{reference}: only {} steps compared", rep.steps);
     assert!(
-        rep.max_abs_diff <= tolerance,
-        "{reference}: logits differ from llama.cpp's by up to {} (tolerance {tolerance})",
-        rep.max_abs_diff
+        rep.max_abs_diff <= tolerance.abs && rep.max_rel_diff <= tolerance.rel,
+        "{reference}: logits differ from llama.cpp's by up to {} ({} relative to the top token's; tolerance {tolerance:?})",
+        rep.max_abs_diff,
+        rep.max_rel_diff
     );
     rep
 }
@@ -184,9 +191,59 @@ fn compare_greedy(model_path: &Path, reference: &str, other_path: Option<&str>, 
 /// levels resolve them llama.cpp's way or not depending on the level. The
 /// 8-bit activation quantization turns last-bit differences into whole
 /// quantization steps, so gaps below this width are rounding, not math. The
-/// logit tolerance (2.5, llama.cpp's own path-to-path spread) and the
-/// requirement on every wider step are what catch wrong math.
+/// logit tolerance ([`gemma_tolerance`]) and the requirement on every wider
+/// step are what catch wrong math.
 const GEMMA_TIE: Option<f32> = Some(0.7);
+
+/// How far two sets of logits part: the largest difference of a top-k
+/// logit, and of one taken relative to the top token's logit.
+#[derive(Clone, Copy, Debug)]
+struct Spread {
+    abs: f32,
+    rel: f32,
+}
+
+/// llama.cpp's own two CPU paths (repacked and canonical) on Gemma 3 270M
+/// Q4_K_M, over the steps where their histories agree: how far they part
+/// (abs ~1.73, rel ~1.04 in the committed files).
+fn llama_cpp_path_spread() -> (Spread, usize) {
+    let (a, b) = (load("gemma3-270m-q4_k_m.json"), load("gemma3-270m-q4_k_m.norepack.json"));
+    let mut sp = Spread { abs: 0.0, rel: 0.0 };
+    let mut diverged = 0;
+    for (ca, cb) in a["cases"].as_array().unwrap().iter().zip(b["cases"].as_array().unwrap()) {
+        assert_eq!(ca["prompt_tokens"], cb["prompt_tokens"]);
+        for (sa, sb) in steps_of(ca).iter().zip(&steps_of(cb)) {
+            let logit_b = |id: u64| sb.top.iter().find(|p| p.0 == id).map(|p| p.1);
+            let (top0, l0) = sa.top[0];
+            for &(id, la) in &sa.top {
+                if let Some(lb) = logit_b(id) {
+                    sp.abs = sp.abs.max((la - lb).abs());
+                    if let Some(lb0) = logit_b(top0) {
+                        sp.rel = sp.rel.max(((la - l0) - (lb - lb0)).abs());
+                    }
+                }
+            }
+            if sa.token != sb.token {
+                diverged += 1;
+                break;
+            }
+        }
+    }
+    (sp, diverged)
+}
+
+/// The logit tolerance on Gemma 3 270M: twice llama.cpp's own path-to-path
+/// spread, in both measures. Why twice, and why both: ferrox's CPU levels
+/// part from llama.cpp's canonical path by abs 1.84 (AVX2), 2.24 (its
+/// scalar twins), 2.82 (AVX-512 without AMX, on an EPYC) and rel 1.25-1.54;
+/// the 2.82 is the whole top-k shifted together at a flat step (`chat_turn`
+/// step 18: every logit ~2.4 higher, relative ones within 0.05), which
+/// sampling does not see, and the relative measure bounds what it does see.
+/// Wrong math moves logits by whole units and flips wide steps.
+fn gemma_tolerance() -> Spread {
+    let (sp, _) = llama_cpp_path_spread();
+    Spread { abs: 2.0 * sp.abs, rel: 2.0 * sp.rel }
+}
 
 #[test]
 fn gemma3_270m_greedy_steps_and_logits_match_llama_cpp() {
@@ -197,32 +254,19 @@ fn gemma3_270m_greedy_steps_and_logits_match_llama_cpp() {
     }
     // The canonical path first, then the default one (where llama.cpp's own
     // paths disagreeing is not held against ferrox).
-    compare_greedy(&path, "gemma3-270m-q4_k_m.norepack.json", None, GEMMA_TIE, 2.5);
-    compare_greedy(&path, "gemma3-270m-q4_k_m.json", Some("gemma3-270m-q4_k_m.norepack.json"), GEMMA_TIE, 2.5);
+    let tol = gemma_tolerance();
+    compare_greedy(&path, "gemma3-270m-q4_k_m.norepack.json", None, GEMMA_TIE, tol);
+    compare_greedy(&path, "gemma3-270m-q4_k_m.json", Some("gemma3-270m-q4_k_m.norepack.json"), GEMMA_TIE, tol);
 }
 
-/// The tolerance above is llama.cpp's own: its two CPU paths disagree with
-/// each other by this much on this file (a check that the evidence holds).
+/// The tolerance above comes from llama.cpp's own two CPU paths: they must
+/// part (so the evidence holds), and by no more than they did when the
+/// factor of two was chosen (a regenerated reference cannot loosen it).
 #[test]
 fn llama_cpp_repacked_and_canonical_paths_differ_as_much_as_the_tolerance_allows_ferrox() {
-    let (a, b) = (load("gemma3-270m-q4_k_m.json"), load("gemma3-270m-q4_k_m.norepack.json"));
-    let mut max = 0.0f64;
-    let mut diverged = 0;
-    for (ca, cb) in a["cases"].as_array().unwrap().iter().zip(b["cases"].as_array().unwrap()) {
-        assert_eq!(ca["prompt_tokens"], cb["prompt_tokens"]);
-        for (sa, sb) in ca["steps"].as_array().unwrap().iter().zip(cb["steps"].as_array().unwrap()) {
-            for pa in sa["top"].as_array().unwrap() {
-                if let Some(pb) = sb["top"].as_array().unwrap().iter().find(|pb| pb[0] == pa[0]) {
-                    max = max.max((pa[1].as_f64().unwrap() - pb[1].as_f64().unwrap()).abs());
-                }
-            }
-            if sa["token"] != sb["token"] {
-                diverged += 1;
-                break;
-            }
-        }
-    }
-    assert!(max > 1.0, "llama.cpp's two paths agree to {max}: tighten the tolerance");
+    let (sp, diverged) = llama_cpp_path_spread();
+    assert!(sp.abs > 1.0 && sp.rel > 0.5, "llama.cpp's two paths agree to {sp:?}: tighten the tolerance");
+    assert!(sp.abs < 2.0 && sp.rel < 1.5, "llama.cpp's two paths part by {sp:?}: more than the tolerance was chosen for");
     assert!(diverged >= 3, "only {diverged} cases diverge between llama.cpp's paths");
 }
 
@@ -255,7 +299,7 @@ fn gemma3_270m_requantized_to_q8_0_and_q4_0_matches_llama_cpp() {
         let w = ferrox_core::requantize::requantize(&src, kind, 2, |_| {}).unwrap();
         w.write_to(&out).unwrap();
         let other = other.filter(|o| testdata(o).exists());
-        compare_greedy(&out, reference, other, tie, 2.5);
+        compare_greedy(&out, reference, other, tie, gemma_tolerance());
         std::fs::remove_file(&out).ok();
     }
 }
