@@ -641,13 +641,16 @@ impl Device {
         })
     }
 
+    /// The scratch buffers, locked (`op` names the caller in the error a
+    /// poisoned lock gives).
+    fn scratch_guard(&self, op: &'static str) -> Result<std::sync::MutexGuard<'_, Scratch>, CudaError> {
+        self.scratch.lock().map_err(|_| shape(op, "scratch lock poisoned".into()))
+    }
+
     /// Split decode attention's scratch: `floats` for the runs, `counters`
     /// zeroed u32 counters.
     fn split_scratch(&self, floats: usize, counters: usize) -> Result<(u64, u64), CudaError> {
-        let mut guard = self
-            .scratch
-            .lock()
-            .map_err(|_| shape("attention runs", "scratch lock poisoned".into()))?;
+        let mut guard = self.scratch_guard("attention runs")?;
         let sc = &mut *guard;
         grow_retiring(&self.stream, &mut sc.runs, &mut sc.retired, 4 * floats, "attention runs")?;
         grow_retiring(&self.stream, &mut sc.runs_cnt, &mut sc.retired, 4 * counters, "attention run counters")?;
@@ -745,10 +748,7 @@ impl Device {
 
     fn q8_scratch_slot(&self, elems: usize, slot: usize) -> Result<(u64, u64), CudaError> {
         let need = elems + elems / 32 * 8;
-        let mut guard = self
-            .scratch
-            .lock()
-            .map_err(|_| shape("q8 scratch", "scratch lock poisoned".into()))?;
+        let mut guard = self.scratch_guard("q8 scratch")?;
         let sc = &mut *guard;
         grow_retiring(&self.stream, &mut sc.q8[slot], &mut sc.retired, need, "q8 scratch")?;
         let p = sc.q8[slot].as_ref().map_or(0, |s| self.ptr(s));
@@ -757,10 +757,7 @@ impl Device {
 
     /// At least `n` zeroed u32 counters for the GLU kernels' q8 units.
     fn unit_counters(&self, n: usize) -> Result<u64, CudaError> {
-        let mut guard = self
-            .scratch
-            .lock()
-            .map_err(|_| shape("unit counters", "scratch lock poisoned".into()))?;
+        let mut guard = self.scratch_guard("unit counters")?;
         let sc = &mut *guard;
         grow_retiring(&self.stream, &mut sc.cnt, &mut sc.retired, 4 * n, "unit counters")?;
         Ok(sc.cnt.as_ref().map_or(0, |c| self.ptr(c)))
@@ -1374,10 +1371,7 @@ impl Device {
         let f = &self.kind_fns(w.kind, "dequantize")?.dequant;
         let (m, k) = (int("gemm", w.rows)?, int("gemm", w.cols)?);
         let nn = int("gemm", n)?;
-        let mut sc = self
-            .scratch
-            .lock()
-            .map_err(|_| shape("gemm", "scratch lock poisoned".into()))?;
+        let mut sc = self.scratch_guard("gemm")?;
         let grow = |slot: &mut Option<CudaSlice<u16>>, need: usize| -> Result<(), CudaError> {
             if slot.as_ref().is_none_or(|s| s.len() < need) {
                 *slot = None;
@@ -1595,10 +1589,7 @@ impl Device {
         if out.is_empty() {
             return Ok(());
         }
-        let mut sc = self
-            .scratch
-            .lock()
-            .map_err(|_| shape("argmax_rows", "scratch lock poisoned".into()))?;
+        let mut sc = self.scratch_guard("argmax_rows")?;
         if sc.ids.as_ref().is_none_or(|s| s.len() < out.len()) {
             sc.ids = None;
             sc.ids = Some(
@@ -1911,12 +1902,11 @@ impl Device {
         // per token from its position, so a graph serves every position).
         let span = self.dec_span.max(dec_chunk.unwrap_or(1));
         let nsplit = if dec_chunk.is_some() {
-            // (DEC_MAXSPLIT in kernels.cu: a warp's lanes merge the runs)
-            self.dec_split.min(32).min(kv.n_ctx / span).max(1)
+            self.dec_split.min(DEC_MAXSPLIT).min(kv.n_ctx / span).max(1)
         } else {
             1
         };
-                // Prefill batches of one slot: the tensor-core kernel.
+        // Prefill batches of one slot: the tensor-core kernel.
         let mma = dec_chunk.is_none()
             && self.mma_attn
             && a.one_slot
@@ -2395,6 +2385,10 @@ fn glu_shape(x: &Buf, h: &Buf, n: usize, rows: usize, cols: usize) -> Result<(),
     }
     Ok(())
 }
+
+/// The most runs a split decode-attention token has (`DEC_MAXSPLIT` in
+/// kernels.cu: a warp's lanes merge them).
+const DEC_MAXSPLIT: usize = 32;
 
 /// Dynamic shared memory of `attention_dec` for `chunk` keys a stage
 /// (its layout comment in `kernels.cu`).
