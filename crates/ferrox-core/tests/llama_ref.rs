@@ -291,6 +291,7 @@ fn gemma3_270m_requantized_to_q8_0_and_q4_0_matches_llama_cpp() {
     // path-to-path spread — is the tie width here; wrong math is what the
     // tiny models catch (see tests/README.md).
     let tie = Some(0.5);
+    let tol = gemma_tolerance();
     for (kind, reference, other) in [
         (ferrox_quant::QuantKind::Q8_0, "gemma3-270m-q8_0.json", None),
         (ferrox_quant::QuantKind::Q4_0, "gemma3-270m-q4_0.json", Some("gemma3-270m-q4_0.norepack.json")),
@@ -299,7 +300,7 @@ fn gemma3_270m_requantized_to_q8_0_and_q4_0_matches_llama_cpp() {
         let w = ferrox_core::requantize::requantize(&src, kind, 2, |_| {}).unwrap();
         w.write_to(&out).unwrap();
         let other = other.filter(|o| testdata(o).exists());
-        compare_greedy(&out, reference, other, tie, gemma_tolerance());
+        compare_greedy(&out, reference, other, tie, tol);
         std::fs::remove_file(&out).ok();
     }
 }
