@@ -294,7 +294,15 @@ struct Fns {
 struct Scratch {
     w16: Option<CudaSlice<u16>>,
     x16: Option<CudaSlice<u16>>,
+    /// `argmax_rows`: the ids, the slices' keys and the per-row u32
+    /// counters (zero between launches).
     ids: Option<CudaSlice<u32>>,
+    amax_keys: Option<CudaSlice<u8>>,
+    amax_cnt: Option<CudaSlice<u8>>,
+    /// The page-locked buffer read-backs land in (`read`, the argmax ids)
+    /// and the events of a chunked read's two halves.
+    host: Option<Pinned>,
+    host_events: Option<[cudarc::driver::CudaEvent; 2]>,
     /// The q8 activations of the decode matvecs: int8 values, then the
     /// per-unit (d, d * sum) pairs (`quant_lane` in `kernels.cu`). Two
     /// slots: a launch that reads one q8 input and writes the next (the
@@ -310,6 +318,79 @@ struct Scratch {
     /// per-(token, head block) u32 counters, zero between launches.
     runs: Option<CudaSlice<u8>>,
     runs_cnt: Option<CudaSlice<u8>>,
+}
+
+/// Page-locked host memory that read-backs land in: a pageable
+/// destination makes the driver stage the copy through its own buffer, on
+/// the step's critical path.
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the allocation is owned by the value; it is only touched through
+// `&mut self` (behind the scratch lock), and freed once, on drop.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(drv("binding the context"))?;
+        // SAFETY: a fresh allocation, written only by copies the caller
+        // synchronizes before reading it (flags 0: cached, not write-combined,
+        // since the host reads it).
+        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes.max(4), 0) }
+            .map_err(drv(format!("allocating {bytes} page-locked bytes")))?;
+        Ok(Pinned { ptr: ptr.cast(), bytes, ctx: Arc::clone(ctx) })
+    }
+
+    /// `slot`, grown to at least `bytes`.
+    fn at_least<'a>(slot: &'a mut Option<Pinned>, ctx: &Arc<CudaContext>, bytes: usize) -> Result<&'a mut Pinned, CudaError> {
+        if slot.as_ref().is_none_or(|p| p.bytes < bytes) {
+            *slot = None;
+            *slot = Some(Pinned::new(ctx, bytes.next_power_of_two())?);
+        }
+        slot.as_mut().ok_or_else(|| shape("read", "page-locked buffer not allocated".into()))
+    }
+
+    /// Copies `n` values of `src` (device address) into this buffer from
+    /// byte `at` on, in stream order.
+    fn copy_from<T>(&mut self, at: usize, src: u64, n: usize, stream: &CudaStream) -> Result<(), CudaError> {
+        let size = std::mem::size_of::<T>();
+        if !at.is_multiple_of(size) || at + n * size > self.bytes {
+            return Err(shape("read", format!("{n} values at byte {at} of {}", self.bytes)));
+        }
+        // SAFETY: in bounds and aligned (checked above; the allocation is
+        // page-aligned); nothing reads the destination before the caller
+        // synchronizes the stream or an event recorded after this copy.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                std::slice::from_raw_parts_mut(self.ptr.add(at).cast::<T>(), n),
+                src,
+                stream.cu_stream(),
+            )
+        }
+        .map_err(drv("reading back"))
+    }
+
+    /// The `n` values from byte `at` on; the copies into them must have
+    /// completed (the caller synchronized).
+    fn values<T>(&self, at: usize, n: usize) -> &[T] {
+        let size = std::mem::size_of::<T>();
+        assert!(at.is_multiple_of(size) && at + n * size <= self.bytes, "pinned read out of bounds");
+        // SAFETY: in bounds and aligned (asserted); every copy into the range
+        // has completed, so nothing writes it while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(at).cast::<T>(), n) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_host` in `new`; every copy into it was
+        // synchronized by the call that issued it.
+        let _ = self.ctx.bind_to_thread();
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
+    }
 }
 
 /// Makes `slot` at least `bytes` long, zeroed when new (a power of two, at
@@ -405,6 +486,11 @@ pub struct Device {
     /// 0, the default, the whole group; else a multiple of the unsplit
     /// tokens' `dec_heads` dividing the group).
     dec_split_heads: usize,
+    /// How `read` brings floats back (`FERROX_CUDA_READ`): 0 straight into
+    /// the caller's pageable memory (the driver stages it), 1 through a
+    /// page-locked buffer in one piece, 2 (default) through one in
+    /// pipelined pieces.
+    read_mode: usize,
     /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
     /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
     mma_attn: bool,
@@ -635,6 +721,7 @@ impl Device {
             dec_split: env_or("FERROX_CUDA_DEC_SPLIT", 16),
             dec_span: env_or("FERROX_CUDA_DEC_SPAN", 128),
             dec_split_heads: env_or("FERROX_CUDA_DEC_SPLIT_HEADS", 0),
+            read_mode: env_or("FERROX_CUDA_READ", 2),
             skip: Skip::from_env(),
             mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
             trace,
@@ -976,10 +1063,52 @@ impl Device {
         if dst.is_empty() {
             return Ok(());
         }
-        self.stream
-            .memcpy_dtoh(&src.s.slice(..dst.len()), dst)
-            .map_err(drv("reading back"))?;
-        self.synchronize()
+        if self.read_mode == 0 {
+            self.stream
+                .memcpy_dtoh(&src.s.slice(..dst.len()), dst)
+                .map_err(drv("reading back"))?;
+            return self.synchronize();
+        }
+        // Through the page-locked buffer: in halves of READ_CHUNK bytes, the
+        // copy of one half out overlapping the device's copy into the other
+        // (`FERROX_CUDA_READ=1`: one piece).
+        let chunk = if self.read_mode == 1 { 4 * dst.len() } else { READ_CHUNK };
+        let per = chunk / 4;
+        let mut guard = self.scratch_guard("read")?;
+        let sc = &mut *guard;
+        let host = Pinned::at_least(&mut sc.host, &self.ctx, 2 * chunk.min(4 * dst.len()))?;
+        let src0 = self.ptr(&src.s);
+        let n = dst.len();
+        let pieces = n.div_ceil(per);
+        if pieces == 1 {
+            host.copy_from::<f32>(0, src0, n, &self.stream)?;
+            self.synchronize()?;
+            dst.copy_from_slice(host.values(0, n));
+            return Ok(());
+        }
+        if sc.host_events.is_none() {
+            let ev = || self.ctx.new_event(None).map_err(drv("creating a read event"));
+            sc.host_events = Some([ev()?, ev()?]);
+        }
+        let (Some(host), Some(events)) = (&mut sc.host, &sc.host_events) else {
+            return Err(shape("read", "page-locked buffer not allocated".into()));
+        };
+        let issue = |host: &mut Pinned, i: usize| -> Result<(), CudaError> {
+            let (a, len) = (i * per, per.min(n - i * per));
+            host.copy_from::<f32>((i % 2) * chunk, src0 + 4 * a as u64, len, &self.stream)?;
+            events[i % 2].record(&self.stream).map_err(drv("recording a read event"))
+        };
+        issue(host, 0)?;
+        issue(host, 1)?;
+        for i in 0..pieces {
+            events[i % 2].synchronize().map_err(drv("waiting for a read"))?;
+            let (a, len) = (i * per, per.min(n - i * per));
+            dst[a..a + len].copy_from_slice(host.values((i % 2) * chunk, len));
+            if i + 2 < pieces {
+                issue(host, i + 2)?;
+            }
+        }
+        Ok(())
     }
 
     /// A zeroed f16 KV cache.
@@ -1589,34 +1718,38 @@ impl Device {
         if out.is_empty() {
             return Ok(());
         }
-        let mut sc = self.scratch_guard("argmax_rows")?;
-        if sc.ids.as_ref().is_none_or(|s| s.len() < out.len()) {
+        let rows = out.len();
+        // A launch takes at most ARGMAX_ROWS rows (the grid's y limit).
+        let per = rows.min(ARGMAX_ROWS);
+        let slices = width.div_ceil(ARGMAX_SPAN);
+        let mut guard = self.scratch_guard("argmax_rows")?;
+        let sc = &mut *guard;
+        if sc.ids.as_ref().is_none_or(|s| s.len() < rows) {
             sc.ids = None;
-            sc.ids = Some(
-                self.stream
-                    .alloc_zeros(out.len())
-                    .map_err(drv("allocating argmax ids"))?,
-            );
+            sc.ids = Some(self.stream.alloc_zeros(rows).map_err(drv("allocating argmax ids"))?);
         }
-        let ids = sc
-            .ids
-            .as_ref()
-            .ok_or_else(|| shape("argmax_rows", "scratch not allocated".into()))?;
-        let cfg = LaunchConfig {
-            grid_dim: (int("argmax_rows", out.len())? as u32, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
+        grow_retiring(&self.stream, &mut sc.amax_keys, &mut sc.retired, 8 * slices * per, "argmax keys")?;
+        grow_retiring(&self.stream, &mut sc.amax_cnt, &mut sc.retired, 4 * per, "argmax counters")?;
+        let (Some(ids), Some(keys), Some(cnt)) = (&sc.ids, &sc.amax_keys, &sc.amax_cnt) else {
+            return Err(shape("argmax_rows", "scratch not allocated".into()));
         };
-        self.launch(
-            &self.fns.argmax_rows,
-            cfg,
-            "argmax_rows",
-            &[&self.ptr(&x.s), &int("argmax_rows", width)?, &self.ptr(ids)],
-        )?;
-        self.stream
-            .memcpy_dtoh(&ids.slice(..out.len()), out)
-            .map_err(drv("reading argmax ids"))?;
-        self.synchronize()
+        let (x0, ids0, keys, cnt) = (self.ptr(&x.s), self.ptr(ids), self.ptr(keys), self.ptr(cnt));
+        let w = int("argmax_rows", width)?;
+        for r0 in (0..rows).step_by(ARGMAX_ROWS) {
+            let n = per.min(rows - r0);
+            let cfg = LaunchConfig {
+                grid_dim: (slices as u32, n as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (xr, idr) = (x0 + 4 * (r0 * width) as u64, ids0 + 4 * r0 as u64);
+            self.launch(&self.fns.argmax_rows, cfg, "argmax_rows", &[&xr, &w, &idr, &keys, &cnt])?;
+        }
+        let host = Pinned::at_least(&mut sc.host, &self.ctx, 4 * rows)?;
+        host.copy_from::<u32>(0, ids0, rows, &self.stream)?;
+        self.synchronize()?;
+        out.copy_from_slice(host.values(0, rows));
+        Ok(())
     }
 
     /// RoPE on `x` (`[pos.len(), n_heads * head_dim]`) in place.
@@ -2385,6 +2518,14 @@ fn glu_shape(x: &Buf, h: &Buf, n: usize, rows: usize, cols: usize) -> Result<(),
     }
     Ok(())
 }
+
+/// The pieces a read-back is copied out in (`Device::read`).
+const READ_CHUNK: usize = 256 << 10;
+
+/// Elements of a row one `argmax_rows` block reduces (`ARGMAX_SPAN` in
+/// kernels.cu), and the most rows one launch takes (the grid's y limit).
+const ARGMAX_SPAN: usize = 2048;
+const ARGMAX_ROWS: usize = 65535;
 
 /// The most runs a split decode-attention token has (`DEC_MAXSPLIT` in
 /// kernels.cu: a warp's lanes merge them).

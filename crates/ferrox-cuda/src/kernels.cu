@@ -1445,50 +1445,64 @@ extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_g
     }
 }
 
-// Index of the largest value of each row (ties: the lowest index; NaN never
-// wins). One block per row.
-extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) { PDL_ENTER();
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const float* r = x + (size_t)blockIdx.x * width;
-    float best = -INF_F;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        float v = r[i];
-        if (v > best) {
-            best = v;
-            bi = i;
-        }
-    }
-    // Warp then block reduction, keeping (max, lowest index).
+// Index of the largest value of each row (ties: the lowest index; NaN and
+// minus infinity never win; 0 when nothing beats minus infinity: the host
+// twin `backend::argmax`). A vocabulary-wide row is one block's 500 KB of
+// serial round trips, so blocks (blockIdx.x) take ARGMAX_SPAN-wide slices of
+// a row (blockIdx.y): each leaves its best as one u64 key (argmax_key: the
+// largest key is the largest value, then the lowest index), and the last of
+// a row's blocks to finish (`cnt`, zero between launches: it resets it)
+// reduces the row's keys.
+#define ARGMAX_SPAN 2048
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+    if (!(v > -INF_F)) return 0ull;
+    unsigned u = v == 0.0f ? 0u : __float_as_uint(v);  // -0 ties +0, as on the host
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (unsigned)~i;
+}
+
+__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long k, unsigned long long* red) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    if (lane == 0) {
-        sv[warp] = best;
-        si[warp] = bi;
+    for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) red[warp] = k;
+    __syncthreads();
+    k = 0ull;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) k = max(k, red[w]);
+    return k;
+}
+
+extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* x, int width, u32* out,
+                                                               unsigned long long* keys, u32* cnt) {
+    PDL_ENTER();
+    __shared__ unsigned long long red[8];
+    __shared__ bool last;
+    const float* r = x + (size_t)blockIdx.y * width;
+    int i0 = blockIdx.x * ARGMAX_SPAN + threadIdx.x;
+    constexpr int U = ARGMAX_SPAN / 256;
+    float v[U];
+#pragma unroll
+    for (int j = 0; j < U; j++) v[j] = i0 + 256 * j < width ? __ldcg(r + i0 + 256 * j) : -INF_F;
+    unsigned long long k = 0ull;
+#pragma unroll
+    for (int j = 0; j < U; j++) k = max(k, argmax_key(v[j], i0 + 256 * j));
+    k = block_max_u64(k, red);
+    unsigned long long* row_keys = keys + (size_t)blockIdx.y * gridDim.x;
+    if (threadIdx.x == 0) {
+        row_keys[blockIdx.x] = k;
+        __threadfence();
+        last = atomicAdd(cnt + blockIdx.y, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (warp == 0) {
-        best = lane < nw ? sv[lane] : -INF_F;
-        bi = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) {
-                best = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+    if (!last) return;
+    __threadfence();
+    k = 0ull;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) k = max(k, __ldcg(row_keys + b));
+    __syncthreads();  // red is reused
+    k = block_max_u64(k, red);
+    if (threadIdx.x == 0) {
+        out[blockIdx.y] = k == 0ull ? 0u : ~(u32)k;
+        cnt[blockIdx.y] = 0u;
     }
 }
 

@@ -1243,6 +1243,28 @@ mod tests {
         }
     }
 
+    /// Read-backs go through a page-locked buffer in pipelined pieces
+    /// (`Device::read`): a vocabulary-sized read and one of many pieces
+    /// come back whole and in order, as does a prefix and a short read.
+    #[test]
+    fn read_back_in_pieces_returns_what_was_uploaded() {
+        let Some(c) = gpu("CUDA read-back through the page-locked buffer (whole, prefix, many pieces)") else {
+            return;
+        };
+        let mut r = rng();
+        for n in [7usize, 128_256, 300_001] {
+            let x = rand_vec(&mut r, n, 1.0);
+            let d = c.device().upload_f32(&x).unwrap();
+            let mut got = vec![f32::NAN; n];
+            c.read(&d, &mut got).unwrap();
+            assert!(got == x, "{n} floats read back differ");
+            let mut head = vec![f32::NAN; n / 2 + 1];
+            c.read(&d, &mut head).unwrap();
+            assert!(head[..] == x[..n / 2 + 1], "the first {} of {n} floats differ", n / 2 + 1);
+            assert!(c.read(&d, &mut vec![0.0; n + 1]).is_err(), "a read past the buffer must be an error");
+        }
+    }
+
     #[test]
     fn argmax_on_the_device_matches_the_host_twin() {
         let Some(c) =
@@ -1270,6 +1292,21 @@ mod tests {
                 "a width that does not divide the buffer must be an error"
             );
         }
+        // Across the kernel's 2048-wide slices: a row of minus infinity and
+        // NaN (0), and -0 before +0 above negative values (a tie: the -0).
+        let width = 5000;
+        let mut x = vec![f32::NEG_INFINITY; 2 * width];
+        x[3000] = f32::NAN;
+        for v in &mut x[width..] {
+            *v = -1.0;
+        }
+        x[width + 2100] = -0.0;
+        x[width + 4500] = 0.0;
+        let want: Vec<u32> = x.chunks(width).map(crate::backend::argmax).collect();
+        assert_eq!(want, [0, 2100]);
+        let mut got = vec![u32::MAX; 2];
+        c.argmax_rows(&c.device().upload_f32(&x).unwrap(), width, &mut got).unwrap();
+        assert_eq!(got, want, "minus infinity, NaN and signed zeros");
     }
 
     #[test]
