@@ -1069,45 +1069,54 @@ impl Device {
                 .map_err(drv("reading back"))?;
             return self.synchronize();
         }
-        // Through the page-locked buffer: in halves of READ_CHUNK bytes, the
-        // copy of one half out overlapping the device's copy into the other
-        // (`FERROX_CUDA_READ=1`: one piece).
-        let chunk = if self.read_mode == 1 { 4 * dst.len() } else { READ_CHUNK };
-        let per = chunk / 4;
+        // Through the page-locked buffer: in pieces of READ_CHUNK bytes,
+        // two halves of it in turn, the copy of one piece out overlapping the
+        // device's copy of the next into the other half (`FERROX_CUDA_READ=1`:
+        // one piece).
+        let n = dst.len();
+        let per = if self.read_mode == 1 { n } else { READ_CHUNK / 4 };
+        let pieces = n.div_ceil(per);
+        let src0 = self.ptr(&src.s);
         let mut guard = self.scratch_guard("read")?;
         let sc = &mut *guard;
-        let host = Pinned::at_least(&mut sc.host, &self.ctx, 2 * chunk.min(4 * dst.len()))?;
-        let src0 = self.ptr(&src.s);
-        let n = dst.len();
-        let pieces = n.div_ceil(per);
         if pieces == 1 {
-            host.copy_from::<f32>(0, src0, n, &self.stream)?;
-            self.synchronize()?;
-            dst.copy_from_slice(host.values(0, n));
-            return Ok(());
+            return self.read_pinned(&mut sc.host, src0, dst);
         }
-        if sc.host_events.is_none() {
-            let ev = || self.ctx.new_event(None).map_err(drv("creating a read event"));
-            sc.host_events = Some([ev()?, ev()?]);
-        }
-        let (Some(host), Some(events)) = (&mut sc.host, &sc.host_events) else {
-            return Err(shape("read", "page-locked buffer not allocated".into()));
+        let events = match &mut sc.host_events {
+            Some(e) => &*e,
+            slot => {
+                let ev = || self.ctx.new_event(None).map_err(drv("creating a read event"));
+                &*slot.insert([ev()?, ev()?])
+            }
         };
+        let host = Pinned::at_least(&mut sc.host, &self.ctx, 2 * READ_CHUNK)?;
+        let span = |i: usize| (i * per, per.min(n - i * per));
         let issue = |host: &mut Pinned, i: usize| -> Result<(), CudaError> {
-            let (a, len) = (i * per, per.min(n - i * per));
-            host.copy_from::<f32>((i % 2) * chunk, src0 + 4 * a as u64, len, &self.stream)?;
+            let (a, len) = span(i);
+            host.copy_from::<f32>((i % 2) * READ_CHUNK, src0 + 4 * a as u64, len, &self.stream)?;
             events[i % 2].record(&self.stream).map_err(drv("recording a read event"))
         };
         issue(host, 0)?;
         issue(host, 1)?;
         for i in 0..pieces {
             events[i % 2].synchronize().map_err(drv("waiting for a read"))?;
-            let (a, len) = (i * per, per.min(n - i * per));
-            dst[a..a + len].copy_from_slice(host.values((i % 2) * chunk, len));
+            let (a, len) = span(i);
+            dst[a..a + len].copy_from_slice(host.values((i % 2) * READ_CHUNK, len));
             if i + 2 < pieces {
                 issue(host, i + 2)?;
             }
         }
+        Ok(())
+    }
+
+    /// Copies `out.len()` values from device address `src` into `out`
+    /// through the page-locked buffer in `slot` (grown as needed), waiting
+    /// for the work that produces them.
+    fn read_pinned<T: Copy>(&self, slot: &mut Option<Pinned>, src: u64, out: &mut [T]) -> Result<(), CudaError> {
+        let host = Pinned::at_least(slot, &self.ctx, std::mem::size_of_val(out))?;
+        host.copy_from::<T>(0, src, out.len(), &self.stream)?;
+        self.synchronize()?;
+        out.copy_from_slice(host.values(0, out.len()));
         Ok(())
     }
 
@@ -1745,11 +1754,7 @@ impl Device {
             let (xr, idr) = (x0 + 4 * (r0 * width) as u64, ids0 + 4 * r0 as u64);
             self.launch(&self.fns.argmax_rows, cfg, "argmax_rows", &[&xr, &w, &idr, &keys, &cnt])?;
         }
-        let host = Pinned::at_least(&mut sc.host, &self.ctx, 4 * rows)?;
-        host.copy_from::<u32>(0, ids0, rows, &self.stream)?;
-        self.synchronize()?;
-        out.copy_from_slice(host.values(0, rows));
-        Ok(())
+        self.read_pinned(&mut sc.host, ids0, out)
     }
 
     /// RoPE on `x` (`[pos.len(), n_heads * head_dim]`) in place.
