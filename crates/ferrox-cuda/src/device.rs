@@ -168,6 +168,10 @@ pub enum MatmulPath {
 /// Batches above this many tokens use the GEMM (when cuBLAS is present).
 pub const GEMM_MIN_TOKENS: usize = 8;
 
+/// The most dynamic shared memory a fused-norm matvec takes for its input
+/// row (a launch's default limit, no opt-in): rows up to 12288 wide.
+const NORM_SMEM_MAX: usize = 48 * 1024;
+
 /// The gated activation of a GLU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Act {
@@ -275,6 +279,8 @@ struct Fns {
     argmax_rows: CudaFunction,
     matvec_f16_stream: CudaFunction,
     matvec_f16_glu_stream: CudaFunction,
+    matvec_f16_norm_stream: CudaFunction,
+    matvec_f16_glu_norm_stream: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
     rope_kv: CudaFunction,
@@ -444,6 +450,13 @@ pub struct Device {
     /// Fused launches (RoPE with the cache store, the GLU in the gate/up
     /// matvec); `FERROX_CUDA_FUSE=0` turns them off, for measuring.
     fuse: bool,
+    /// The RMS norm before a projection fused into its F16 matvec, and
+    /// projections added into the residual stream by the matvec
+    /// (`FERROX_CUDA_NORM_FUSE=0` turns both off, for measuring).
+    norm_fuse: bool,
+    /// RoPE and the cache store in the QKV matvec's epilogue
+    /// (`FERROX_CUDA_QKV_ROPE=0` turns it off, for measuring).
+    qkv_rope: bool,
     /// Blocks an SM of the streaming matvecs' grid (`matvec_f16_stream`,
     /// `matvec_f16_glu_stream`, `mmvq_stream_<kind>`;
     /// `FERROX_CUDA_STREAM_BLOCKS`, default 2: the kernels' launch bound).
@@ -654,6 +667,8 @@ impl Device {
             argmax_rows: f("argmax_rows")?,
             matvec_f16_stream: f("matvec_f16_stream")?,
             matvec_f16_glu_stream: f("matvec_f16_glu_stream")?,
+            matvec_f16_norm_stream: f("matvec_f16_norm_stream")?,
+            matvec_f16_glu_norm_stream: f("matvec_f16_glu_norm_stream")?,
             rope: f("rope")?,
             kv_store: f("kv_store")?,
             rope_kv: f("rope_kv")?,
@@ -710,6 +725,8 @@ impl Device {
             q8_tag: Mutex::new(None),
             mmvq_units: Some(env_or("FERROX_CUDA_MMVQ_UNITS", 0)).filter(|&v| v > 0),
             fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
+            norm_fuse: std::env::var("FERROX_CUDA_NORM_FUSE").map_or(true, |v| v != "0"),
+            qkv_rope: std::env::var("FERROX_CUDA_QKV_ROPE").map_or(true, |v| v != "0"),
             stream_blocks: env_usize("FERROX_CUDA_STREAM_BLOCKS", 2),
             sms: sms.max(1) as usize,
             pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
@@ -748,6 +765,19 @@ impl Device {
     /// Whether fused launches are on (`FERROX_CUDA_FUSE`, default on).
     pub fn fuses(&self) -> bool {
         self.fuse
+    }
+
+    /// Whether the QKV matvec applies RoPE and stores the cache
+    /// (`FERROX_CUDA_QKV_ROPE`, default on; needs [`Device::fuses`] too).
+    pub fn qkv_ropes(&self) -> bool {
+        self.qkv_rope && self.fuse
+    }
+
+    /// Whether norms fuse into the F16 matvecs and projections add into
+    /// the residual in the matvec (`FERROX_CUDA_NORM_FUSE`, default on;
+    /// the gate/up GLU with the norm also needs [`Device::fuses`]).
+    pub fn norm_fuses(&self) -> bool {
+        self.norm_fuse
     }
 
     /// The device's name (`NVIDIA H200`).
@@ -1225,15 +1255,7 @@ impl Device {
         y: &mut Buf,
         n: usize,
     ) -> Result<(), CudaError> {
-        if x.len < n * w.cols || y.len < n * w.rows {
-            return Err(shape(
-                "matmul",
-                format!(
-                    "{n} tokens through {}x{}: input {} floats, output {}",
-                    w.rows, w.cols, x.len, y.len
-                ),
-            ));
-        }
+        matmul_shape(w, x, y, n)?;
         if n == 0 {
             return Ok(());
         }
@@ -1244,10 +1266,10 @@ impl Device {
                     return Err(shape("matvec", format!("{n} tokens in one launch")));
                 }
                 if mmvq_fits(w) {
-                    return self.mmvq(&[(w, self.ptr(&y.s))], x, n);
+                    return self.mmvq(&[(w, self.ptr(&y.s))], x, n, Epilogue::Store);
                 }
                 if f16_fits(w) {
-                    return self.matvec_f16(&[(w, self.ptr(&y.s))], x, n);
+                    return self.matvec_f16(&[(w, self.ptr(&y.s))], x, n, Epilogue::Store, None);
                 }
                 // Every other kind: the unit decoder.
                 let (wp, xp, yp) = (self.ptr(&w.data), self.ptr(&x.s), self.ptr(&y.s));
@@ -1298,34 +1320,95 @@ impl Device {
             return Ok(());
         }
         for (w, y) in outs.iter() {
-            if x.len < n * w.cols || y.len < n * w.rows {
-                return Err(shape(
-                    "matmul",
-                    format!(
-                        "{n} tokens through {}x{}: input {} floats, output {}",
-                        w.rows, w.cols, x.len, y.len
-                    ),
-                ));
-            }
+            matmul_shape(w, x, y, n)?;
         }
         let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(w, y)| (*w, self.ptr(&y.s))).collect();
         if f16_fits(mats[0].0) {
-            return self.matvec_f16(&mats, x, n);
+            return self.matvec_f16(&mats, x, n, Epilogue::Store, None);
         }
-        self.mmvq(&mats, x, n)
+        self.mmvq(&mats, x, n, Epilogue::Store)
     }
 
     /// One launch of the streaming F16 matvec over up to three F16
-    /// matrices of one width (checked by the callers: [`f16_fits`], shapes).
-    fn matvec_f16(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
+    /// matrices of one width (checked by the callers: [`f16_fits`], shapes),
+    /// each row's dot taken as `epi` says; with `norm` (weights of `cols`
+    /// floats, checked by the caller: [`Device::norm_fits`]), over
+    /// `rms_norm(x) * norm` (`matvec_f16_norm_stream`).
+    fn matvec_f16(
+        &self,
+        mats: &[(&Matrix, u64)],
+        x: &Buf,
+        n: usize,
+        epi: Epilogue,
+        norm: Option<(&Buf, f32)>,
+    ) -> Result<(), CudaError> {
         let cols = mats[0].0.cols;
-        let (m, cfg) = self.mats_launch("matvec_f16", mats, n)?;
-        self.launch(
-            &self.fns.matvec_f16_stream,
-            cfg,
-            "matvec",
-            &[&m, &self.ptr(&x.s), &int("matvec", cols)?],
-        )
+        let (m, mut cfg) = self.mats_launch("matvec_f16", mats, n, epi)?;
+        let (xp, c) = (self.ptr(&x.s), int("matvec", cols)?);
+        match norm {
+            None => self.launch(&self.fns.matvec_f16_stream, cfg, "matvec", &[&m, &xp, &c]),
+            Some((w, eps)) => {
+                cfg.shared_mem_bytes = 4 * cols as u32;
+                let f = &self.fns.matvec_f16_norm_stream;
+                self.launch(f, cfg, "matvec with the norm", &[&m, &xp, &c, &self.ptr(&w.s), &eps])
+            }
+        }
+    }
+
+    /// Whether the RMS norm with weights `w` fuses into a streaming F16
+    /// matvec over `width`-wide rows (the norm's input in shared memory).
+    fn norm_fits(&self, w: &Buf, width: usize) -> bool {
+        self.norm_fuse && w.len == width && 4 * width <= NORM_SMEM_MAX
+    }
+
+    /// `ys[i] = rms_norm(x) * norm . W_i^T` in one launch, the norm
+    /// fused into the matvec (the streaming F16 kernel, decode batches);
+    /// returns false, launching nothing, where that does not hold: the
+    /// caller then norms and multiplies apart.
+    pub fn norm_matmul_many(
+        &self,
+        x: &Buf,
+        norm: &Buf,
+        eps: f32,
+        n: usize,
+        outs: &mut [(&Matrix, &mut Buf)],
+    ) -> Result<bool, CudaError> {
+        let Some(first) = outs.first().map(|(w, _)| *w) else {
+            return Ok(false);
+        };
+        let fits = outs.len() <= 3
+            && n <= 65535
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && outs.iter().all(|(w, _)| f16_fits(w) && w.cols == first.cols)
+            && self.norm_fits(norm, first.cols);
+        if !fits || n == 0 {
+            return Ok(fits);
+        }
+        for (w, y) in outs.iter() {
+            matmul_shape(w, x, y, n)?;
+        }
+        let mats: Vec<(&Matrix, u64)> = outs.iter().map(|(w, y)| (*w, self.ptr(&y.s))).collect();
+        self.matvec_f16(&mats, x, n, Epilogue::Store, Some((norm, eps))).map(|()| true)
+    }
+
+    /// `y += x W^T` in one launch (the streaming matvecs add into their
+    /// output: a projection into the residual stream); returns false,
+    /// launching nothing, where `w` or `n` takes another path.
+    pub fn matmul_acc(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<bool, CudaError> {
+        let fits = self.norm_fuse
+            && n <= 65535
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && (f16_fits(w) || mmvq_fits(w));
+        if !fits || n == 0 {
+            return Ok(fits);
+        }
+        matmul_shape(w, x, y, n)?;
+        let mats = [(w, self.ptr(&y.s))];
+        match f16_fits(w) {
+            true => self.matvec_f16(&mats, x, n, Epilogue::Add, None)?,
+            false => self.mmvq(&mats, x, n, Epilogue::Add)?,
+        }
+        Ok(true)
     }
 
     /// The grid of a streaming matvec launch over `rows` rows and `n`
@@ -1341,6 +1424,80 @@ impl Device {
         }
     }
 
+    /// A layer's Q, K and V projections (`ws`, into `qkv`) of `x`, or of
+    /// `rms_norm(x) * norm` with `norm`, in one streaming matvec launch
+    /// whose epilogue applies RoPE to the queries and keys and stores the
+    /// keys and values into layer `layer` of the cache at the tokens'
+    /// (slot, position) (`rope_epilogue`); then the attention of the
+    /// queries into `out`, as [`Device::rope_attention`]. Returns false,
+    /// launching nothing, where that launch does not apply (NeoX pairs, a
+    /// batch past the matvec path, matrices of different kinds or widths,
+    /// a norm that does not fuse, `FERROX_CUDA_QKV_ROPE=0`): the caller
+    /// runs the ops apart.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_rope_attention(
+        &self,
+        kv: &mut Kv,
+        layer: usize,
+        seq: IndexView<'_>,
+        pos: IndexView<'_>,
+        x: &Buf,
+        norm: Option<(&Buf, f32)>,
+        ws: [&Matrix; 3],
+        qkv: [&mut Buf; 3],
+        out: &mut Buf,
+        a: &AttnShape,
+        r: &RopeShape,
+        factors: Option<&Buf>,
+    ) -> Result<bool, CudaError> {
+        let n = seq.len;
+        let (hd, hdv, cols) = (a.head_dim, a.head_dim_v, ws[0].cols);
+        let uniform = ws.iter().all(|w| f16_fits(w) && w.cols == cols)
+            || (norm.is_none() && ws.iter().all(|w| mmvq_fits(w) && w.kind == ws[0].kind && w.cols == cols));
+        let fits = self.qkv_rope
+            && self.fuse
+            && uniform
+            && !r.halves
+            && r.n_rot.is_multiple_of(2)
+            && r.n_rot <= hd
+            && hd.is_multiple_of(2)
+            && (r.n_heads, r.head_dim) == (a.n_head, hd)
+            && (1..=65535).contains(&n)
+            && pos.len == n
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && [a.n_head * hd, a.n_head_kv * hd, a.n_head_kv * hdv] == [ws[0].rows, ws[1].rows, ws[2].rows]
+            && kv.k_dims.get(layer) == Some(&ws[1].rows)
+            && kv.v_dims.get(layer) == Some(&ws[2].rows)
+            && norm.is_none_or(|(w, _)| self.norm_fits(w, cols));
+        if !fits {
+            return Ok(false);
+        }
+        rope_check(n, [(qkv[0].len, a.n_head), (qkv[1].len, a.n_head_kv)].into_iter(), r, factors)?;
+        for (w, y) in ws.iter().zip(&qkv) {
+            matmul_shape(w, x, y, n)?;
+        }
+        let mats: Vec<(&Matrix, u64)> = ws.iter().zip(&qkv).map(|(w, y)| (*w, self.ptr(&y.s))).collect();
+        let epi = Epilogue::Rope(RopeEpi {
+            seq: seq.ptr,
+            pos: pos.ptr,
+            factors: factors.map_or(0, |f| self.ptr(&f.s)),
+            kc: self.ptr(&kv.k[layer]),
+            vc: self.ptr(&kv.v[layer]),
+            hd: int("qkv_rope", hd)?,
+            n_rot: int("qkv_rope", r.n_rot)?,
+            n_ctx: int("qkv_rope", kv.n_ctx)?,
+            base: r.base,
+            freq_scale: r.freq_scale,
+            attn_factor: r.attn_factor,
+        });
+        match f16_fits(ws[0]) {
+            true => self.matvec_f16(&mats, x, n, epi, norm)?,
+            false => self.mmvq(&mats, x, n, epi)?,
+        }
+        let [q, k, v] = qkv;
+        self.attend(kv, layer, seq, pos, q, k, v, out, a, KvStore::Done).map(|()| true)
+    }
+
     /// The argument and grid of a streaming matvec launch over up to three
     /// matrices (`MmvqMats`) and `n` tokens.
     fn mats_launch(
@@ -1348,11 +1505,12 @@ impl Device {
         op: &'static str,
         mats: &[(&Matrix, u64)],
         n: usize,
+        epi: Epilogue,
     ) -> Result<(MmvqMats, LaunchConfig), CudaError> {
         if mats.len() > 3 || n > 65535 {
             return Err(shape(op, format!("{} matrices, {n} tokens in one launch", mats.len())));
         }
-        let m = mmvq_mats(self, mats)?;
+        let m = mmvq_mats(self, mats, epi)?;
         let rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
         Ok((m, self.stream_grid(rows, n)))
     }
@@ -1361,7 +1519,7 @@ impl Device {
     /// one kind and width (checked by the callers: [`mmvq_fits`], shapes).
     /// The activations are quantized once into the q8 scratch, unless the
     /// launch that wrote `x` (the fused norm, the GLU) already did.
-    fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize) -> Result<(), CudaError> {
+    fn mmvq(&self, mats: &[(&Matrix, u64)], x: &Buf, n: usize, epi: Epilogue) -> Result<(), CudaError> {
         let w0 = mats[0].0;
         let f = self
             .kind_fns(w0.kind, "matvec")?
@@ -1372,7 +1530,7 @@ impl Device {
                 kind: w0.kind,
             })?;
         let cols = w0.cols;
-        let (m, cfg) = self.mats_launch("mmvq", mats, n)?;
+        let (m, cfg) = self.mats_launch("mmvq", mats, n, epi)?;
         let (qs, ds) = self.q8_input(x, n * cols, cols)?;
         self.launch_keep(f, cfg, "int8 matvec", &[&m, &qs, &ds, &int("mmvq", cols)?])
     }
@@ -1393,17 +1551,14 @@ impl Device {
         wu: &Matrix,
         h: &mut Buf,
     ) -> Result<bool, CudaError> {
-        let same = wg.kind == wu.kind
-            && wg.rows == wu.rows
-            && wg.cols == wu.cols
-            && wg.row_bytes == wu.row_bytes;
+        let same = same_layout(wg, wu);
         if self.fuse
             && same
             && f16_fits(wg)
             && self.matmul_path(n) == MatmulPath::Matvec
             && n <= 65535
         {
-            return self.f16_glu(act, x, n, wg, wu, h).map(|()| true);
+            return self.f16_glu(act, x, n, wg, wu, h, None).map(|()| true);
         }
         let f = match self.kind_fns(wg.kind, "matvec")?.mmvq_glu.as_ref() {
             Some(f) => f,
@@ -1472,6 +1627,9 @@ impl Device {
     /// warp a row, over both matrices' rows. Writes no q8 copy of `h`
     /// (a 32-row unit of it spans blocks); an int8 down matvec quantizes
     /// `h` itself, since this launch clears the tag.
+    /// With `norm`, over `rms_norm(x) * norm` (`matvec_f16_glu_norm_stream`,
+    /// checked by the caller: [`Device::norm_fits`]).
+    #[allow(clippy::too_many_arguments)]
     fn f16_glu(
         &self,
         act: Act,
@@ -1480,25 +1638,59 @@ impl Device {
         wg: &Matrix,
         wu: &Matrix,
         h: &mut Buf,
+        norm: Option<(&Buf, f32)>,
     ) -> Result<(), CudaError> {
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
         let a = act.code();
-        self.launch(
-            &self.fns.matvec_f16_glu_stream,
-            self.stream_grid(rows, n),
-            "F16 gate/up matvec with the GLU",
-            &[
-                &self.ptr(&wg.data),
-                &self.ptr(&wu.data),
-                &(wg.row_bytes as i64),
-                &int("gate_up_glu", rows)?,
-                &self.ptr(&x.s),
-                &int("gate_up_glu", cols)?,
-                &a,
-                &self.ptr(&h.s),
-            ],
-        )
+        let (wgp, wup, rb) = (self.ptr(&wg.data), self.ptr(&wu.data), wg.row_bytes as i64);
+        let (r, c, xp, hp) = (int("gate_up_glu", rows)?, int("gate_up_glu", cols)?, self.ptr(&x.s), self.ptr(&h.s));
+        let mut cfg = self.stream_grid(rows, n);
+        match norm {
+            None => self.launch(
+                &self.fns.matvec_f16_glu_stream,
+                cfg,
+                "F16 gate/up matvec with the GLU",
+                &[&wgp, &wup, &rb, &r, &xp, &c, &a, &hp],
+            ),
+            Some((w, eps)) => {
+                cfg.shared_mem_bytes = 4 * cols as u32;
+                self.launch(
+                    &self.fns.matvec_f16_glu_norm_stream,
+                    cfg,
+                    "F16 gate/up matvec with the norm and the GLU",
+                    &[&wgp, &wup, &rb, &r, &xp, &c, &a, &hp, &self.ptr(&w.s), &eps],
+                )
+            }
+        }
+    }
+
+    /// `h = act(y Wg^T) * (y Wu^T)` with `y = rms_norm(x) * norm`, in one
+    /// launch (two F16 matrices of one shape, decode batches); returns
+    /// false, launching nothing, where that does not hold: the caller then
+    /// norms apart and takes [`Device::gate_up_glu`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_gate_up_glu(
+        &self,
+        act: Act,
+        x: &Buf,
+        norm: &Buf,
+        eps: f32,
+        n: usize,
+        wg: &Matrix,
+        wu: &Matrix,
+        h: &mut Buf,
+    ) -> Result<bool, CudaError> {
+        let fits = self.fuse
+            && same_layout(wg, wu)
+            && f16_fits(wg)
+            && self.matmul_path(n) == MatmulPath::Matvec
+            && n <= 65535
+            && self.norm_fits(norm, wg.cols);
+        if !fits || n == 0 {
+            return Ok(fits);
+        }
+        self.f16_glu(act, x, n, wg, wu, h, Some((norm, eps))).map(|()| true)
     }
 
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
@@ -1846,7 +2038,7 @@ impl Device {
         out: &mut Buf,
         a: &AttnShape,
     ) -> Result<(), CudaError> {
-        self.attend(kv, layer, seq, pos, q, k, v, out, a, None)
+        self.attend(kv, layer, seq, pos, q, k, v, out, a, KvStore::Plain)
     }
 
     /// RoPE on `q` and `k` (as [`Device::rope_qk`], `r.n_heads` query heads,
@@ -1883,7 +2075,7 @@ impl Device {
                 ),
             ));
         }
-        self.attend(kv, layer, seq, pos, q, k, v, out, a, Some((r, factors)))
+        self.attend(kv, layer, seq, pos, q, k, v, out, a, KvStore::Rope(r, factors))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1898,7 +2090,7 @@ impl Device {
         v: &Buf,
         out: &mut Buf,
         a: &AttnShape,
-        rope: Option<(&RopeShape, Option<&Buf>)>,
+        store: KvStore<'_>,
     ) -> Result<(), CudaError> {
         let n = seq.len;
         let (hd, hdv) = (a.head_dim, a.head_dim_v);
@@ -1948,7 +2140,7 @@ impl Device {
         if n > 65535 {
             return Err(shape("kv_store", format!("{n} tokens in one launch")));
         }
-        if let Some((r, factors)) = rope {
+        if let KvStore::Rope(r, factors) = store {
             let most = (n * a.n_head * (r.n_rot / 2))
                 .max(n * a.n_head_kv * (hd / 2))
                 .max(n * vd);
@@ -1982,7 +2174,7 @@ impl Device {
                     ],
                 )?;
             }
-        } else {
+        } else if let KvStore::Plain = store {
             let cfg = LaunchConfig {
                 grid_dim: (kd.max(vd).div_ceil(128) as u32, n as u32, 2),
                 block_dim: (128, 1, 1),
@@ -2436,6 +2628,46 @@ macro_rules! arg {
 }
 arg!(u64, i64, i32, f32, MmvqMats);
 
+/// How the attention's launch finds the step's keys and values in the cache.
+#[derive(Clone, Copy)]
+enum KvStore<'a> {
+    /// RoPE on q and k, then both stored (`rope_kv`).
+    Rope(&'a RopeShape, Option<&'a Buf>),
+    /// Stored as they are (`kv_store`).
+    Plain,
+    /// Already rotated and stored (the QKV launch's epilogue).
+    Done,
+}
+
+/// What a streaming matvec launch does with each row's dot.
+#[derive(Clone, Copy)]
+enum Epilogue {
+    /// `y = dot`.
+    Store,
+    /// `y += dot` (a projection into the residual stream).
+    Add,
+    /// The launch is a layer's Q, K and V: RoPE on the queries and keys,
+    /// the keys and values into the cache (`rope_epilogue`).
+    Rope(RopeEpi),
+}
+
+/// The RoPE and cache fields of `MmvqMats` (device pointers, the
+/// rotation's shape).
+#[derive(Clone, Copy)]
+struct RopeEpi {
+    seq: u64,
+    pos: u64,
+    factors: u64,
+    kc: u64,
+    vc: u64,
+    hd: i32,
+    n_rot: i32,
+    n_ctx: i32,
+    base: f32,
+    freq_scale: f32,
+    attn_factor: f32,
+}
+
 /// The matrices of one int8-activation or F16 matvec launch (`MmvqMats`
 /// in `kernels.cu`, field for field).
 #[repr(C)]
@@ -2444,7 +2676,20 @@ struct MmvqMats {
     w: [u64; 3],
     y: [u64; 3],
     rows: [i32; 3],
+    acc: i32,
     row_bytes: [i64; 3],
+    seq: u64,
+    pos: u64,
+    factors: u64,
+    kc: u64,
+    vc: u64,
+    rope: i32,
+    hd: i32,
+    n_rot: i32,
+    n_ctx: i32,
+    base: f32,
+    freq_scale: f32,
+    attn_factor: f32,
 }
 
 // SAFETY: plain old data with the C layout the kernel declares.
@@ -2562,13 +2807,31 @@ fn lanes_per_row(loads: usize, per_lane: usize) -> usize {
 }
 
 /// The kernel argument listing up to three matrices and their outputs.
-fn mmvq_mats(d: &Device, mats: &[(&Matrix, u64)]) -> Result<MmvqMats, CudaError> {
+fn mmvq_mats(d: &Device, mats: &[(&Matrix, u64)], epi: Epilogue) -> Result<MmvqMats, CudaError> {
     let mut m = MmvqMats {
         w: [0; 3],
         y: [0; 3],
         rows: [0; 3],
+        acc: matches!(epi, Epilogue::Add) as i32,
         row_bytes: [0; 3],
+        seq: 0,
+        pos: 0,
+        factors: 0,
+        kc: 0,
+        vc: 0,
+        rope: 0,
+        hd: 0,
+        n_rot: 0,
+        n_ctx: 0,
+        base: 0.0,
+        freq_scale: 0.0,
+        attn_factor: 0.0,
     };
+    if let Epilogue::Rope(r) = epi {
+        (m.seq, m.pos, m.factors, m.kc, m.vc) = (r.seq, r.pos, r.factors, r.kc, r.vc);
+        (m.rope, m.hd, m.n_rot, m.n_ctx) = (1, r.hd, r.n_rot, r.n_ctx);
+        (m.base, m.freq_scale, m.attn_factor) = (r.base, r.freq_scale, r.attn_factor);
+    }
     for (i, (w, y)) in mats.iter().enumerate().take(3) {
         m.w[i] = d.ptr(&w.data);
         m.y[i] = *y;
@@ -2576,6 +2839,23 @@ fn mmvq_mats(d: &Device, mats: &[(&Matrix, u64)]) -> Result<MmvqMats, CudaError>
         m.row_bytes[i] = w.row_bytes as i64;
     }
     Ok(m)
+}
+
+/// Whether the gate and up matrices `a` and `b` are laid out alike (one
+/// fused launch walks both with the same offsets).
+fn same_layout(a: &Matrix, b: &Matrix) -> bool {
+    a.kind == b.kind && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes
+}
+
+/// `n` rows of `x` through `w` into `y`: the buffers hold them.
+fn matmul_shape(w: &Matrix, x: &Buf, y: &Buf, n: usize) -> Result<(), CudaError> {
+    if x.len < n * w.cols || y.len < n * w.rows {
+        return Err(shape(
+            "matmul",
+            format!("{n} tokens through {}x{}: input {} floats, output {}", w.rows, w.cols, x.len, y.len),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `w` runs on the 16-byte-load F16 matvec.

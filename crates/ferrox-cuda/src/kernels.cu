@@ -983,12 +983,36 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restri
 // Up to three matrices of one kind over the same activations in one launch
 // (a layer's Q, K and V, or gate and up): `MmvqMats` lists them; the blocks
 // cover their rows in order. One matrix is the case m[1].rows == 0.
+// `acc` 1 adds each row's result to what y holds (y += W x: the residual
+// stream takes a projection without a separate add). `rope` 1: the three
+// matrices are a layer's Q, K and V, and the epilogue applies RoPE
+// (`rope_epilogue`) and stores the keys and values into the f16 cache.
 struct MmvqMats {
     const u8* w[3];
     float* y[3];
     int rows[3];
+    int acc;
     long long row_bytes[3];
+    const u32* seq;
+    const u32* pos;
+    const float* factors;
+    u16* kc;
+    u16* vc;
+    int rope, hd, n_rot, n_ctx;
+    float base, freq_scale, attn_factor;
 };
+
+// The rotation of pair `i` (of n_rot / 2) at position `p`: cos and sin,
+// scaled by attn_factor.
+__device__ __forceinline__ void rope_cs(u32 p, int i, int n_rot, float base, float freq_scale,
+                                        float attn_factor, const float* factors, float* c, float* s) {
+    float theta_scale = powf(base, -2.0f / n_rot);
+    float theta = (float)p * powf(theta_scale, (float)i);
+    if (factors) theta = theta / factors[i];
+    theta *= freq_scale;
+    *c = cosf(theta) * attn_factor;
+    *s = sinf(theta) * attn_factor;
+}
 
 // Matrix `k` of `m` without indexing the parameter's arrays at run time
 // (that copies the struct to local memory).
@@ -1011,6 +1035,34 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
         }
     }
     return true;
+}
+
+// The QKV launch's epilogue (`m.rope`) for row `r` of matrix `k` (0 q,
+// 1 k, 2 v), the warp's `i`-th row, with dot `v` (every lane holds it);
+// returns the value to store. RoPE pairs rows 2j and 2j+1 of a head
+// (adjacent pairs, not NeoX's halves): a warp and its neighbour (warp ^ 1)
+// take such a pair at the same step, since the grid's warps are even in
+// number and every matrix's rows are; they swap their dots through shared
+// memory under a barrier of the two warps (ids 1 to 4), the rows' slot
+// alternating so a warp a row ahead cannot overwrite what its neighbour
+// has yet to read. Lane 0 stores the keys and values into the cache at
+// the token's (slot, position), as `rope_kv` does.
+__device__ __forceinline__ float rope_epilogue(const MmvqMats& m, int k, int r, int i, float v) {
+    __shared__ float pair_dot[2][8];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
+    int j = r % m.hd;
+    if (k < 2 && j < m.n_rot) {
+        if (lane == 0) pair_dot[i & 1][warp] = v;
+        asm volatile("bar.sync %0, 64;" ::"r"(1 + (warp >> 1)) : "memory");
+        float o = pair_dot[i & 1][warp ^ 1], c, sn;
+        rope_cs(m.pos[t], j >> 1, m.n_rot, m.base, m.freq_scale, m.attn_factor, m.factors, &c, &sn);
+        v = (j & 1) ? o * sn + v * c : v * c - o * sn;
+    }
+    if (k > 0 && lane == 0) {
+        size_t at = (size_t)m.seq[t] * m.n_ctx + m.pos[t];
+        (k == 1 ? m.kc : m.vc)[at * mats_rows(m, k) + r] = f2h(v);
+    }
+    return v;
 }
 
 // One unit's activations from the q8 buffer: 8 ints and (d, d * sum).
@@ -1049,7 +1101,9 @@ __device__ __forceinline__ bool mats_row(const MmvqMats& m, int* r, int* k) {
 // of S units a lane (`units` a row) in registers, the next step's loads
 // (the next row's, across a row's end) issued before the current step's
 // dots; the first two steps are loaded before `enter` (the kernel's
-// PDL_ENTER, a lambda at the kernel's line so the trace names it). ROT
+// PDL_ENTER, a lambda at the kernel's line so the trace names it; it
+// returns the factor every row's dot is scaled by: 1, or the fused norm's
+// 1 / rms). ROT
 // starts each warp's row at a rotated step. `load(W (&)[S], row, u0)`
 // loads a step (units u0 + 32 j of the row's bytes, clamped to the row);
 // `dots(const W (&)[S], u0)` its dots against token blockIdx.y's input
@@ -1071,34 +1125,51 @@ __device__ __forceinline__ void mats_stream(const MmvqMats& m, int units, Load l
         mats_row(m, &r, &k);
         return mats_w(m, k) + (size_t)r * mats_rb(m, k);
     };
-    auto finish = [&](int s, float acc) {
-        float tot = warp_sum(acc);
-        if (lane == 0) {
-            int r = w0 + (s / spr) * nw, k;
-            mats_row(m, &r, &k);
-            mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = tot;
-        }
+    float sc = 1.0f;
+    auto yat = [&](int s) {
+        int r = w0 + (s / spr) * nw, k;
+        mats_row(m, &r, &k);
+        return mats_y(m, k) + (size_t)t * mats_rows(m, k) + r;
+    };
+    // What step s's row adds its result to (acc; 0 otherwise), read by
+    // lane 0 together with the step's weights: a read at the row's end
+    // stalled the warp a round trip before its next loads (on the H200 8b
+    // F16's down matvec took 31 us instead of 28).
+    auto old = [&](int s) { return m.acc && lane == 0 ? *yat(s) : 0.0f; };
+    auto finish = [&](int s, float acc, float y0) {
+        float tot = warp_sum(acc) * sc;
+        int r = w0 + (s / spr) * nw, k;
+        mats_row(m, &r, &k);
+        if (m.rope) tot = rope_epilogue(m, k, r, s / spr, tot);
+        if (lane == 0) mats_y(m, k)[(size_t)t * mats_rows(m, k) + r] = y0 + tot;
     };
     W a[S], b[S];
     int ua = 0, ub = 0;
     if (ns > 0) load(a, at(0, &ua), ua);
     if (ns > 1) load(b, at(1, &ub), ub);
-    enter();
+    sc = enter();
+    float ya = ns > 0 ? old(0) : 0.0f, yb = ns > 1 ? old(1) : 0.0f;
     float acc = 0.0f;
     for (int s = 0; s < ns; s += 2) {
         acc += dots(a, ua);
         if (s % spr == spr - 1) {
-            finish(s, acc);
+            finish(s, acc, ya);
             acc = 0.0f;
         }
-        if (s + 2 < ns) load(a, at(s + 2, &ua), ua);
+        if (s + 2 < ns) {
+            load(a, at(s + 2, &ua), ua);
+            ya = old(s + 2);
+        }
         if (s + 1 < ns) {
             acc += dots(b, ub);
             if ((s + 1) % spr == spr - 1) {
-                finish(s + 1, acc);
+                finish(s + 1, acc, yb);
                 acc = 0.0f;
             }
-            if (s + 3 < ns) load(b, at(s + 3, &ub), ub);
+            if (s + 3 < ns) {
+                load(b, at(s + 3, &ub), ub);
+                yb = old(s + 3);
+            }
         }
     }
 }
@@ -1142,7 +1213,7 @@ __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* 
     };                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, FERROX_MMVQS_MINB) mmvq_stream_##NAME(      \
         MmvqMats m, const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols) {      \
-        mmvq_stream_body<K_##NAME, MMVQS_STEP_##NAME>(m, qx, dsx, cols, [] { PDL_ENTER(); });      \
+        mmvq_stream_body<K_##NAME, MMVQS_STEP_##NAME>(m, qx, dsx, cols, [] { PDL_ENTER(); return 1.0f; }); \
     }
 
 // Units a lane loads a step, per kind (MMVQS_STEP_<kind>, default
@@ -1364,42 +1435,89 @@ __device__ __forceinline__ float f16s_dot(const uint4 (&h)[S], const float4* xt,
     return a;
 }
 
+// The RMS norm before a projection, fused into its streaming matvec
+// (`_norm` kernels: the norm's own launch and its round trip through
+// memory gone). Each block writes x * w (the token's row, the norm's
+// weights) into shared memory and takes 1 / rms(x) as the factor of every
+// row's dot: rms(x)^-1 (x * w) . W_r = (x / rms(x) * w) . W_r. The weights
+// are copied in before PDL_ENTER (immutable), the row after it.
+__device__ __forceinline__ void norm_weights_in(const float* __restrict__ w, int cols, float4* xs) {
+    const float4* w4 = (const float4*)w;
+    for (int i = threadIdx.x; i < cols >> 2; i += blockDim.x) xs[i] = __ldg(w4 + i);
+}
+// xs *= x; returns 1 / rms(x). (block_sum's first barrier orders every
+// thread's writes before any dot reads them.)
+__device__ __forceinline__ float norm_row_in(const float* __restrict__ x, int cols, float eps, float4* xs) {
+    __shared__ float red[32];
+    const float4* x4 = (const float4*)x;
+    float s = 0.0f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < cols >> 2; i += blockDim.x) {
+        float4 v = x4[i], w = xs[i];
+        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        xs[i] = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+    }
+    return rsqrtf(block_sum(s, red) / cols + eps);
+}
+
 // Up to three F16 matrices of one width over one input (`MmvqMats`, in
-// one launch), blockIdx.y the token.
-extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_stream(
-    MmvqMats m, const float* __restrict__ x, int cols) {
+// one launch), blockIdx.y the token. NORM: the input is rms_norm(x) * nw
+// (`norm_weights_in`; cols * 4 bytes of dynamic shared memory).
+template <bool NORM, class Enter>
+__device__ __forceinline__ void f16_stream_body(const MmvqMats& m, const float* __restrict__ x, int cols,
+                                                const float* __restrict__ nw, float eps, Enter enter) {
     constexpr int S = F16S_STEP;
+    extern __shared__ float4 xs[];
     int n8 = cols >> 3;
-    int t = blockIdx.y;
-    const float4* xt = (const float4*)(x + (size_t)t * cols);
+    const float* xr = x + (size_t)blockIdx.y * cols;
+    const float4* xt = NORM ? xs : (const float4*)xr;
     mats_stream<S, FERROX_F16S_ROT != 0, uint4>(
         m, n8, [&](uint4(&w)[S], const u8* row, int u0) { f16s_load(w, (const uint4*)row, n8, u0); },
-        [&](const uint4(&w)[S], int u0) { return f16s_dot(w, xt, n8, u0); }, [] { PDL_ENTER(); });
+        [&](const uint4(&w)[S], int u0) { return f16s_dot(w, xt, n8, u0); },
+        [&] {
+            if (NORM) norm_weights_in(nw, cols, xs);
+            enter();
+            return NORM ? norm_row_in(xr, cols, eps, xs) : 1.0f;
+        });
+}
+
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_stream(
+    MmvqMats m, const float* __restrict__ x, int cols) {
+    f16_stream_body<false>(m, x, cols, 0, 0.0f, [] { PDL_ENTER(); });
+}
+
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_norm_stream(
+    MmvqMats m, const float* __restrict__ x, int cols, const float* __restrict__ nw, float eps) {
+    f16_stream_body<true>(m, x, cols, nw, eps, [] { PDL_ENTER(); });
 }
 
 // The gate and up matvecs and the GLU after them (`matvec_f16_glu`'s
 // arguments less `lpr`), streamed as `matvec_f16_stream`: a step is
-// F16S_GSTEP loads of each matrix.
-extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_glu_stream(
-    const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,
-    const float* __restrict__ x, int cols, int act, float* __restrict__ h) {
+// F16S_GSTEP loads of each matrix. NORM as there.
+template <bool NORM, class Enter>
+__device__ __forceinline__ void f16_glu_body(const u8* __restrict__ wg, const u8* __restrict__ wu,
+                                             long long row_bytes, int rows, const float* __restrict__ x,
+                                             int cols, int act, float* __restrict__ h,
+                                             const float* __restrict__ nw, float eps, Enter enter) {
     constexpr int S = F16S_GSTEP;
+    extern __shared__ float4 xs[];
     int lane = threadIdx.x & 31;
-    int nw = gridDim.x * (blockDim.x >> 5);
+    int nw_ = gridDim.x * (blockDim.x >> 5);
     int w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int t = blockIdx.y;
     int n8 = cols >> 3, spr = (n8 + 32 * S - 1) / (32 * S);
-    int ns = w0 < rows ? ((rows - 1 - w0) / nw + 1) * spr : 0;
+    int ns = w0 < rows ? ((rows - 1 - w0) / nw_ + 1) * spr : 0;
     int rot = FERROX_F16S_ROT ? w0 % spr : 0;
     auto off = [&](int s, int* u0) {
         int i = s / spr, st = s - i * spr + rot;
         *u0 = lane + (st < spr ? st : st - spr) * 32 * S;
-        return (size_t)(w0 + i * nw) * row_bytes;
+        return (size_t)(w0 + i * nw_) * row_bytes;
     };
+    float sc = 1.0f;
     auto finish = [&](int s, float ag, float au) {
-        ag = warp_sum(ag);
-        au = warp_sum(au);
-        if (lane == 0) h[(size_t)t * rows + w0 + (s / spr) * nw] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;
+        ag = warp_sum(ag) * sc;
+        au = warp_sum(au) * sc;
+        if (lane == 0) h[(size_t)t * rows + w0 + (s / spr) * nw_] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;
     };
     uint4 ga[S], ua_[S], gb[S], ub_[S];
     int ua = 0, ub = 0;
@@ -1414,8 +1532,11 @@ extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_g
         f16s_load(gb, (const uint4*)(wg + o), n8, ub);
         f16s_load(ub_, (const uint4*)(wu + o), n8, ub);
     }
-    PDL_ENTER();
-    const float4* xt = (const float4*)(x + (size_t)t * cols);
+    const float* xr = x + (size_t)t * cols;
+    if (NORM) norm_weights_in(nw, cols, xs);
+    enter();
+    if (NORM) sc = norm_row_in(xr, cols, eps, xs);
+    const float4* xt = NORM ? xs : (const float4*)xr;
     float ag = 0.0f, au = 0.0f;
     for (int s = 0; s < ns; s += 2) {
         ag += f16s_dot(ga, xt, n8, ua);
@@ -1443,6 +1564,19 @@ extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_g
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_glu_stream(
+    const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,
+    const float* __restrict__ x, int cols, int act, float* __restrict__ h) {
+    f16_glu_body<false>(wg, wu, row_bytes, rows, x, cols, act, h, 0, 0.0f, [] { PDL_ENTER(); });
+}
+
+extern "C" __global__ void __launch_bounds__(256, FERROX_F16S_MINB) matvec_f16_glu_norm_stream(
+    const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, int rows,
+    const float* __restrict__ x, int cols, int act, float* __restrict__ h, const float* __restrict__ nw,
+    float eps) {
+    f16_glu_body<true>(wg, wu, row_bytes, rows, x, cols, act, h, nw, eps, [] { PDL_ENTER(); });
 }
 
 // Index of the largest value of each row (ties: the lowest index; NaN and
@@ -1602,18 +1736,6 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
 // i + n_rot/2 (NeoX); otherwise 2i with 2i+1. `factors` may be null.
 // blockIdx.y == 1 rotates a second buffer (`x2`, `n_heads2` heads) with the
 // same positions: queries and keys in one launch.
-// The rotation of pair `i` (of n_rot / 2) at position `p`: cos and sin,
-// scaled by attn_factor.
-__device__ __forceinline__ void rope_cs(u32 p, int i, int n_rot, float base, float freq_scale,
-                                        float attn_factor, const float* factors, float* c, float* s) {
-    float theta_scale = powf(base, -2.0f / n_rot);
-    float theta = (float)p * powf(theta_scale, (float)i);
-    if (factors) theta = theta / factors[i];
-    theta *= freq_scale;
-    *c = cosf(theta) * attn_factor;
-    *s = sinf(theta) * attn_factor;
-}
-
 extern "C" __global__ void rope(float* x, const u32* pos, int n_tok, int n_heads, int head_dim,
                                 int n_rot, int halves, float base, float freq_scale,
                                 float attn_factor, const float* factors, float* x2, int n_heads2) { PDL_ENTER();

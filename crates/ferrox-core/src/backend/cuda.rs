@@ -555,6 +555,112 @@ mod dispatch {
             Ok(())
         }
 
+        fn norm_matmul_many(
+            &self,
+            x: &mut Buf,
+            add: Option<&Buf>,
+            norm: &CudaWeight,
+            eps: f32,
+            cur: &mut Buf,
+            n: usize,
+            outs: &mut [(&CudaWeight, &mut Buf)],
+        ) -> Result<(), BackendError> {
+            if add.is_none() {
+                let mut ms = Vec::with_capacity(outs.len());
+                for (w, y) in outs.iter_mut() {
+                    ms.push((w.matrix("matmul")?, &mut **y));
+                }
+                let nw = norm.vector("rms_norm")?;
+                if self.dev.norm_matmul_many(x, nw, eps, n, &mut ms).map_err(be)? {
+                    return Ok(());
+                }
+            }
+            self.add_rms_norm(x, add, norm, eps, cur)?;
+            self.matmul_many(cur, n, outs)
+        }
+
+        fn norm_qkv_attention(
+            &self,
+            kv: &mut Kv,
+            layer: usize,
+            batch: &Batch,
+            x: &mut Buf,
+            add: Option<&Buf>,
+            norm: &CudaWeight,
+            eps: f32,
+            cur: &mut Buf,
+            wqkv: [&CudaWeight; 3],
+            qkv: [&mut Buf; 3],
+            out: &mut Buf,
+            rope: &RopeParams,
+            factors: Option<&CudaWeight>,
+            p: &AttnParams,
+        ) -> Result<(), BackendError> {
+            let ([wq, wk, wv], [q, k, v]) = (wqkv, qkv);
+            let ms = [wq.matrix("q")?, wk.matrix("k")?, wv.matrix("v")?];
+            let fs = factors.map(|f| f.vector("rope factors")).transpose()?;
+            let (r, a) = (rope_shape(p.n_head, p.head_dim, rope), attn_shape(p, batch));
+            let nw = norm.vector("rms_norm")?;
+            // The norm in the launch too where it fuses, else apart.
+            let mut fused = |x: &Buf, norm: Option<(&ferrox_cuda::Buf, f32)>, q: &mut Buf, k: &mut Buf, v: &mut Buf, out: &mut Buf| {
+                self.with_slots(kv, batch, |kv, seq, pos| {
+                    self.dev
+                        .qkv_rope_attention(kv, layer, seq, pos, x, norm, ms, [q, k, v], out, &a, &r, fs)
+                        .map_err(be)
+                })
+            };
+            if add.is_none() && fused(x, Some((nw, eps)), q, k, v, out)? {
+                return Ok(());
+            }
+            let mut qkv = [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)];
+            if add.is_none() && ms.iter().all(|m| m.kind == QuantKind::F16) {
+                // F16 without the RoPE epilogue: the norm may still fuse.
+                self.norm_matmul_many(x, None, norm, eps, cur, batch.len(), &mut qkv)?;
+            } else {
+                // The norm apart (the int8 kinds read its q8 copy).
+                self.add_rms_norm(x, add, norm, eps, cur)?;
+                let [(_, q), (_, k), (_, v)] = &mut qkv;
+                if fused(cur, None, q, k, v, out)? {
+                    return Ok(());
+                }
+                self.matmul_many(cur, batch.len(), &mut qkv)?;
+            }
+            self.rope_attention(kv, layer, batch, q, k, v, out, rope, factors, p)
+        }
+
+        fn norm_gate_up_glu(
+            &self,
+            a: Activation,
+            x: &mut Buf,
+            add: Option<&Buf>,
+            norm: &CudaWeight,
+            eps: f32,
+            cur: &mut Buf,
+            n: usize,
+            wg: &CudaWeight,
+            wu: &CudaWeight,
+            gate: &mut Buf,
+            up: &mut Buf,
+            h: &mut Buf,
+        ) -> Result<(), BackendError> {
+            if add.is_none() {
+                let (g, u, nw) = (wg.matrix("gate")?, wu.matrix("up")?, norm.vector("rms_norm")?);
+                if self.dev.norm_gate_up_glu(act(a), x, nw, eps, n, g, u, h).map_err(be)? {
+                    return Ok(());
+                }
+            }
+            self.add_rms_norm(x, add, norm, eps, cur)?;
+            self.gate_up_glu(a, cur, n, wg, wu, gate, up, h)
+        }
+
+        fn matmul_acc(&self, w: &CudaWeight, x: &Buf, n: usize, scratch: &mut Buf, acc: &mut Buf) -> Result<(), BackendError> {
+            if self.dev.matmul_acc(w.matrix("matmul")?, x, acc, n).map_err(be)? {
+                return Ok(());
+            }
+            self.matmul(w, x, scratch, n)?;
+            self.add(acc, scratch)
+        }
+
         fn rope_attention(
             &self,
             kv: &mut Kv,
@@ -1529,6 +1635,81 @@ mod tests {
         }
     }
 
+    /// The QKV matvec whose epilogue rotates the queries and keys and
+    /// stores the cache (`qkv_rope_attention`; F16 with the norm fused
+    /// too, the int8 kinds after the norm apart) against the projections,
+    /// `rope_kv` and the attention apart, each path on its own cache: the
+    /// rotated q and k and the attention output over prefill (7 tokens,
+    /// still the matvec path), two-slot and single-token batches whose
+    /// keys later steps read back (a wrong store shows), partial rotation
+    /// with frequency factors, and heads whose rows start mid-block.
+    #[test]
+    fn qkv_rope_epilogue_matches_the_projections_then_rope_kv() {
+        let Some(c) = gpu("CUDA QKV matvec with RoPE and the cache store in its epilogue vs the ops apart") else {
+            return;
+        };
+        let d = c.device();
+        if !d.qkv_ropes() {
+            eprintln!("NOT CHECKED: FERROX_CUDA_QKV_ROPE=0 or FERROX_CUDA_FUSE=0, the RoPE epilogue did not run");
+            return;
+        }
+        let mut r = rng();
+        let eps = 1e-5f32;
+        let kinds = claimed().into_iter().filter(|&k| ferrox_cuda::mmvq_kind(k) || k == QuantKind::F16);
+        for kind in kinds {
+            // 3 query heads (rows 0..192, so a head starts mid-block), 1 KV head.
+            for (hd, n_rot, factors) in [(64usize, 64usize, false), (64, 32, true)] {
+                let (n_head, n_head_kv) = (3usize, 1usize);
+                let (qd, kd, cols) = (n_head * hd, n_head_kv * hd, 512usize);
+                let a = ferrox_cuda::AttnShape { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None, one_slot: false };
+                let rs = ferrox_cuda::RopeShape { n_heads: n_head, head_dim: hd, n_rot, halves: false, base: 10000.0, freq_scale: 0.5, attn_factor: 1.0 };
+                let ws: Vec<ferrox_cuda::Matrix> = [qd, kd, kd]
+                    .iter()
+                    .map(|&rows| {
+                        let (b, _) = matrix(&mut r, kind, rows, cols);
+                        d.upload_matrix(kind, &b, rows, cols).unwrap()
+                    })
+                    .collect();
+                let nw = d.upload_f32(&rand_vec(&mut r, cols, 1.0)).unwrap();
+                let ff: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+                let fb = factors.then(|| d.upload_f32(&ff).unwrap());
+                let (mut fkv, mut skv) = (d.kv_cache(2, 32, &[kd], &[kd]).unwrap(), d.kv_cache(2, 32, &[kd], &[kd]).unwrap());
+                let mut batches: Vec<Vec<(u32, u32)>> = vec![(0..7).map(|p| (1, p)).collect()];
+                batches.extend((0..3).map(|s| vec![(1, 7 + s), (0, s)]));
+                batches.extend([(1u32, 10u32), (0, 3), (1, 11), (0, 4), (1, 12)].map(|t| vec![t]));
+                for b in &batches {
+                    let n = b.len();
+                    let what = format!("{kind} n_rot {n_rot} factors {factors}, batch of {n}");
+                    let seq = d.upload_u32(&b.iter().map(|t| t.0).collect::<Vec<_>>()).unwrap();
+                    let pos = d.upload_u32(&b.iter().map(|t| t.1).collect::<Vec<_>>()).unwrap();
+                    let mut x = d.upload_f32(&rand_vec(&mut r, n * cols, 2.0)).unwrap();
+                    let mut cur = c.alloc(n * cols).unwrap();
+                    d.add_rms_norm(&mut x, None, &nw, eps, &mut cur).unwrap();
+                    let bufs = |len: usize| (c.alloc(len).unwrap(), c.alloc(len).unwrap());
+                    let ((mut fq, mut sq), (mut fk, mut sk), (mut fv, mut sv)) = (bufs(n * qd), bufs(n * kd), bufs(n * kd));
+                    let (mut fo, mut so) = bufs(n * qd);
+                    // Apart.
+                    d.matmul_many(&cur, n, &mut [(&ws[0], &mut sq), (&ws[1], &mut sk), (&ws[2], &mut sv)]).unwrap();
+                    d.rope_attention(&mut skv, 0, seq.all(), pos.all(), &mut sq, &mut sk, &sv, &mut so, &a, &rs, fb.as_ref())
+                        .unwrap();
+                    // In the epilogue (F16: the norm in the launch too).
+                    let (input, norm) = match kind {
+                        QuantKind::F16 => (&x, Some((&nw, eps))),
+                        _ => (&cur, None),
+                    };
+                    let ran = d
+                        .qkv_rope_attention(&mut fkv, 0, seq.all(), pos.all(), input, norm, [&ws[0], &ws[1], &ws[2]], [&mut fq, &mut fk, &mut fv], &mut fo, &a, &rs, fb.as_ref())
+                        .unwrap();
+                    assert!(ran, "{what}: the RoPE epilogue did not apply");
+                    for (name, f, s) in [("q", &fq, &sq), ("k", &fk, &sk), ("output", &fo, &so)] {
+                        let e = rel(&read(c, f), &read(c, s));
+                        assert!(e < 1e-5, "{what}: {name} differs by {e:e}");
+                    }
+                }
+            }
+        }
+    }
+
     /// The gate and up matvecs with the GLU in one launch give what the two
     /// matvecs and the GLU give apart (the int8 sums in another order: a
     /// tight relative bound), every int8 kind and F16, both activations;
@@ -1625,6 +1806,94 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The RMS norm fused into the F16 decode matvecs (`norm_matmul_many`,
+    /// `norm_gate_up_glu`) and the matvecs that add into the residual
+    /// stream (`matmul_acc`: F16 and the int8 kinds) against the same
+    /// ops apart. `cur` / `scratch` stay NaN where the fused path ran;
+    /// at 16 tokens (the GEMM, where cuBLAS is there) the ops run apart.
+    #[test]
+    fn fused_norm_and_residual_matvecs_match_the_ops_apart() {
+        let Some(c) = gpu("CUDA RMS norm fused into the F16 matvecs, matvecs adding into the residual, vs the ops apart") else {
+            return;
+        };
+        let d = c.device();
+        if !d.norm_fuses() {
+            eprintln!("NOT CHECKED: FERROX_CUDA_NORM_FUSE=0, only the ops apart ran");
+        }
+        let mut r = rng();
+        let eps = 1e-5f32;
+        let nan = |len: usize| d.upload_f32(&vec![f32::NAN; len]).unwrap();
+        for (rows, cols) in [(37usize, 520usize), (4500, 2056), (300, 4096)] {
+            let ws: Vec<CudaWeight> = (0..3)
+                .map(|_| {
+                    let (b, _) = matrix(&mut r, QuantKind::F16, rows, cols);
+                    CudaWeight::Matrix(d.upload_matrix(QuantKind::F16, &b, rows, cols).unwrap())
+                })
+                .collect();
+            let nw = CudaWeight::Vector(d.upload_f32(&rand_vec(&mut r, cols, 1.0)).unwrap());
+            for n in [1usize, 3, 16] {
+                let fused = d.norm_fuses() && (n <= ferrox_cuda::GEMM_MIN_TOKENS || !d.has_blas());
+                let what = format!("{rows}x{cols} n={n}");
+                let x0 = rand_vec(&mut r, n * cols, 2.0);
+                let mut x = d.upload_f32(&x0).unwrap();
+                // Apart: the norm, then each product.
+                let mut normed = c.alloc(n * cols).unwrap();
+                c.add_rms_norm(&mut x, None, &nw, eps, &mut normed).unwrap();
+                let want: Vec<Vec<f32>> = ws
+                    .iter()
+                    .map(|w| {
+                        let mut y = c.alloc(n * rows).unwrap();
+                        c.matmul(w, &normed, &mut y, n).unwrap();
+                        read(c, &y)
+                    })
+                    .collect();
+
+                let (mut cur, mut y0, mut y1) = (nan(n * cols), nan(n * rows), nan(n * rows));
+                c.norm_matmul_many(&mut x, None, &nw, eps, &mut cur, n, &mut [(&ws[0], &mut y0), (&ws[1], &mut y1)])
+                    .unwrap();
+                assert_eq!(read(c, &cur).iter().all(|v| v.is_nan()), fused, "{what}: fused norm ran: {}", !fused);
+                assert_eq!(read(c, &x), x0, "{what}: the norm wrote its input");
+                for (i, y) in [y0, y1].iter().enumerate() {
+                    let e = rel(&read(c, y), &want[i]);
+                    assert!(e < 1e-5, "{what} matrix {i}: norm_matmul_many differs by {e:e}");
+                }
+
+                // The gate/up GLU over the normed rows.
+                let mut h_want = c.alloc(n * rows).unwrap();
+                let (mut g, mut u) = (c.alloc(n * rows).unwrap(), c.alloc(n * rows).unwrap());
+                c.gate_up_glu(Activation::SiluGated, &normed, n, &ws[1], &ws[2], &mut g, &mut u, &mut h_want).unwrap();
+                let (mut cur, mut g, mut u, mut h) = (nan(n * cols), nan(n * rows), nan(n * rows), nan(n * rows));
+                c.norm_gate_up_glu(Activation::SiluGated, &mut x, None, &nw, eps, &mut cur, n, &ws[1], &ws[2], &mut g, &mut u, &mut h)
+                    .unwrap();
+                let glu_fused = fused && d.fuses();
+                assert_eq!(read(c, &cur).iter().all(|v| v.is_nan()), glu_fused, "{what}: fused norm + GLU ran: {}", !glu_fused);
+                let e = rel(&read(c, &h), &read(c, &h_want));
+                assert!(e < 1e-5, "{what}: norm_gate_up_glu differs by {e:e}");
+            }
+        }
+
+        // Projections into the residual stream: F16 and the int8 kinds.
+        let kinds = claimed().into_iter().filter(|&k| ferrox_cuda::mmvq_kind(k) || k == QuantKind::F16);
+        for kind in kinds {
+            let (rows, cols) = (4500usize, kind.block_elems().max(32) * 9);
+            let (b, _) = matrix(&mut r, kind, rows, cols);
+            let w = CudaWeight::Matrix(d.upload_matrix(kind, &b, rows, cols).unwrap());
+            for n in [1usize, 3, 16] {
+                let fused = d.norm_fuses() && (n <= ferrox_cuda::GEMM_MIN_TOKENS || !d.has_blas());
+                let x = d.upload_f32(&rand_vec(&mut r, n * cols, 1.0)).unwrap();
+                let acc0 = rand_vec(&mut r, n * rows, 1.0);
+                let mut prod = c.alloc(n * rows).unwrap();
+                c.matmul(&w, &x, &mut prod, n).unwrap();
+                let want: Vec<f32> = acc0.iter().zip(read(c, &prod)).map(|(a, p)| a + p).collect();
+                let (mut acc, mut scratch) = (d.upload_f32(&acc0).unwrap(), nan(n * rows));
+                c.matmul_acc(&w, &x, n, &mut scratch, &mut acc).unwrap();
+                assert_eq!(read(c, &scratch).iter().all(|v| v.is_nan()), fused, "{kind} n={n}: matvec added in place: {}", !fused);
+                let e = rel(&read(c, &acc), &want);
+                assert!(e < 1e-6, "{kind} {rows}x{cols} n={n}: matmul_acc differs by {e:e}");
             }
         }
     }

@@ -363,6 +363,85 @@ pub trait DeviceBackend: Send + Sync {
         self.glu(act, gate, up, h)
     }
 
+    /// `x += add` (when given), then `y_i = (rms_norm(x) * norm) W_i^T`: a
+    /// block's residual add and norm, then its projections. `cur` is
+    /// scratch for the normed rows (a backend that fuses the norm into the
+    /// matvecs may leave it unwritten). The default is
+    /// [`DeviceBackend::add_rms_norm`] then [`DeviceBackend::matmul_many`].
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul_many(
+        &self,
+        x: &mut Self::Buf,
+        add: Option<&Self::Buf>,
+        norm: &Self::Weight,
+        eps: f32,
+        cur: &mut Self::Buf,
+        n: usize,
+        outs: &mut [(&Self::Weight, &mut Self::Buf)],
+    ) -> Result<(), BackendError> {
+        self.add_rms_norm(x, add, norm, eps, cur)?;
+        self.matmul_many(cur, n, outs)
+    }
+
+    /// The input side of a layer's attention, for layers whose Q, K and V
+    /// take no bias and no norm of their own: [`DeviceBackend::norm_matmul_many`]
+    /// into `qkv` (weights `wqkv`), then [`DeviceBackend::rope_attention`]
+    /// over the batch (the default). A device backend may rotate the
+    /// queries and keys and store the cache in the projection's epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_qkv_attention(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        batch: &Batch,
+        x: &mut Self::Buf,
+        add: Option<&Self::Buf>,
+        norm: &Self::Weight,
+        eps: f32,
+        cur: &mut Self::Buf,
+        wqkv: [&Self::Weight; 3],
+        qkv: [&mut Self::Buf; 3],
+        out: &mut Self::Buf,
+        rope: &RopeParams,
+        factors: Option<&Self::Weight>,
+        p: &AttnParams,
+    ) -> Result<(), BackendError> {
+        let ([wq, wk, wv], [q, k, v]) = (wqkv, qkv);
+        self.norm_matmul_many(x, add, norm, eps, cur, batch.len(), &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
+        self.rope_attention(kv, layer, batch, q, k, v, out, rope, factors, p)
+    }
+
+    /// [`DeviceBackend::norm_matmul_many`]'s add and norm, then
+    /// [`DeviceBackend::gate_up_glu`] over the normed rows.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_gate_up_glu(
+        &self,
+        act: crate::arch::Activation,
+        x: &mut Self::Buf,
+        add: Option<&Self::Buf>,
+        norm: &Self::Weight,
+        eps: f32,
+        cur: &mut Self::Buf,
+        n: usize,
+        wg: &Self::Weight,
+        wu: &Self::Weight,
+        gate: &mut Self::Buf,
+        up: &mut Self::Buf,
+        h: &mut Self::Buf,
+    ) -> Result<(), BackendError> {
+        self.add_rms_norm(x, add, norm, eps, cur)?;
+        self.gate_up_glu(act, cur, n, wg, wu, gate, up, h)
+    }
+
+    /// `acc += x W^T` over `n` rows: a projection into the residual stream.
+    /// `scratch` holds the product where the backend does not add it in
+    /// the matmul itself. The default is [`DeviceBackend::matmul`] then
+    /// [`DeviceBackend::add`].
+    fn matmul_acc(&self, w: &Self::Weight, x: &Self::Buf, n: usize, scratch: &mut Self::Buf, acc: &mut Self::Buf) -> Result<(), BackendError> {
+        self.matmul(w, x, scratch, n)?;
+        self.add(acc, scratch)
+    }
+
     /// RoPE on a layer's queries and keys at the batch's positions, then
     /// [`DeviceBackend::attention`] (which stores the keys and values into
     /// the cache first). The default is [`DeviceBackend::rope_qk`] then

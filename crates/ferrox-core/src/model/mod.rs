@@ -569,6 +569,35 @@ impl<B: DeviceBackend> Model<B> {
         Ok(out)
     }
 
+    /// A block's output projection `input W^T`: added straight into the
+    /// residual stream `x` (false), or, with a bias or a post-norm to apply
+    /// first, left in `o` for the next norm to add (true).
+    #[allow(clippy::too_many_arguments)]
+    fn project(
+        &self,
+        w: &B::Weight,
+        bias: Option<&B::Weight>,
+        post_norm: Option<&B::Weight>,
+        input: &B::Buf,
+        n: usize,
+        o: &mut B::Buf,
+        x: &mut B::Buf,
+    ) -> Result<bool, ModelError> {
+        let be = &self.backend;
+        if bias.is_none() && post_norm.is_none() {
+            be.matmul_acc(w, input, n, o, x)?;
+            return Ok(false);
+        }
+        be.matmul(w, input, o, n)?;
+        if let Some(b) = bias {
+            be.add_bias(o, b, n)?;
+        }
+        if let Some(pn) = post_norm {
+            be.rms_norm(o, pn, self.config.rms_eps)?;
+        }
+        Ok(true)
+    }
+
     /// Enqueues the ops of one forward pass on the backend: the blocks, then
     /// (when `hd` is given) the output norm and head into `hd.logits`.
     fn enqueue(
@@ -592,38 +621,12 @@ impl<B: DeviceBackend> Model<B> {
             be.scale(x, (c.n_embd as f32).sqrt())?;
         }
 
-        // `o` holds the last block's output until the next norm adds it in.
+        // A block's output is added into the residual stream `x` by its
+        // projection (`matmul_acc`) or, where it is normed or biased first,
+        // held in `o` (`pending`) until the next norm adds it in.
         let mut pending = false;
         for (l, w) in self.layers.iter().enumerate() {
-            be.add_rms_norm(x, pending.then_some(&*o), &w.attn_norm, c.rms_eps, cur)?;
-            match (&w.qkv, &mut *qkv) {
-                (Some(wqkv), Some(buf)) => {
-                    be.matmul(wqkv, cur, buf, n)?;
-                    if let Some(b) = &w.qkv_bias {
-                        be.add_bias(buf, b, n)?;
-                    }
-                    let width = qd + kd + vd;
-                    be.split_cols(buf, width, 0, q, qd)?;
-                    be.split_cols(buf, width, qd, k, kd)?;
-                    be.split_cols(buf, width, qd + kd, v, vd)?;
-                }
-                _ => {
-                    let (wq, wk, wv) = match (&w.q, &w.k, &w.v) {
-                        (Some(a), Some(b), Some(c)) => (a, b, c),
-                        _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither fused nor separate QKV") }),
-                    };
-                    be.matmul_many(cur, n, &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
-                    for (buf, b) in [(&mut *q, &w.q_bias), (&mut *k, &w.k_bias), (&mut *v, &w.v_bias)] {
-                        if let Some(b) = b {
-                            be.add_bias(buf, b, n)?;
-                        }
-                    }
-                }
-            }
-            if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-                be.rms_norm(q, qn, c.rms_eps)?;
-                be.rms_norm(k, kn, c.rms_eps)?;
-            }
+            let eps = c.rms_eps;
             let rp = self.rope_params(l);
             let local = c.local_layers.get(l).copied().unwrap_or(false);
             let ap = AttnParams {
@@ -635,30 +638,62 @@ impl<B: DeviceBackend> Model<B> {
                 softcap: c.attn_softcap,
                 window: if local { c.window } else { None },
             };
-            be.rope_attention(kv, l, batch, q, k, v, attn, &rp, factors, &ap)?;
-            be.matmul(&w.out, attn, o, n)?;
-            if let Some(b) = &w.out_bias {
-                be.add_bias(o, b, n)?;
+            let qk_norm = w.q_norm.as_ref().zip(w.k_norm.as_ref());
+            let biased = w.q_bias.is_some() || w.k_bias.is_some() || w.v_bias.is_some();
+            let add = pending.then_some(&*o);
+            // Whether the op that projected also attended.
+            let attended = match (&w.qkv, &mut *qkv, (&w.q, &w.k, &w.v)) {
+                (Some(wqkv), Some(buf), _) => {
+                    be.add_rms_norm(x, add, &w.attn_norm, eps, cur)?;
+                    be.matmul(wqkv, cur, buf, n)?;
+                    if let Some(b) = &w.qkv_bias {
+                        be.add_bias(buf, b, n)?;
+                    }
+                    let width = qd + kd + vd;
+                    be.split_cols(buf, width, 0, q, qd)?;
+                    be.split_cols(buf, width, qd, k, kd)?;
+                    be.split_cols(buf, width, qd + kd, v, vd)?;
+                    false
+                }
+                // Nothing between the projections and RoPE: one op (a device
+                // backend rotates and stores the cache in the projection).
+                (_, _, (Some(wq), Some(wk), Some(wv))) if !biased && qk_norm.is_none() => {
+                    let (wqkv, qkv) = ([wq, wk, wv], [&mut *q, &mut *k, &mut *v]);
+                    be.norm_qkv_attention(kv, l, batch, x, add, &w.attn_norm, eps, cur, wqkv, qkv, attn, &rp, factors, &ap)?;
+                    true
+                }
+                (_, _, (Some(wq), Some(wk), Some(wv))) => {
+                    be.norm_matmul_many(x, add, &w.attn_norm, eps, cur, n, &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
+                    for (buf, b) in [(&mut *q, &w.q_bias), (&mut *k, &w.k_bias), (&mut *v, &w.v_bias)] {
+                        if let Some(b) = b {
+                            be.add_bias(buf, b, n)?;
+                        }
+                    }
+                    false
+                }
+                _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither fused nor separate QKV") }),
+            };
+            if !attended {
+                if let Some((qn, kn)) = qk_norm {
+                    be.rms_norm(q, qn, eps)?;
+                    be.rms_norm(k, kn, eps)?;
+                }
+                be.rope_attention(kv, l, batch, q, k, v, attn, &rp, factors, &ap)?;
             }
-            if let Some(pn) = &w.post_attn_norm {
-                be.rms_norm(o, pn, c.rms_eps)?;
-            }
+            pending = self.project(&w.out, w.out_bias.as_ref(), w.post_attn_norm.as_ref(), attn, n, o, x)?;
 
-            be.add_rms_norm(x, Some(&*o), &w.ffn_norm, c.rms_eps, cur)?;
+            let add = pending.then_some(&*o);
             match &w.gate {
                 Some(wg) => {
-                    be.gate_up_glu(spec.activation, cur, n, wg, &w.up, gate, up, h)?;
+                    be.norm_gate_up_glu(spec.activation, x, add, &w.ffn_norm, eps, cur, n, wg, &w.up, gate, up, h)?;
                 }
                 None => {
+                    be.add_rms_norm(x, add, &w.ffn_norm, eps, cur)?;
                     be.matmul(&w.up, cur, up, n)?;
                     be.glu_fused(spec.activation, up, h, c.n_ff)?;
                 }
             }
-            be.matmul(&w.down, h, o, n)?;
-            if let Some(pn) = &w.post_ffn_norm {
-                be.rms_norm(o, pn, c.rms_eps)?;
-            }
-            pending = true;
+            pending = self.project(&w.down, None, w.post_ffn_norm.as_ref(), h, n, o, x)?;
         }
 
         let Some(hd) = hd else {
