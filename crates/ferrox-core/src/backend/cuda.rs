@@ -1693,10 +1693,7 @@ mod tests {
                     d.rope_attention(&mut skv, 0, seq.all(), pos.all(), &mut sq, &mut sk, &sv, &mut so, &a, &rs, fb.as_ref())
                         .unwrap();
                     // In the epilogue (F16: the norm in the launch too).
-                    let (input, norm) = match kind {
-                        QuantKind::F16 => (&x, Some((&nw, eps))),
-                        _ => (&cur, None),
-                    };
+                    let (input, norm) = if kind == QuantKind::F16 { (&x, Some((&nw, eps))) } else { (&cur, None) };
                     let ran = d
                         .qkv_rope_attention(&mut fkv, 0, seq.all(), pos.all(), input, norm, [&ws[0], &ws[1], &ws[2]], [&mut fq, &mut fk, &mut fv], &mut fo, &a, &rs, fb.as_ref())
                         .unwrap();
