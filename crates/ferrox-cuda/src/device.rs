@@ -169,8 +169,11 @@ pub enum MatmulPath {
 pub const GEMM_MIN_TOKENS: usize = 8;
 
 /// The most dynamic shared memory a fused-norm matvec takes for its input
-/// row (a launch's default limit, no opt-in): rows up to 12288 wide.
-const NORM_SMEM_MAX: usize = 48 * 1024;
+/// row: a launch's default limit (48 KiB, no opt-in) covers static and
+/// dynamic shared memory together, so 1 KiB is left for the kernels'
+/// static arrays (the block sum's, the RoPE epilogue's): rows up to 12032
+/// wide.
+const NORM_SMEM_MAX: usize = 47 * 1024;
 
 /// The gated activation of a GLU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1458,8 +1461,10 @@ impl Device {
             && self.fuse
             && uniform
             && !r.halves
-            && r.n_rot.is_multiple_of(2)
-            && r.n_rot <= hd
+            // Whole-head rotation only: a row past n_rot skips the pair
+            // barrier, and a warp whose rows alternate across n_rot would
+            // reuse a pair slot with one barrier between (`rope_epilogue`).
+            && r.n_rot == hd
             && hd.is_multiple_of(2)
             && (r.n_heads, r.head_dim) == (a.n_head, hd)
             && (1..=65535).contains(&n)
