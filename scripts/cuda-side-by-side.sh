@@ -44,12 +44,7 @@ elif [ -f $LL/.built ]; then
 elif ls $D/llama-bin.tgz.* >/dev/null 2>&1; then
   cat $D/llama-bin.tgz.* | tar xzf - -C $LL && touch $LL/.built && echo "$(el) llama.cpp: carried build"
 else
-  ( mkdir -p $LL/src && tar xzf $D/llama-src.tgz -C $LL/src && cd $LL/src && \
-    cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
-      -DCMAKE_BUILD_TYPE=Release >$LOG/llama-cmake.log 2>&1 && \
-    cmake --build build --target llama-bench llama-quantize -j16 >$LOG/llama-build.log 2>&1 && \
-    mkdir -p $LL/bin && cp build/bin/llama-bench build/bin/llama-quantize $LL/bin/ && strip $LL/bin/* && touch $LL/.built ) &
+  bash scripts/cuda-llama-build.sh $D $LOG &
   LLPID=$!
 fi
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-bench and llama-quantize (CUDA, sm_90) on the
+# device machine from the stripped tree a call carries ($1/llama-src.tgz)
+# into /tmp/llama/bin, logs in $2; /tmp/llama/.built marks success. About
+# four minutes on the H200 host: device-tool call scripts start it in the
+# background (`bash scripts/cuda-llama-build.sh $D $LOG & LLPID=$!`) and
+# wait for it before the side by side (scripts/cuda-side-by-side.sh sees
+# .built and skips its own).
+set -u
+D=$1 LOG=$2 LL=/tmp/llama
+mkdir -p $LL/src $LOG
+tar xzf $D/llama-src.tgz -C $LL/src && cd $LL/src &&
+  cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
+    -DCMAKE_BUILD_TYPE=Release >$LOG/llama-cmake.log 2>&1 &&
+  nice cmake --build build --target llama-bench llama-quantize -j14 >$LOG/llama-build.log 2>&1 &&
+  mkdir -p $LL/bin && cp build/bin/llama-bench build/bin/llama-quantize $LL/bin/ && strip $LL/bin/* && touch $LL/.built
