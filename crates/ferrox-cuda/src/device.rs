@@ -1312,10 +1312,7 @@ impl Device {
     ) -> Result<(), CudaError> {
         let same = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols;
         let one = |w: &Matrix| same(w) && (mmvq_fits(w) || f16_fits(w));
-        let fused = (2..=3).contains(&outs.len())
-            && self.matmul_path(n) == MatmulPath::Matvec
-            && outs.iter().all(|(w, _)| one(w))
-            && n <= 65535;
+        let fused = (2..=3).contains(&outs.len()) && self.stream_path(n) && outs.iter().all(|(w, _)| one(w));
         if !fused {
             for (w, y) in outs.iter_mut() {
                 self.matmul(w, x, y, n)?;
@@ -1358,6 +1355,18 @@ impl Device {
         }
     }
 
+    /// Whether `n` tokens take the streaming matvecs in one launch: the
+    /// matvec path, and a token a `blockIdx.y`.
+    fn stream_path(&self, n: usize) -> bool {
+        self.matmul_path(n) == MatmulPath::Matvec && n <= 65535
+    }
+
+    /// Whether gate `wg` and up `wu` take `matvec_f16_glu_stream` (fusing
+    /// on, two F16 matrices laid out alike, a streaming batch).
+    fn f16_glu_fits(&self, wg: &Matrix, wu: &Matrix, n: usize) -> bool {
+        self.fuse && same_layout(wg, wu) && f16_fits(wg) && self.stream_path(n)
+    }
+
     /// Whether the RMS norm with weights `w` fuses into a streaming F16
     /// matvec over `width`-wide rows (the norm's input in shared memory).
     fn norm_fits(&self, w: &Buf, width: usize) -> bool {
@@ -1380,8 +1389,7 @@ impl Device {
             return Ok(false);
         };
         let fits = outs.len() <= 3
-            && n <= 65535
-            && self.matmul_path(n) == MatmulPath::Matvec
+            && self.stream_path(n)
             && outs.iter().all(|(w, _)| f16_fits(w) && w.cols == first.cols)
             && self.norm_fits(norm, first.cols);
         if !fits || n == 0 {
@@ -1398,10 +1406,7 @@ impl Device {
     /// output: a projection into the residual stream); returns false,
     /// launching nothing, where `w` or `n` takes another path.
     pub fn matmul_acc(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<bool, CudaError> {
-        let fits = self.norm_fuse
-            && n <= 65535
-            && self.matmul_path(n) == MatmulPath::Matvec
-            && (f16_fits(w) || mmvq_fits(w));
+        let fits = self.norm_fuse && self.stream_path(n) && (f16_fits(w) || mmvq_fits(w));
         if !fits || n == 0 {
             return Ok(fits);
         }
@@ -1467,9 +1472,9 @@ impl Device {
             && r.n_rot == hd
             && hd.is_multiple_of(2)
             && (r.n_heads, r.head_dim) == (a.n_head, hd)
-            && (1..=65535).contains(&n)
+            && n > 0
             && pos.len == n
-            && self.matmul_path(n) == MatmulPath::Matvec
+            && self.stream_path(n)
             && [a.n_head * hd, a.n_head_kv * hd, a.n_head_kv * hdv] == [ws[0].rows, ws[1].rows, ws[2].rows]
             && kv.k_dims.get(layer) == Some(&ws[1].rows)
             && kv.v_dims.get(layer) == Some(&ws[2].rows)
@@ -1557,12 +1562,7 @@ impl Device {
         h: &mut Buf,
     ) -> Result<bool, CudaError> {
         let same = same_layout(wg, wu);
-        if self.fuse
-            && same
-            && f16_fits(wg)
-            && self.matmul_path(n) == MatmulPath::Matvec
-            && n <= 65535
-        {
+        if self.f16_glu_fits(wg, wu, n) {
             return self.f16_glu(act, x, n, wg, wu, h, None).map(|()| true);
         }
         let f = match self.kind_fns(wg.kind, "matvec")?.mmvq_glu.as_ref() {
@@ -1686,12 +1686,7 @@ impl Device {
         wu: &Matrix,
         h: &mut Buf,
     ) -> Result<bool, CudaError> {
-        let fits = self.fuse
-            && same_layout(wg, wu)
-            && f16_fits(wg)
-            && self.matmul_path(n) == MatmulPath::Matvec
-            && n <= 65535
-            && self.norm_fits(norm, wg.cols);
+        let fits = self.f16_glu_fits(wg, wu, n) && self.norm_fits(norm, wg.cols);
         if !fits || n == 0 {
             return Ok(fits);
         }
