@@ -32,10 +32,7 @@
 //
 // Build and run (on the GPU machine):
 //   nvcc -O3 -arch=sm_90 -o /tmp/bb tools/cuda/boundary_bench.cu && /tmp/bb [layers] [reps]
-#ifndef NO_CG
 #include <cooperative_groups.h>
-namespace cg = cooperative_groups;
-#endif
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -186,11 +183,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2) persistent(int np, unsi
         run_phase(phases[p], W, a, b);
         if (p + 1 == np) break;
         if (mode >= 1) preload(phases[p + 1], W, a, b);
-#ifndef NO_CG
-        if (mode == 2) cg::this_grid().sync();
-        else
-#endif
-        if (mode != 3) grid_barrier(bar, (unsigned)(p + 1) * gridDim.x);
+        if (mode == 2) cooperative_groups::this_grid().sync();
+        else if (mode != 3) grid_barrier(bar, (unsigned)(p + 1) * gridDim.x);
         if (mode == 0) preload(phases[p + 1], W, a, b);
     }
 }
