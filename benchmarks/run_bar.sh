@@ -2,9 +2,12 @@
 # Issue 4's bar, side by side in one run: Gemma 3 270M as published (Q4_K_M) and re-quantized with
 # llama-quantize to Q8_0, Q4_0, Q5_K_M, Q6_K, IQ4_XS, Q3_K_M and Q2_K; llama.cpp's AMX build in its
 # default (repacking) mode and with --repack 0 (its plain path), and ferrox, 2 threads, pp512 and
-# tg128, medians of REPS repeats. Prints one markdown table plus the raw llama-bench/ferrox rows.
+# tg128, means of REPS repeats. Prints one markdown table plus the raw llama-bench/ferrox rows, and
+# appends the normalized lines to benchmarks/results/cpu-e2e.jsonl (RECORD=0: not); then
+# `python3 benchmarks/tables.py` regenerates the tables of benchmarks/e2e.md from them.
 #
-#   benchmarks/run_bar.sh                 (REPS=5 THREADS=2; LLAMA_BIN, FERROX; KINDS to subset)
+#   benchmarks/run_bar.sh                 (REPS=5 THREADS=2; LLAMA_BIN, FERROX; KINDS to subset;
+#                                          MACHINE labels the lines, default from the CPU)
 #
 # Holds /tmp/ferrox-cpu.lock for the whole run (builds that honour it wait), prints the load average
 # before and after: a figure taken beside another process means little on 2 cores.
@@ -65,3 +68,9 @@ for kind, r in rows.items():
 PY
 echo
 echo "raw rows: $raw"
+if [ "${RECORD:-1}" = 1 ]; then
+  python3 benchmarks/harness/record.py bench --out benchmarks/results/cpu-e2e.jsonl --set bar --rss \
+    --source benchmarks/run_bar.sh --ref "llama1=llama.cpp default (repack)" \
+    --ref "llama0=llama.cpp --repack 0" "$raw" > /dev/null
+  echo "recorded in benchmarks/results/cpu-e2e.jsonl"
+fi

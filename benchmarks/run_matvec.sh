@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Matvec throughput, ferrox beside llama.cpp (ggml's CPU backend), same shapes, same thread counts,
-# run back to back on one machine. Prints two markdown tables; benchmarks/matvec.md records a run.
+# run back to back on one machine. Prints two markdown tables and appends one normalized line per
+# kind, shape and thread count to benchmarks/results/matvec.jsonl (RECORD=0: not; MACHINE labels
+# them); `python3 benchmarks/tables.py` regenerates benchmarks/matvec.md's table from them.
 #
 #   benchmarks/run_matvec.sh [KIND...]        (default: Q8_0 Q4_K Q6_K Q5_0 Q4_0)
 #
@@ -19,6 +21,8 @@ bin=$(mktemp -d)/ggml_matvec
 gcc -O2 -o "$bin" benchmarks/harness/ggml_matvec.c -I"$llama/ggml/include" -L"$ggml/bin" \
   -lggml-base -lggml-cpu -Wl,-rpath,"$ggml/bin"
 
+out=$(mktemp)
+{
 echo "## llama.cpp (ggml CPU backend), GB/s of weight bytes, median"
 echo
 echo "| kind | shape | $(echo "$threads" | sed 's/,/t | /g')t |"
@@ -36,3 +40,8 @@ echo
 echo "## ferrox"
 echo
 FERROX_BENCH_THREADS=$threads cargo bench -q -p ferrox-quant --bench matvec -- "${kinds[@]}" 2>/dev/null
+} | tee "$out"
+if [ "${RECORD:-1}" = 1 ]; then
+  python3 benchmarks/harness/record.py matvec --out benchmarks/results/matvec.jsonl --threads "$threads" "$out" > /dev/null
+  echo "recorded in benchmarks/results/matvec.jsonl"
+fi

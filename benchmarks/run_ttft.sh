@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Load to first token, side by side: the wall time of one process that loads the model, reads a
 # one-word prompt and prints one token, ferrox `run` beside llama.cpp's `llama-cli` (single turn,
-# no warm-up run), 2 threads, medians of REPS alternated runs. Holds /tmp/ferrox-cpu.lock.
+# no warm-up run), 2 threads, medians of REPS alternated runs. Holds /tmp/ferrox-cpu.lock. Appends
+# one line a model to benchmarks/results/cpu-e2e.jsonl (set "ttft"; RECORD=0: not; MACHINE labels it).
 #
 #   benchmarks/run_ttft.sh [MODEL...]     (FERROX, LLAMA_BIN, REPS=5)
 set -euo pipefail
@@ -25,4 +26,11 @@ for m in "${models[@]}"; do
   done
   lm=$(printf '%s\n' "${l[@]}" | median); fm=$(printf '%s\n' "${f[@]}" | median)
   echo "| $(basename "$m") | $lm | $fm | $(awk -v a="$lm" -v b="$fm" 'BEGIN {printf "%.2fx", a / b}') |"
+  if [ "${RECORD:-1}" = 1 ]; then
+    python3 benchmarks/harness/record.py line --out benchmarks/results/cpu-e2e.jsonl --set ttft \
+      --source benchmarks/run_ttft.sh what=load_to_first_token "file=$(basename "$m")" \
+      "kind=$(python3 benchmarks/harness/record.py kind "$m")" \
+      backend=cpu threads=2 "figure=$fm" unit=ms "stat=median of $reps alternated" \
+      "ref=llama-cli (single turn, no warm-up)" "ref_figure=$lm" > /dev/null
+  fi
 done

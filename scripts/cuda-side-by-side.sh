@@ -18,6 +18,10 @@
 # LOG (default /tmp/logs), SHAPE (llama-1b), SKIP_KB=1, KB_SHAPES="2048x2048 ..." (kernel_bench at decode shapes too), PROFILE=1 (ncu),
 # PROFILE_COLD=0 (only the warm-cache decode profiles), PROFILE_KINDS="Q4_0 F16", AB_GRAPHS=1,
 # AB_VARIANTS/AB_KINDS/AB_REPS (below), KB_KINDS (kernel_bench's kinds).
+# The side by side's normalized lines (benchmarks/harness/record.py) go to $OUT/results.jsonl
+# (set "side-by-side", or "depth" with DEPTH; MACHINE and COMMIT label them where the device's
+# copy has no git): append them to benchmarks/results/cuda-h200.jsonl, then
+# `python3 benchmarks/tables.py` regenerates benchmarks/cuda.md's tables.
 set -u
 D=${D:-target/h-cuda}
 OUT=${OUT:-/tmp/ferrox-out}
@@ -123,6 +127,18 @@ for kf in "${files[@]}"; do
   fi
   echo "$(el) $k benched"
 done
+if [ -f $LL/.built ]; then
+  raw=$LOG/side-by-side.raw; : >$raw
+  for kf in "${files[@]}"; do
+    k=${kf%%:*}
+    sed "s/^/ferrox $k /" $LOG/ferrox-$k.jsonl >>$raw
+    sed "s/^/llama $k /" $LOG/llama-$k.jsonl >>$raw
+  done
+  python3 benchmarks/harness/record.py bench --out $OUT/results.jsonl --backend cuda \
+    --set $([ -n "${DEPTH:-}" ] && echo depth || echo side-by-side) --source scripts/cuda-side-by-side.sh \
+    --model "${SHAPE:-llama-1b} (synthetic, seed 0)" --ref "llama=llama.cpp CUDA (-ngl 99 -fa 1)" $raw >/dev/null
+  summary+=("recorded: $(wc -l <$OUT/results.jsonl) lines in \$OUT/results.jsonl")
+fi
 if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
   # Per-kernel GPU time of one prefill and of 16 decode steps (Q4_0), and
   # decode with the CUDA graphs off, for the A/B. PROFILE_COLD=0 skips
