@@ -2,7 +2,8 @@
 // matvecs as phases of one persistent kernel with grid barriers between
 // them. The question it answers: would a persistent decode kernel (one
 // launch a step, grid-wide phases) stream an 8b F16 model's weights faster
-// than ferrox's chain of PDL launches? (benchmarks/cuda.md, session 18.)
+// than ferrox's chain of PDL launches? (docs/decisions/0003-persistent-decode-kernel.md;
+// results in benchmarks/results/cuda-h200.jsonl, table cuda-boundary.)
 //
 // The work is the weight streaming of Llama-8b's decode step in F16 (per
 // layer: QKV 6144x4096, O 4096x4096, gate+up 28672x4096, down 4096x14336;
