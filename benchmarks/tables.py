@@ -116,13 +116,18 @@ def compare(spec):
         row += [str(f.get("size_mib", ""))] if spec.get("size") else []
         row += [what] + [num(g["ref_figure"], g.get("ref_sd")) if g else "" for g in got]
         row += [num(f["figure"], f.get("sd"))]
+        group = "F16" if kind in ("F16", "BF16", "F32") else "quantized"
+        qs = []
         for r, g in zip(refs, got):
             if g:
                 q = g["figure"] / g["ref_figure"]
-                ratios.setdefault((r, what.split("@")[0]), []).append(q)
+                qs.append(q)
+                ratios.setdefault((r, what, group), []).append(q)
                 row.append(f"{q:.2f}")
             else:
                 row.append("")
+        if len(qs) > 1:
+            ratios.setdefault(("the better reference of the row", what, group), []).append(min(qs))
         if spec.get("rss"):
             rss = cells.get((model, kind, "peak_rss:" + what, None))
             row.append(str(rss["figure"]) if rss else "")
@@ -257,8 +262,8 @@ def main():
     if "--ranges" in sys.argv:
         for name, spec in TABLES.items():
             if spec["kind"] == "compare":
-                for (ref, what), qs in sorted(render(name)[1].items()):
-                    print(f"{name}: {what} vs {ref}: {min(qs):.2f}-{max(qs):.2f}x")
+                for (ref, what, group), qs in sorted(render(name)[1].items()):
+                    print(f"{name}: {what}, {group} files, vs {ref}: {min(qs):.2f}-{max(qs):.2f}x")
         return 0
     stale, unknown = [], []
     for md in sorted(glob.glob(os.path.join(HERE, "*.md"))):
