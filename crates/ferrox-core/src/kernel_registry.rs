@@ -102,6 +102,30 @@ pub struct KernelPlan {
     pub unused: Vec<String>,
 }
 
+/// Host↔device copies a decode step makes under `placements`: the token
+/// ids (and positions) go up to the backend of the embedding lookup, the
+/// activations cross wherever consecutive stages (embedding, each layer in
+/// order, the head) sit on different backends, and the logits (or argmax
+/// ids) come down from the head's backend. 0 on the CPU, 2 for a model
+/// wholly on one device.
+pub fn crossings_per_token(placements: &[Placement]) -> u32 {
+    // Stage of a tensor: 0 the embedding, 1 + layer for a block, last the head.
+    let stage = |p: &Placement| -> Option<usize> {
+        match p.role.as_deref()? {
+            r if r == Role::TokenEmbd.suffix() => Some(0),
+            r if r == Role::Output.suffix() || r == Role::OutputNorm.suffix() => Some(usize::MAX),
+            _ => p.name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok().map(|l| l + 1),
+        }
+    };
+    let mut stages: Vec<(usize, Backend)> = placements.iter().filter_map(|p| Some((stage(p)?, p.backend))).collect();
+    stages.sort_by_key(|&(s, _)| s);
+    stages.dedup_by_key(|&mut (s, _)| s);
+    let backends: Vec<Backend> = stages.iter().map(|&(_, b)| b).collect();
+    let ends = [backends.first(), backends.last()].into_iter().flatten().filter(|b| b.is_accelerator()).count();
+    let changes = backends.windows(2).filter(|w| w[0] != w[1]).count();
+    (ends + changes) as u32
+}
+
 /// What a tensor of `role` (or no role) costs and runs on `backend`: the
 /// CPU's kernel selection, or an accelerator's capability table.
 pub(crate) fn placement(
@@ -124,14 +148,14 @@ pub(crate) fn placement(
                 p.backend = backend;
                 match role.map(Role::feeds) {
                     Some(Feeds::Matmul) => {
-                        let k = <$b as crate::backend::BackendCaps>::matvec_kernel(kind);
-                        p.decode = k.map_or_else(|| "none".to_string(), str::to_string);
-                        p.prefill = if <$b as crate::backend::BackendCaps>::gemm_supported(kind) {
-                            format!("{caps_name} GEMM ({kind})")
-                        } else {
-                            <$b as crate::backend::BackendCaps>::GEMM_FALLBACK.to_string()
+                        let cols = dims.first().copied().unwrap_or(0) as usize;
+                        let k = <$b as crate::backend::BackendCaps>::decode_kernel(kind, cols);
+                        p.prefill = match k {
+                            Some(_) => <$b as crate::backend::BackendCaps>::prefill_kernel(kind, cols),
+                            None => "none".to_string(),
                         };
                         p.fallback = k.is_none().then(|| format!("no {caps_name} kernel for {kind}: the model cannot load on {backend}"));
+                        p.decode = k.unwrap_or_else(|| "none".to_string());
                     }
                     Some(Feeds::Embedding) => {
                         p.decode = format!("{caps_name} get_rows ({kind})");
@@ -268,6 +292,35 @@ mod tests {
         assert_eq!(p.bytes_per_token, 576);
         let e = cpu_placement("token_embd.weight", Some(Role::TokenEmbd), QuantKind::Q8_0, &[64, 100], 6800);
         assert_eq!(e.bytes_per_token, 68, "one 64-wide Q8_0 row per token");
+    }
+
+    /// Crossings follow the plan: none on the CPU, ids in and logits out
+    /// for a model wholly on a device, and two more for each change of
+    /// backend between consecutive layers.
+    #[test]
+    fn crossings_per_token_counts_the_plan_s_backend_changes() {
+        let Some(&gpu) = Backend::ALL.iter().find(|b| b.is_accelerator()) else {
+            eprintln!("NOT CHECKED: no accelerator in the backend table");
+            return;
+        };
+        let at = |name: &str, role: Role, b: Backend| {
+            let mut p = cpu_placement(name, Some(role), QuantKind::F32, &[4], 16);
+            p.backend = b;
+            p
+        };
+        let model = |bs: [Backend; 4]| {
+            vec![
+                at("token_embd.weight", Role::TokenEmbd, bs[0]),
+                at("blk.0.attn_norm.weight", Role::AttnNorm, bs[1]),
+                at("blk.1.attn_norm.weight", Role::AttnNorm, bs[2]),
+                at("output_norm.weight", Role::OutputNorm, bs[3]),
+            ]
+        };
+        let cpu = Backend::Cpu;
+        assert_eq!(crossings_per_token(&model([cpu; 4])), 0);
+        assert_eq!(crossings_per_token(&model([gpu; 4])), 2);
+        assert_eq!(crossings_per_token(&model([cpu, cpu, gpu, gpu])), 2, "activations up once, logits down");
+        assert_eq!(crossings_per_token(&model([gpu, cpu, gpu, gpu])), 4);
     }
 
     /// An accelerator's plan comes from its own capability table (ungated:

@@ -83,6 +83,59 @@ pub fn kernel_at_line(src: &str, line: usize) -> String {
     format!("line {line}")
 }
 
+/// Every kernel entry point [`kernel_source`] defines, by name: each
+/// `extern "C" __global__` function, with the `DEFINE_...(arg)` macro calls
+/// expanded (a `name_##ARG(` in the macro's body names `name_arg`).
+///
+/// This is the launch side of the CUDA backend's claims⇔launch test: the
+/// names `Device::open` looks up must be here (a claimed kind whose
+/// `DEFINE_KIND` line is gone fails it without a GPU).
+pub fn defined_kernels(src: &str) -> std::collections::BTreeSet<String> {
+    let lines: Vec<&str> = src.lines().collect();
+    let name_in = |l: &str| -> Option<String> {
+        let p = l.find("__global__ void ")?;
+        let w = l[p + 16..]
+            .split_whitespace()
+            .find(|w| w.starts_with(|c: char| c.is_ascii_lowercase()) && w.contains('('))?;
+        w.split('(').next().map(str::to_string)
+    };
+    // Macro name -> (parameter, the names its body defines with `##PARAM`).
+    let mut macros: std::collections::HashMap<String, (String, Vec<String>)> = Default::default();
+    let mut names = std::collections::BTreeSet::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i].trim();
+        if let Some(rest) = l.strip_prefix("#define ") {
+            let head = rest.split_whitespace().next().unwrap_or("");
+            let (mac, param) = head.split_once('(').map_or((head, ""), |(m, p)| (m, p.trim_end_matches(')')));
+            let mut defs = Vec::new();
+            while i < lines.len() {
+                let body = lines[i];
+                if let Some(n) = name_in(body) {
+                    if let Some(stem) = n.strip_suffix(&format!("##{param}")).filter(|_| !param.is_empty()) {
+                        defs.push(stem.to_string());
+                    }
+                }
+                if !body.trim_end().ends_with('\\') {
+                    break;
+                }
+                i += 1;
+            }
+            if !defs.is_empty() {
+                macros.insert(mac.to_string(), (param.to_string(), defs));
+            }
+        } else if let Some((mac, arg)) = l.strip_suffix(')').and_then(|c| c.split_once('(')) {
+            if let Some((_, defs)) = macros.get(mac) {
+                names.extend(defs.iter().map(|stem| format!("{stem}{arg}")));
+            }
+        } else if let Some(n) = name_in(l) {
+            names.insert(n);
+        }
+        i += 1;
+    }
+    names
+}
+
 /// Whether `libnvrtc` can be loaded; cudarc panics on first use otherwise.
 pub fn nvrtc_present() -> bool {
     // SAFETY: only tries to dlopen the library by its candidate names; no

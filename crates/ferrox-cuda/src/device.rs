@@ -13,9 +13,10 @@ use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
+use ferrox_ops::cuda as cuda_ops;
 use ferrox_quant::QuantKind;
 
-use crate::{drv, kernel_suffix, CudaError};
+use crate::{drv, CudaError, GEMM_MIN_TOKENS};
 
 /// An f32 activation buffer on the device.
 pub struct Buf {
@@ -165,8 +166,6 @@ pub enum MatmulPath {
     Gemm,
 }
 
-/// Batches above this many tokens use the GEMM (when cuBLAS is present).
-pub const GEMM_MIN_TOKENS: usize = 8;
 
 /// The most dynamic shared memory a fused-norm matvec takes for its input
 /// row: a launch's default limit (48 KiB, no opt-in) covers static and
@@ -245,18 +244,6 @@ struct KindFns {
     get_rows: CudaFunction,
     dequant: CudaFunction,
 }
-
-/// The kinds whose decode matvec runs on int8 activations (`mmvq_stream_<kind>`
-/// in `kernels.cu`): activations quantized per 32 elements once per input (q8 scratch),
-/// `__dp4a` dot products. Tested against the scalar twin on the same
-/// quantized activations ([`mmvq_quantize_activations`]).
-pub fn mmvq_kind(kind: QuantKind) -> bool {
-    matches!(
-        kind,
-        QuantKind::Q4_0 | QuantKind::Q5_0 | QuantKind::Q8_0 | QuantKind::Q4K | QuantKind::Q6K
-    )
-}
-
 
 /// The activations as the mmvq kernels see them: quantized per 32 elements
 /// (`d = max|x| / 127`, `q = round(x / d)`) and expanded back to `q * d`,
@@ -640,23 +627,19 @@ impl Device {
         };
         let mut kinds = HashMap::new();
         for &k in QuantKind::ALL {
-            if let Some(s) = kernel_suffix(k) {
+            if let Some(names) = cuda_ops::kind_kernels(k) {
+                let (mmvq, mmvq_glu) = match &names.int8 {
+                    Some((stream, glu)) => (Some(f(stream)?), Some(f(glu)?)),
+                    None => (None, None),
+                };
                 kinds.insert(
                     k,
                     KindFns {
-                        matvec: f(&format!("matvec_{s}"))?,
-                        mmvq: if mmvq_kind(k) {
-                            Some(f(&format!("mmvq_stream_{s}"))?)
-                        } else {
-                            None
-                        },
-                        mmvq_glu: if mmvq_kind(k) {
-                            Some(f(&format!("mmvq_glu_{s}"))?)
-                        } else {
-                            None
-                        },
-                        get_rows: f(&format!("get_rows_{s}"))?,
-                        dequant: f(&format!("dequant_f16_{s}"))?,
+                        matvec: f(&names.matvec)?,
+                        mmvq,
+                        mmvq_glu,
+                        get_rows: f(&names.get_rows)?,
+                        dequant: f(&names.dequant_f16)?,
                     },
                 );
             }
@@ -2858,15 +2841,15 @@ fn matmul_shape(w: &Matrix, x: &Buf, y: &Buf, n: usize) -> Result<(), CudaError>
     Ok(())
 }
 
-/// Whether `w` runs on the 16-byte-load F16 matvec.
+/// Whether `w` runs on the 16-byte-load F16 matvec (`ferrox_ops::cuda::matvec`,
+/// the choice the engine's plan reports; the row stride as the file's).
 fn f16_fits(w: &Matrix) -> bool {
-    w.kind == QuantKind::F16 && w.cols.is_multiple_of(8) && w.row_bytes == 2 * w.cols
+    cuda_ops::matvec(w.kind, w.cols) == Some(cuda_ops::Matvec::F16Stream) && w.row_bytes == 2 * w.cols
 }
 
-/// Whether `w` runs on the int8-activation matvec: a kind that has one,
-/// whole 32-element units.
+/// Whether `w` runs on the int8-activation matvec (`ferrox_ops::cuda::matvec`).
 fn mmvq_fits(w: &Matrix) -> bool {
-    mmvq_kind(w.kind) && w.cols.is_multiple_of(32)
+    cuda_ops::matvec(w.kind, w.cols) == Some(cuda_ops::Matvec::Int8Stream)
 }
 
 /// The shape checks of a RoPE launch: each `(floats, heads)` buffer holds

@@ -19,10 +19,10 @@
 mod compile;
 mod device;
 
-pub use compile::{compile_check, kernel_source, nvrtc_present};
+pub use compile::{compile_check, defined_kernels, kernel_source, nvrtc_present};
 pub use device::{
-    mmvq_kind, mmvq_quantize_activations, Act, AttnShape, Buf, Device, Graph, IndexView, Indices,
-    Kv, MatmulPath, Matrix, RopeShape, GEMM_MIN_TOKENS,
+    mmvq_quantize_activations, Act, AttnShape, Buf, Device, Graph, IndexView, Indices, Kv,
+    MatmulPath, Matrix, RopeShape,
 };
 use ferrox_quant::QuantKind;
 
@@ -92,47 +92,9 @@ pub(crate) fn drv(
     move |source| CudaError::Driver { what, source }
 }
 
-/// The launch table: the kernel suffix `kernels.cu` defines for `kind`'s
-/// matvec, get_rows and dequantize-to-f16 kernels, or `None`.
-///
-/// This is what can actually be launched; `ferrox_core`'s capability table
-/// (what is *claimed*, compiled without this crate) is tied to it by a test
-/// over every kind.
-pub fn kernel_suffix(kind: QuantKind) -> Option<&'static str> {
-    Some(match kind {
-        QuantKind::F32 => "f32",
-        QuantKind::F16 => "f16",
-        QuantKind::BF16 => "bf16",
-        QuantKind::Q4_0 => "q4_0",
-        QuantKind::Q4_1 => "q4_1",
-        QuantKind::Q5_0 => "q5_0",
-        QuantKind::Q5_1 => "q5_1",
-        QuantKind::Q8_0 => "q8_0",
-        QuantKind::Q4K => "q4_k",
-        QuantKind::Q5K => "q5_k",
-        QuantKind::Q6K => "q6_k",
-        QuantKind::Q2K => "q2_k",
-        QuantKind::Q3K => "q3_k",
-        QuantKind::IQ4NL => "iq4_nl",
-        QuantKind::IQ4XS => "iq4_xs",
-        QuantKind::TQ2_0 => "tq2_0",
-        QuantKind::MXFP4 => "mxfp4",
-        QuantKind::Q8_1 => "q8_1",
-        QuantKind::Q8K => "q8_k",
-        QuantKind::Q1_0 => "q1_0",
-        QuantKind::Q2_0 => "q2_0",
-        QuantKind::NVFP4 => "nvfp4",
-        QuantKind::TQ1_0 => "tq1_0",
-        QuantKind::IQ2XXS => "iq2_xxs",
-        QuantKind::IQ2XS => "iq2_xs",
-        QuantKind::IQ2S => "iq2_s",
-        QuantKind::IQ3XXS => "iq3_xxs",
-        QuantKind::IQ3S => "iq3_s",
-        QuantKind::IQ1S => "iq1_s",
-        QuantKind::IQ1M => "iq1_m",
-        _ => return None, // capability table: F64 and the integer kinds are not weight formats
-    })
-}
+/// The kind table (suffixes, int8 kinds) and the per-shape matvec choice
+/// live in `ferrox_ops::cuda`, where the engine's plan reads them too.
+pub use ferrox_ops::cuda::{int8_kind as mmvq_kind, kernel_suffix, GEMM_MIN_TOKENS};
 
 /// The architecture CI compiles for (the H200 this backend is measured on).
 pub const CHECK_ARCH: &str = "compute_90";

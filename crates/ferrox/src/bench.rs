@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use ferrox_core::backend::cpu::Cpu;
 use ferrox_core::backend::{Batch, DeviceBackend};
 use ferrox_core::kernel_registry::Backend;
 use ferrox_core::model::{Model, ModelError};
@@ -66,8 +65,11 @@ pub struct Args {
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
     /// The backend to run on.
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    #[arg(long, default_value = "cpu", value_parser = crate::load::parse_backend)]
+    backend: Backend,
+    /// Which device of the backend.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "md")]
     output: Format,
@@ -84,8 +86,9 @@ pub struct TestResult {
     pub cpu_info: String,
     /// Backends used.
     pub backends: String,
-    /// The instruction-set level the CPU kernels run at (CUDA: the device and
-    /// the architecture its kernels were compiled for).
+    /// The device as its backend describes it (the CPU: the instruction-set
+    /// level its kernels run at and the threads; CUDA: the GPU and the
+    /// architecture its kernels were compiled for).
     pub cpu_isa: String,
     /// The model file.
     pub model_filename: String,
@@ -164,16 +167,7 @@ fn models_dir() -> PathBuf {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let backend = crate::load::parse_backend(&a.backend)?;
-    #[allow(unreachable_patterns)]
-    match backend {
-        Backend::Cpu => {}
-        #[cfg(feature = "cuda")]
-        Backend::Cuda => {}
-        other => bail!(
-            "backend {other} is not compiled into this build (rebuild with --features {other})"
-        ),
-    }
+    let backend = a.backend;
     if a.repetitions == 0 {
         bail!("-r must be at least 1");
     }
@@ -242,49 +236,26 @@ fn bench_on(
     a: &Args,
     printer: &mut Printer,
 ) -> Result<()> {
-    let n_threads = if threads == 0 {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    } else {
-        threads
-    };
-    match backend {
-        #[cfg(feature = "cuda")]
-        Backend::Cuda => {
-            let t0 = Instant::now();
-            let dev = ferrox_core::backend::Cuda::open().context("cannot open the CUDA device")?;
-            let what = format!("{} ({})", dev.device().name(), dev.device().arch());
-            bench_model(path, dev, 1, "CUDA", &what, t0, a, printer)
-        }
-        _ => {
-            let cpu = Cpu::new(n_threads);
-            let isa = cpu.isa().to_string();
-            bench_model(
-                path,
-                cpu,
-                n_threads,
-                "CPU",
-                &isa,
-                Instant::now(),
-                a,
-                printer,
-            )
+    struct Bench<'a> {
+        path: &'a Path,
+        a: &'a Args,
+        printer: &'a mut Printer,
+        t0: Instant,
+    }
+    impl ferrox_core::backend::WithBackend for Bench<'_> {
+        type Output = Result<()>;
+        fn run<B: DeviceBackend + 'static>(self, backend: B) -> Result<()> {
+            bench_model(self.path, backend, self.t0, self.a, self.printer)
         }
     }
+    // For a device, load time includes opening it (kernels compiled or loaded).
+    let opts = ferrox_core::backend::DeviceOptions { backend, device: a.device, threads };
+    let job = Bench { path, a, printer, t0: Instant::now() };
+    ferrox_core::backend::with_backend(&opts, job)?
 }
 
-#[allow(clippy::too_many_arguments)]
-fn bench_model<B: DeviceBackend>(
-    path: &Path,
-    backend: B,
-    n_threads: usize,
-    backends: &str,
-    isa: &str,
-    t0: Instant,
-    a: &Args,
-    printer: &mut Printer,
-) -> Result<()> {
+fn bench_model<B: DeviceBackend>(path: &Path, backend: B, t0: Instant, a: &Args, printer: &mut Printer) -> Result<()> {
+    let (n_threads, backends, isa) = (backend.threads(), backend.id().name().to_ascii_uppercase(), backend.describe());
     reset_peak_rss();
     let model = Model::open(path, backend)
         .with_context(|| format!("cannot load model {}", path.display()))?;
@@ -298,8 +269,8 @@ fn bench_model<B: DeviceBackend>(
     let base = TestResult {
         ferrox_version: env!("CARGO_PKG_VERSION").to_string(),
         cpu_info: cpu_info(),
-        backends: backends.into(),
-        cpu_isa: isa.to_string(),
+        backends,
+        cpu_isa: isa,
         model_filename: path.display().to_string(),
         model_type: model_type(file.metadata_file(), model_n_params),
         model_size,

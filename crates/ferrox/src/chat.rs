@@ -4,11 +4,15 @@
 //! last reply, so only the new turn is evaluated.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
+use ferrox_core::backend::DeviceBackend;
 use ferrox_core::chat_template::{ChatMessage, ChatTemplate};
 use ferrox_core::generate::{GenerateOptions, Session, StreamEvent};
+use ferrox_core::model::Model;
+use ferrox_core::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,9 +32,8 @@ pub struct Args {
     /// Context size (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
-    /// Threads (0: all cores).
-    #[arg(short = 't', long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    backend: crate::load::BackendArgs,
     /// Print per-turn token counts (prompt, reused from the cache, generated) to stderr.
     #[arg(short = 'v', long)]
     verbose: bool,
@@ -40,7 +43,24 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let path = a.model.or_default()?;
-    let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
+    let backend = a.backend.clone();
+    crate::load::with_model(&path.clone(), &backend, false, Chat { a, path })
+}
+
+/// `chat`'s work once the model is loaded.
+struct Chat {
+    a: Args,
+    path: PathBuf,
+}
+
+impl crate::load::ModelJob for Chat {
+    type Output = ();
+    fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<()> {
+        converse(self.a, &self.path, &model, &tok)
+    }
+}
+
+fn converse<B: DeviceBackend>(a: Args, path: &Path, model: &Model<B>, tok: &Tokenizer) -> Result<()> {
     let template =
         ChatTemplate::from_gguf(model.file().metadata_file()).context("no usable chat template")?;
     if template.is_builtin() {
@@ -49,8 +69,8 @@ pub fn run(a: Args) -> Result<()> {
             template.builtin_family()
         );
     }
-    let n_ctx = crate::load::context_size(a.ctx_size, &model);
-    let mut session = Session::new(&model, &tok, n_ctx)?;
+    let n_ctx = crate::load::context_size(a.ctx_size, model);
+    let mut session = Session::new(model, tok, n_ctx)?;
     let mut messages: Vec<ChatMessage> = a
         .system
         .iter()

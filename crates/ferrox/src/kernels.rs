@@ -2,16 +2,19 @@
 //! placed and which kernel runs for it, decode and prefill, with fallbacks
 //! named and per-token totals.
 
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
+use ferrox_core::backend::DeviceBackend;
 use ferrox_core::kernel_registry::Backend;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: crate::load::ModelArg,
-    /// The backend to plan for.
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    /// The backend to plan for: any backend ferrox knows, whether or not
+    /// this build or machine has it (the capability tables are compiled in
+    /// every build).
+    #[arg(long, default_value = "cpu", value_parser = crate::load::parse_backend)]
+    backend: Backend,
     /// Threads (recorded in the device line).
     #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
@@ -21,13 +24,17 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let backend = crate::load::parse_backend(&a.backend)?;
-    if backend != Backend::Cpu {
-        bail!("backend {backend} is not compiled into this build");
-    }
     let path = a.model.or_default()?;
-    let (model, _) = crate::load::load_cpu(&path, a.threads, true)?;
-    let plan = model.plan();
+    let file = crate::open_model(&path)?;
+    // No device is opened and no weight read: the plan is the capability
+    // tables' answer for this file, the same function a loaded model's plan is.
+    let device = match a.backend {
+        Backend::Cpu => ferrox_core::backend::cpu::Cpu::new(a.threads).describe(),
+        b => format!("{b} (planned from its capability table; no device opened)"),
+    };
+    let plan = ferrox_core::model::plan(&file, a.backend, device)
+        .with_context(|| format!("cannot plan model {}", path.display()))?;
+    let plan = &plan;
     if a.json {
         println!("{}", serde_json::to_string_pretty(plan)?);
         return Ok(());

@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use ferrox_core::backend::cpu::Cpu;
-use ferrox_core::backend::DeviceBackend;
+use ferrox_core::backend::{with_backend, DeviceBackend, DeviceOptions, WithBackend};
 use ferrox_core::kernel_registry::Backend;
 use ferrox_core::model::Model;
 use ferrox_core::tokenizer::Tokenizer;
@@ -69,21 +68,64 @@ pub fn resolve_model(positional: Option<PathBuf>, flag: Option<PathBuf>) -> Resu
     }
 }
 
-/// The backend a user named (`--backend`); only those in this build exist.
-pub fn parse_backend(name: &str) -> Result<Backend> {
-    let b = Backend::from_name(name).with_context(|| {
+/// The backend a user named (`--backend`): any of the table's, compiled in
+/// or not (opening one that is not compiled in says which feature builds it).
+pub fn parse_backend(name: &str) -> Result<Backend, String> {
+    Backend::from_name(name).ok_or_else(|| {
         let known: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
-        format!(
-            "unknown backend {name:?} (this build has: {})",
-            known.join(", ")
-        )
-    })?;
-    Ok(b)
+        format!("unknown backend {name:?} (known: {})", known.join(", "))
+    })
 }
 
-/// A model loaded on the CPU with its tokenizer, reporting progress on stderr.
-pub fn load_cpu(path: &Path, threads: usize, quiet: bool) -> Result<(Model<Cpu>, Tokenizer)> {
-    load_on(path, Cpu::new(threads), quiet)
+/// Where a model runs: `--backend`, `--device`, `--threads`. Every
+/// subcommand that runs a model flattens this.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BackendArgs {
+    /// Where the model runs: cpu, or an accelerator (cuda; a build without its
+    /// feature says so).
+    #[arg(long, default_value = "cpu", value_parser = parse_backend)]
+    pub backend: Backend,
+    /// Which device of the backend (its ordinal).
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// CPU threads (0: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+impl BackendArgs {
+    /// The seam's options for these flags.
+    pub fn options(&self) -> DeviceOptions {
+        DeviceOptions { backend: self.backend, device: self.device, threads: self.threads }
+    }
+}
+
+/// What a subcommand does with a loaded model, on whichever backend it was
+/// loaded (the decoder is compiled once per backend).
+pub trait ModelJob {
+    /// What the job returns.
+    type Output;
+    /// Runs the job.
+    fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<Self::Output>;
+}
+
+/// Opens the backend `b` names, loads `path` on it and runs `job`: the one
+/// place a subcommand reaches a backend (the choice is the seam's generated
+/// `with_backend`, so no subcommand has an arm per backend).
+pub fn with_model<J: ModelJob>(path: &Path, b: &BackendArgs, quiet: bool, job: J) -> Result<J::Output> {
+    struct Load<'a, J> {
+        path: &'a Path,
+        quiet: bool,
+        job: J,
+    }
+    impl<J: ModelJob> WithBackend for Load<'_, J> {
+        type Output = Result<J::Output>;
+        fn run<B: DeviceBackend + 'static>(self, backend: B) -> Result<J::Output> {
+            let (model, tok) = load_on(self.path, backend, self.quiet)?;
+            self.job.run(model, tok)
+        }
+    }
+    with_backend(&b.options(), Load { path, quiet, job })?
 }
 
 /// A model loaded on `backend` with its tokenizer, reporting progress on stderr.

@@ -8,13 +8,16 @@
 //! the KL divergence from that base and how often the top token agrees.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use ferrox_core::backend::DeviceBackend;
+use ferrox_core::model::Model;
 use ferrox_core::perplexity::{
     evaluate, BaseHeader, BaseLogitsReader, BaseLogitsWriter, KlStats, NllStats, PerplexityError,
     PerplexityOptions,
 };
+use ferrox_core::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,9 +35,8 @@ pub struct Args {
     /// Evaluate at most this many chunks.
     #[arg(long)]
     chunks: Option<usize>,
-    /// Threads (0: all cores).
-    #[arg(short = 't', long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    backend: crate::load::BackendArgs,
     /// Base log-probabilities: written by a plain run, read with --kl-divergence.
     #[arg(long = "kl-divergence-base")]
     kl_base: Option<PathBuf>,
@@ -58,8 +60,29 @@ pub fn run(a: Args) -> Result<()> {
     };
     let text =
         std::fs::read(file).with_context(|| format!("cannot read text file {}", file.display()))?;
-    let path = a.model.or_default()?;
-    let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
+    let (path, backend, file) = (a.model.or_default()?, a.backend.clone(), file.clone());
+    crate::load::with_model(&path, &backend, false, Job::Score { a, file, text })
+}
+
+/// What `perplexity` does once the model is loaded.
+enum Job {
+    /// Score a text.
+    Score { a: Args, file: PathBuf, text: Vec<u8> },
+    /// Compare with a base run's log-probabilities.
+    Compare { a: Args, base_path: PathBuf, base: BaseLogitsReader<std::io::BufReader<std::fs::File>> },
+}
+
+impl crate::load::ModelJob for Job {
+    type Output = ();
+    fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<()> {
+        match self {
+            Job::Score { a, file, text } => score(a, &file, text, model, tok),
+            Job::Compare { a, base_path, base } => compare(a, &base_path, base, model, tok),
+        }
+    }
+}
+
+fn score<B: DeviceBackend>(a: Args, file: &Path, text: Vec<u8>, model: Model<B>, tok: Tokenizer) -> Result<()> {
     // llama-perplexity tokenizes with BOS (when the vocabulary adds one) and
     // without parsing special tokens in the text.
     let tokens = tok
@@ -130,10 +153,19 @@ fn run_kl(a: Args) -> Result<()> {
     let f = std::fs::File::open(base_path)
         .with_context(|| format!("cannot open base logits {}", base_path.display()))?;
     let len = f.metadata()?.len();
-    let mut base = BaseLogitsReader::new(std::io::BufReader::new(f), len)
+    let base = BaseLogitsReader::new(std::io::BufReader::new(f), len)
         .with_context(|| format!("cannot read base logits {}", base_path.display()))?;
-    let path = a.model.or_default()?;
-    let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
+    let (path, backend, base_path) = (a.model.or_default()?, a.backend.clone(), base_path.clone());
+    crate::load::with_model(&path, &backend, false, Job::Compare { a, base_path, base })
+}
+
+fn compare<B: DeviceBackend>(
+    a: Args,
+    base_path: &Path,
+    mut base: BaseLogitsReader<std::io::BufReader<std::fs::File>>,
+    model: Model<B>,
+    tok: Tokenizer,
+) -> Result<()> {
     let h = base.header().clone();
     if h.n_vocab != model.n_vocab() {
         return Err(PerplexityError::BaseMismatch {

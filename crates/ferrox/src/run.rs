@@ -8,7 +8,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use ferrox_core::backend::DeviceBackend;
 use ferrox_core::generate::{GenerateOptions, Session, StreamEvent};
-use ferrox_core::kernel_registry::Backend;
 use ferrox_core::model::Model;
 use ferrox_core::sampling::SamplingParams;
 use ferrox_core::tokenizer::Tokenizer;
@@ -104,12 +103,8 @@ pub struct Args {
     /// Context size (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
-    /// Threads (0: all cores).
-    #[arg(short = 't', long, default_value_t = 0)]
-    threads: usize,
-    /// Where the model runs: `cpu`, or `cuda` in a build with that feature.
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    #[command(flatten)]
+    backend: crate::load::BackendArgs,
     /// Stop before this string; repeatable.
     #[arg(long)]
     stop: Vec<String>,
@@ -145,21 +140,20 @@ pub fn run(a: Args) -> Result<()> {
         _ => bail!("give a prompt with -p PROMPT or -f FILE"),
     };
     let path = a.model.or_default()?;
-    match crate::load::parse_backend(&a.backend)? {
-        Backend::Cpu => {
-            let loaded = crate::load::load_cpu(&path, a.threads, false)?;
-            generate(a, prompt, loaded)
-        }
-        #[cfg(feature = "cuda")]
-        Backend::Cuda => {
-            let dev = ferrox_core::backend::Cuda::open().context("cannot open the CUDA device")?;
-            let loaded = crate::load::load_on(&path, dev, false)?;
-            generate(a, prompt, loaded)
-        }
-        #[allow(unreachable_patterns)]
-        other => bail!(
-            "backend {other} is not compiled into this build (rebuild with --features {other})"
-        ),
+    let backend = a.backend.clone();
+    crate::load::with_model(&path, &backend, false, Generate { a, prompt })
+}
+
+/// `run`'s work once the model is loaded.
+struct Generate {
+    a: Args,
+    prompt: String,
+}
+
+impl crate::load::ModelJob for Generate {
+    type Output = ();
+    fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<()> {
+        generate(self.a, self.prompt, (model, tok))
     }
 }
 

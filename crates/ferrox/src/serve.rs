@@ -2,13 +2,16 @@
 //! starts core's continuous-batching engine on its own thread, and hands the
 //! HTTP side to `ferrox-server`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use ferrox_core::backend::DeviceBackend;
 use ferrox_core::chat_template::ChatTemplate;
+use ferrox_core::model::Model;
 use ferrox_core::scheduler::{Scheduler, SchedulerConfig};
+use ferrox_core::tokenizer::Tokenizer;
 use ferrox_server::{AppState, ServerOptions};
 
 #[derive(clap::Args)]
@@ -39,9 +42,8 @@ pub struct Args {
     /// Requests that may wait for a slot; more get 429 with Retry-After.
     #[arg(long = "queue", default_value_t = 64)]
     queue: usize,
-    /// Threads (0: all cores).
-    #[arg(short = 't', long, default_value_t = 0)]
-    threads: usize,
+    #[command(flatten)]
+    backend: crate::load::BackendArgs,
     /// Require `Authorization: Bearer KEY` (also read from FERROX_API_KEY).
     #[arg(long = "api-key", env = "FERROX_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -54,8 +56,25 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = crate::load::resolve_model(a.model, a.model_flag)?;
-    let (model, tok) = crate::load::load_cpu(&path, a.threads, false)?;
+    let path = crate::load::resolve_model(a.model.clone(), a.model_flag.clone())?;
+    let backend = a.backend.clone();
+    crate::load::with_model(&path.clone(), &backend, false, Serve { a, path })
+}
+
+/// `serve`'s work once the model is loaded.
+struct Serve {
+    a: Args,
+    path: PathBuf,
+}
+
+impl crate::load::ModelJob for Serve {
+    type Output = ();
+    fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<()> {
+        serve(self.a, &self.path, model, tok)
+    }
+}
+
+fn serve<B: DeviceBackend + 'static>(a: Args, path: &Path, model: Model<B>, tok: Tokenizer) -> Result<()> {
     let n_ctx = crate::load::context_size(a.ctx_size, &model);
     let template = ChatTemplate::from_gguf(model.file().metadata_file()).map_err(|e| e.to_string());
     if let Err(e) = &template {

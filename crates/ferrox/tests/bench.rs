@@ -601,7 +601,7 @@ fn bench_bad_input_is_a_clean_error() {
         .output()
         .unwrap();
     let expect = if cfg!(feature = "cuda") {
-        "cannot open the CUDA device"
+        "cannot open CUDA"
     } else {
         "not compiled into this build"
     };

@@ -132,6 +132,85 @@ fn kernels_lists_every_tensor_of_gemma_with_its_cpu_kernel() {
     assert_eq!(plan["unused"].as_array().unwrap().len(), 0);
 }
 
+/// The seam's promise on any build: every backend of the table plans the
+/// real model without a device (and, for a backend not compiled in,
+/// without its code), each weight on that backend with the kernel its
+/// device runs for the shape, and the per-token crossings of a model wholly
+/// on one device.
+#[test]
+fn kernels_plans_gemma_on_every_accelerator_without_a_device() {
+    let model = gemma();
+    if !model.exists() {
+        eprintln!("SKIPPED: {} not found; `ferrox kernels --backend` was NOT checked", model.display());
+        return;
+    }
+    for &b in ferrox_core::kernel_registry::Backend::ALL.iter().filter(|b| b.is_accelerator()) {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+            .args(["kernels", model.to_str().unwrap(), "--backend", b.name(), "--json"])
+            .env("FERROX_CUDA", "0")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "kernels --backend {b} failed: {}", text(&o.stderr));
+        let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(plan["backend"], b.name());
+        assert_eq!(plan["crossings_per_token"], 2, "{b}: ids in, logits out");
+        let tensors = plan["tensors"].as_array().unwrap();
+        let file = ferrox_gguf::GgufModel::open(&model).unwrap();
+        assert_eq!(tensors.len(), file.tensors().len() + 1, "every tensor and the tied head");
+        for t in tensors {
+            let (name, decode) = (t["name"].as_str().unwrap(), t["decode"].as_str().unwrap());
+            assert_eq!(t["backend"], b.name(), "{name}");
+            assert!(t["fallback"].is_null(), "{name}: {}", t["fallback"]);
+            assert!(!decode.starts_with("cpu") && decode != "none", "{name}: {decode}");
+            // Gemma's matrices are all of CUDA's int8-activation kinds with
+            // whole 32-element units: each streams on `mmvq_stream_<kind>`.
+            if b.name() == "cuda" && t["dims"].as_array().unwrap().len() == 2 && !name.starts_with("token_embd") {
+                let kind = t["kind"].as_str().unwrap().to_ascii_lowercase();
+                assert!(decode.contains(&format!("mmvq_stream_{kind}")), "{name}: {decode}");
+                assert!(t["prefill"].as_str().unwrap().contains(&format!("dequant_f16_{kind}")), "{name}");
+            }
+        }
+    }
+}
+
+/// Every subcommand that runs a model takes `--backend`; an accelerator
+/// this build or machine lacks is one clean error naming it, before any
+/// model is loaded (a CPU run reported as CUDA would be a lie).
+#[test]
+fn every_model_command_takes_backend_and_names_a_missing_one() {
+    let model = gemma();
+    if !model.exists() {
+        eprintln!("SKIPPED: {} not found; `--backend` on every command was NOT checked", model.display());
+        return;
+    }
+    let m = model.to_str().unwrap();
+    let text_file = scratch("ppl.txt");
+    std::fs::write(&text_file, "a few words to score").unwrap();
+    let commands: [&[&str]; 5] = [
+        &["run", m, "-p", "Hi", "-n", "1"],
+        &["chat", m],
+        &["serve", m, "--port", "0"],
+        &["perplexity", "-m", m, "-f", text_file.to_str().unwrap()],
+        &["bench", "-m", m, "-p", "8", "-n", "0", "-r", "1"],
+    ];
+    for args in commands {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+            .args(args)
+            .args(["--backend", "cuda"])
+            .env("FERROX_CUDA", "0")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_clean_error(&o, "CUDA");
+        let err = text(&o.stderr);
+        assert!(!err.contains("loading"), "{}: the device is opened before the model is loaded: {err}", args[0]);
+        let errors = err.lines().filter(|l| l.starts_with("ferrox: error")).count();
+        assert_eq!(errors, 1, "{}: one error line: {err}", args[0]);
+        let o = ferrox(&[args, &["--backend", "tpu"]].concat());
+        assert_clean_error(&o, "unknown backend");
+    }
+}
+
 #[test]
 fn an_unsupported_architecture_is_named_in_a_clean_error() {
     let path = scratch("mamba.gguf");

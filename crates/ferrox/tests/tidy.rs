@@ -129,3 +129,14 @@ fn no_wildcard_arm_over_quant_kinds_outside_capability_tables() {
     });
     assert!(bad.is_empty(), "wildcard arms over QuantKind: {bad:?}");
 }
+
+/// Subcommands reach backends only through the seam's generated dispatch
+/// (`with_backend`, from `gpu_backend_table!`): an arm per backend in a
+/// command is how a backend ends up reachable from some commands and not
+/// others.
+#[test]
+fn no_command_dispatches_on_a_backend_feature() {
+    let bad = violations(|l, i| code(l[i]).contains("#[cfg(feature") || code(l[i]).contains("Backend::Cuda =>"));
+    let bad: Vec<&String> = bad.iter().filter(|v| v.contains("crates/ferrox/src/")).collect();
+    assert!(bad.is_empty(), "per-backend arms in commands: {bad:?}");
+}

@@ -374,12 +374,19 @@ impl DeviceBackend for Cpu {
         Backend::Cpu
     }
 
+    fn open(opts: &super::DeviceOptions) -> Result<Cpu, BackendError> {
+        if opts.device != 0 {
+            return Err(BackendError(format!("the CPU backend has one device, 0 (asked for device {})", opts.device)));
+        }
+        Ok(Cpu::new(opts.threads))
+    }
+
     fn threads(&self) -> usize {
         self.threads
     }
 
-    fn crossings_per_token(&self) -> u32 {
-        0
+    fn describe(&self) -> String {
+        format!("cpu ({}, {} threads)", self.isa, self.threads)
     }
 
     fn prefer_exact_products(&self) {

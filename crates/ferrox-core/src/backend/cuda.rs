@@ -9,6 +9,7 @@
 //! per distinct content and reused, so a decode step crosses the bus for the
 //! token id, its position and the logits only.
 
+use ferrox_ops::cuda as cuda_ops;
 use ferrox_quant::QuantKind;
 
 use super::BackendCaps;
@@ -40,49 +41,40 @@ impl BackendCaps for Cuda {
     const NAME: &'static str = "CUDA";
     const GEMM_FALLBACK: &'static str = "CUDA matvec per token (cuBLAS not found)";
 
-    /// Each kind with a 32-element unit decoder in `kernels.cu`; the launch
-    /// table (`ferrox_cuda::kernel_suffix`) is tied to this by
-    /// `every_kind_a_compiled_backend_claims_can_actually_be_launched`.
-    fn matvec_kernel(kind: QuantKind) -> Option<&'static str> {
-        Some(match kind {
-            QuantKind::F32 => "cuda matvec F32",
-            QuantKind::F16 => "cuda matvec F16",
-            QuantKind::BF16 => "cuda matvec BF16",
-            QuantKind::Q4_0 => "cuda matvec Q4_0",
-            QuantKind::Q4_1 => "cuda matvec Q4_1",
-            QuantKind::Q5_0 => "cuda matvec Q5_0",
-            QuantKind::Q5_1 => "cuda matvec Q5_1",
-            QuantKind::Q8_0 => "cuda matvec Q8_0",
-            QuantKind::Q4K => "cuda matvec Q4_K",
-            QuantKind::Q5K => "cuda matvec Q5_K",
-            QuantKind::Q6K => "cuda matvec Q6_K",
-            QuantKind::Q2K => "cuda matvec Q2_K",
-            QuantKind::Q3K => "cuda matvec Q3_K",
-            QuantKind::IQ4NL => "cuda matvec IQ4_NL",
-            QuantKind::IQ4XS => "cuda matvec IQ4_XS",
-            QuantKind::TQ2_0 => "cuda matvec TQ2_0",
-            QuantKind::MXFP4 => "cuda matvec MXFP4",
-            QuantKind::Q8_1 => "cuda matvec Q8_1",
-            QuantKind::Q8K => "cuda matvec Q8_K",
-            QuantKind::Q1_0 => "cuda matvec Q1_0",
-            QuantKind::Q2_0 => "cuda matvec Q2_0",
-            QuantKind::NVFP4 => "cuda matvec NVFP4",
-            QuantKind::TQ1_0 => "cuda matvec TQ1_0",
-            QuantKind::IQ2XXS => "cuda matvec IQ2_XXS",
-            QuantKind::IQ2XS => "cuda matvec IQ2_XS",
-            QuantKind::IQ2S => "cuda matvec IQ2_S",
-            QuantKind::IQ3XXS => "cuda matvec IQ3_XXS",
-            QuantKind::IQ3S => "cuda matvec IQ3_S",
-            QuantKind::IQ1S => "cuda matvec IQ1_S",
-            QuantKind::IQ1M => "cuda matvec IQ1_M",
-            _ => return None, // capability table: F64 and the integer kinds are not weight formats
+    /// Each kind of `ferrox_ops::cuda`'s table: the unit decoder every
+    /// shape can take. `every_kind_a_compiled_backend_claims_can_actually_be_launched`
+    /// ties the table to the kernels `kernels.cu` defines.
+    fn matvec_kernel(kind: QuantKind) -> Option<String> {
+        cuda_ops::matvec(kind, 1).map(|m| m.kernel(kind))
+    }
+
+    /// Dequantize-to-f16 + cuBLAS GEMM for every kind of the table.
+    fn gemm_supported(kind: QuantKind) -> bool {
+        cuda_ops::kind_kernels(kind).is_some()
+    }
+
+    /// The streaming kernels where the shape fits them (the choice
+    /// `ferrox_cuda::Device` makes, from the same function).
+    fn decode_kernel(kind: QuantKind, cols: usize) -> Option<String> {
+        let m = cuda_ops::matvec(kind, cols)?;
+        Some(match m {
+            cuda_ops::Matvec::Int8Stream => format!("cuda {} (activations quantized to int8 once per input)", m.kernel(kind)),
+            cuda_ops::Matvec::F16Stream => format!("cuda {} (16-byte loads)", m.kernel(kind)),
+            cuda_ops::Matvec::Unit => format!("cuda {} (32-element unit decoder)", m.kernel(kind)),
         })
     }
 
-    /// Dequantize-to-f16 + cuBLAS GEMM exists for every kind with a matvec
-    /// (it is built on the same unit decoder).
-    fn gemm_supported(kind: QuantKind) -> bool {
-        Self::matvec_kernel(kind).is_some()
+    fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
+        let (Some(k), Some(m)) = (cuda_ops::kind_kernels(kind), cuda_ops::matvec(kind, cols)) else {
+            return "none".into();
+        };
+        format!(
+            "cuda {} + cuBLAS f16 GEMM (batches of {}+; smaller ones {}; without cuBLAS: {})",
+            k.dequant_f16,
+            cuda_ops::GEMM_MIN_TOKENS + 1,
+            m.kernel(kind),
+            Self::GEMM_FALLBACK
+        )
     }
 }
 
@@ -160,14 +152,15 @@ mod dispatch {
             )
         }
 
-        /// Opens GPU 0, unless `FERROX_CUDA` turned CUDA off.
-        pub fn open() -> Result<Cuda, BackendError> {
+        /// Opens GPU `ordinal`, unless `FERROX_CUDA` turned CUDA off.
+        pub fn open_device(ordinal: usize) -> Result<Cuda, BackendError> {
             if !Cuda::enabled() {
                 return Err(BackendError(
-                    "CUDA is off (FERROX_CUDA=0) or no CUDA device with a loadable driver was found".into(),
+                    "cannot open CUDA: it is off (FERROX_CUDA=0), or no CUDA device with a loadable driver was found".into(),
                 ));
             }
-            Ok(Cuda::on(std::sync::Arc::new(Device::open(0).map_err(be)?)))
+            let dev = Device::open(ordinal).map_err(|e| BackendError(format!("cannot open CUDA device {ordinal}: {e}")))?;
+            Ok(Cuda::on(std::sync::Arc::new(dev)))
         }
 
         fn on(dev: Arc<Device>) -> Cuda {
@@ -361,9 +354,26 @@ mod dispatch {
         }
     }
 
+    /// The kernels `kernels.cu` defines (what `Device::open` can load).
+    fn defined() -> &'static std::collections::BTreeSet<String> {
+        static DEFINED: std::sync::OnceLock<std::collections::BTreeSet<String>> = std::sync::OnceLock::new();
+        DEFINED.get_or_init(|| ferrox_cuda::defined_kernels(ferrox_cuda::kernel_source()))
+    }
+
     impl BackendLaunch for Cuda {
         fn has_launch(kind: QuantKind) -> bool {
-            ferrox_cuda::kernel_suffix(kind).is_some()
+            let Some(k) = ferrox_ops::cuda::kind_kernels(kind) else {
+                // An unclaimed kind is launchable if its unit decoder exists anyway.
+                return defined().contains(&format!("matvec_{}", kind.name().to_ascii_lowercase()));
+            };
+            let int8 = k.int8.iter().flat_map(|(a, b)| [a, b]);
+            let all = [&k.matvec, &k.get_rows].into_iter().chain(int8).all(|n| defined().contains(n));
+            all
+        }
+
+        fn has_gemm(kind: QuantKind) -> bool {
+            let name = format!("dequant_f16_{}", kind.name().to_ascii_lowercase());
+            defined().contains(&name)
         }
     }
 
@@ -383,14 +393,16 @@ mod dispatch {
             Backend::Cuda
         }
 
+        fn open(opts: &crate::backend::DeviceOptions) -> Result<Cuda, BackendError> {
+            Cuda::open_device(opts.device)
+        }
+
         fn threads(&self) -> usize {
             1
         }
 
-        /// The staged index lists in (one copy: ids, positions, slots,
-        /// output rows); logits, or only the argmax ids, out.
-        fn crossings_per_token(&self) -> u32 {
-            2
+        fn describe(&self) -> String {
+            format!("cuda ({}, {})", self.dev.name(), self.dev.arch())
         }
 
         fn place(&self, t: &HostTensor<'_>) -> Result<CudaWeight, BackendError> {
@@ -856,7 +868,7 @@ mod tests {
     /// by skipping where a GPU is meant to be.
     fn gpu(what: &str) -> Option<&'static Cuda> {
         static DEV: OnceLock<Result<Cuda, String>> = OnceLock::new();
-        let dev = DEV.get_or_init(|| Cuda::open().map_err(|e| e.to_string()));
+        let dev = DEV.get_or_init(|| Cuda::open_device(0).map_err(|e| e.to_string()));
         let dev = match dev {
             Ok(c) => Some(c),
             Err(e) if std::env::var_os("FERROX_REQUIRE_GPU").is_some_and(|v| v == "1") => {

@@ -44,7 +44,9 @@ impl BackendError {
 /// What an accelerator backend can run, answerable without its crate.
 ///
 /// Ungated on purpose: `ferrox kernels --backend cuda` and the coverage
-/// tests ask what CUDA *would* resolve on a build with no CUDA.
+/// tests ask what CUDA *would* resolve on a build with no CUDA. The answers
+/// come from the same table the backend's device crate launches by
+/// (`ferrox_ops`), so the plan names the kernel that really runs.
 pub trait BackendCaps {
     /// How the kernel registry reports this backend.
     const ID: Backend;
@@ -52,10 +54,27 @@ pub trait BackendCaps {
     const NAME: &'static str;
     /// What a prefill runs for a kind with a matvec but no GEMM.
     const GEMM_FALLBACK: &'static str;
-    /// The decode (matvec) kernel for `kind`, by name, or `None`.
-    fn matvec_kernel(kind: QuantKind) -> Option<&'static str>;
+    /// The kernel every `kind` matrix can take at decode (whatever its
+    /// shape), by its name in the backend's source, or `None`: the kind is
+    /// not claimed.
+    fn matvec_kernel(kind: QuantKind) -> Option<String>;
     /// Whether `kind` has a batched GEMM (the prefill path).
     fn gemm_supported(kind: QuantKind) -> bool;
+    /// What a decode step runs for a `kind` matrix of `cols` columns: the
+    /// kernel the backend chooses for that shape. The default is
+    /// [`BackendCaps::matvec_kernel`].
+    fn decode_kernel(kind: QuantKind, cols: usize) -> Option<String> {
+        let _ = cols;
+        Self::matvec_kernel(kind)
+    }
+    /// What a prefill runs for a `kind` matrix of `cols` columns.
+    fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
+        let _ = cols;
+        match Self::gemm_supported(kind) {
+            true => format!("{} GEMM ({kind})", Self::NAME),
+            false => Self::GEMM_FALLBACK.to_string(),
+        }
+    }
 }
 
 /// **The** accelerator table: `(registry variant, cargo feature / name,
@@ -125,9 +144,11 @@ pub(crate) use gpu_backend_caps_rows;
 /// `every_kind_a_compiled_backend_claims_can_actually_be_launched` checks
 /// that over all kinds for every backend [`with_gpu_backends!`] expands.
 pub trait BackendLaunch: BackendCaps {
-    /// Whether a matvec (and the GEMM built on the same decoder) kernel
-    /// exists for `kind` in the backend crate's launch table.
+    /// Whether every kernel a `kind` matrix's decode and embedding lookup
+    /// launch exists in the backend's compiled source.
     fn has_launch(kind: QuantKind) -> bool;
+    /// Whether the kernels of `kind`'s batched GEMM exist there.
+    fn has_gemm(kind: QuantKind) -> bool;
 }
 
 /// The `FERROX_<BACKEND>` grammar every accelerator's enable probe shares:
@@ -142,6 +163,60 @@ pub fn env_or_probe(value: Option<&str>, alias: &str, probe: impl FnOnce() -> bo
         _ => probe(),
     }
 }
+
+/// Which backend a command runs on and how it is opened: `--backend`,
+/// `--device`, `--threads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// The backend.
+    pub backend: Backend,
+    /// The device ordinal (`--device N`; the CPU is device 0 only).
+    pub device: usize,
+    /// CPU threads (0: every core).
+    pub threads: usize,
+}
+
+impl DeviceOptions {
+    /// The CPU with `threads` threads.
+    pub fn cpu(threads: usize) -> DeviceOptions {
+        DeviceOptions { backend: Backend::Cpu, device: 0, threads }
+    }
+}
+
+/// What a command does with a backend once it is open, generic over the
+/// backend so the decoder is compiled once per backend and the choice is
+/// one generated `match` ([`with_backend`]).
+pub trait WithBackend {
+    /// What the command returns.
+    type Output;
+    /// Runs the command on `backend`.
+    fn run<B: DeviceBackend + 'static>(self, backend: B) -> Self::Output;
+}
+
+/// Generates [`with_backend`] from the backend table's rows.
+macro_rules! open_backend_rows {
+    ([] $(($variant:ident, $feature:literal, $ty:ident)),* $(,)?) => {
+        /// Opens the backend `opts` names and runs `f` on it. Generated from
+        /// [`gpu_backend_table!`]: a backend not compiled into this build is a
+        /// typed error naming the feature to build with, never a missing arm.
+        pub fn with_backend<F: WithBackend>(opts: &DeviceOptions, f: F) -> Result<F::Output, BackendError> {
+            match opts.backend {
+                Backend::Cpu => Ok(f.run(<cpu::Cpu as DeviceBackend>::open(opts)?)),
+                $(
+                    #[cfg(feature = $feature)]
+                    Backend::$variant => Ok(f.run(<$ty as DeviceBackend>::open(opts)?)),
+                    #[cfg(not(feature = $feature))]
+                    Backend::$variant => Err(BackendError(format!(
+                        "the {} backend is not compiled into this build (build with `--features {}`)",
+                        <$ty as BackendCaps>::NAME,
+                        $feature
+                    ))),
+                )*
+            }
+        }
+    };
+}
+gpu_backend_table!(open_backend_rows);
 
 /// How RoPE is applied to one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -240,13 +315,19 @@ pub trait DeviceBackend: Send + Sync {
     /// The KV cache: `n_slots` sequences of `n_ctx` positions per layer.
     type Kv: Send;
 
+    /// Opens the backend as `opts` says (the device ordinal, CPU threads);
+    /// [`with_backend`] calls this for the backend a user named.
+    fn open(opts: &DeviceOptions) -> Result<Self, BackendError>
+    where
+        Self: Sized;
     /// The registry identity of this backend.
     fn id(&self) -> Backend;
     /// Threads (CPU) or streams the backend uses; reported, not tuned here.
     fn threads(&self) -> usize;
-    /// Host↔device copies a decode step makes (ids and positions in,
-    /// logits out); reported by `ferrox kernels`, 0 for the CPU.
-    fn crossings_per_token(&self) -> u32;
+    /// The device as `ferrox kernels` and the load line name it.
+    fn describe(&self) -> String {
+        self.id().name().to_string()
+    }
     /// Keeps one rounding for products at every batch size from now on.
     /// The CPU otherwise takes bf16 products from 64 tokens (faster
     /// prefill) where smaller batches quantize activations to 8 bits; a
@@ -605,9 +686,8 @@ mod tests {
                     let claimed = <$b as BackendCaps>::matvec_kernel(k).is_some();
                     let launchable = <$b as BackendLaunch>::has_launch(k);
                     assert_eq!(claimed, launchable, "{}: {k} claimed {claimed}, launchable {launchable}", <$b as BackendCaps>::NAME);
-                    if <$b as BackendCaps>::gemm_supported(k) {
-                        assert!(launchable, "{}: a GEMM is claimed for {k} without a kernel", <$b as BackendCaps>::NAME);
-                    }
+                    let (gemm, has_gemm) = (<$b as BackendCaps>::gemm_supported(k), <$b as BackendLaunch>::has_gemm(k));
+                    assert_eq!(gemm, has_gemm, "{}: {k} GEMM claimed {gemm}, launchable {has_gemm}", <$b as BackendCaps>::NAME);
                 }
                 checked.push(<$b as BackendCaps>::NAME);
             };
@@ -626,7 +706,8 @@ mod tests {
             ($b:ty) => {
                 for &k in QuantKind::ALL {
                     if let Some(name) = <$b as BackendCaps>::matvec_kernel(k) {
-                        assert!(name.contains(k.name()), "{} names {k:?} {name:?}", <$b as BackendCaps>::NAME);
+                        let (name, kind) = (name.to_ascii_lowercase(), k.name().to_ascii_lowercase());
+                        assert!(name.contains(&kind), "{} names {k:?} {name:?}", <$b as BackendCaps>::NAME);
                     }
                 }
             };

@@ -19,7 +19,7 @@ use ferrox_gguf::{GgufError, GgufModel, ModelTensor};
 
 use crate::arch::{Arch, FfnLayout, Role};
 use crate::backend::{AttnParams, Batch, BackendError, DeviceBackend, HostTensor, RopeParams};
-use crate::kernel_registry::{KernelPlan, Placement};
+use crate::kernel_registry::{Backend, KernelPlan, Placement};
 
 /// Why a model cannot be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -232,6 +232,87 @@ fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
     }
 }
 
+/// A file's tensors sorted out for its architecture: what the loader
+/// places and what the plan reports, each dimension checked.
+struct Resolved<'f> {
+    arch: Arch,
+    config: ModelConfig,
+    n_vocab: usize,
+    embd: &'f ModelTensor,
+    found: BTreeMap<(Role, usize), &'f ModelTensor>,
+    unused: Vec<String>,
+}
+
+/// Finds every tensor's role, checks each used one's dimensions against the
+/// configuration, and lists the rest.
+fn resolve(file: &GgufModel) -> Result<Resolved<'_>, ModelError> {
+    let meta = file.metadata_file();
+    let arch = arch_of(meta)?;
+    let config = ModelConfig::from_gguf(meta, arch)?;
+    let mut found: BTreeMap<(Role, usize), &ModelTensor> = BTreeMap::new();
+    let mut unused = Vec::new();
+    for t in file.tensors() {
+        match Role::parse(&t.info.name) {
+            Some((role, layer)) if arch.accepts(role) && layer.is_none_or(|l| l < config.n_layer) => {
+                found.insert((role, layer.unwrap_or(0)), t);
+            }
+            _ => unused.push(t.info.name.clone()),
+        }
+    }
+    let embd = *found
+        .get(&(Role::TokenEmbd, 0))
+        .ok_or_else(|| ModelError::MissingTensor { name: Role::TokenEmbd.gguf_name(0), arch })?;
+    let n_vocab = embd.info.dims.get(1).copied().unwrap_or(0) as usize;
+    if n_vocab == 0 {
+        return Err(ModelError::TensorShape {
+            name: embd.info.name.clone(),
+            expected: vec![config.n_embd as u64, 0],
+            got: embd.info.dims.clone(),
+        });
+    }
+    for (&(role, _), t) in &found {
+        let want = expected_dims(&config, role, n_vocab);
+        if t.info.dims != want {
+            return Err(ModelError::TensorShape { name: t.info.name.clone(), expected: want, got: t.info.dims.clone() });
+        }
+    }
+    Ok(Resolved { arch, config, n_vocab, embd, found, unused })
+}
+
+/// The placement plan of the model in `file` on `backend`, without opening
+/// the backend or reading a weight: what `ferrox kernels` prints for a
+/// backend this machine has no device for, or this build no code for. A
+/// loaded model's plan ([`Model::plan`]) is the same function's answer.
+pub fn plan(file: &GgufModel, backend: Backend, device: String) -> Result<KernelPlan, ModelError> {
+    Ok(plan_of(file, &resolve(file)?, backend, device))
+}
+
+fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, device: String) -> KernelPlan {
+    let info = |t: &ModelTensor, role: Option<Role>| {
+        crate::kernel_registry::placement(backend, &t.info.name, role, t.info.kind, &t.info.dims, t.info.n_bytes)
+    };
+    let mut placements: Vec<Placement> = r.found.iter().map(|(&(role, _), t)| info(t, Some(role))).collect();
+    placements.extend(r.unused.iter().filter_map(|name| file.tensor(name)).map(|t| info(t, None)));
+    // The tied head reads the embedding matrix as a matmul: report that too.
+    if !r.found.contains_key(&(Role::Output, 0)) {
+        let mut p = info(r.embd, Some(Role::Output));
+        p.name = format!("output (tied: {})", r.embd.info.name);
+        p.bytes = 0;
+        placements.push(p);
+    }
+    let order: BTreeMap<&str, usize> =
+        file.tensors().iter().enumerate().map(|(i, t)| (t.info.name.as_str(), i)).collect();
+    placements.sort_by_key(|p: &Placement| order.get(p.name.as_str()).copied().unwrap_or(usize::MAX));
+    KernelPlan {
+        backend,
+        device,
+        bytes_per_token: placements.iter().map(|p| p.bytes_per_token).sum(),
+        crossings_per_token: crate::kernel_registry::crossings_per_token(&placements),
+        tensors: placements,
+        unused: r.unused.clone(),
+    }
+}
+
 impl<B: DeviceBackend> Model<B> {
     /// Opens `path` (a file or any part of a split) and loads it onto `backend`.
     pub fn open(path: impl AsRef<Path>, backend: B) -> Result<Model<B>, ModelError> {
@@ -241,33 +322,10 @@ impl<B: DeviceBackend> Model<B> {
     /// Loads an opened model onto `backend`: every needed tensor checked and
     /// placed, every unused one reported in [`Model::plan`].
     pub fn load(file: Arc<GgufModel>, backend: B) -> Result<Model<B>, ModelError> {
-        let meta = file.metadata_file();
-        let arch = arch_of(meta)?;
-        let config = ModelConfig::from_gguf(meta, arch)?;
-        let mut found: BTreeMap<(Role, usize), &ModelTensor> = BTreeMap::new();
-        let mut unused = Vec::new();
-        for t in file.tensors() {
-            match Role::parse(&t.info.name) {
-                Some((role, layer)) if arch.accepts(role) && layer.is_none_or(|l| l < config.n_layer) => {
-                    found.insert((role, layer.unwrap_or(0)), t);
-                }
-                _ => unused.push(t.info.name.clone()),
-            }
-        }
-        let embd_t = *found
-            .get(&(Role::TokenEmbd, 0))
-            .ok_or_else(|| ModelError::MissingTensor { name: Role::TokenEmbd.gguf_name(0), arch })?;
-        let n_vocab = embd_t.info.dims.get(1).copied().unwrap_or(0) as usize;
-        if n_vocab == 0 {
-            return Err(ModelError::TensorShape {
-                name: embd_t.info.name.clone(),
-                expected: vec![config.n_embd as u64, 0],
-                got: embd_t.info.dims.clone(),
-            });
-        }
-
-        let mut placements = Vec::new();
-        let mut get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Weight>, ModelError> {
+        let r = resolve(&file)?;
+        let plan = plan_of(&file, &r, backend.id(), backend.describe());
+        let Resolved { arch, config, n_vocab, found, .. } = r;
+        let get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Weight>, ModelError> {
             let Some(t) = found.get(&(role, layer)) else {
                 return if required {
                     Err(ModelError::MissingTensor { name: role.gguf_name(layer), arch })
@@ -275,23 +333,12 @@ impl<B: DeviceBackend> Model<B> {
                     Ok(None)
                 };
             };
-            let want = expected_dims(&config, role, n_vocab);
-            if t.info.dims != want {
-                return Err(ModelError::TensorShape { name: t.info.name.clone(), expected: want, got: t.info.dims.clone() });
-            }
+            // `resolve` checked the dimensions against the configuration.
             let bytes = file.tensor_data(t)?;
-            let (cols, rows) = (want[0] as usize, want.get(1).copied().unwrap_or(1) as usize);
+            let (cols, rows) = (t.info.dims[0] as usize, t.info.dims.get(1).copied().unwrap_or(1) as usize);
             let w = backend
                 .place(&HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file })
                 .map_err(|e| ModelError::Backend(BackendError(format!("placing {}: {e}", t.info.name))))?;
-            placements.push(crate::kernel_registry::placement(
-                backend.id(),
-                &t.info.name,
-                Some(role),
-                t.info.kind,
-                &t.info.dims,
-                t.info.n_bytes,
-            ));
             Ok(Some(w))
         };
         // `get(.., true)` never returns `Ok(None)`; this keeps that a typed
@@ -333,36 +380,6 @@ impl<B: DeviceBackend> Model<B> {
                 post_ffn_norm: get(Role::FfnPostNorm, l, spec.post_norms)?,
             });
         }
-        for name in &unused {
-            if let Some(t) = file.tensor(name) {
-                placements.push(crate::kernel_registry::placement(backend.id(), name, None, t.info.kind, &t.info.dims, t.info.n_bytes));
-            }
-        }
-        // The tied head reads the embedding matrix as a matmul: report that too.
-        if output.is_none() {
-            let mut p = crate::kernel_registry::placement(
-                backend.id(),
-                "output (tied: token_embd.weight)",
-                Some(Role::Output),
-                embd_t.info.kind,
-                &embd_t.info.dims,
-                embd_t.info.n_bytes,
-            );
-            p.bytes = 0;
-            placements.push(p);
-        }
-        let order: BTreeMap<&str, usize> =
-            file.tensors().iter().enumerate().map(|(i, t)| (t.info.name.as_str(), i)).collect();
-        placements.sort_by_key(|p: &Placement| order.get(p.name.as_str()).copied().unwrap_or(usize::MAX));
-        let bytes_per_token = placements.iter().map(|p| p.bytes_per_token).sum();
-        let plan = KernelPlan {
-            backend: backend.id(),
-            device: describe_device(&backend),
-            tensors: placements,
-            bytes_per_token,
-            crossings_per_token: backend.crossings_per_token(),
-            unused,
-        };
         Ok(Model {
             config,
             file,
@@ -717,15 +734,5 @@ impl<B: DeviceBackend> Model<B> {
             be.softcap(&mut hd.logits, cap)?;
         }
         Ok(())
-    }
-}
-
-fn describe_device<B: DeviceBackend>(backend: &B) -> String {
-    match backend.id() {
-        crate::kernel_registry::Backend::Cpu => {
-            format!("cpu ({}, {} threads)", ferrox_quant::cpu::Isa::active(), backend.threads())
-        }
-        #[allow(unreachable_patterns)] // accelerators join the registry with their crates
-        other => other.name().to_string(),
     }
 }

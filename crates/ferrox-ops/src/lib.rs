@@ -1,0 +1,15 @@
+//! What the engine and every backend crate must agree on, in one place that
+//! both import: each accelerator's kernel table.
+//!
+//! The decision: a backend's claims (what `ferrox kernels` prints, what the
+//! loader plans) and its launches (what its device crate loads and runs)
+//! used to be two hand-copied lists in two crates, and a third, hidden one
+//! chose per call. Here the table is data in a leaf crate with no device
+//! code, so `ferrox-core` answers "what would CUDA run for this matrix" on a
+//! build without CUDA, and `ferrox-cuda` launches by the same answer. What
+//! keeps the table honest is a test against the kernel source
+//! (`ferrox-core`'s claims⇔launch test), not a second list.
+
+#![deny(missing_docs)]
+
+pub mod cuda;
