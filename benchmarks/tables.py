@@ -66,7 +66,7 @@ def num(x, sd=None):
     return s
 
 
-def caption(lines, command):
+def caption(lines, command, note=""):
     seen = []
     for l in sorted(lines, key=lambda l: (l["date"], l["commit"])):
         t = (l["machine"], l["commit"], l["date"])
@@ -77,7 +77,7 @@ def caption(lines, command):
     out = f"Measured on {where}."
     if notes:
         out += " " + " ".join(f"({n})" for n in notes)
-    return out + f"\nReproduce from main: `{command}`\n"
+    return out + f"\nReproduce from main: `{command}`" + (f" {note}" if note else "") + "\n"
 
 
 def compare(spec):
@@ -133,7 +133,7 @@ def compare(spec):
             row.append(str(rss["figure"]) if rss else "")
         row += [f["commit"]] if show_commit else []
         out.append("| " + " | ".join(row) + " |")
-    return caption(used, spec["command"]) + "\n" + "\n".join(out) + "\n", ratios
+    return caption(used, spec["command"], spec.get("note", "")) + "\n" + "\n".join(out) + "\n", ratios
 
 
 def listing(spec):
@@ -148,7 +148,7 @@ def listing(spec):
            "|" + "|".join(c[2] if len(c) > 2 else "---:" for c in spec["cols"]) + "|"]
     for l in chosen:
         out.append("| " + " | ".join(c[1](l) for c in spec["cols"]) + " |")
-    return caption(chosen, spec["command"]) + "\n" + "\n".join(out) + "\n", {}
+    return caption(chosen, spec["command"], spec.get("note", "")) + "\n" + "\n".join(out) + "\n", {}
 
 
 def pct(x):
@@ -224,8 +224,9 @@ TABLES = {
               ("ferrox", lambda l: f"{l['figure']} {l['unit']}"),
               ("llama-server", lambda l: f"{l['ref_figure']} {l['unit']}")]),
     "cuda-side-by-side": dict(CUDA_CMP, where={"set": "side-by-side", "machine": "h200"},
-                              command="D=target/h-cuda SHAPE=llama-1b REPS=3 bash scripts/cuda-side-by-side.sh "
-                                      "(SHAPE=llama-8b for the 8b rows; through the device tool)"),
+                              command="D=target/h-cuda REPS=3 bash scripts/cuda-side-by-side.sh",
+                              note="(`SHAPE=llama-8b` for the 8b rows; through the device tool, see the "
+                                   "script's header)"),
     "cuda-depth": dict(CUDA_CMP, where={"set": "depth", "machine": "h200"},
                        command="D=target/h-cuda DEPTH=0,1024,4096 KINDS=Q4_0 REPS=3 bash scripts/cuda-side-by-side.sh"),
     "cuda-boundary": dict(

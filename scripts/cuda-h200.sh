@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call on the H200 (kind nvidia-h200): the CUDA tests, then
 # the decode/prefill benchmark of a synthetic llama-1b. Everything it needs is
-# built here and carried in devbin/ (see benchmarks/cuda.md):
+# built here and carried in devbin/ (the layout of scripts/cuda-side-by-side.sh's header):
 #   $D/ferrox                   cargo build --release -p ferrox --features cuda
 #   $D/tests/*                  cargo test -p ferrox-core --features cuda --no-run, cargo test -p ferrox-cuda --no-run
 #   devbin/gguf/ + make_synthetic_gguf.py   LLAMA/gguf-py/gguf and ../shared/tools/make_synthetic_gguf.py
