@@ -1,7 +1,8 @@
 //! Matvec and GEMM throughput of every kind in the launch table, timed with
 //! CUDA events on the device's stream (median of repeats after a warm-up).
 //! `cargo run --release -p ferrox-cuda --example kernel_bench [ROWS COLS]`;
-//! the H200 figures and command are in `benchmarks/cuda.md`.
+//! on the H200 it runs in `scripts/cuda-side-by-side.sh` / `cuda-dev.sh`, and
+//! the figures that decided the kernels are in `docs/decisions/`.
 //! `KB_KINDS=Q4_0,Q4_K` limits the kinds (the IQ1/IQ2/IQ3 lattice kinds get
 //! random valid blocks: ferrox has no quantizer for them); `KB_GEMM=0` skips the GEMM column.
 //! The "chained" line times 24 launches back to back (per launch): what a

@@ -457,8 +457,8 @@ pub struct Device {
     /// later; `FERROX_CUDA_PDL=0` turns it off).
     pdl: bool,
     /// Batches of at least this many tokens take the grouped attention
-    /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too, see
-    /// benchmarks/cuda.md); smaller batches take the per-head kernel.
+    /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too,
+    /// commit c0673a2); smaller batches take the per-head kernel.
     gqa_min: usize,
     /// Dynamic shared memory `attention_dec` may use (the device's opt-in
     /// limit per block, set on the function at open).
@@ -471,8 +471,8 @@ pub struct Device {
     /// each staging its KV head's keys itself: four times the blocks of a
     /// 4-head group, so more SMs read the cache. On the H200, tg128 at a
     /// 4096-token depth +12.5% (1b F16) and +13.5% (8b F16); at depth 0 1b
-    /// F16 +1.8%, 8b Q8_0 +3.4%, 8b F16 -0.3%: benchmarks/cuda.md,
-    /// session 13).
+    /// F16 +1.8%, 8b Q8_0 +3.4%, 8b F16 -0.3%:
+    /// docs/decisions/0015-block-per-query-head-decode-attention.md).
     dec_heads: usize,
     /// The largest key chunk `attention_dec` stages (`FERROX_CUDA_DEC_CHUNK`:
     /// 128, 64 or 32; default 128): a smaller one needs less shared memory.
@@ -481,8 +481,8 @@ pub struct Device {
     /// a token and head block (`FERROX_CUDA_DEC_SPLIT`, default 16; 1 turns
     /// it off), one per `dec_span` keys of the token's window
     /// (`FERROX_CUDA_DEC_SPAN`, default 128). On the H200, 1b F16 tg128 at
-    /// a 4096-token depth: 306 t/s unsplit, 792 split (benchmarks/cuda.md,
-    /// session 14).
+    /// a 4096-token depth: 306 t/s unsplit, 792 split
+    /// (docs/decisions/0016-split-decode-attention.md).
     dec_split: usize,
     dec_span: usize,
     /// Query heads a block of a split token takes (`FERROX_CUDA_DEC_SPLIT_HEADS`:
@@ -2773,7 +2773,8 @@ fn dec_smem_bytes(chunk: usize, g: usize, hd: usize, hdv: usize) -> usize {
 /// Units of each matrix a lane of the int8 gate/up GLU takes: 8 for the
 /// kinds whose units are 16 or 18 bytes (with 4, a lane had too few bytes
 /// in flight: on the H200 8b Q4_K decode 403 -> 415 t/s, Q4_0 with its
-/// 8-unit step 444 -> 459; benchmarks/cuda.md, session 12), else 4.
+/// 8-unit step 444 -> 459; docs/decisions/0009-per-kind-int8-steps.md),
+/// else 4.
 fn glu_units(kind: QuantKind) -> usize {
     match kind {
         QuantKind::Q4_0 | QuantKind::Q4K => 8,

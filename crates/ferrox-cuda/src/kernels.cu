@@ -1091,7 +1091,7 @@ __device__ __forceinline__ float rope_epilogue(const MmvqMats& m, int k, int r, 
 #endif
 // FERROX_MMVQS_ROT: 1 rotates the step order as the F16 stream does; off
 // by default: on the H200 it cost the int8 kinds 1-2% of decode (1b Q8_0
-// 1312 vs 1330 t/s, Q4_K 1520 vs 1545, 8b Q8_0 332 vs 335; session 10),
+// 1312 vs 1330 t/s, Q4_K 1520 vs 1545, 8b Q8_0 332 vs 335; decision 0007),
 // where it gave F16 7% (8b 229 vs 214).
 #ifndef FERROX_MMVQS_ROT
 #define FERROX_MMVQS_ROT 0
@@ -1220,7 +1220,7 @@ __device__ __forceinline__ void mmvq_stream_body(const MmvqMats& m, const int4* 
 // MMVQS_STEP). Q4_0: 4 (18-byte units: at 2 a lane kept too few bytes in
 // flight; on the H200 its 14336x4096 matvec went from 2.2 to 3.0 TB/s
 // and 8b Q4_0 decode from 400 to 444 t/s; Q4_K gained nothing in decode,
-// Q8_0 at 3 or 4 lost: benchmarks/cuda.md, session 12).
+// Q8_0 at 3 or 4 lost: docs/decisions/0009-per-kind-int8-steps.md).
 #ifndef MMVQS_STEP_q4_0
 #define MMVQS_STEP_q4_0 4
 #endif
@@ -1276,8 +1276,9 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
 // The gate and up matvecs and the GLU after them in one launch (decode):
 // `lpr` lanes a row (8, 16 or 32: a row within a warp), 256 / lpr rows a
 // block, so a block is short and a launch has many (the last wave of a
-// launch of few long blocks left most SMs idle: benchmarks/cuda.md,
-// session 7). A lane takes units sub, sub + lpr, ... of the row of both
+// launch of few long blocks left most SMs idle: commit cb8ded2,
+// docs/decisions/0021-rope-store-and-gate-up-glu-fusions.md). A lane takes
+// units sub, sub + lpr, ... of the row of both
 // matrices, MMVQ_GSTEP_<kind> of each a step (all their loads issued before the
 // first dot); the row's lane 0 writes h = act(g) * u. `act`: 0 SiLU, 1
 // GELU (tanh form), as `glu`. h's q8 copy for the down matvec (32-row
@@ -1296,7 +1297,7 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
 // MMVQ_GSTEP_<kind>: the GLU's units of each matrix a lane loads together
 // (default MMVQ_STEP). Q4_0: 8 (its units are 18 bytes: with 4 a lane had
 // too few bytes in flight; on the H200 8b Q4_0 decode 444 -> 459 t/s with
-// the host's 8 units a lane, benchmarks/cuda.md session 12).
+// the host's 8 units a lane, docs/decisions/0009-per-kind-int8-steps.md).
 #ifndef MMVQ_GSTEP_q4_0
 #define MMVQ_GSTEP_q4_0 8
 #endif
@@ -1385,7 +1386,7 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
 }
 
 // Streaming F16 matvecs (decode and small batches). The kernels before
-// them (to session 9) gave a lane one step of four loads of one row and
+// them (to commit 9faa9a8) gave a lane one step of four loads of one row and
 // ended: a launch was a wave or more of blocks that each made one round
 // trip to memory, and between waves an SM held few loads in flight (the
 // ramp and tail of every block). Here a warp takes a whole row and the grid's warps stride over the rows (warp w: rows w,
@@ -1396,7 +1397,7 @@ __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
 // index, modulo the steps a row), wrapping round: were every warp at the
 // same step of its row, the warps' loads would sit a row's bytes apart
 // (16 KiB at 8192 wide), and on the H200 that stride ran ~10% slower than
-// the same bytes read contiguously (benchmarks/cuda.md, session 10).
+// the same bytes read contiguously (docs/decisions/0007-streaming-decode-matvecs.md).
 // The first two steps (immutable weights) are loaded before PDL_ENTER,
 // while the previous kernel finishes. FERROX_F16S_MINB: the blocks an SM
 // the host sizes the grid for (the launch bound); F16S_STEP / F16S_GSTEP:

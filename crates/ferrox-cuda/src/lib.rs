@@ -13,6 +13,135 @@
 //!
 //! This crate imports `ferrox-quant` (for [`QuantKind`]) and never
 //! `ferrox-core`: the seam (`ferrox_core::backend::cuda`) sits on top.
+//!
+//! # The kernels (`kernels.cu`)
+//!
+//! Every kernel is CUDA C with no headers. The measuring knobs named below
+//! (`FERROX_CUDA_*` at run time, `FERROX_CUDA_DEFINES` at compile time) are
+//! listed in `docs/dev/cuda-knobs.md`; why each design was kept, and what
+//! was tried instead, with its numbers, is in `docs/decisions/`.
+//!
+//! **Weight kinds.** A kind is one `deq_<kind>` that expands a 32-element
+//! unit; `DEFINE_KIND` builds its matvec, get_rows and dequantize-to-f16
+//! (the GEMM is that plus cuBLAS), so every weight kind the CPU has has one
+//! (all but F64 and the integer kinds). 16-entry code tables (IQ4_NL/IQ4_XS,
+//! MXFP4, NVFP4) are four words in registers read with `__byte_perm`
+//! (`lut16`): lanes reading different entries of a `__constant__` array
+//! serialize. The IQ1/IQ2/IQ3 lattice grids are `static __device__ const`
+//! arrays read with `__ldg`, which `compile.rs` prints from ferrox-quant's
+//! `scalar::iq_grids` before `kernels.cu`: one source of truth, and the PTX
+//! cache key hashes them.
+//!
+//! **Decode kinds and int8 activations.** Q4_0, Q5_0, Q8_0, Q4_K and Q6_K
+//! also have an `ld_<kind>` (a unit's weight loads, read-only, into a small
+//! struct) and a `dot_<kind>` (that unit against its int8 activations,
+//! `__dp4a`). Their matvecs read the activations from a q8 buffer written
+//! once per input (`quant_lane`, fused into `add_rms_norm`, `glu`, the
+//! gate/up matvec and the grouped attention's fast path, else one
+//! `quantize_q8` launch). Q4_0, Q8_0 and Q6_K rows are stored repacked on
+//! the device (quants block after block, 16-byte aligned, then the f16
+//! scales), Q4_K rows too (each unit's 16 quant bytes in Q4_0's nibble
+//! order, then the blocks' 16-byte heads: two loads a unit, not three);
+//! every `deq_`/`dot_` of those kinds reads that layout.
+//!
+//! **Streaming decode matvecs** (`mmvq_stream_<kind>`, and for F16
+//! `matvec_f16_stream` / `matvec_f16_glu_stream`). A warp takes a row; the
+//! grid is one wave of blocks (two 256-thread blocks an SM,
+//! `__launch_bounds__(256, 2)`) whose warps stride over the rows; a lane
+//! holds two steps of loads in registers and issues the next step's (the
+//! next row's, across a row's end) before the current step's dots, the first
+//! two steps loaded before `PDL_ENTER`. Loads past a row's end are clamped
+//! (unconditional) and their dots dropped. F16 warps start their row at a
+//! rotated step (warps at the same step of 16 KiB rows were ~10% slower).
+//! The matvecs share one loop, `mats_stream` (a kind gives its step's `load`
+//! and `dots`); the F16 GLU keeps its own (two matrices a row). Steps are
+//! per kind (`MMVQS_STEP_<kind>`, `MMVQ_GSTEP_<kind>`: Q4_0's 18-byte units
+//! take 4 a step in the matvec and 8 in the GLU, where two and four left a
+//! lane too few bytes in flight). One launch covers up to three matrices
+//! (`MmvqMats`: Q/K/V), picked with selects (indexing the parameter at run
+//! time copies it to local memory).
+//!
+//! **What a matvec's row becomes.** `MmvqMats` also says that: `acc` adds
+//! the dot into `y` (the O and down projections straight into the residual
+//! stream); `rope` makes the launch a layer's Q, K and V whose epilogue
+//! (`rope_epilogue`) rotates adjacent row pairs (a warp and its neighbour
+//! hold a pair at the same step: they swap dots through shared memory under
+//! a two-warp named barrier) and stores keys and values into the cache.
+//! NeoX pairs, partial rotation and mixed kinds keep `rope_kv` instead (a
+//! warp whose rows alternate across n_rot would skip every other pair
+//! barrier). The F16 `_norm` kernels (`matvec_f16_norm_stream`,
+//! `matvec_f16_glu_norm_stream`) fuse the RMS norm before QKV and gate/up:
+//! the norm's weights into shared memory before `PDL_ENTER`, then `x * w`
+//! and one block reduction; 1/rms scales each row's dot.
+//! `DEFINE_MMVQ_GLU` builds the int8 gate and up matvecs with the GLU after
+//! them (8–32 lanes a row, so 8–32 rows a short block; `h` and its q8 copy
+//! written: the last of a 32-row unit's blocks to finish quantizes it,
+//! `glu_unit_q8`, counted with a per-unit atomic counter that block resets,
+//! so it is zero between launches). `rope_kv` rotates q and k and stores k
+//! and v into the cache in one launch where the QKV matvec cannot.
+//!
+//! **Launch boundaries.** Every kernel enters through `PDL_ENTER`
+//! (programmatic dependent launch: wait for the previous kernel, let the
+//! next one launch). Before it a kernel touches only immutable memory (the
+//! streaming matvecs load their first weights, the int8 gate/up kernels
+//! prefetch their rows into L2, the norms read their weights) and the
+//! staged slot and position lists (written by host copies, never by a
+//! kernel). The host launches with `cuLaunchKernelEx` and the
+//! programmatic-serialization attribute on compute capability 9+, and
+//! always defines `FERROX_SMS`; the PTX cache key hashes every define.
+//!
+//! **Attention** has four kernels. `attention_dec` serves decode batches: a
+//! block per token and query head, each 128-key chunk's keys and values
+//! staged in shared memory by `cp.async`, all of a chunk's loads issued at
+//! once, the next chunk's before this one is computed. A token with at
+//! least 256 keys in its window is split, flash-decoding style, into up to
+//! 16 runs of whole chunks, one per 128 keys, a block per run taking its KV
+//! head's whole group; each run writes its softmax max, sum and
+//! unnormalized values to a scratch and the last run to finish (an atomic
+//! counter it resets) merges them. The run count is picked in the kernel
+//! from the token's position, so one CUDA graph serves every position.
+//! `attention_mma` serves one-slot prefill batches, flash-attention style on
+//! the tensor cores (64 queries of a head a block, 64-key f16 tiles in
+//! shared memory, `mma.sync` m16n8k16 for QK^T and PV, the online softmax on
+//! the accumulators). The grouped kernel (a block per token and KV head, a
+//! thread per key for scores, a warp per head for the softmax, a warp per
+//! key for values) takes the other batches — the two grouped kernels share
+//! those phases (`ga_scores`, `ga_softmax`, `ga_values`, `ga_finish`) over
+//! generic addresses, the cache or its staged copy — and the per-head one
+//! takes shapes none of those take (the core marks one-slot batches,
+//! `AttnShape::one_slot`).
+//!
+//! **Read-backs.** `argmax_rows` is greedy decode's only read-back
+//! (2048-wide slices of a row a block, the last block of a row merging their
+//! u64 keys). Read-backs ([`Device::read`], the argmax ids) land in one
+//! page-locked buffer, a long one in pipelined 256 KiB pieces (a pageable
+//! destination costs the step ~4% at 1b F16).
+//!
+//! # The host side (`device.rs`)
+//!
+//! [`Device`] holds one context, one stream and cuBLAS if present, and
+//! every forward-pass operation on device buffers, plus stream capture into
+//! a [`Graph`] and its replay. It launches by `ferrox-ops`' CUDA kernel
+//! table ([`kernel_suffix`]; [`mmvq_kind`], the int8-activation kinds), and
+//! [`mmvq_quantize_activations`] is the host twin of what those kernels do
+//! to activations. The q8 scratch has two slots (a launch that reads one q8
+//! input and writes the next, the gate/up matvec with the GLU, writes the
+//! other) and is tagged with the [`Buf`] (unique id) and slot it holds;
+//! every launch but the int8 matvec's, every copy and every GEMM clears the
+//! tag, so a matvec never reads a stale quantized copy. An outgrown scratch
+//! is retired, not freed (recorded graphs hold its address).
+//!
+//! # Measuring
+//!
+//! With `FERROX_CUDA_DEFINES=FERROX_TRACE=1` every kernel's first thread
+//! records the timer at its entry and when its wait returns, with the line
+//! of its `PDL_ENTER` (`compile::kernel_at_line` names the kernel);
+//! `FERROX_CUDA_TRACE=<file>` writes the records when the `Device` closes,
+//! and `tools/cuda/trace.py` sums a decode step's critical path per kernel
+//! (the graph's real timeline: ncu serializes kernels). `tools/cuda/regs.py`
+//! prints every kernel's registers and stack from an NVRTC cubin made
+//! without a GPU (`cuobjdump -sass` on it shows the schedule);
+//! `tools/cuda/boundary_bench.cu` measures what a kernel boundary costs.
 
 #![deny(missing_docs)]
 
