@@ -446,6 +446,10 @@ impl DeviceBackend for Cpu {
         Ok(vec![0.0; len])
     }
 
+    fn upload(&self, src: &[f32]) -> Result<Vec<f32>, BackendError> {
+        Ok(src.to_vec())
+    }
+
     fn read(&self, src: &Vec<f32>, dst: &mut [f32]) -> Result<(), BackendError> {
         let s = src.get(..dst.len()).ok_or_else(|| shape("read", dst.len(), src.len()))?;
         dst.copy_from_slice(s);

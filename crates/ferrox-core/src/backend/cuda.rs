@@ -429,6 +429,10 @@ mod dispatch {
             self.dev.alloc(len).map_err(be)
         }
 
+        fn upload(&self, src: &[f32]) -> Result<Buf, BackendError> {
+            self.dev.upload_f32(src).map_err(be)
+        }
+
         fn read(&self, src: &Buf, dst: &mut [f32]) -> Result<(), BackendError> {
             self.dev.read(src, dst).map_err(be)
         }
@@ -856,10 +860,9 @@ mod tests {
     use ferrox_quant::QuantKind;
 
     use super::{Cuda, CudaWeight};
-    use crate::arch::{Activation, Arch, RopeStyle};
+    use crate::arch::{Activation, RopeStyle};
     use crate::backend::cpu::{Cpu, CpuWeight};
     use crate::backend::{AttnParams, BackendCaps, Batch, DeviceBackend, RopeParams};
-    use crate::model::Model;
 
     /// One device for every test of the process (opening compiles or loads
     /// the kernels); `None`, loudly, without one. With
@@ -885,11 +888,10 @@ mod tests {
         dev
     }
 
+    /// A fixed seed, printed (a failure replays exactly).
     fn rng() -> SplitMix64 {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(7, |d| d.as_nanos() as u64);
-        eprintln!("seed {seed}");
+        let seed = 0x5eed_c0da;
+        eprintln!("seed {seed:#x}");
         SplitMix64(seed)
     }
 
@@ -1197,168 +1199,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_claimed_kind_get_rows_matches_the_scalar_twin() {
-        let Some(c) = gpu("CUDA get_rows vs the scalar twin, every claimed kind") else {
-            return;
-        };
-        let mut r = rng();
-        for kind in claimed() {
-            let (rows, cols) = odd_shape(kind);
-            let (bytes, deq) = matrix(&mut r, kind, rows, cols);
-            let m = c.device().upload_matrix(kind, &bytes, rows, cols).unwrap();
-            let w = CudaWeight::Matrix(m);
-            let ids = [5u32, 0, 36, 5, 17];
-            let mut out = c
-                .device()
-                .upload_f32(&vec![f32::NAN; ids.len() * cols])
-                .unwrap();
-            c.get_rows(&w, &ids, &mut out).unwrap();
-            let got = read(c, &out);
-            let want: Vec<f32> = ids
-                .iter()
-                .flat_map(|&i| deq[i as usize * cols..][..cols].to_vec())
-                .collect();
-            assert!(
-                rel(&got, &want) < 1e-6,
-                "{kind}: get_rows differs ({:e})",
-                rel(&got, &want)
-            );
-            assert!(
-                c.get_rows(&w, &[37], &mut out).is_err(),
-                "an id outside the table must be an error"
-            );
-        }
-    }
-
-    /// The pair of backends for the element-wise tests.
+    /// The pair of backends for the tests against the CPU.
     fn pair(c: &Cuda, v: &[f32]) -> (Vec<f32>, ferrox_cuda::Buf) {
         (v.to_vec(), c.device().upload_f32(v).unwrap())
-    }
-
-    #[test]
-    fn element_wise_ops_match_the_cpu_backend() {
-        let Some(c) = gpu("CUDA rms_norm, add_bias, add, scale, softcap, glu, copy, gather_rows, split_cols vs the CPU") else {
-            return;
-        };
-        let cpu = Cpu::new(1);
-        let mut r = rng();
-        let (n, w) = (7, 83);
-        let x = rand_vec(&mut r, n * w, 3.0);
-        let g = rand_vec(&mut r, w, 1.5);
-        let check = |name: &str, got: Vec<f32>, want: &[f32], tol: f64| {
-            let e = rel(&got, want);
-            assert!(e < tol, "{name}: relative error {e:e} (bound {tol:e})");
-        };
-
-        let (mut hc, mut dc) = pair(c, &x);
-        cpu.rms_norm(&mut hc, &CpuWeight::Vector(g.clone()), 1e-6)
-            .unwrap();
-        c.rms_norm(
-            &mut dc,
-            &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()),
-            1e-6,
-        )
-        .unwrap();
-        check("rms_norm", read(c, &dc), &hc, 1e-5);
-
-        let (mut hc, mut dc) = pair(c, &x);
-        cpu.add_bias(&mut hc, &CpuWeight::Vector(g.clone()), n)
-            .unwrap();
-        c.add_bias(
-            &mut dc,
-            &CudaWeight::Vector(c.device().upload_f32(&g).unwrap()),
-            n,
-        )
-        .unwrap();
-        check("add_bias", read(c, &dc), &hc, 1e-6);
-
-        let y = rand_vec(&mut r, n * w, 2.0);
-        let ((mut hc, mut dc), (hy, dy)) = (pair(c, &x), pair(c, &y));
-        cpu.add(&mut hc, &hy).unwrap();
-        c.add(&mut dc, &dy).unwrap();
-        check("add", read(c, &dc), &hc, 1e-6);
-
-        let (mut hc, mut dc) = pair(c, &x);
-        cpu.scale(&mut hc, 0.37).unwrap();
-        c.scale(&mut dc, 0.37).unwrap();
-        check("scale", read(c, &dc), &hc, 1e-6);
-
-        let big = rand_vec(&mut r, n * w, 80.0);
-        let (mut hc, mut dc) = pair(c, &big);
-        cpu.softcap(&mut hc, 30.0).unwrap();
-        c.softcap(&mut dc, 30.0).unwrap();
-        check("softcap", read(c, &dc), &hc, 1e-5);
-
-        for (act, tol) in [(Activation::SiluGated, 1e-5), (Activation::GeluGated, 2e-3)] {
-            let ((hg, dg), (hu, du)) = (pair(c, &x), pair(c, &y));
-            let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * w]);
-            cpu.glu(act, &hg, &hu, &mut ho).unwrap();
-            c.glu(act, &dg, &du, &mut dout).unwrap();
-            check(&format!("glu {act:?}"), read(c, &dout), &ho, tol);
-            // The fused form: each row is [gate | up].
-            let fused: Vec<f32> = (0..n)
-                .flat_map(|t| [&x[t * w..][..w], &y[t * w..][..w]].concat())
-                .collect();
-            let (hf, df) = pair(c, &fused);
-            let (mut ho2, mut do2) = pair(c, &vec![f32::NAN; n * w]);
-            cpu.glu_fused(act, &hf, &mut ho2, w).unwrap();
-            c.glu_fused(act, &df, &mut do2, w).unwrap();
-            check(&format!("glu_fused {act:?}"), read(c, &do2), &ho2, tol);
-        }
-
-        let (hx, dx) = pair(c, &x);
-        let (mut hd, mut dd) = pair(c, &vec![f32::NAN; n * w]);
-        cpu.copy(&hx, &mut hd).unwrap();
-        c.copy(&dx, &mut dd).unwrap();
-        check("copy", read(c, &dd), &hd, 0.0 + 1e-12);
-
-        let rows = [6usize, 0, 3];
-        let (mut hd, mut dd) = pair(c, &vec![f32::NAN; rows.len() * w]);
-        cpu.gather_rows(&hx, &rows, w, &mut hd).unwrap();
-        c.gather_rows(&dx, &rows, w, &mut dd).unwrap();
-        check("gather_rows", read(c, &dd), &hd, 1e-12);
-        assert!(
-            c.gather_rows(&dx, &[7], w, &mut dd).is_err(),
-            "a row outside the buffer must be an error"
-        );
-
-        let (c0, dw) = (11, 29);
-        let (mut hd, mut dd) = pair(c, &vec![f32::NAN; n * dw]);
-        cpu.split_cols(&hx, w, c0, &mut hd, dw).unwrap();
-        c.split_cols(&dx, w, c0, &mut dd, dw).unwrap();
-        check("split_cols", read(c, &dd), &hd, 1e-12);
-
-        // The fused residual add + norm, with and without the addend, both
-        // outputs (the residual written back, the normed copy).
-        for with_add in [false, true] {
-            let (mut hx, mut dx) = pair(c, &x);
-            let (mut ho, mut dout) = pair(c, &vec![f32::NAN; n * w]);
-            let (hy, dy) = pair(c, &y);
-            let gw = CudaWeight::Vector(c.device().upload_f32(&g).unwrap());
-            cpu.add_rms_norm(
-                &mut hx,
-                with_add.then_some(&hy),
-                &CpuWeight::Vector(g.clone()),
-                1e-6,
-                &mut ho,
-            )
-            .unwrap();
-            c.add_rms_norm(&mut dx, with_add.then_some(&dy), &gw, 1e-6, &mut dout)
-                .unwrap();
-            check(
-                &format!("add_rms_norm residual (add {with_add})"),
-                read(c, &dx),
-                &hx,
-                1e-6,
-            );
-            check(
-                &format!("add_rms_norm output (add {with_add})"),
-                read(c, &dout),
-                &ho,
-                1e-5,
-            );
-        }
     }
 
     /// Read-backs go through a page-locked buffer in pipelined pieces
@@ -1907,157 +1750,6 @@ mod tests {
                 assert_eq!(read(c, &scratch).iter().all(|v| v.is_nan()), fused, "{kind} n={n}: matvec added in place: {}", !fused);
                 let e = rel(&read(c, &acc), &want);
                 assert!(e < 1e-6, "{kind} {rows}x{cols} n={n}: matmul_acc differs by {e:e}");
-            }
-        }
-    }
-
-    fn tiny(arch: Arch) -> std::path::PathBuf {
-        let path = std::env::temp_dir().join(format!(
-            "ferrox-cuda-tiny-{}-{}.gguf",
-            arch.spec().name,
-            std::process::id()
-        ));
-        crate::testing::tiny_arch_model(arch, 11)
-            .unwrap()
-            .write_to(&path)
-            .unwrap();
-        path
-    }
-
-    /// Logits of every position of `tokens` (one prefill batch).
-    fn all_logits<B: DeviceBackend>(m: &Model<B>, tokens: &[u32]) -> Vec<f32> {
-        let mut ctx = m.new_context(64, 1).unwrap();
-        let mut b = Batch::default();
-        for (i, &t) in tokens.iter().enumerate() {
-            b.push(t, i as u32, 0, true);
-        }
-        m.forward(&mut ctx, &b).unwrap()
-    }
-
-    fn argmax(v: &[f32]) -> (usize, f32) {
-        let mut s: Vec<(usize, f32)> = v.iter().copied().enumerate().collect();
-        s.sort_by(|a, b| b.1.total_cmp(&a.1));
-        (s[0].0, s[0].1 - s[1].1)
-    }
-
-    /// Top-1 agrees wherever the CPU's top two are not a near tie, and the
-    /// logits are close. The CPU quantizes activations to 8 bits for its
-    /// dot products and the GPU does not, so "close" is percent-level.
-    fn agree(what: &str, gpu: &[f32], cpu: &[f32], n_vocab: usize) {
-        let e = rel(gpu, cpu);
-        assert!(e < 3e-2, "{what}: logits differ by {e:e} relative");
-        for (i, (g, h)) in gpu.chunks(n_vocab).zip(cpu.chunks(n_vocab)).enumerate() {
-            let ((tg, _), (th, margin)) = (argmax(g), argmax(h));
-            let scale = h.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
-            if margin > 2e-2 * scale {
-                assert_eq!(
-                    tg, th,
-                    "{what}: position {i} top-1 {tg} on the GPU, {th} on the CPU (margin {margin})"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn every_architecture_runs_on_the_gpu_as_on_the_cpu() {
-        let Some(c) = gpu("whole forward pass GPU vs CPU on the tiny model of every architecture")
-        else {
-            return;
-        };
-        let tokens = crate::testing::tiny_tokens();
-        for &arch in Arch::ALL {
-            let path = tiny(arch);
-            let cpu = Model::open(&path, Cpu::new(2)).unwrap();
-            let gm = Model::open(&path, c.share()).unwrap();
-            let _ = std::fs::remove_file(&path);
-            agree(
-                &format!("{arch:?}"),
-                &all_logits(&gm, &tokens),
-                &all_logits(&cpu, &tokens),
-                cpu.n_vocab(),
-            );
-        }
-    }
-
-    /// Gemma 3 (tiny: the real file is too big to carry to the GPU machine),
-    /// 32 greedy steps, teacher-forced on the CPU's tokens so one near tie
-    /// cannot cascade; decode goes one token a forward pass, as generation
-    /// does, through the GPU's matvec path.
-    #[test]
-    fn gemma3_greedy_32_tokens_on_the_gpu_follow_the_cpu() {
-        let Some(c) = gpu("32 greedy Gemma 3 steps GPU vs CPU") else {
-            return;
-        };
-        let path = tiny(Arch::Gemma3);
-        let cpu = Model::open(&path, Cpu::new(2)).unwrap();
-        let gm = Model::open(&path, c.share()).unwrap();
-        let _ = std::fs::remove_file(&path);
-        let prompt = crate::testing::tiny_tokens();
-        let (mut hctx, mut dctx) = (
-            cpu.new_context(128, 1).unwrap(),
-            gm.new_context(128, 1).unwrap(),
-        );
-        let mut b = Batch::default();
-        for (i, &t) in prompt.iter().enumerate() {
-            b.push(t, i as u32, 0, i + 1 == prompt.len());
-        }
-        let (mut h, mut d) = (
-            cpu.forward(&mut hctx, &b).unwrap(),
-            gm.forward(&mut dctx, &b).unwrap(),
-        );
-        let mut pos = prompt.len() as u32;
-        for step in 0..32 {
-            agree(&format!("gemma3 step {step}"), &d, &h, cpu.n_vocab());
-            let next = argmax(&h).0 as u32;
-            let mut b = Batch::default();
-            b.push(next, pos, 0, true);
-            pos += 1;
-            h = cpu.forward(&mut hctx, &b).unwrap();
-            d = gm.forward(&mut dctx, &b).unwrap();
-        }
-    }
-
-    /// Greedy decode with the argmax on the device (`forward_argmax`, what
-    /// `ferrox run` takes) against the CPU's logits, step by step; a decode
-    /// step of one token reuses the context's buffers, so this also checks
-    /// that nothing stale leaks from one step into the next.
-    #[test]
-    fn greedy_decode_with_the_argmax_on_the_device_follows_the_cpu() {
-        let Some(c) = gpu("greedy decode via forward_argmax GPU vs CPU logits, every architecture")
-        else {
-            return;
-        };
-        for &arch in Arch::ALL {
-            let path = tiny(arch);
-            let cpu = Model::open(&path, Cpu::new(2)).unwrap();
-            let gm = Model::open(&path, c.share()).unwrap();
-            let _ = std::fs::remove_file(&path);
-            let prompt = crate::testing::tiny_tokens();
-            let (mut hctx, mut dctx) = (
-                cpu.new_context(96, 1).unwrap(),
-                gm.new_context(96, 1).unwrap(),
-            );
-            let mut b = Batch::default();
-            for (i, &t) in prompt.iter().enumerate() {
-                b.push(t, i as u32, 0, i + 1 == prompt.len());
-            }
-            let mut h = cpu.forward(&mut hctx, &b).unwrap();
-            let mut d = gm.forward_argmax(&mut dctx, &b).unwrap();
-            for (step, pos) in (0..16).zip(prompt.len() as u32..) {
-                assert_eq!(d.len(), 1);
-                let (want, margin) = argmax(&h);
-                let scale = h.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
-                if margin > 2e-2 * scale {
-                    assert_eq!(
-                        d[0] as usize, want,
-                        "{arch:?} step {step}: GPU argmax {} vs CPU {want}",
-                        d[0]
-                    );
-                }
-                let mut b = Batch::default();
-                b.push(want as u32, pos, 0, true);
-                h = cpu.forward(&mut hctx, &b).unwrap();
-                d = gm.forward_argmax(&mut dctx, &b).unwrap();
             }
         }
     }

@@ -20,6 +20,8 @@
 //! Only backends that exist are in the table; CUDA is the first accelerator,
 //! Vulkan and Metal join it with their crates.
 
+#[cfg(test)]
+mod conformance;
 pub mod cpu;
 pub mod cuda;
 pub use cuda::Cuda;
@@ -339,6 +341,9 @@ pub trait DeviceBackend: Send + Sync {
     fn place(&self, t: &HostTensor<'_>) -> Result<Self::Weight, BackendError>;
     /// A zeroed activation buffer of `len` floats.
     fn alloc(&self, len: usize) -> Result<Self::Buf, BackendError>;
+    /// A buffer holding `src`: the conformance suite's way in (a forward
+    /// pass never uploads activations; only the batch's ids go in).
+    fn upload(&self, src: &[f32]) -> Result<Self::Buf, BackendError>;
     /// Copies `dst.len()` floats out (logits, and tests).
     fn read(&self, src: &Self::Buf, dst: &mut [f32]) -> Result<(), BackendError>;
     /// A KV cache for `n_layer` layers of `kv_dims[l]` (keys) and `v_dims[l]`

@@ -1,0 +1,607 @@
+//! The conformance suite: what every backend must compute, written once over
+//! [`DeviceBackend`] and instantiated per backend by [`conformance_suite!`] —
+//! the CPU in every build, each accelerator of [`gpu_backend_table!`] where
+//! its feature is on (ggml's `test-backend-ops`, as one macro).
+//!
+//! The decision: the references are independent of every backend. Weights
+//! are checked against ferrox-quant's scalar twins (dequantize, then an f64
+//! dot), the other ops against plain f64 loops written here, at odd shapes
+//! (rows and widths that are no power of two, token counts on both sides of
+//! each backend's batch thresholds). Only the whole-model checks compare an
+//! accelerator with the CPU, whose own reference is llama.cpp
+//! (`tests/llama_ref.rs`). Which kinds a backend is held to comes from its
+//! capability data (what it claims), never from a list here. Seeds are fixed
+//! and printed.
+//!
+//! A backend's suite runs where its device opens; elsewhere each test says
+//! loudly what it did not check, and with `FERROX_REQUIRE_GPU=1` (the GPU
+//! machine's scripts set it) a device that does not open fails instead.
+//!
+//! [`gpu_backend_table!`]: crate::backend::gpu_backend_table
+
+use std::sync::Arc;
+
+use ferrox_gguf::testing::SplitMix64;
+use ferrox_gguf::{GgufModel, GgufWriter};
+use ferrox_quant::QuantKind;
+use half::f16;
+
+use super::{AttnParams, Batch, DeviceBackend, DeviceOptions, HostTensor, RopeParams};
+use crate::arch::{Activation, Arch, RopeStyle};
+use crate::kernel_registry::Backend;
+use crate::model::Model;
+
+/// Opens a `B` for one test, or says what was not checked (`None`). With
+/// `FERROX_REQUIRE_GPU=1` an accelerator that does not open panics: a GPU
+/// test must not pass by skipping where a GPU is meant to be.
+pub(crate) fn open<B: DeviceBackend>(id: Backend, what: &str) -> Option<B> {
+    match B::open(&DeviceOptions { backend: id, device: 0, threads: 2 }) {
+        Ok(b) => Some(b),
+        Err(e) if id.is_accelerator() && std::env::var_os("FERROX_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("{id} did not open (FERROX_REQUIRE_GPU=1): {e}")
+        }
+        Err(e) => {
+            eprintln!("NOT CHECKED on {id} ({e}): {what}");
+            None
+        }
+    }
+}
+
+/// A generator with a fixed seed, printed so a failure can be replayed.
+fn rng(seed: u64) -> SplitMix64 {
+    eprintln!("seed {seed:#x}");
+    SplitMix64(seed)
+}
+
+fn rand_vec(r: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| r.next_f32() * scale).collect()
+}
+
+/// ‖a − b‖ / ‖b‖; NaN never passes.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "lengths");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    let e = (num / den.max(1e-30)).sqrt();
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+fn check(be: &str, what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let e = rel(got, want);
+    assert!(e <= tol, "{be} {what}: relative error {e:e} (bound {tol:e})");
+}
+
+fn read<B: DeviceBackend>(be: &B, b: &B::Buf, len: usize) -> Vec<f32> {
+    let mut v = vec![f32::NAN; len];
+    be.read(b, &mut v).unwrap();
+    v
+}
+
+fn up<B: DeviceBackend>(be: &B, v: &[f32]) -> B::Buf {
+    be.upload(v).unwrap()
+}
+
+/// Weights as a model file holds them, so they are placed the way a loaded
+/// model's are (a backend may borrow the mapping).
+struct Weights {
+    file: Arc<GgufModel>,
+}
+
+impl Weights {
+    /// `(name, kind, rows, cols, bytes)` written to a scratch GGUF file.
+    fn new(tensors: &[(String, QuantKind, usize, usize, Vec<u8>)]) -> Weights {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let mut w = GgufWriter::new();
+        for (name, kind, rows, cols, bytes) in tensors {
+            let dims: Vec<u64> = if *rows == 1 { vec![*cols as u64] } else { vec![*cols as u64, *rows as u64] };
+            w.add_tensor(name.clone(), *kind, &dims, bytes.as_slice()).unwrap();
+        }
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("ferrox-conformance-{}-{n}.gguf", std::process::id()));
+        w.write_to(&path).unwrap();
+        let file = Arc::new(GgufModel::open(&path).unwrap());
+        let _ = std::fs::remove_file(&path);
+        Weights { file }
+    }
+
+    fn place<B: DeviceBackend>(&self, be: &B, name: &str) -> B::Weight {
+        let t = self.file.tensor(name).unwrap();
+        let (cols, rows) = (t.info.dims[0] as usize, t.info.dims.get(1).copied().unwrap_or(1) as usize);
+        let bytes = self.file.tensor_data(t).unwrap();
+        be.place(&HostTensor { name, kind: t.info.kind, rows, cols, bytes, owner: &self.file }).unwrap()
+    }
+}
+
+/// One f32 vector as a placed weight (norms, biases, RoPE factors).
+fn vector<B: DeviceBackend>(be: &B, v: &[f32]) -> B::Weight {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    Weights::new(&[("v".into(), QuantKind::F32, 1, v.len(), bytes)]).place(be, "v")
+}
+
+/// A random `rows x cols` matrix of `kind` and its dequantized values.
+fn matrix(r: &mut SplitMix64, kind: QuantKind, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+    let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
+    // The lattice kinds have no quantizer: random valid blocks.
+    let bytes = ferrox_quant::random_lattice_blocks(kind, rb / kind.block_bytes() * rows, r.next_u64()).unwrap_or_else(|| {
+        let src = rand_vec(r, rows * cols, 1.0);
+        let mut bytes = vec![0u8; rb * rows];
+        ferrox_quant::quantize(kind, &src, &mut bytes).unwrap();
+        bytes
+    });
+    let mut deq = vec![0.0f32; rows * cols];
+    ferrox_quant::dequantize(kind, &bytes, &mut deq).unwrap();
+    (bytes, deq)
+}
+
+/// An odd number of rows, and columns that are an odd number of blocks
+/// (for the float kinds an odd number of elements: no tail is whole).
+fn odd_shape(kind: QuantKind) -> (usize, usize) {
+    let be = kind.block_elems();
+    (37, if be == 1 { 97 } else { be * 3 })
+}
+
+/// `y = x W^T` for every claimed kind, against the scalar twin's
+/// dequantized weights and an f64 dot, at one token (decode), a few, past a
+/// GEMM threshold (11: CUDA takes cuBLAS above 8) and a prefill batch (70:
+/// the CPU's bf16 product from 64). Backends quantize activations (to 8
+/// bits, or bf16/f16 for products), so the bound is percent-level for the
+/// block kinds; a wrong kernel is off by order one.
+pub(crate) fn matmul_matches_the_scalar_twin<B: DeviceBackend>(be: &B, claims: impl Fn(QuantKind) -> bool) {
+    let name = be.id();
+    let mut r = rng(0x5eed_0001);
+    let kinds: Vec<QuantKind> = QuantKind::ALL.iter().copied().filter(|&k| claims(k)).collect();
+    assert!(kinds.len() >= 10, "{name} claims only {kinds:?}");
+    for kind in kinds {
+        let (rows, cols) = odd_shape(kind);
+        let (bytes, deq) = matrix(&mut r, kind, rows, cols);
+        let w = Weights::new(&[("w".into(), kind, rows, cols, bytes)]);
+        let wp = w.place(be, "w");
+        let float = matches!(kind, QuantKind::F32 | QuantKind::F16 | QuantKind::BF16);
+        for n in [1usize, 3, 11, 70] {
+            let x = rand_vec(&mut r, n * cols, 1.0);
+            let want: Vec<f32> = x
+                .chunks(cols)
+                .flat_map(|xt| {
+                    (0..rows).map(|o| (0..cols).map(|i| deq[o * cols + i] as f64 * xt[i] as f64).sum::<f64>() as f32)
+                })
+                .collect();
+            let xb = up(be, &x);
+            let mut y = up(be, &vec![f32::NAN; n * rows]);
+            be.matmul(&wp, &xb, &mut y, n).unwrap();
+            let tol = if float { 1e-2 } else { 3e-2 };
+            check(&name.to_string(), &format!("matmul {kind} {rows}x{cols}, {n} tokens"), &read(be, &y, n * rows), &want, tol);
+        }
+        // Shapes that do not fit are errors, never a panic or a write past the end.
+        let (xb, mut small) = (up(be, &vec![0.0; cols]), up(be, &vec![0.0; rows - 1]));
+        assert!(be.matmul(&wp, &xb, &mut small, 1).is_err(), "{name} {kind}: an output too short must be an error");
+    }
+}
+
+/// Embedding rows of every claimed kind, dequantized, equal the scalar twin;
+/// an id outside the table is an error.
+pub(crate) fn get_rows_matches_the_scalar_twin<B: DeviceBackend>(be: &B, claims: impl Fn(QuantKind) -> bool) {
+    let name = be.id();
+    let mut r = rng(0x5eed_0002);
+    for kind in QuantKind::ALL.iter().copied().filter(|&k| claims(k)) {
+        let (rows, cols) = (5, odd_shape(kind).1);
+        let (bytes, deq) = matrix(&mut r, kind, rows, cols);
+        let w = Weights::new(&[("t".into(), kind, rows, cols, bytes)]);
+        let t = w.place(be, "t");
+        let ids = [4u32, 0, 2, 4];
+        let mut out = up(be, &vec![f32::NAN; ids.len() * cols]);
+        be.get_rows(&t, &ids, &mut out).unwrap();
+        let want: Vec<f32> = ids.iter().flat_map(|&i| deq[i as usize * cols..][..cols].to_vec()).collect();
+        check(&name.to_string(), &format!("get_rows {kind}"), &read(be, &out, want.len()), &want, 1e-6);
+        assert!(be.get_rows(&t, &[5], &mut out).is_err(), "{name} {kind}: an id past the table must be an error");
+    }
+}
+
+fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    x.chunks(w.len())
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / row.len() as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            row.iter().zip(w).map(move |(&v, &g)| (v as f64 * inv * g as f64) as f32)
+        })
+        .collect()
+}
+
+fn act_ref(act: Activation, g: f32) -> f64 {
+    let g = g as f64;
+    match act {
+        Activation::SiluGated => g / (1.0 + (-g).exp()),
+        Activation::GeluGated => 0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh()),
+    }
+}
+
+/// Norms, biases, residual adds, scaling, softcaps, the gated activations,
+/// copies and row/column selection, against f64 loops.
+pub(crate) fn element_wise_ops_match_the_reference<B: DeviceBackend>(be: &B) {
+    let name = be.id().to_string();
+    let mut r = rng(0x5eed_0003);
+    let (n, w) = (7, 83);
+    let x = rand_vec(&mut r, n * w, 3.0);
+    let y = rand_vec(&mut r, n * w, 2.0);
+    let g = rand_vec(&mut r, w, 1.5);
+    let gw = vector(be, &g);
+    let len = n * w;
+
+    let mut b = up(be, &x);
+    be.rms_norm(&mut b, &gw, 1e-6).unwrap();
+    check(&name, "rms_norm", &read(be, &b, len), &rms_norm_ref(&x, &g, 1e-6), 1e-5);
+
+    let mut b = up(be, &x);
+    be.add_bias(&mut b, &gw, n).unwrap();
+    let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + g[i % w]).collect();
+    check(&name, "add_bias", &read(be, &b, len), &want, 1e-6);
+
+    let (mut b, yb) = (up(be, &x), up(be, &y));
+    be.add(&mut b, &yb).unwrap();
+    let sum: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    check(&name, "add", &read(be, &b, len), &sum, 1e-6);
+
+    let mut b = up(be, &x);
+    be.scale(&mut b, 0.37).unwrap();
+    let want: Vec<f32> = x.iter().map(|v| v * 0.37).collect();
+    check(&name, "scale", &read(be, &b, len), &want, 1e-6);
+
+    let big = rand_vec(&mut r, len, 80.0);
+    let mut b = up(be, &big);
+    be.softcap(&mut b, 30.0).unwrap();
+    let want: Vec<f32> = big.iter().map(|&v| (30.0 * (v as f64 / 30.0).tanh()) as f32).collect();
+    check(&name, "softcap", &read(be, &b, len), &want, 1e-5);
+
+    for (act, tol) in [(Activation::SiluGated, 1e-5), (Activation::GeluGated, 2e-3)] {
+        let want: Vec<f32> = x.iter().zip(&y).map(|(&g, &u)| (act_ref(act, g) * u as f64) as f32).collect();
+        let (gb, ub, mut out) = (up(be, &x), up(be, &y), up(be, &vec![f32::NAN; len]));
+        be.glu(act, &gb, &ub, &mut out).unwrap();
+        check(&name, &format!("glu {act:?}"), &read(be, &out, len), &want, tol);
+        // The fused form: each row is [gate | up].
+        let fused: Vec<f32> = (0..n).flat_map(|t| [&x[t * w..][..w], &y[t * w..][..w]].concat()).collect();
+        let (fb, mut out) = (up(be, &fused), up(be, &vec![f32::NAN; len]));
+        be.glu_fused(act, &fb, &mut out, w).unwrap();
+        check(&name, &format!("glu_fused {act:?}"), &read(be, &out, len), &want, tol);
+    }
+
+    let (xb, mut d) = (up(be, &x), up(be, &vec![f32::NAN; len]));
+    be.copy(&xb, &mut d).unwrap();
+    check(&name, "copy", &read(be, &d, len), &x, 0.0);
+
+    let rows = [6usize, 0, 3];
+    let mut d = up(be, &vec![f32::NAN; rows.len() * w]);
+    be.gather_rows(&xb, &rows, w, &mut d).unwrap();
+    let want: Vec<f32> = rows.iter().flat_map(|&i| x[i * w..][..w].to_vec()).collect();
+    check(&name, "gather_rows", &read(be, &d, want.len()), &want, 0.0);
+    assert!(be.gather_rows(&xb, &[7], w, &mut d).is_err(), "{name}: a row outside the buffer must be an error");
+
+    let (c0, dw) = (11, 29);
+    let mut d = up(be, &vec![f32::NAN; n * dw]);
+    be.split_cols(&xb, w, c0, &mut d, dw).unwrap();
+    let want: Vec<f32> = (0..n).flat_map(|t| x[t * w + c0..][..dw].to_vec()).collect();
+    check(&name, "split_cols", &read(be, &d, want.len()), &want, 0.0);
+
+    // The residual add and the next norm: the residual written back, the normed copy out.
+    for with_add in [false, true] {
+        let (mut xb, yb, mut out) = (up(be, &x), up(be, &y), up(be, &vec![f32::NAN; len]));
+        be.add_rms_norm(&mut xb, with_add.then_some(&yb), &gw, 1e-6, &mut out).unwrap();
+        let res = if with_add { sum.clone() } else { x.clone() };
+        check(&name, &format!("add_rms_norm residual (add {with_add})"), &read(be, &xb, len), &res, 1e-6);
+        check(&name, &format!("add_rms_norm output (add {with_add})"), &read(be, &out, len), &rms_norm_ref(&res, &g, 1e-6), 1e-5);
+    }
+}
+
+/// RoPE of `x` (`[positions, heads x head_dim]`) in f64: ggml's angles
+/// (`freq_scale * pos * base^(-2i/n_rot) / factor_i`, magnitudes scaled by
+/// `attn_factor`), adjacent pairs or halves, dimensions past `n_rot` untouched.
+fn rope_ref(x: &[f32], positions: &[u32], head_dim: usize, p: &RopeParams, factors: Option<&[f32]>) -> Vec<f32> {
+    let half = p.n_rot / 2;
+    let mut out = x.to_vec();
+    let row = x.len() / positions.len();
+    for (t, &pos) in positions.iter().enumerate() {
+        for h in out[t * row..(t + 1) * row].chunks_exact_mut(head_dim) {
+            for i in 0..half {
+                let ff = factors.map_or(1.0, |f| f[i] as f64);
+                let theta = p.freq_scale as f64 * pos as f64 * (p.base as f64).powf(-2.0 * i as f64 / p.n_rot as f64) / ff;
+                let (c, s) = (theta.cos() * p.attn_factor as f64, theta.sin() * p.attn_factor as f64);
+                let (a, b) = match p.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Halves => (i, i + half),
+                };
+                let (x0, x1) = (h[a] as f64, h[b] as f64);
+                h[a] = (x0 * c - x1 * s) as f32;
+                h[b] = (x0 * s + x1 * c) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// RoPE in both pairings, whole and partial rotation, with and without
+/// frequency factors, and the query/key pair form.
+pub(crate) fn rope_matches_the_reference<B: DeviceBackend>(be: &B) {
+    let name = be.id().to_string();
+    let mut r = rng(0x5eed_0004);
+    let (hd, heads, kv_heads) = (64, 3, 1);
+    let positions = [0u32, 1, 7, 30, 93];
+    let n = positions.len();
+    let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
+    for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
+        for (n_rot, with_factors) in [(hd, false), (hd, true), (hd / 2, false)] {
+            let p = RopeParams { style, n_rot, base: 10000.0, freq_scale: 0.5, attn_factor: 1.1 };
+            let f = with_factors.then(|| vector(be, &factors[..n_rot / 2]));
+            let fr = with_factors.then_some(&factors[..n_rot / 2]);
+            let what = format!("rope {style:?} n_rot {n_rot} factors {with_factors}");
+            let x = rand_vec(&mut r, n * heads * hd, 2.0);
+            let mut b = up(be, &x);
+            be.rope(&mut b, &positions, heads, hd, &p, f.as_ref()).unwrap();
+            check(&name, &what, &read(be, &b, x.len()), &rope_ref(&x, &positions, hd, &p, fr), 1e-4);
+            let k = rand_vec(&mut r, n * kv_heads * hd, 2.0);
+            let (mut qb, mut kb) = (up(be, &x), up(be, &k));
+            be.rope_qk(&mut qb, &mut kb, &positions, heads, kv_heads, hd, &p, f.as_ref()).unwrap();
+            check(&name, &format!("{what} (q of rope_qk)"), &read(be, &qb, x.len()), &rope_ref(&x, &positions, hd, &p, fr), 1e-4);
+            check(&name, &format!("{what} (k of rope_qk)"), &read(be, &kb, k.len()), &rope_ref(&k, &positions, hd, &p, fr), 1e-4);
+        }
+    }
+    let p = RopeParams { style: RopeStyle::Halves, n_rot: hd + 2, base: 1e4, freq_scale: 1.0, attn_factor: 1.0 };
+    let mut b = up(be, &vec![0.0; n * heads * hd]);
+    assert!(be.rope(&mut b, &positions, heads, hd, &p, None).is_err(), "{name}: n_rot past the head must be an error");
+}
+
+/// A KV cache and causal attention in f64 (keys and values rounded to f16
+/// as every backend's cache stores them).
+struct AttnRef {
+    n_ctx: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl AttnRef {
+    fn new(n_slots: usize, n_ctx: usize, kd: usize, vd: usize) -> AttnRef {
+        AttnRef { n_ctx, k: vec![vec![0.0; kd]; n_slots * n_ctx], v: vec![vec![0.0; vd]; n_slots * n_ctx] }
+    }
+
+    fn run(&mut self, batch: &Batch, q: &[f32], k: &[f32], v: &[f32], p: &AttnParams) -> Vec<f32> {
+        let (hd, hdv, n) = (p.head_dim, p.head_dim_v, batch.len());
+        let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
+        let r16 = |x: &[f32]| x.iter().map(|&v| f16::from_f32(v).to_f32()).collect::<Vec<f32>>();
+        for t in 0..n {
+            let at = batch.seq[t] as usize * self.n_ctx + batch.pos[t] as usize;
+            self.k[at] = r16(&k[t * kd..(t + 1) * kd]);
+            self.v[at] = r16(&v[t * vd..(t + 1) * vd]);
+        }
+        let group = p.n_head / p.n_head_kv;
+        let mut out = vec![0.0f32; n * p.n_head * hdv];
+        for t in 0..n {
+            let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
+            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+            for h in 0..p.n_head {
+                let kvh = h / group;
+                let qh = &q[(t * p.n_head + h) * hd..][..hd];
+                let scores: Vec<f64> = (lo..=pos)
+                    .map(|j| {
+                        let kr = &self.k[s * self.n_ctx + j][kvh * hd..][..hd];
+                        let d = qh.iter().zip(kr).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * p.scale as f64;
+                        p.softcap.map_or(d, |c| c as f64 * (d / c as f64).tanh())
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..hdv {
+                    let o: f64 = (lo..=pos).zip(&e).map(|(j, w)| w * self.v[s * self.n_ctx + j][kvh * hdv + c] as f64).sum();
+                    out[(t * p.n_head + h) * hdv + c] = (o / z) as f32;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Attention over the backend's KV cache: two sequences in two slots, a
+/// prompt then decode steps, grouped heads, sliding windows and softcaps,
+/// a batch that mixes slots, against the f64 reference.
+pub(crate) fn attention_matches_the_reference<B: DeviceBackend>(be: &B) {
+    let name = be.id().to_string();
+    let mut r = rng(0x5eed_0005);
+    let shapes = [
+        AttnParams { n_head: 4, n_head_kv: 2, head_dim: 64, head_dim_v: 64, scale: 0.125, softcap: None, window: None },
+        AttnParams { n_head: 6, n_head_kv: 1, head_dim: 128, head_dim_v: 128, scale: 0.09, softcap: Some(20.0), window: Some(5) },
+        AttnParams { n_head: 3, n_head_kv: 3, head_dim: 40, head_dim_v: 40, scale: 0.2, softcap: None, window: None },
+    ];
+    for p in shapes {
+        let (kd, vd, (n_slots, n_ctx)) = (p.n_head_kv * p.head_dim, p.n_head_kv * p.head_dim_v, (2, 48));
+        let mut kv = be.kv_cache(n_slots, n_ctx, &[kd, kd], &[vd, vd]).unwrap();
+        let mut want_cache = AttnRef::new(n_slots, n_ctx, kd, vd);
+        // Slot 1: a 13-token prompt; slot 0: a 9-token prompt; then three
+        // steps decoding both slots in one batch.
+        let mut steps = vec![Batch::default(), Batch::default()];
+        (0..13).for_each(|i| steps[0].push(0, i, 1, true));
+        (0..9).for_each(|i| steps[1].push(0, i, 0, true));
+        for s in 0..3 {
+            let mut b = Batch::default();
+            b.push(0, 9 + s, 0, true);
+            b.push(0, 13 + s, 1, true);
+            steps.push(b);
+        }
+        for (i, batch) in steps.iter().enumerate() {
+            let n = batch.len();
+            let q = rand_vec(&mut r, n * p.n_head * p.head_dim, 1.0);
+            let k = rand_vec(&mut r, n * kd, 1.0);
+            let v = rand_vec(&mut r, n * vd, 1.0);
+            let want = want_cache.run(batch, &q, &k, &v, &p);
+            let mut out = up(be, &vec![f32::NAN; want.len()]);
+            be.attention(&mut kv, 1, batch, &up(be, &q), &up(be, &k), &up(be, &v), &mut out, &p).unwrap();
+            check(&name, &format!("attention {p:?} step {i}"), &read(be, &out, want.len()), &want, 3e-3);
+        }
+        let mut bad = Batch::default();
+        bad.push(0, n_ctx as u32, 0, true);
+        let (q, k, v) = (up(be, &vec![0.0; p.n_head * p.head_dim]), up(be, &vec![0.0; kd]), up(be, &vec![0.0; vd]));
+        let mut out = up(be, &vec![0.0; p.n_head * p.head_dim_v]);
+        assert!(be.attention(&mut kv, 1, &bad, &q, &k, &v, &mut out, &p).is_err(), "{name}: a position past the cache must be an error");
+    }
+}
+
+/// The tiny random-weight model of `arch`, written to a scratch file.
+fn tiny(arch: Arch, tag: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("ferrox-conf-{tag}-{}-{}.gguf", arch.spec().name, std::process::id()));
+    crate::testing::tiny_arch_model(arch, 11).unwrap().write_to(&path).unwrap();
+    path
+}
+
+fn top2(v: &[f32]) -> (usize, f32) {
+    let mut s: Vec<(usize, f32)> = v.iter().copied().enumerate().collect();
+    s.sort_by(|a, b| b.1.total_cmp(&a.1));
+    (s[0].0, s[0].1 - s[1].1)
+}
+
+/// Logits close, and the top token the same wherever the reference's top
+/// two are not a near tie (backends quantize activations differently).
+fn agree(what: &str, got: &[f32], want: &[f32], n_vocab: usize) {
+    let e = rel(got, want);
+    assert!(e < 3e-2, "{what}: logits differ by {e:e} relative");
+    for (i, (g, h)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+        let ((tg, _), (th, margin)) = (top2(g), top2(h));
+        let scale = h.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
+        if margin > 2e-2 * scale {
+            assert_eq!(tg, th, "{what}: position {i} top-1 {tg}, reference {th} (margin {margin})");
+        }
+    }
+}
+
+/// Every architecture's tiny model: a prompt's logits at every position,
+/// then greedy decode steps one token a pass (each step's argmax also taken
+/// on the device, as `ferrox run` does), against the CPU — teacher-forced
+/// on the CPU's tokens so one near tie cannot cascade.
+pub(crate) fn every_architecture_follows_the_cpu<B: DeviceBackend>(open: impl Fn() -> Option<B>) {
+    use crate::backend::cpu::Cpu;
+    for &arch in Arch::ALL {
+        let Some(be) = open() else { return };
+        let name = be.id();
+        let path = tiny(arch, name.name());
+        let cpu = Model::open(&path, Cpu::new(2)).unwrap();
+        let dev = Model::open(&path, be).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let n_vocab = cpu.n_vocab();
+        let prompt = crate::testing::tiny_tokens();
+        let (mut hctx, mut dctx, mut actx) = (cpu.new_context(96, 1).unwrap(), dev.new_context(96, 1).unwrap(), dev.new_context(96, 1).unwrap());
+        let mut b = Batch::default();
+        for (i, &t) in prompt.iter().enumerate() {
+            b.push(t, i as u32, 0, true);
+        }
+        let (mut h, mut d) = (cpu.forward(&mut hctx, &b).unwrap(), dev.forward(&mut dctx, &b).unwrap());
+        agree(&format!("{name} {arch:?} prompt"), &d, &h, n_vocab);
+        let mut ids = dev.forward_argmax(&mut actx, &b).unwrap();
+        for (step, pos) in (0..16).zip(prompt.len() as u32..) {
+            let last = &h[h.len() - n_vocab..];
+            let (next, margin) = top2(last);
+            let scale = last.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
+            if margin > 2e-2 * scale {
+                assert_eq!(*ids.last().unwrap() as usize, next, "{name} {arch:?} step {step}: device argmax vs the CPU");
+            }
+            let mut b = Batch::default();
+            b.push(next as u32, pos, 0, true);
+            h = cpu.forward(&mut hctx, &b).unwrap();
+            d = dev.forward(&mut dctx, &b).unwrap();
+            agree(&format!("{name} {arch:?} step {step}"), &d, &h, n_vocab);
+            ids = dev.forward_argmax(&mut actx, &b).unwrap();
+        }
+    }
+}
+
+/// Instantiates the suite for one backend: `$module` is the test module's
+/// name, `$ty` the backend and `$id` its registry identity, `$claims` which
+/// kinds it is held to, and
+/// `$model_level` whether the whole-model checks against the CPU run (not
+/// for the CPU itself: its reference is llama.cpp, `tests/llama_ref.rs`).
+macro_rules! conformance_suite {
+    ($module:ident, $ty:ty, $id:expr, $claims:expr, $model_level:expr) => {
+        mod $module {
+            use crate::backend::conformance as c;
+
+            /// One device for the suite's op tests (opening may compile kernels).
+            fn dev(what: &str) -> Option<&'static $ty> {
+                static DEV: std::sync::OnceLock<Option<$ty>> = std::sync::OnceLock::new();
+                let d = DEV.get_or_init(|| c::open::<$ty>($id, "the conformance suite")).as_ref();
+                if d.is_none() {
+                    eprintln!("NOT CHECKED on {}: {what}", $id);
+                }
+                d
+            }
+
+            #[test]
+            fn matmul_of_every_claimed_kind_matches_the_scalar_twin() {
+                if let Some(be) = dev("matmul of every claimed kind vs the scalar twin") {
+                    c::matmul_matches_the_scalar_twin(be, $claims);
+                }
+            }
+
+            #[test]
+            fn get_rows_of_every_claimed_kind_matches_the_scalar_twin() {
+                if let Some(be) = dev("get_rows of every claimed kind vs the scalar twin") {
+                    c::get_rows_matches_the_scalar_twin(be, $claims);
+                }
+            }
+
+            #[test]
+            fn element_wise_ops_match_the_reference() {
+                if let Some(be) = dev("element-wise ops vs f64 loops") {
+                    c::element_wise_ops_match_the_reference(be);
+                }
+            }
+
+            #[test]
+            fn rope_matches_the_reference() {
+                if let Some(be) = dev("RoPE vs the f64 reference") {
+                    c::rope_matches_the_reference(be);
+                }
+            }
+
+            #[test]
+            fn attention_matches_the_reference() {
+                if let Some(be) = dev("attention over the KV cache vs the f64 reference") {
+                    c::attention_matches_the_reference(be);
+                }
+            }
+
+            #[test]
+            fn every_architecture_follows_the_cpu() {
+                if $model_level {
+                    c::every_architecture_follows_the_cpu(|| c::open::<$ty>($id, "every architecture's tiny model vs the CPU"));
+                } else {
+                    eprintln!("the CPU's whole-model reference is llama.cpp (tests/llama_ref.rs)");
+                }
+            }
+        }
+    };
+}
+
+conformance_suite!(cpu, crate::backend::cpu::Cpu, crate::kernel_registry::Backend::Cpu, |k| crate::backend::cpu::kernel_for(k).is_some(), false);
+
+/// Every compiled-in accelerator gets the suite by its row in the backend
+/// table (a module named after its registry variant), held to the kinds its
+/// capability table claims.
+macro_rules! accelerator_suites {
+    ([] $(($variant:ident, $feature:literal, $ty:ident)),* $(,)?) => {
+        $(
+            #[cfg(feature = $feature)]
+            #[allow(non_snake_case)]
+            mod $variant {
+                conformance_suite!(
+                    suite,
+                    crate::backend::$ty,
+                    <crate::backend::$ty as crate::backend::BackendCaps>::ID,
+                    |k| <crate::backend::$ty as crate::backend::BackendCaps>::matvec_kernel(k).is_some(),
+                    true
+                );
+            }
+        )*
+    };
+}
+crate::backend::gpu_backend_table!(accelerator_suites);
