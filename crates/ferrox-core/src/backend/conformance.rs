@@ -7,9 +7,9 @@
 //! are checked against ferrox-quant's scalar twins (dequantize, then an f64
 //! dot), the other ops against plain f64 loops written here, at odd shapes
 //! (rows and widths that are no power of two, token counts on both sides of
-//! each backend's batch thresholds). Only the whole-model checks compare an
-//! accelerator with the CPU, whose own reference is llama.cpp
-//! (`tests/llama_ref.rs`). Which kinds a backend is held to comes from its
+//! each backend's batch thresholds). Whole models: every architecture's tiny
+//! model against llama.cpp's own logits (`testdata/llama_ref/tiny/`) on every
+//! backend, and an accelerator's greedy decode against the CPU's. Which kinds a backend is held to comes from its
 //! capability data (what it claims), never from a list here. Seeds are fixed
 //! and printed.
 //!
@@ -515,11 +515,72 @@ pub(crate) fn every_architecture_follows_the_cpu<B: DeviceBackend>(open: impl Fn
     }
 }
 
+/// A file of `testdata/llama_ref/` (from the source tree, or from the
+/// working directory on a machine the test binary was carried to).
+fn llama_ref(name: &str) -> std::path::PathBuf {
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/llama_ref").join(name);
+    if built.exists() {
+        return built;
+    }
+    std::path::Path::new("crates/ferrox-core/testdata/llama_ref").join(name)
+}
+
+/// Every architecture's tiny model (seed 42, the file llama.cpp ran:
+/// its SHA-256 is checked) against llama.cpp's logits at every prompt
+/// position (`testdata/llama_ref/tiny/`, `tools/refllama/gen.py`): top-1
+/// the same unless llama.cpp's own top two are a near tie, every logit
+/// within 0.08 (random weights make these models maximally sensitive to
+/// rounding: float models agree to ~1e-3, 4-bit ones to a few 1e-2).
+pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl Fn() -> Option<B>) {
+    use sha2::Digest;
+    let mut checked = Vec::new();
+    for &arch in Arch::ALL {
+        let Some(be) = open() else { return };
+        let name = be.id();
+        let reference = llama_ref(&format!("tiny/tiny-{arch}.json"));
+        let text = std::fs::read_to_string(&reference)
+            .unwrap_or_else(|e| panic!("{}: {e} (every architecture needs llama.cpp reference logits)", reference.display()));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let path = std::env::temp_dir().join(format!("ferrox-conf-ref-{name}-{arch}-{}.gguf", std::process::id()));
+        crate::testing::tiny_arch_model(arch, 42).unwrap().write_to(&path).unwrap();
+        let sha = format!("{:x}", sha2::Sha256::digest(std::fs::read(&path).unwrap()));
+        assert_eq!(sha, r["model_sha256"].as_str().unwrap(), "{arch}: the regenerated tiny model is not the one llama.cpp ran");
+        let tokens: Vec<u32> = r["prompt_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<Vec<f32>> = r["all_logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+            .collect();
+        let model = Model::open(&path, be).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let mut ctx = model.new_context(64, 1).unwrap();
+        let mut b = Batch::default();
+        for (i, &t) in tokens.iter().enumerate() {
+            b.push(t, i as u32, 0, true);
+        }
+        let got = model.forward(&mut ctx, &b).unwrap();
+        assert_eq!(want.len(), tokens.len(), "{arch}: reference positions");
+        let tie = r["near_tie_threshold"].as_f64().unwrap() as f32;
+        let mut max = 0.0f32;
+        for (p, (g, w)) in got.chunks(model.n_vocab()).zip(&want).enumerate() {
+            assert_eq!(g.len(), w.len(), "{name} {arch}: vocabulary size");
+            let (gm, wm) = (top2(g).0, top2(w).0);
+            assert!(gm == wm || w[wm] - w[gm] < tie, "{name} {arch}: top-1 differs at position {p}: {gm} vs llama.cpp's {wm}");
+            max = g.iter().zip(w).fold(max, |m, (a, b)| m.max((a - b).abs()));
+        }
+        assert!(max < 0.08, "{name} {arch}: logits differ from llama.cpp's by up to {max}");
+        checked.push(format!("{arch}: max |diff| {max:.4}"));
+    }
+    eprintln!("{}", checked.join("; "));
+}
+
 /// Instantiates the suite for one backend: `$module` is the test module's
 /// name, `$ty` the backend and `$id` its registry identity, `$claims` which
 /// kinds it is held to, and
-/// `$model_level` whether the whole-model checks against the CPU run (not
-/// for the CPU itself: its reference is llama.cpp, `tests/llama_ref.rs`).
+/// `$model_level` whether the greedy decode against the CPU runs (not for
+/// the CPU itself, which is held to llama.cpp by the check before it and by
+/// `tests/llama_ref.rs` on the real model).
 macro_rules! conformance_suite {
     ($module:ident, $ty:ty, $id:expr, $claims:expr, $model_level:expr) => {
         mod $module {
@@ -571,11 +632,16 @@ macro_rules! conformance_suite {
             }
 
             #[test]
+            fn every_architecture_matches_llama_cpp() {
+                c::every_architecture_matches_llama_cpp(|| c::open::<$ty>($id, "every architecture's tiny model vs llama.cpp's logits"));
+            }
+
+            #[test]
             fn every_architecture_follows_the_cpu() {
                 if $model_level {
                     c::every_architecture_follows_the_cpu(|| c::open::<$ty>($id, "every architecture's tiny model vs the CPU"));
                 } else {
-                    eprintln!("the CPU's whole-model reference is llama.cpp (tests/llama_ref.rs)");
+                    eprintln!("the CPU is the reference of this check (itself held to llama.cpp)");
                 }
             }
         }
