@@ -800,7 +800,9 @@ pub const BF16_MIN_BATCH: usize = 64;
 /// per panel, activations rounded to bf16, f32 sums kept in the tile)
 /// rather than the integer one: where the CPU has AMX-BF16, the row length
 /// is whole 32-element chunks, and `FERROX_AMX_GEMM` is not `int8` (the
-/// batch size is the caller's test, [`BF16_MIN_BATCH`]).
+/// batch size is the caller's test, [`BF16_MIN_BATCH`]). A bad
+/// `FERROX_AMX_GEMM` panics with [`amx_gemm_bf16`]'s error here, which
+/// backends and the binary check before any product runs.
 ///
 /// Why: the integer product must scale every 16- or 32-element block's
 /// sums on the vector units (a tile store and reload per block), which
@@ -816,8 +818,21 @@ pub(crate) fn amx_bf16(cols: usize) -> bool {
             let hw = cpu::amx::bf16_usable();
             #[cfg(not(target_arch = "x86_64"))]
             let hw = false;
-            hw && std::env::var("FERROX_AMX_GEMM").map_or(true, |v| v != "int8")
+            hw && amx_gemm_bf16().unwrap_or_else(|e| panic!("{e}"))
         })
+}
+
+/// Whether `FERROX_AMX_GEMM` lets batches take the bf16 product: `bf16`
+/// (the default) yes, `int8` no — the integer product throughout, for a
+/// result closer to ggml's at some speed.
+pub fn amx_gemm_bf16() -> Result<bool, crate::knob::BadValue> {
+    let v = crate::knob::raw("FERROX_AMX_GEMM")?;
+    let bf16 = crate::knob::parse_with("FERROX_AMX_GEMM", v.as_deref(), "int8 or bf16", |v| match v {
+        "bf16" => Some(true),
+        "int8" => Some(false),
+        _ => None,
+    })?;
+    Ok(bf16.unwrap_or(true))
 }
 
 /// The bf16 product's kernel, by name, where a prepacked matrix of rows of

@@ -19,6 +19,7 @@ pub mod cpu;
 mod error;
 pub mod gemm;
 mod kind;
+pub mod knob;
 pub mod matvec;
 pub mod scalar;
 

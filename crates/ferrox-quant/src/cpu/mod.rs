@@ -114,24 +114,36 @@ impl Isa {
     }
 
     /// The best level this CPU has, detected once; `FERROX_CPU_ISA` can lower
-    /// it (tests and benchmarks compare levels on one machine). Asking for a
-    /// level the CPU lacks warns on stderr and keeps the detected one, since
-    /// running it would be undefined behaviour.
+    /// it (benchmarks and users compare levels on one machine). A value that
+    /// is not a level, or a level this CPU lacks (running it would be
+    /// undefined behaviour), is [`Isa::configured`]'s error, which every
+    /// backend's open and the `ferrox` binary check first; reaching a kernel
+    /// past them with a bad value panics with that error rather than run
+    /// another level than the one asked for.
     pub fn active() -> Isa {
-        static ACTIVE: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ACTIVE.get_or_init(|| {
-            let best = Isa::detect();
-            match std::env::var("FERROX_CPU_ISA") {
-                Ok(v) => match Isa::from_name(&v) {
-                    Some(i) if i.is_available() => i,
-                    _ => {
-                        eprintln!("FERROX_CPU_ISA={v}: not a level this CPU has; using {}", best.name());
-                        best
-                    }
-                },
-                Err(_) => best,
-            }
-        })
+        Isa::configured().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The level `FERROX_CPU_ISA` asks for (unset: [`Isa::detect`]), read
+    /// and checked once.
+    pub fn configured() -> Result<Isa, crate::knob::BadValue> {
+        static ACTIVE: std::sync::OnceLock<Result<Isa, crate::knob::BadValue>> = std::sync::OnceLock::new();
+        ACTIVE
+            .get_or_init(|| {
+                let value = crate::knob::raw("FERROX_CPU_ISA")?;
+                Isa::parse_level(value.as_deref())
+            })
+            .clone()
+    }
+
+    /// A `FERROX_CPU_ISA` value as a level this CPU has (`None`: the best).
+    pub fn parse_level(value: Option<&str>) -> Result<Isa, crate::knob::BadValue> {
+        let has: Vec<&str> = Isa::ALL.iter().filter(|i| i.is_available()).map(|i| i.name()).collect();
+        let expected = format!("a level this CPU has: {}", has.join(", "));
+        let level = crate::knob::parse_with("FERROX_CPU_ISA", value, &expected, |v| {
+            Isa::from_name(v).filter(|i| i.is_available())
+        })?;
+        Ok(level.unwrap_or_else(Isa::detect))
     }
 
     /// The level whose dot kernels this level runs: itself, except AMX,

@@ -363,3 +363,20 @@ fn aligned_bytes(b: &[u8]) -> Vec<u64> {
 fn as_bytes(v: &[u64]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
+
+/// `FERROX_CPU_ISA` takes a level this CPU has; anything else is an error
+/// naming the variable and the levels it could take, never the detected
+/// level in silence.
+#[test]
+fn a_cpu_isa_that_is_not_a_level_this_cpu_has_is_an_error_naming_it() {
+    for bad in ["avx9", "avx2,avx512"] {
+        let e = Isa::parse_level(Some(bad)).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("FERROX_CPU_ISA") && msg.contains("scalar"), "{msg}");
+    }
+    if let Some(&lacking) = Isa::ALL.iter().find(|i| !i.is_available()) {
+        assert!(Isa::parse_level(Some(lacking.name())).is_err(), "{lacking} accepted on a CPU without it");
+    }
+    assert_eq!(Isa::parse_level(Some("SCALAR")), Ok(Isa::Scalar));
+    assert_eq!(Isa::parse_level(None), Ok(Isa::detect()));
+}
