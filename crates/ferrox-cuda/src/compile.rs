@@ -155,13 +155,23 @@ fn options(arch: &str, defines: &[String]) -> CompileOptions {
 /// The kernel source's compile-time knobs from `FERROX_CUDA_DEFINES`
 /// ([`parse_defines`]): a measuring aid for trying a kernel variant without
 /// a new build; the defaults in `kernels.cu` are the measured choices.
+/// Read only in a `measure` build; a release build compiles the defaults.
+#[cfg(feature = "measure")]
 pub(crate) fn env_defines() -> Result<Vec<String>, CudaError> {
     std::env::var("FERROX_CUDA_DEFINES").map_or(Ok(Vec::new()), |v| parse_defines(&v))
+}
+
+/// Without the `measure` feature, no defines: the kernels as `kernels.cu`
+/// sets them.
+#[cfg(not(feature = "measure"))]
+pub(crate) fn env_defines() -> Result<Vec<String>, CudaError> {
+    Ok(Vec::new())
 }
 
 /// `NAME` or `NAME=VALUE` items separated by spaces or commas (e.g.
 /// `FERROX_PREFETCH=0,MMVQ_STEP=8`); anything but identifiers and plain
 /// values is refused, so nothing else reaches NVRTC's command line.
+#[cfg(any(test, feature = "measure"))]
 pub(crate) fn parse_defines(v: &str) -> Result<Vec<String>, CudaError> {
     let ident = |s: &str| {
         !s.is_empty()

@@ -507,24 +507,159 @@ pub struct Device {
 }
 
 /// Launch kinds `FERROX_CUDA_SKIP` leaves out (see [`Device`]).
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
 struct Skip {
     norm: bool,
     attn: bool,
     rope: bool,
 }
 
-impl Skip {
-    fn from_env() -> Skip {
-        let v = std::env::var("FERROX_CUDA_SKIP").unwrap_or_default();
-        let has = |w: &str| v.split(',').any(|x| x.trim() == w);
-        Skip {
-            norm: has("norm"),
-            attn: has("attn"),
-            rope: has("rope"),
+/// The measuring knobs a [`Device`] opens with (docs/dev/cuda-knobs.md
+/// says what each measured). Without the `measure` feature they are
+/// [`Knobs::DEFAULT`], the measured best, and the environment is not read
+/// for them at all: a release build runs one configuration, and none that
+/// gives wrong output (`FERROX_CUDA_SKIP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Knobs {
+    mmvq_units: Option<usize>,
+    fuse: bool,
+    norm_fuse: bool,
+    qkv_rope: bool,
+    stream_blocks: usize,
+    pdl: bool,
+    gqa_min: usize,
+    dec_max: usize,
+    dec_heads: usize,
+    dec_chunk: usize,
+    dec_split: usize,
+    dec_span: usize,
+    dec_split_heads: usize,
+    read_mode: usize,
+    mma_attn: bool,
+    skip: Skip,
+}
+
+impl Knobs {
+    const DEFAULT: Knobs = Knobs {
+        mmvq_units: None,
+        fuse: true,
+        norm_fuse: true,
+        qkv_rope: true,
+        stream_blocks: 2,
+        pdl: true,
+        gqa_min: 1,
+        dec_max: 16,
+        dec_heads: 1,
+        dec_chunk: 128,
+        dec_split: 16,
+        dec_span: 128,
+        dec_split_heads: 0,
+        read_mode: 2,
+        mma_attn: true,
+        skip: Skip { norm: false, attn: false, rope: false },
+    };
+
+    #[cfg(not(feature = "measure"))]
+    fn read() -> Result<Knobs, CudaError> {
+        Ok(Knobs::DEFAULT)
+    }
+
+    #[cfg(feature = "measure")]
+    fn read() -> Result<Knobs, CudaError> {
+        let mut raw = Vec::new();
+        for name in MEASURE_KNOBS {
+            raw.push((*name, ferrox_quant::knob::raw(name)?));
         }
+        Ok(Knobs::parse(|n| raw.iter().find(|(k, _)| *k == n).and_then(|(_, v)| v.as_deref()))?)
+    }
+
+    /// The knobs from `get` (a variable's value, `None` unset): each the
+    /// default when unset, a [`BadValue`] naming it when it does not parse.
+    #[cfg(any(test, feature = "measure"))]
+    fn parse<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Knobs, ferrox_quant::knob::BadValue> {
+        use ferrox_quant::knob::{parse_count, parse_switch, parse_with};
+        let d = Knobs::DEFAULT;
+        let sw = |n: &'static str, def: bool| parse_switch(n, get(n), def);
+        let any = |n: &'static str, def: usize| parse_count(n, get(n), def, "a count", |_| true);
+        let skip_words = "a comma list of norm, attn, rope";
+        let skip = parse_with("FERROX_CUDA_SKIP", get("FERROX_CUDA_SKIP"), skip_words, |v| {
+            let mut s = Skip::default();
+            for w in v.split(',').map(str::trim) {
+                match w {
+                    "norm" => s.norm = true,
+                    "attn" => s.attn = true,
+                    "rope" => s.rope = true,
+                    _ => return None,
+                }
+            }
+            Some(s)
+        })?;
+        Ok(Knobs {
+            // 0 is the per-kind default, as unset.
+            mmvq_units: Some(any("FERROX_CUDA_MMVQ_UNITS", 0)?).filter(|&v| v > 0),
+            fuse: sw("FERROX_CUDA_FUSE", d.fuse)?,
+            norm_fuse: sw("FERROX_CUDA_NORM_FUSE", d.norm_fuse)?,
+            qkv_rope: sw("FERROX_CUDA_QKV_ROPE", d.qkv_rope)?,
+            stream_blocks: parse_count(
+                "FERROX_CUDA_STREAM_BLOCKS",
+                get("FERROX_CUDA_STREAM_BLOCKS"),
+                d.stream_blocks,
+                "a count of at least 1",
+                |n| n > 0,
+            )?,
+            pdl: sw("FERROX_CUDA_PDL", d.pdl)?,
+            gqa_min: any("FERROX_CUDA_GQA_MIN", d.gqa_min)?,
+            dec_max: any("FERROX_CUDA_DEC_MAX", d.dec_max)?,
+            dec_heads: any("FERROX_CUDA_DEC_HEADS", d.dec_heads)?,
+            dec_chunk: parse_count(
+                "FERROX_CUDA_DEC_CHUNK",
+                get("FERROX_CUDA_DEC_CHUNK"),
+                d.dec_chunk,
+                "32, 64 or 128",
+                |n| matches!(n, 32 | 64 | 128),
+            )?,
+            dec_split: parse_count(
+                "FERROX_CUDA_DEC_SPLIT",
+                get("FERROX_CUDA_DEC_SPLIT"),
+                d.dec_split,
+                "a count from 1 to 32",
+                |n| (1..=DEC_MAXSPLIT).contains(&n),
+            )?,
+            dec_span: parse_count(
+                "FERROX_CUDA_DEC_SPAN",
+                get("FERROX_CUDA_DEC_SPAN"),
+                d.dec_span,
+                "a count of at least 1",
+                |n| n > 0,
+            )?,
+            dec_split_heads: any("FERROX_CUDA_DEC_SPLIT_HEADS", d.dec_split_heads)?,
+            read_mode: parse_count("FERROX_CUDA_READ", get("FERROX_CUDA_READ"), d.read_mode, "0, 1 or 2", |n| n <= 2)?,
+            mma_attn: sw("FERROX_CUDA_MMA_ATTN", d.mma_attn)?,
+            skip: skip.unwrap_or_default(),
+        })
     }
 }
+
+/// Every knob [`Knobs::read`] reads in a `measure` build.
+#[cfg(feature = "measure")]
+const MEASURE_KNOBS: &[&str] = &[
+    "FERROX_CUDA_MMVQ_UNITS",
+    "FERROX_CUDA_FUSE",
+    "FERROX_CUDA_NORM_FUSE",
+    "FERROX_CUDA_QKV_ROPE",
+    "FERROX_CUDA_STREAM_BLOCKS",
+    "FERROX_CUDA_PDL",
+    "FERROX_CUDA_GQA_MIN",
+    "FERROX_CUDA_DEC_MAX",
+    "FERROX_CUDA_DEC_HEADS",
+    "FERROX_CUDA_DEC_CHUNK",
+    "FERROX_CUDA_DEC_SPLIT",
+    "FERROX_CUDA_DEC_SPAN",
+    "FERROX_CUDA_DEC_SPLIT_HEADS",
+    "FERROX_CUDA_READ",
+    "FERROX_CUDA_MMA_ATTN",
+    "FERROX_CUDA_SKIP",
+];
 
 fn shape(op: &'static str, why: String) -> CudaError {
     CudaError::Shape { op, why }
@@ -532,19 +667,6 @@ fn shape(op: &'static str, why: String) -> CudaError {
 
 fn int(op: &'static str, v: usize) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| shape(op, format!("{v} does not fit a 32-bit kernel argument")))
-}
-
-/// `name`'s value as a count, else `default` (unset or not a number).
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// As [`env_or`], a zero also taking the default.
-fn env_usize(name: &str, default: usize) -> usize {
-    Some(env_or(name, 0)).filter(|&v| v > 0).unwrap_or(default)
 }
 
 fn grid(n: usize, block: u32) -> LaunchConfig {
@@ -562,6 +684,7 @@ impl Drop for Device {
         if self.trace.is_none() {
             return;
         }
+        #[cfg(feature = "measure")]
         if let Some(p) = std::env::var_os("FERROX_CUDA_TRACE") {
             match self.write_trace(std::path::Path::new(&p)) {
                 Ok(n) => eprintln!("ferrox: {n} kernel entries traced to {}", p.to_string_lossy()),
@@ -586,6 +709,7 @@ impl Device {
     /// (or loaded from the disk cache) for its architecture, and cuBLAS when
     /// the library is there (without it prefill runs the matvec kernels).
     pub fn open(ordinal: usize) -> Result<Device, CudaError> {
+        let k = Knobs::read()?;
         // SAFETY: only tries to dlopen libcuda by its candidate names.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(CudaError::MissingLibrary { lib: "libcuda" });
@@ -616,9 +740,12 @@ impl Device {
         let module = ctx
             .load_module(ptx)
             .map_err(drv(format!("loading the kernels for {arch}")))?;
+        #[cfg(feature = "measure")]
         let traced = defines
             .iter()
             .any(|d| d == "FERROX_TRACE" || (d.starts_with("FERROX_TRACE=") && d != "FERROX_TRACE=0"));
+        #[cfg(not(feature = "measure"))]
+        let traced = false;
         let trace = traced.then(|| Arc::clone(&module));
         let f = |n: &str| {
             module
@@ -709,24 +836,24 @@ impl Device {
             arch,
             scratch: Mutex::new(Scratch::default()),
             q8_tag: Mutex::new(None),
-            mmvq_units: Some(env_or("FERROX_CUDA_MMVQ_UNITS", 0)).filter(|&v| v > 0),
-            fuse: std::env::var("FERROX_CUDA_FUSE").map_or(true, |v| v != "0"),
-            norm_fuse: std::env::var("FERROX_CUDA_NORM_FUSE").map_or(true, |v| v != "0"),
-            qkv_rope: std::env::var("FERROX_CUDA_QKV_ROPE").map_or(true, |v| v != "0"),
-            stream_blocks: env_usize("FERROX_CUDA_STREAM_BLOCKS", 2),
+            mmvq_units: k.mmvq_units,
+            fuse: k.fuse,
+            norm_fuse: k.norm_fuse,
+            qkv_rope: k.qkv_rope,
+            stream_blocks: k.stream_blocks,
             sms: sms.max(1) as usize,
-            pdl: major >= 9 && std::env::var("FERROX_CUDA_PDL").map_or(true, |v| v != "0"),
-            gqa_min: env_or("FERROX_CUDA_GQA_MIN", 1),
+            pdl: major >= 9 && k.pdl,
+            gqa_min: k.gqa_min,
             dec_smem,
-            dec_max: env_or("FERROX_CUDA_DEC_MAX", 16),
-            dec_heads: env_or("FERROX_CUDA_DEC_HEADS", 1),
-            dec_chunk: env_or("FERROX_CUDA_DEC_CHUNK", 128),
-            dec_split: env_or("FERROX_CUDA_DEC_SPLIT", 16),
-            dec_span: env_or("FERROX_CUDA_DEC_SPAN", 128),
-            dec_split_heads: env_or("FERROX_CUDA_DEC_SPLIT_HEADS", 0),
-            read_mode: env_or("FERROX_CUDA_READ", 2),
-            skip: Skip::from_env(),
-            mma_attn: major >= 8 && std::env::var("FERROX_CUDA_MMA_ATTN").map_or(true, |v| v != "0"),
+            dec_max: k.dec_max,
+            dec_heads: k.dec_heads,
+            dec_chunk: k.dec_chunk,
+            dec_split: k.dec_split,
+            dec_span: k.dec_span,
+            dec_split_heads: k.dec_split_heads,
+            read_mode: k.read_mode,
+            skip: k.skip,
+            mma_attn: major >= 8 && k.mma_attn,
             trace,
         })
     }
@@ -2890,6 +3017,39 @@ fn rope_check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unset knobs are the measured defaults a release build is fixed to.
+    #[test]
+    fn unset_knobs_are_the_release_defaults() {
+        assert_eq!(Knobs::parse(|_| None), Ok(Knobs::DEFAULT));
+    }
+
+    /// A knob set to what it does not take is refused by name, with the
+    /// values it takes — not run at its default.
+    #[test]
+    fn a_knob_that_does_not_parse_is_an_error_naming_it() {
+        for (name, bad, expected) in [
+            ("FERROX_CUDA_DEC_SPLIT", "banana", "1 to 32"),
+            ("FERROX_CUDA_DEC_SPLIT", "33", "1 to 32"),
+            ("FERROX_CUDA_DEC_CHUNK", "48", "32, 64 or 128"),
+            ("FERROX_CUDA_FUSE", "yes please", "0, 1"),
+            ("FERROX_CUDA_READ", "3", "0, 1 or 2"),
+            ("FERROX_CUDA_SKIP", "norm,mlp", "norm, attn, rope"),
+        ] {
+            let e = Knobs::parse(|n| (n == name).then_some(bad)).unwrap_err();
+            assert_eq!(e.name, name);
+            assert!(e.to_string().contains(expected), "{name}={bad}: {e}");
+        }
+        let k = Knobs::parse(|n| match n {
+            "FERROX_CUDA_DEC_SPLIT" => Some("1"),
+            "FERROX_CUDA_SKIP" => Some("attn, rope"),
+            "FERROX_CUDA_PDL" => Some("off"),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!((k.dec_split, k.pdl), (1, false));
+        assert_eq!(k.skip, Skip { norm: false, attn: true, rope: true });
+    }
 
     /// The Q4_K device layout holds each element's nibble where
     /// `deq_q4_k`/`ld_q4_k` read it: with d = 1, dmin = 0 and every scale 1

@@ -18,8 +18,10 @@
 //!
 //! Every kernel is CUDA C with no headers. The measuring knobs named below
 //! (`FERROX_CUDA_*` at run time, `FERROX_CUDA_DEFINES` at compile time) are
-//! listed in `docs/dev/cuda-knobs.md`; why each design was kept, and what
-//! was tried instead, with its numbers, is in `docs/decisions/`.
+//! listed in `docs/dev/cuda-knobs.md` and read only in a build with the
+//! `measure` feature (without it each is its measured default, fixed at
+//! compile time: `docs/dev/configuration.md`); why each design was kept, and
+//! what was tried instead, with its numbers, is in `docs/decisions/`.
 //!
 //! **Weight kinds.** A kind is one `deq_<kind>` that expands a 32-element
 //! unit; `DEFINE_KIND` builds its matvec, get_rows and dequantize-to-f16
@@ -204,6 +206,9 @@ pub enum CudaError {
         /// What disagrees.
         why: String,
     },
+    /// A `FERROX_*` variable set to a value it does not take.
+    #[error(transparent)]
+    Config(#[from] ferrox_quant::knob::BadValue),
     /// A kind this backend has no kernel for.
     #[error("no CUDA {op} kernel for {kind}")]
     NoKernel {
