@@ -142,43 +142,6 @@ pub fn plan_tensor(name: &str, input: QuantKind, dims: &[u64], target: QuantKind
     }
 }
 
-/// The `general.file_type` value (llama.cpp's `LLAMA_FTYPE_MOSTLY_*`) of a
-/// model whose matrices are all `kind`, or `None` where llama.cpp has none.
-pub fn llama_file_type(kind: QuantKind) -> Option<u32> {
-    use QuantKind::*;
-    Some(match kind {
-        F32 => 0,
-        F16 => 1,
-        Q4_0 => 2,
-        Q4_1 => 3,
-        Q8_0 => 7,
-        Q5_0 => 8,
-        Q5_1 => 9,
-        Q2K => 10,
-        Q3K => 12,
-        Q4K => 15,
-        Q5K => 17,
-        Q6K => 18,
-        IQ2XXS => 19,
-        IQ2XS => 20,
-        IQ3XXS => 23,
-        IQ1S => 24,
-        IQ4NL => 25,
-        IQ3S => 26,
-        IQ2S => 28,
-        IQ4XS => 30,
-        IQ1M => 31,
-        BF16 => 32,
-        TQ1_0 => 36,
-        TQ2_0 => 37,
-        MXFP4 => 38,
-        NVFP4 => 39,
-        Q1_0 => 40,
-        Q2_0 => 41,
-        F64 | I8 | I16 | I32 | I64 | Q8_1 | Q8K => return None,
-    })
-}
-
 /// Why a model could not be re-quantized.
 #[derive(Debug, thiserror::Error)]
 pub enum RequantizeError {
@@ -263,7 +226,7 @@ pub fn requantize<'m>(
         }
         if k == "general.file_type" {
             saw_file_type = true;
-            match llama_file_type(target) {
+            match crate::ftype::of_kind(target) {
                 Some(ft) => w.set(k.clone(), Value::U32(ft))?,
                 None => w.set(k.clone(), v.clone())?,
             }
@@ -272,7 +235,7 @@ pub fn requantize<'m>(
         w.set(k.clone(), v.clone())?;
     }
     if !saw_file_type {
-        if let Some(ft) = llama_file_type(target) {
+        if let Some(ft) = crate::ftype::of_kind(target) {
             w.set("general.file_type", Value::U32(ft))?;
         }
     }

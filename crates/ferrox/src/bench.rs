@@ -441,48 +441,6 @@ fn stddev(v: &[f64]) -> f64 {
     (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
 }
 
-/// llama.cpp's name of a `general.file_type` (its `llama_ftype_name`).
-fn ftype_name(ft: u64) -> Option<&'static str> {
-    Some(match ft {
-        0 => "all F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        7 => "Q8_0",
-        8 => "Q5_0",
-        9 => "Q5_1",
-        10 => "Q2_K - Medium",
-        11 => "Q3_K - Small",
-        12 => "Q3_K - Medium",
-        13 => "Q3_K - Large",
-        14 => "Q4_K - Small",
-        15 => "Q4_K - Medium",
-        16 => "Q5_K - Small",
-        17 => "Q5_K - Medium",
-        18 => "Q6_K",
-        19 => "IQ2_XXS - 2.0625 bpw",
-        20 => "IQ2_XS - 2.3125 bpw",
-        21 => "Q2_K - Small",
-        22 => "IQ3_XS - 3.3 bpw",
-        23 => "IQ3_XXS - 3.0625 bpw",
-        24 => "IQ1_S - 1.5625 bpw",
-        25 => "IQ4_NL - 4.5 bpw",
-        26 => "IQ3_S - 3.4375 bpw",
-        27 => "IQ3_S mix - 3.66 bpw",
-        28 => "IQ2_S - 2.5 bpw",
-        29 => "IQ2_M - 2.7 bpw",
-        30 => "IQ4_XS - 4.25 bpw",
-        31 => "IQ1_M - 1.75 bpw",
-        32 => "BF16",
-        36 => "TQ1_0 - 1.69 bpw ternary",
-        37 => "TQ2_0 - 2.06 bpw ternary",
-        38 => "MXFP4 MoE",
-        40 => "Q1_0",
-        41 => "Q2_0",
-        _ => return None,
-    })
-}
-
 /// "ARCH SIZE FTYPE", the shape of llama's model description: the size
 /// label from the file when it has one, else the parameter count rounded.
 fn model_type(meta: &ferrox_gguf::GgufFile, n_params: u64) -> String {
@@ -494,7 +452,7 @@ fn model_type(meta: &ferrox_gguf::GgufFile, n_params: u64) -> String {
     };
     let ft = meta.get("general.file_type").and_then(|v| v.as_uint());
     let ftype = ft
-        .and_then(ftype_name)
+        .and_then(ferrox_core::ftype::name)
         .map_or_else(|| "unknown file type".to_string(), str::to_string);
     format!("{arch} {size} {ftype}")
 }
