@@ -179,10 +179,33 @@ pub struct CpuKernel {
 /// layer matrices are read in place by AMX; `place` keeps only their scales
 /// as f32, 4 bytes per 34. An interleaved head ([`interleaves`]) keeps no
 /// GEMM form at all.)
-/// `FERROX_CPU_PREPACK=0` turns packing off (less memory, slower batches).
+/// `FERROX_CPU_PREPACK=0` turns packing off (less memory, slower batches);
+/// a bad value panics with [`prepack_setting`]'s error here, which the
+/// backend's open and the binary check first.
 pub fn prepacks(name: &str) -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERROX_CPU_PREPACK").map_or(true, |v| v != "0")) && name.starts_with("blk.")
+    prepack_setting().unwrap_or_else(|e| panic!("{e}")) && name.starts_with("blk.")
+}
+
+/// `FERROX_CPU_PREPACK` (a switch, default on), read and checked once.
+pub fn prepack_setting() -> Result<bool, super::BadValue> {
+    static ON: OnceLock<Result<bool, super::BadValue>> = OnceLock::new();
+    ON.get_or_init(|| ferrox_quant::knob::switch("FERROX_CPU_PREPACK", true)).clone()
+}
+
+/// `FERROX_CPU_INTERLEAVE` (a switch, default on), read only in a `measure`
+/// build: turning it off measures what the interleaved head gives
+/// (docs/decisions/0022-cpu-interleaved-q8_0-head.md).
+#[cfg(feature = "measure")]
+pub fn interleave_setting() -> Result<bool, super::BadValue> {
+    static ON: OnceLock<Result<bool, super::BadValue>> = OnceLock::new();
+    ON.get_or_init(|| ferrox_quant::knob::switch("FERROX_CPU_INTERLEAVE", true)).clone()
+}
+
+/// Without the `measure` feature the Q8_0 head is always interleaved
+/// (where [`interleaves`]' other conditions hold).
+#[cfg(not(feature = "measure"))]
+pub fn interleave_setting() -> Result<bool, super::BadValue> {
+    Ok(true)
 }
 
 /// Whether the Q8_0 matrix `name` is interleaved 16 rows at a time at load
@@ -193,14 +216,14 @@ pub fn prepacks(name: &str) -> bool {
 /// them there). Every product over it then reads the copy: decode with
 /// VNNI, batches (the server's steps, perplexity) with AMX tiles straight
 /// from the copy, with no GEMM form kept beside it. Needs AVX-512 VNNI and
-/// rows in whole sixteens. `FERROX_CPU_INTERLEAVE=0` turns it off.
+/// rows in whole sixteens. In a `measure` build `FERROX_CPU_INTERLEAVE=0`
+/// turns it off ([`interleave_setting`]).
 pub fn interleaves(name: &str, kind: QuantKind, rows: usize) -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
     kind == QuantKind::Q8_0
         && !name.starts_with("blk.")
         && rows.is_multiple_of(16)
         && Isa::active().includes(Isa::Avx512Vnni)
-        && *ON.get_or_init(|| std::env::var("FERROX_CPU_INTERLEAVE").map_or(true, |v| v != "0"))
+        && interleave_setting().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// What the CPU runs for a `kind` matrix on this machine, or `None` for a
@@ -378,6 +401,7 @@ impl DeviceBackend for Cpu {
         if opts.device != 0 {
             return Err(BackendError(format!("the CPU backend has one device, 0 (asked for device {})", opts.device)));
         }
+        super::check_env().map_err(BackendError::new)?;
         Ok(Cpu::new(opts.threads))
     }
 

@@ -27,7 +27,7 @@ pub struct Cuda {
     #[cfg(feature = "cuda")]
     slab: std::sync::Mutex<Option<std::sync::Arc<ferrox_cuda::Indices>>>,
     /// Recorded decode steps by key, most recent last; `None` when
-    /// recording is off (`FERROX_CUDA_GRAPHS=0`) or failed once.
+    /// recording is off (a `measure` build's `FERROX_CUDA_GRAPHS=0`) or failed once.
     #[cfg(feature = "cuda")]
     graphs: std::sync::Mutex<Option<Vec<Recorded>>>,
 }
@@ -143,41 +143,62 @@ mod dispatch {
 
     impl Cuda {
         /// Whether this process should use CUDA: `FERROX_CUDA` decides
-        /// (`0|off|cpu` no, `1|on|cuda` yes), else a device must be present.
-        pub fn enabled() -> bool {
-            crate::backend::env_or_probe(
-                std::env::var("FERROX_CUDA").ok().as_deref(),
-                "cuda",
-                Device::probe,
-            )
+        /// (`0|off|cpu` no, `1|on|cuda` yes), else (`auto`, unset) a device
+        /// must be present; a value it does not take is an error.
+        pub fn enabled() -> Result<bool, BackendError> {
+            Cuda::env_value(Device::probe).map_err(BackendError::new)
+        }
+
+        /// `FERROX_CUDA` read and checked, `probe` asked when it is `auto` or
+        /// unset.
+        fn env_value(probe: impl FnOnce() -> bool) -> Result<bool, crate::backend::BadValue> {
+            let v = ferrox_quant::knob::raw("FERROX_CUDA")?;
+            crate::backend::env_or_probe("FERROX_CUDA", v.as_deref(), "cuda", probe)
+        }
+
+        /// Checks `FERROX_CUDA` without probing for a device.
+        pub(crate) fn env_setting() -> Result<(), crate::backend::BadValue> {
+            Cuda::env_value(|| false).map(drop)
+        }
+
+        /// Whether decode steps are recorded as CUDA graphs: always, except
+        /// in a `measure` build with `FERROX_CUDA_GRAPHS=0` (the launches
+        /// one by one, to measure what the graph saves).
+        #[cfg(feature = "measure")]
+        pub(crate) fn graphs_setting() -> Result<bool, crate::backend::BadValue> {
+            ferrox_quant::knob::switch("FERROX_CUDA_GRAPHS", true)
+        }
+
+        /// Without the `measure` feature decode steps are always recorded.
+        #[cfg(not(feature = "measure"))]
+        pub(crate) fn graphs_setting() -> Result<bool, crate::backend::BadValue> {
+            Ok(true)
         }
 
         /// Opens GPU `ordinal`, unless `FERROX_CUDA` turned CUDA off.
         pub fn open_device(ordinal: usize) -> Result<Cuda, BackendError> {
-            if !Cuda::enabled() {
+            crate::backend::check_env().map_err(BackendError::new)?;
+            if !Cuda::enabled()? {
                 return Err(BackendError(
                     "cannot open CUDA: it is off (FERROX_CUDA=0), or no CUDA device with a loadable driver was found".into(),
                 ));
             }
             let dev = Device::open(ordinal).map_err(|e| BackendError(format!("cannot open CUDA device {ordinal}: {e}")))?;
-            Ok(Cuda::on(std::sync::Arc::new(dev)))
+            Cuda::on(std::sync::Arc::new(dev))
         }
 
-        fn on(dev: Arc<Device>) -> Cuda {
-            let graphs = !matches!(
-                std::env::var("FERROX_CUDA_GRAPHS").ok().as_deref(),
-                Some("0" | "off" | "false")
-            );
-            Cuda {
+        fn on(dev: Arc<Device>) -> Result<Cuda, BackendError> {
+            let graphs = Cuda::graphs_setting().map_err(BackendError::new)?;
+            Ok(Cuda {
                 dev,
                 indices: std::sync::Mutex::new(Vec::new()),
                 slab: std::sync::Mutex::new(None),
                 graphs: std::sync::Mutex::new(graphs.then(Vec::new)),
-            }
+            })
         }
 
         /// Another handle on the same device (one more model on it).
-        pub fn share(&self) -> Cuda {
+        pub fn share(&self) -> Result<Cuda, BackendError> {
             Cuda::on(Arc::clone(&self.dev))
         }
 

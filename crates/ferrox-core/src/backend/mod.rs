@@ -29,6 +29,7 @@ pub use cuda::Cuda;
 use ferrox_quant::QuantKind;
 
 use crate::kernel_registry::Backend;
+pub use ferrox_quant::knob::BadValue;
 
 /// A backend failure, rendered: backend error types live behind features,
 /// and callers only report them.
@@ -155,15 +156,46 @@ pub trait BackendLaunch: BackendCaps {
 
 /// The `FERROX_<BACKEND>` grammar every accelerator's enable probe shares:
 /// `0|false|off|cpu` forces the CPU, `1|true|on|<alias>` forces the
-/// backend, anything else (or unset) asks `probe` — which is never called
-/// when the environment decided, so a forced-off run never opens a device.
-pub fn env_or_probe(value: Option<&str>, alias: &str, probe: impl FnOnce() -> bool) -> bool {
-    match value {
-        Some("0" | "false" | "off" | "cpu") => false,
-        Some("1" | "true" | "on") => true,
-        Some(v) if v == alias => true,
-        _ => probe(),
+/// backend, `auto` (or unset) asks `probe` — which is never called when the
+/// environment decided, so a forced-off run never opens a device. Anything
+/// else is an error naming the variable (`name`), not a probe.
+pub fn env_or_probe(
+    name: &'static str,
+    value: Option<&str>,
+    alias: &str,
+    probe: impl FnOnce() -> bool,
+) -> Result<bool, BadValue> {
+    let Some(v) = value.map(str::trim) else {
+        return Ok(probe());
+    };
+    match v.to_ascii_lowercase().as_str() {
+        "0" | "false" | "off" | "cpu" => Ok(false),
+        "1" | "true" | "on" => Ok(true),
+        "auto" => Ok(probe()),
+        v if v == alias => Ok(true),
+        _ => Err(BadValue {
+            name,
+            value: v.to_string(),
+            expected: format!("0, false, off or cpu (keep the device out); 1, true, on or {alias}; auto (use a device if one is found)"),
+        }),
     }
+}
+
+/// Checks every `FERROX_*` variable this build reads, opening nothing: a
+/// value that does not parse is an error naming the variable and what it
+/// takes. Every backend's open calls it, and the `ferrox` binary before any
+/// command, so no kernel deep in a forward pass meets a bad value (the list
+/// is `docs/dev/configuration.md`; a `measure` build checks its measuring
+/// knobs here too, except the CUDA device's, which `Device::open` checks).
+pub fn check_env() -> Result<(), BadValue> {
+    ferrox_quant::knob::check()?;
+    cpu::prepack_setting()?;
+    cpu::interleave_setting()?;
+    #[cfg(feature = "cuda")]
+    cuda::Cuda::env_setting()?;
+    #[cfg(feature = "cuda")]
+    cuda::Cuda::graphs_setting()?;
+    Ok(())
 }
 
 /// Which backend a command runs on and how it is opened: `--backend`,
@@ -629,27 +661,33 @@ mod tests {
     /// build must never open a device.
     #[test]
     fn env_decides_before_the_probe_is_consulted() {
-        for off in ["0", "false", "off", "cpu"] {
-            assert!(!env_or_probe(Some(off), "cuda", || panic!("probed after {off}")));
+        for off in ["0", "false", "off", "cpu", "OFF"] {
+            assert_eq!(env_or_probe("FERROX_CUDA", Some(off), "cuda", || panic!("probed after {off}")), Ok(false));
         }
-        for on in ["1", "true", "on", "cuda"] {
-            assert!(env_or_probe(Some(on), "cuda", || panic!("probed after {on}")));
+        for on in ["1", "true", "on", "cuda", "CUDA"] {
+            assert_eq!(env_or_probe("FERROX_CUDA", Some(on), "cuda", || panic!("probed after {on}")), Ok(true));
         }
     }
 
-    /// Another backend's alias is not a value this one understands.
+    /// Another backend's alias is not a value this one takes: it is an
+    /// error naming the variable, as is any other value that does not parse
+    /// (it used to probe, so a typo ran whatever the probe found).
     #[test]
-    fn the_alias_is_per_backend() {
-        assert!(!env_or_probe(Some("metal"), "cuda", || false));
-        assert!(env_or_probe(Some("metal"), "metal", || false));
+    fn a_value_that_does_not_parse_is_an_error_naming_the_variable() {
+        for bad in ["metal", "banana", "2"] {
+            let e = env_or_probe("FERROX_CUDA", Some(bad), "cuda", || panic!("probed after {bad}")).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains("FERROX_CUDA") && msg.contains("auto") && msg.contains("cpu"), "{msg}");
+        }
+        assert_eq!(env_or_probe("FERROX_METAL", Some("metal"), "metal", || false), Ok(true));
     }
 
-    /// Unset or unrecognised values defer to the probe.
+    /// Unset and `auto` defer to the probe.
     #[test]
-    fn an_unrecognised_value_defers_to_the_probe() {
-        assert!(env_or_probe(None, "cuda", || true));
-        assert!(!env_or_probe(None, "cuda", || false));
-        assert!(env_or_probe(Some("auto"), "cuda", || true));
+    fn unset_or_auto_defers_to_the_probe() {
+        assert_eq!(env_or_probe("FERROX_CUDA", None, "cuda", || true), Ok(true));
+        assert_eq!(env_or_probe("FERROX_CUDA", None, "cuda", || false), Ok(false));
+        assert_eq!(env_or_probe("FERROX_CUDA", Some("auto"), "cuda", || true), Ok(true));
     }
 
     /// Every registry variant but the CPU is claimed by exactly one
