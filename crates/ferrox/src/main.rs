@@ -18,8 +18,23 @@ mod run;
 mod serve;
 mod tokenize;
 
+/// The environment variables a release build reads, for `--help`: the
+/// same list as `docs/dev/configuration.md` (`tests/tidy.rs` holds the two,
+/// and the sources, together). Measuring knobs are read only by a build
+/// with `--features measure`.
+const ENVIRONMENT: &str = "\
+Environment (a value a variable does not take is an error, never a default):
+  FERROX_MODEL        the default model file (else ~/.cache/ferrox/models/gemma-3-270m-q4_k_m.gguf)
+  FERROX_API_KEY      serve: the API key, as --api-key
+  FERROX_CPU_ISA      the CPU kernels' level, lowered: scalar, avx2, avx512, amx or neon (one this CPU has)
+  FERROX_CPU_PREPACK  0: no unpacked copy of the layer matrices for the AMX GEMM (less memory, slower prompts); 1 (default)
+  FERROX_AMX_GEMM     int8: 8-bit activations in every AMX product; bf16 (default): batches of 64+ in bf16
+  FERROX_CUDA         (--features cuda) 0, off or cpu: never open the GPU; 1, on or cuda; auto (default)
+  FERROX_CUDA_CACHE   (--features cuda) where compiled kernels are cached (default ~/.cache/ferrox/cuda)
+See docs/dev/configuration.md.";
+
 #[derive(Parser)]
-#[command(name = "ferrox", version, about = "Run quantized LLMs from GGUF files")]
+#[command(name = "ferrox", version, about = "Run quantized LLMs from GGUF files", after_help = ENVIRONMENT)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -68,6 +83,12 @@ pub(crate) fn open_model(path: &std::path::Path) -> Result<ferrox_gguf::GgufMode
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every FERROX_* variable checked before any command runs, so a bad value
+    // is this error and never a kernel's panic or a silent default.
+    if let Err(e) = ferrox_core::backend::check_env() {
+        eprintln!("ferrox: error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Info(a) => info::run(a),
         Command::Quantize(a) => quantize::run(a),

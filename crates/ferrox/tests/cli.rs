@@ -245,6 +245,36 @@ fn bad_requests_fail_with_a_clear_message_and_no_panic() {
     }
 }
 
+/// Every `FERROX_*` variable this build reads refuses a value it does not
+/// take: the binary stops before the command, naming the variable and the
+/// values it takes — never running on a default the user did not ask for.
+#[test]
+fn a_ferrox_variable_set_to_a_bad_value_is_an_error_naming_it() {
+    let input = scratch("env-in.gguf");
+    write_tiny(&input);
+    let i = input.to_str().unwrap();
+    let mut cases = vec![
+        ("FERROX_CPU_ISA", "avx9", "scalar"),
+        ("FERROX_CPU_PREPACK", "banana", "0, 1, off, on"),
+        ("FERROX_AMX_GEMM", "fp8", "int8 or bf16"),
+    ];
+    if cfg!(feature = "cuda") {
+        cases.push(("FERROX_CUDA", "banana", "auto"));
+    }
+    if cfg!(feature = "measure") {
+        cases.push(("FERROX_CPU_INTERLEAVE", "maybe", "0, 1, off, on"));
+    }
+    for (name, bad, takes) in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferrox")).args(["info", i]).env(name, bad).output().unwrap();
+        assert_clean_error(&o, &format!("{name}=\"{bad}\""));
+        assert!(stderr(&o).contains(takes), "{name}={bad}: {}", stderr(&o));
+    }
+    for (name, good) in [("FERROX_CPU_ISA", "scalar"), ("FERROX_CPU_PREPACK", "0"), ("FERROX_AMX_GEMM", "int8")] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferrox")).args(["info", i]).env(name, good).output().unwrap();
+        assert!(o.status.success(), "{name}={good}: {}", stderr(&o));
+    }
+}
+
 fn real_model() -> Option<PathBuf> {
     let p = std::env::var_os("FERROX_TEST_MODEL")
         .map(PathBuf::from)
