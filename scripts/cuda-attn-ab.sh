@@ -1,3 +1,5 @@
+# FERROX_CUDA_GQA_MIN A/B: $D/ferrox must be built with --features cuda,measure (a measuring
+# knob, read only by such a build: docs/dev/configuration.md; scripts/cuda-side-by-side.sh's layout).
 set -u
 D=target/h-cuda; M=/tmp/models; mkdir -p $M; export PYTHONPATH=$PWD/$D HOME=${HOME:-/root}
 python3 $D/make_synthetic_gguf.py --shape llama-1b --out $M/f16.gguf --seed 0 --jobs 16 >/dev/null 2>&1

@@ -3,7 +3,8 @@
 # kernel_bench at decode shapes under env variants, optional ncu sections,
 # and decode A/B of env variants on synthetic llama-1b files quantized there
 # by `ferrox quantize`. Binaries are built here and carried in $D (see the
-# header of scripts/cuda-side-by-side.sh; same layout).
+# header of scripts/cuda-side-by-side.sh; same layout, every binary with the
+# `measure` feature: the variants are measuring knobs).
 # Env: SKIP_TESTS=1; KB_SHAPES ("2048x2048 8192x2048 ..."), KB_KINDS (Q4_0,Q4_K,...);
 # VARIANTS: ';'-separated env settings compared in every step ("" is the default;
 # TEST_VARIANTS those the tests run again under, default VARIANTS),
@@ -18,6 +19,13 @@ D=${D:-target/h-cuda5}
 OUT=${OUT:-/tmp/ferrox-out}
 LOG=$OUT; mkdir -p $LOG
 export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root} FERROX_REQUIRE_GPU=1
+# The FERROX_CUDA_* knobs this script sets are read only by a `measure` build
+# (docs/dev/configuration.md); a binary without it would ignore them and
+# report the default as every variant. Such a binary refuses a bad knob value.
+if ! FERROX_CUDA_GRAPHS=not-a-switch $D/ferrox info /nonexistent.gguf 2>&1 | grep -q FERROX_CUDA_GRAPHS; then
+  echo "$D/ferrox was not built with --features cuda,measure: its measuring knobs would be ignored" >&2
+  exit 2
+fi
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee $LOG/gpu.txt
 IFS=';' read -r -a VARS <<< "${VARIANTS:-}"

@@ -4,12 +4,16 @@
 # Everything is built on the CPU machine and carried in $D, an ignored folder
 # of the checkout the device tool sends (`target/h-cuda`: the tool's
 # `carry: ["target/h-cuda"]`), see benchmarks/cuda.md:
-#   cargo build --release -p ferrox --features cuda
-#   cargo build --release -p ferrox-cuda --example kernel_bench
-#   cargo test --release -p ferrox-core --features cuda --lib --no-run   (-> $D/tests/ferrox_core)
-#   cargo test --release -p ferrox-cuda --no-run                         (-> $D/tests/ferrox_cuda*)
-#   the same ferrox-core test binary built with sabotaged kernels.cu     (-> $D/tests-sabotaged/)
-#   $D/ferrox, $D/kernel_bench, $D/tests/*   stripped release binaries (--features cuda)
+# With the `measure` feature throughout: AB_GRAPHS, AB_VARIANTS and the
+# variants of scripts/cuda-dev.sh and cuda-attn-ab.sh set measuring knobs,
+# which a build without it does not read (docs/dev/configuration.md; unset,
+# they are the defaults a release build is fixed to, so the figures are the same):
+#   cargo build --release -p ferrox --features cuda,measure
+#   cargo build --release -p ferrox-cuda --features measure --example kernel_bench
+#   cargo test --release -p ferrox-core --features cuda,measure --lib --no-run   (-> $D/tests/ferrox_core)
+#   cargo test --release -p ferrox-cuda --features measure --no-run             (-> $D/tests/ferrox_cuda*)
+#   the same ferrox-core test binary built with sabotaged kernels.cu            (-> $D/tests-sabotaged/)
+#   $D/ferrox, $D/kernel_bench, $D/tests/*   stripped release binaries (--features cuda,measure)
 #   $D/ferrox-base, $D/ferrox-main            optional: earlier builds, for AB_VARIANTS' BASE=1 and BASE=2
 #   $D/gguf/, $D/make_synthetic_gguf.py       gguf-py and ../shared/tools
 #   $D/llama-src.tgz                          the stripped llama.cpp tree (llama-bench, llama-quantize)
@@ -28,6 +32,13 @@ OUT=${OUT:-/tmp/ferrox-out}
 mkdir -p "$OUT"
 LOG=${LOG:-/tmp/logs}; mkdir -p $LOG
 export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root} FERROX_REQUIRE_GPU=1
+# The FERROX_CUDA_* knobs this script sets are read only by a `measure` build
+# (docs/dev/configuration.md); a binary without it would ignore them and
+# report the default as every variant. Such a binary refuses a bad knob value.
+if ! FERROX_CUDA_GRAPHS=not-a-switch $D/ferrox info /nonexistent.gguf 2>&1 | grep -q FERROX_CUDA_GRAPHS; then
+  echo "$D/ferrox was not built with --features cuda,measure: its measuring knobs would be ignored" >&2
+  exit 2
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >$LOG/gpu.txt 2>&1
 cat $LOG/gpu.txt
 git log -1 --format='device tree: %h %s' 2>/dev/null
