@@ -64,12 +64,17 @@ pub struct Args {
     /// Timed repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
-    /// The backend to run on.
-    #[arg(long, default_value = "cpu", value_parser = crate::load::parse_backend)]
-    backend: Backend,
+    /// The backend to run on (default: cpu, or the first accelerator when
+    /// --n-gpu-layers asks for layers on one).
+    #[arg(long, value_parser = crate::load::parse_backend)]
+    backend: Option<Backend>,
     /// Which device of the backend.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Blocks on the accelerator (llama-bench's -ngl; `all` by default): the
+    /// last N, the rest on the CPU.
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_parser = crate::load::parse_gpu_layers)]
+    gpu_layers: Option<usize>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "md")]
     output: Format,
@@ -230,7 +235,7 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Opens `backend` and benchmarks `path` on it.
 fn bench_on(
-    backend: Backend,
+    backend: Option<Backend>,
     path: &Path,
     threads: usize,
     a: &Args,
@@ -249,7 +254,8 @@ fn bench_on(
         }
     }
     // For a device, load time includes opening it (kernels compiled or loaded).
-    let opts = ferrox_core::backend::DeviceOptions { backend, device: a.device, threads };
+    let flags = crate::load::BackendArgs { backend, device: a.device, threads, gpu_layers: a.gpu_layers };
+    let opts = flags.options_for(path)?;
     let job = Bench { path, a, printer, t0: Instant::now() };
     ferrox_core::backend::with_backend(&opts, job)?
 }

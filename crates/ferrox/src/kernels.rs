@@ -10,14 +10,11 @@ use ferrox_core::kernel_registry::Backend;
 pub struct Args {
     #[command(flatten)]
     model: crate::load::ModelArg,
-    /// The backend to plan for: any backend ferrox knows, whether or not
-    /// this build or machine has it (the capability tables are compiled in
-    /// every build).
-    #[arg(long, default_value = "cpu", value_parser = crate::load::parse_backend)]
-    backend: Backend,
-    /// Threads (recorded in the device line).
-    #[arg(short = 't', long, default_value_t = 0)]
-    threads: usize,
+    /// The backend to plan for (`--backend`: any backend ferrox knows,
+    /// whether or not this build or machine has it — the capability tables
+    /// are compiled in every build), and `--n-gpu-layers` for a split.
+    #[command(flatten)]
+    backend: crate::load::BackendArgs,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -28,11 +25,13 @@ pub fn run(a: Args) -> Result<()> {
     let file = crate::open_model(&path)?;
     // No device is opened and no weight read: the plan is the capability
     // tables' answer for this file, the same function a loaded model's plan is.
-    let device = match a.backend {
-        Backend::Cpu => ferrox_core::backend::cpu::Cpu::new(a.threads).describe(),
-        b => format!("{b} (planned from its capability table; no device opened)"),
+    let opts = a.backend.options_for(&path)?;
+    let device = match (opts.backend, opts.gpu_layers) {
+        (Backend::Cpu, _) => ferrox_core::backend::cpu::Cpu::new(opts.threads).describe(),
+        (b, None) => format!("{b} (planned from its capability table; no device opened)"),
+        (b, Some(g)) => format!("cpu + {b}: the last {g} layers on {b} (planned from the capability tables; no device opened)"),
     };
-    let plan = ferrox_core::model::plan(&file, a.backend, device)
+    let plan = ferrox_core::model::plan(&file, opts.backend, opts.gpu_layers, device)
         .with_context(|| format!("cannot plan model {}", path.display()))?;
     let plan = &plan;
     if a.json {

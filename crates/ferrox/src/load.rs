@@ -77,26 +77,68 @@ pub fn parse_backend(name: &str) -> Result<Backend, String> {
     })
 }
 
-/// Where a model runs: `--backend`, `--device`, `--threads`. Every
-/// subcommand that runs a model flattens this.
+/// `--n-gpu-layers`: a count of blocks, or `all`.
+pub fn parse_gpu_layers(v: &str) -> Result<usize, String> {
+    match v {
+        "all" | "auto" => Ok(usize::MAX),
+        n => n.parse().map_err(|_| format!("{n:?} is not a number of layers (or `all`)")),
+    }
+}
+
+/// Where a model runs: `--backend`, `--device`, `--threads`,
+/// `--n-gpu-layers` (`-ngl`). Every subcommand that runs a model flattens this.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArgs {
     /// Where the model runs: cpu, or an accelerator (cuda; a build without its
-    /// feature says so).
-    #[arg(long, default_value = "cpu", value_parser = parse_backend)]
-    pub backend: Backend,
+    /// feature says so). Default: cpu, or the first accelerator when
+    /// --n-gpu-layers asks for layers on one.
+    #[arg(long, value_parser = parse_backend)]
+    pub backend: Option<Backend>,
     /// Which device of the backend (its ordinal).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
     /// CPU threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    /// Blocks on the accelerator (llama.cpp's -ngl): the last N, the rest on
+    /// the CPU, activations crossing once; `all` (the default with an
+    /// accelerator) is the whole model; 0 is the CPU alone.
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_parser = parse_gpu_layers)]
+    pub gpu_layers: Option<usize>,
 }
 
 impl BackendArgs {
-    /// The seam's options for these flags.
-    pub fn options(&self) -> DeviceOptions {
-        DeviceOptions { backend: self.backend, device: self.device, threads: self.threads }
+    /// The seam's options for these flags and a model of `n_layer` blocks:
+    /// the backend named (or the first accelerator where `-ngl` asks for
+    /// one), the whole model on it unless fewer blocks than it has were asked
+    /// for, and `-ngl 0` as the CPU.
+    pub fn options(&self, n_layer: usize) -> DeviceOptions {
+        let first_accelerator = Backend::ALL.iter().copied().find(|b| b.is_accelerator()).unwrap_or(Backend::Cpu);
+        let backend = match (self.backend, self.gpu_layers) {
+            (_, Some(0)) => Backend::Cpu,
+            (Some(b), _) => b,
+            (None, Some(_)) => first_accelerator,
+            (None, None) => Backend::Cpu,
+        };
+        let gpu_layers = self.gpu_layers.filter(|&g| backend.is_accelerator() && g < n_layer);
+        DeviceOptions { backend, device: self.device, threads: self.threads, gpu_layers }
+    }
+
+    /// [`BackendArgs::options`] for the model at `path` (its block count read
+    /// from the file only when a layer count was asked for).
+    pub fn options_for(&self, path: &Path) -> Result<DeviceOptions> {
+        let n_layer = match self.gpu_layers {
+            Some(g) if g > 0 && g < usize::MAX => {
+                let file = crate::open_model(path)?;
+                let meta = file.metadata_file();
+                let arch = ferrox_core::model::arch_of(meta).with_context(|| format!("cannot load model {}", path.display()))?;
+                ferrox_core::model::ModelConfig::from_gguf(meta, arch)
+                    .with_context(|| format!("cannot load model {}", path.display()))?
+                    .n_layer
+            }
+            _ => usize::MAX,
+        };
+        Ok(self.options(n_layer))
     }
 }
 
@@ -125,7 +167,7 @@ pub fn with_model<J: ModelJob>(path: &Path, b: &BackendArgs, quiet: bool, job: J
             self.job.run(model, tok)
         }
     }
-    with_backend(&b.options(), Load { path, quiet, job })?
+    with_backend(&b.options_for(path)?, Load { path, quiet, job })?
 }
 
 /// A model loaded on `backend` with its tokenizer, reporting progress on stderr.

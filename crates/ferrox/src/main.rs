@@ -81,8 +81,16 @@ pub(crate) fn open_model(path: &std::path::Path) -> Result<ferrox_gguf::GgufMode
         .with_context(|| format!("cannot load model {}", path.display()))
 }
 
+/// llama.cpp's multi-letter single-dash flags, as their ferrox spellings
+/// (clap reads `-ngl` as `-n gl`).
+const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-np", "--parallel")];
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = std::env::args_os().map(|a| match LLAMA_SPELLINGS.iter().find(|(l, _)| a.to_str() == Some(l)) {
+        Some((_, ours)) => (*ours).into(),
+        None => a,
+    });
+    let cli = Cli::parse_from(args);
     // Every FERROX_* variable checked before any command runs, so a bad value
     // is this error and never a kernel's panic or a silent default.
     if let Err(e) = ferrox_core::backend::check_env() {

@@ -173,6 +173,46 @@ fn kernels_plans_gemma_on_every_accelerator_without_a_device() {
     }
 }
 
+/// `-ngl N` (llama.cpp's spelling) splits by layer: the last N blocks on
+/// the accelerator, the rest and the embedding on the CPU, the head on the
+/// accelerator, listed per tensor; activations cross once each way.
+#[test]
+fn kernels_lists_a_layer_split_per_layer() {
+    let model = gemma();
+    if !model.exists() {
+        eprintln!("SKIPPED: {} not found; `ferrox kernels -ngl` was NOT checked", model.display());
+        return;
+    }
+    let Some(&gpu) = ferrox_core::kernel_registry::Backend::ALL.iter().find(|b| b.is_accelerator()) else {
+        eprintln!("NOT CHECKED: no accelerator in the backend table");
+        return;
+    };
+    let o = ferrox(&["kernels", model.to_str().unwrap(), "-ngl", "6", "--json"]);
+    assert!(o.status.success(), "kernels -ngl failed: {}", text(&o.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(plan["backend"], gpu.name(), "-ngl alone picks the first accelerator");
+    assert_eq!(plan["crossings_per_token"], 2);
+    let n_layer = 18; // Gemma 3 270M
+    for t in plan["tensors"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let want = match name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|l| l.parse::<usize>().ok()) {
+            Some(l) if l >= n_layer - 6 => gpu.name(),
+            Some(_) => "cpu",
+            None if name.starts_with("token_embd") => "cpu",
+            None => gpu.name(),
+        };
+        assert_eq!(t["backend"], want, "{name}");
+    }
+    // -ngl 0 is the CPU alone; the whole model or more is no split.
+    let o = ferrox(&["kernels", model.to_str().unwrap(), "--backend", gpu.name(), "-ngl", "0", "--json"]);
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((plan["backend"].as_str(), plan["crossings_per_token"].as_u64()), (Some("cpu"), Some(0)));
+    let o = ferrox(&["kernels", model.to_str().unwrap(), "--n-gpu-layers", "all", "--json"]);
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(plan["tensors"].as_array().unwrap().iter().all(|t| t["backend"] == gpu.name()));
+    assert_clean_error(&ferrox(&["kernels", model.to_str().unwrap(), "-ngl", "many"]), "not a number of layers");
+}
+
 /// Every subcommand that runs a model takes `--backend`; an accelerator
 /// this build or machine lacks is one clean error naming it, before any
 /// model is loaded (a CPU run reported as CUDA would be a lie).

@@ -34,8 +34,8 @@ use crate::model::Model;
 /// Opens a `B` for one test, or says what was not checked (`None`). With
 /// `FERROX_REQUIRE_GPU=1` an accelerator that does not open panics: a GPU
 /// test must not pass by skipping where a GPU is meant to be.
-pub(crate) fn open<B: DeviceBackend>(id: Backend, what: &str) -> Option<B> {
-    match B::open(&DeviceOptions { backend: id, device: 0, threads: 2 }) {
+pub(crate) fn open<B: DeviceBackend>(id: Backend, gpu_layers: Option<usize>, what: &str) -> Option<B> {
+    match B::open(&DeviceOptions { backend: id, device: 0, threads: 2, gpu_layers }) {
         Ok(b) => Some(b),
         Err(e) if id.is_accelerator() && std::env::var_os("FERROX_REQUIRE_GPU").is_some_and(|v| v == "1") => {
             panic!("{id} did not open (FERROX_REQUIRE_GPU=1): {e}")
@@ -576,20 +576,20 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
 }
 
 /// Instantiates the suite for one backend: `$module` is the test module's
-/// name, `$ty` the backend and `$id` its registry identity, `$claims` which
-/// kinds it is held to, and
+/// name, `$ty` the backend and `$id` its registry identity, `$gpu` the
+/// blocks a split puts on its device, `$claims` which kinds it is held to, and
 /// `$model_level` whether the greedy decode against the CPU runs (not for
 /// the CPU itself, which is held to llama.cpp by the check before it and by
 /// `tests/llama_ref.rs` on the real model).
 macro_rules! conformance_suite {
-    ($module:ident, $ty:ty, $id:expr, $claims:expr, $model_level:expr) => {
+    ($module:ident, $ty:ty, $id:expr, $gpu:expr, $claims:expr, $model_level:expr) => {
         mod $module {
             use crate::backend::conformance as c;
 
             /// One device for the suite's op tests (opening may compile kernels).
             fn dev(what: &str) -> Option<&'static $ty> {
                 static DEV: std::sync::OnceLock<Option<$ty>> = std::sync::OnceLock::new();
-                let d = DEV.get_or_init(|| c::open::<$ty>($id, "the conformance suite")).as_ref();
+                let d = DEV.get_or_init(|| c::open::<$ty>($id, $gpu, "the conformance suite")).as_ref();
                 if d.is_none() {
                     eprintln!("NOT CHECKED on {}: {what}", $id);
                 }
@@ -633,13 +633,13 @@ macro_rules! conformance_suite {
 
             #[test]
             fn every_architecture_matches_llama_cpp() {
-                c::every_architecture_matches_llama_cpp(|| c::open::<$ty>($id, "every architecture's tiny model vs llama.cpp's logits"));
+                c::every_architecture_matches_llama_cpp(|| c::open::<$ty>($id, $gpu, "every architecture's tiny model vs llama.cpp's logits"));
             }
 
             #[test]
             fn every_architecture_follows_the_cpu() {
                 if $model_level {
-                    c::every_architecture_follows_the_cpu(|| c::open::<$ty>($id, "every architecture's tiny model vs the CPU"));
+                    c::every_architecture_follows_the_cpu(|| c::open::<$ty>($id, $gpu, "every architecture's tiny model vs the CPU"));
                 } else {
                     eprintln!("the CPU is the reference of this check (itself held to llama.cpp)");
                 }
@@ -648,7 +648,19 @@ macro_rules! conformance_suite {
     };
 }
 
-conformance_suite!(cpu, crate::backend::cpu::Cpu, crate::kernel_registry::Backend::Cpu, |k| crate::backend::cpu::kernel_for(k).is_some(), false);
+conformance_suite!(cpu, crate::backend::cpu::Cpu, crate::kernel_registry::Backend::Cpu, None, |k| crate::backend::cpu::kernel_for(k).is_some(), false);
+
+// A split over two CPUs: the split's own mechanics (each weight on its
+// layer's side, buffers crossing, the KV cache per side, a tied embedding on
+// both sides) checked in every build; its greedy decode against the CPU's.
+conformance_suite!(
+    split_cpu,
+    crate::backend::split::Split<crate::backend::cpu::Cpu>,
+    crate::kernel_registry::Backend::Cpu,
+    Some(1),
+    |k| crate::backend::cpu::kernel_for(k).is_some(),
+    true
+);
 
 /// Every compiled-in accelerator gets the suite by its row in the backend
 /// table (a module named after its registry variant), held to the kinds its
@@ -663,7 +675,20 @@ macro_rules! accelerator_suites {
                     suite,
                     crate::backend::$ty,
                     <crate::backend::$ty as crate::backend::BackendCaps>::ID,
+                    None,
                     |k| <crate::backend::$ty as crate::backend::BackendCaps>::matvec_kernel(k).is_some(),
+                    true
+                );
+                // The last block on the device, the rest on the CPU (-ngl 1).
+                conformance_suite!(
+                    split,
+                    crate::backend::split::Split<crate::backend::$ty>,
+                    <crate::backend::$ty as crate::backend::BackendCaps>::ID,
+                    Some(1),
+                    |k| {
+                        <crate::backend::$ty as crate::backend::BackendCaps>::matvec_kernel(k).is_some()
+                            && crate::backend::cpu::kernel_for(k).is_some()
+                    },
                     true
                 );
             }

@@ -24,6 +24,7 @@
 mod conformance;
 pub mod cpu;
 pub mod cuda;
+pub mod split;
 pub use cuda::Cuda;
 
 use ferrox_quant::QuantKind;
@@ -199,7 +200,7 @@ pub fn check_env() -> Result<(), BadValue> {
 }
 
 /// Which backend a command runs on and how it is opened: `--backend`,
-/// `--device`, `--threads`.
+/// `--device`, `--threads`, `--n-gpu-layers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceOptions {
     /// The backend.
@@ -208,12 +209,15 @@ pub struct DeviceOptions {
     pub device: usize,
     /// CPU threads (0: every core).
     pub threads: usize,
+    /// For an accelerator: `Some(n)` puts only the last `n` blocks on it and
+    /// the rest on the CPU ([`split::Split`]); `None`, the whole model.
+    pub gpu_layers: Option<usize>,
 }
 
 impl DeviceOptions {
     /// The CPU with `threads` threads.
     pub fn cpu(threads: usize) -> DeviceOptions {
-        DeviceOptions { backend: Backend::Cpu, device: 0, threads }
+        DeviceOptions { backend: Backend::Cpu, device: 0, threads, gpu_layers: None }
     }
 }
 
@@ -238,7 +242,10 @@ macro_rules! open_backend_rows {
                 Backend::Cpu => Ok(f.run(<cpu::Cpu as DeviceBackend>::open(opts)?)),
                 $(
                     #[cfg(feature = $feature)]
-                    Backend::$variant => Ok(f.run(<$ty as DeviceBackend>::open(opts)?)),
+                    Backend::$variant => match opts.gpu_layers {
+                        Some(_) => Ok(f.run(<split::Split<$ty> as DeviceBackend>::open(opts)?)),
+                        None => Ok(f.run(<$ty as DeviceBackend>::open(opts)?)),
+                    },
                     #[cfg(not(feature = $feature))]
                     Backend::$variant => Err(BackendError(format!(
                         "the {} backend is not compiled into this build (build with `--features {}`)",
@@ -361,6 +368,19 @@ pub trait DeviceBackend: Send + Sync {
     /// The device as `ferrox kernels` and the load line name it.
     fn describe(&self) -> String {
         self.id().name().to_string()
+    }
+    /// Learns the model it is about to hold, before any weight is placed
+    /// (a split decides its layers' sides from the block count). The
+    /// default does nothing.
+    fn prepare(&mut self, config: &crate::model::ModelConfig) -> Result<(), BackendError> {
+        let _ = config;
+        Ok(())
+    }
+    /// The backend the tensor `name` is placed on (a split places by
+    /// layer); the default is [`DeviceBackend::id`].
+    fn backend_of(&self, name: &str) -> Backend {
+        let _ = name;
+        self.id()
     }
     /// Keeps one rounding for products at every batch size from now on.
     /// The CPU otherwise takes bf16 products from 64 tokens (faster

@@ -283,20 +283,30 @@ fn resolve(file: &GgufModel) -> Result<Resolved<'_>, ModelError> {
 /// the backend or reading a weight: what `ferrox kernels` prints for a
 /// backend this machine has no device for, or this build no code for. A
 /// loaded model's plan ([`Model::plan`]) is the same function's answer.
-pub fn plan(file: &GgufModel, backend: Backend, device: String) -> Result<KernelPlan, ModelError> {
-    Ok(plan_of(file, &resolve(file)?, backend, device))
+///
+/// `gpu_layers`: on an accelerator, only the last that many blocks on it and
+/// the rest on the CPU (as [`crate::backend::split::Split`] places them).
+pub fn plan(file: &GgufModel, backend: Backend, gpu_layers: Option<usize>, device: String) -> Result<KernelPlan, ModelError> {
+    use crate::backend::split::{side_of, Side};
+    let r = resolve(file)?;
+    let n_layer = r.config.n_layer;
+    let of = |name: &str| match gpu_layers.filter(|_| backend.is_accelerator()) {
+        Some(g) if side_of(name, n_layer, g, false) == Side::Host => Backend::Cpu,
+        _ => backend,
+    };
+    Ok(plan_of(file, &r, backend, &of, device))
 }
 
-fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, device: String) -> KernelPlan {
+fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&str) -> Backend, device: String) -> KernelPlan {
     let info = |t: &ModelTensor, role: Option<Role>| {
-        crate::kernel_registry::placement(backend, &t.info.name, role, t.info.kind, &t.info.dims, t.info.n_bytes)
+        crate::kernel_registry::placement(of(&t.info.name), &t.info.name, role, t.info.kind, &t.info.dims, t.info.n_bytes)
     };
     let mut placements: Vec<Placement> = r.found.iter().map(|(&(role, _), t)| info(t, Some(role))).collect();
     placements.extend(r.unused.iter().filter_map(|name| file.tensor(name)).map(|t| info(t, None)));
     // The tied head reads the embedding matrix as a matmul: report that too.
     if !r.found.contains_key(&(Role::Output, 0)) {
-        let mut p = info(r.embd, Some(Role::Output));
-        p.name = format!("output (tied: {})", r.embd.info.name);
+        let name = format!("output (tied: {})", r.embd.info.name);
+        let mut p = crate::kernel_registry::placement(of(&name), &name, Some(Role::Output), r.embd.info.kind, &r.embd.info.dims, r.embd.info.n_bytes);
         p.bytes = 0;
         placements.push(p);
     }
@@ -321,9 +331,10 @@ impl<B: DeviceBackend> Model<B> {
 
     /// Loads an opened model onto `backend`: every needed tensor checked and
     /// placed, every unused one reported in [`Model::plan`].
-    pub fn load(file: Arc<GgufModel>, backend: B) -> Result<Model<B>, ModelError> {
+    pub fn load(file: Arc<GgufModel>, mut backend: B) -> Result<Model<B>, ModelError> {
         let r = resolve(&file)?;
-        let plan = plan_of(&file, &r, backend.id(), backend.describe());
+        backend.prepare(&r.config)?;
+        let plan = plan_of(&file, &r, backend.id(), &|name| backend.backend_of(name), backend.describe());
         let Resolved { arch, config, n_vocab, found, .. } = r;
         let get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Weight>, ModelError> {
             let Some(t) = found.get(&(role, layer)) else {
