@@ -102,6 +102,51 @@ pub struct KernelPlan {
     pub unused: Vec<String>,
 }
 
+/// One layer's matrices and the facts its decode fusions depend on, as the
+/// decoder (`Model::forward`) will call the seam for it: what a backend's
+/// [`BackendCaps::fused_decode`](crate::backend::BackendCaps::fused_decode) reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerMats {
+    /// Separate Q, K and V projections (`None` with a fused QKV matrix).
+    pub qkv: Option<[ferrox_ops::Mat; 3]>,
+    /// Gate (`None` where gate and up are one matrix) and up.
+    pub gate_up: Option<[ferrox_ops::Mat; 2]>,
+    /// The attention's output projection and the FFN's down projection.
+    pub out: ferrox_ops::Mat,
+    /// The FFN's down projection.
+    pub down: ferrox_ops::Mat,
+    /// Q, K and V go straight to RoPE (no biases, no Q/K norms): the seam's
+    /// `norm_qkv_attention` takes them.
+    pub qkv_direct: bool,
+    /// The output projection adds straight into the residual (no bias, no post-norm).
+    pub out_direct: bool,
+    /// The down projection adds straight into the residual (no post-norm).
+    pub down_direct: bool,
+    /// Whether this is the first block (nothing is pending before its norm).
+    pub first: bool,
+    /// NeoX pairing (halves) rather than adjacent pairs.
+    pub halves: bool,
+    /// Rotated dimensions and the head size.
+    pub n_rot: usize,
+    /// Head size.
+    pub head_dim: usize,
+}
+
+/// A placement's decode line with a backend's fusion for the layer, where it has one.
+pub(crate) fn fuse_decode(p: &mut Placement, role: Role, l: &LayerMats) {
+    #[allow(unused_macros)]
+    macro_rules! accel {
+        ($b:ty) => {
+            if <$b as crate::backend::BackendCaps>::ID == p.backend {
+                if let Some(d) = <$b as crate::backend::BackendCaps>::fused_decode(role, l) {
+                    p.decode = d;
+                }
+            }
+        };
+    }
+    crate::backend::with_gpu_backend_caps!(accel);
+}
+
 /// Host↔device copies a decode step makes under `placements`: the token
 /// ids (and positions) go up to the backend of the embedding lookup, the
 /// activations cross wherever consecutive stages (embedding, each layer in

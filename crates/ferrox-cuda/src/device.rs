@@ -167,12 +167,6 @@ pub enum MatmulPath {
 }
 
 
-/// The most dynamic shared memory a fused-norm matvec takes for its input
-/// row: a launch's default limit (48 KiB, no opt-in) covers static and
-/// dynamic shared memory together, so 1 KiB is left for the kernels'
-/// static arrays (the block sum's, the RoPE epilogue's): rows up to 12032
-/// wide.
-const NORM_SMEM_MAX: usize = 47 * 1024;
 
 /// The gated activation of a GLU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1420,9 +1414,9 @@ impl Device {
         n: usize,
         outs: &mut [(&Matrix, &mut Buf)],
     ) -> Result<(), CudaError> {
-        let same = |w: &Matrix| w.kind == outs[0].0.kind && w.cols == outs[0].0.cols;
-        let one = |w: &Matrix| same(w) && (mmvq_fits(w) || f16_fits(w));
-        let fused = (2..=3).contains(&outs.len()) && self.stream_path(n) && outs.iter().all(|(w, _)| one(w));
+        let mats: Vec<cuda_ops::Mat> = outs.iter().map(|(w, _)| mat(w)).collect();
+        let one = cuda_ops::one_launch(&mats).is_some() && outs.iter().all(|(w, _)| mmvq_fits(w) || f16_fits(w));
+        let fused = one && self.stream_path(n);
         if !fused {
             for (w, y) in outs.iter_mut() {
                 self.matmul(w, x, y, n)?;
@@ -1474,13 +1468,14 @@ impl Device {
     /// Whether gate `wg` and up `wu` take `matvec_f16_glu_stream` (fusing
     /// on, two F16 matrices laid out alike, a streaming batch).
     fn f16_glu_fits(&self, wg: &Matrix, wu: &Matrix, n: usize) -> bool {
-        self.fuse && same_layout(wg, wu) && f16_fits(wg) && self.stream_path(n)
+        let launch = cuda_ops::glu_launch(mat(wg), mat(wu));
+        self.fuse && launch.as_deref() == Some("matvec_f16_glu_stream") && same_layout(wg, wu) && f16_fits(wg) && self.stream_path(n)
     }
 
     /// Whether the RMS norm with weights `w` fuses into a streaming F16
     /// matvec over `width`-wide rows (the norm's input in shared memory).
     fn norm_fits(&self, w: &Buf, width: usize) -> bool {
-        self.norm_fuse && w.len == width && 4 * width <= NORM_SMEM_MAX
+        self.norm_fuse && w.len == width && cuda_ops::norm_fuses(width)
     }
 
     /// `ys[i] = rms_norm(x) * norm . W_i^T` in one launch, the norm
@@ -1516,7 +1511,7 @@ impl Device {
     /// output: a projection into the residual stream); returns false,
     /// launching nothing, where `w` or `n` takes another path.
     pub fn matmul_acc(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<bool, CudaError> {
-        let fits = self.norm_fuse && self.stream_path(n) && (f16_fits(w) || mmvq_fits(w));
+        let fits = self.norm_fuse && self.stream_path(n) && cuda_ops::adds_into_residual(mat(w)) && (f16_fits(w) || mmvq_fits(w));
         if !fits || n == 0 {
             return Ok(fits);
         }
@@ -1575,12 +1570,9 @@ impl Device {
         let fits = self.qkv_rope
             && self.fuse
             && uniform
-            && !r.halves
-            // Whole-head rotation only: a row past n_rot skips the pair
-            // barrier, and a warp whose rows alternate across n_rot would
-            // reuse a pair slot with one barrier between (`rope_epilogue`).
-            && r.n_rot == hd
-            && hd.is_multiple_of(2)
+            // One launch, adjacent pairs, whole-head rotation
+            // (`ferrox_ops::cuda::qkv_rope_epilogue`, what the plan reports).
+            && cuda_ops::qkv_rope_epilogue([mat(ws[0]), mat(ws[1]), mat(ws[2])], r.halves, r.n_rot, hd)
             && (r.n_heads, r.head_dim) == (a.n_head, hd)
             && n > 0
             && pos.len == n
@@ -1682,7 +1674,7 @@ impl Device {
         if !self.fuse
             || !same
             || !mmvq_fits(wg)
-            || !wg.rows.is_multiple_of(32)
+            || cuda_ops::glu_launch(mat(wg), mat(wu)).is_none()
             || self.matmul_path(n) != MatmulPath::Matvec
             || !self.wants_q8(n, wg.rows)
         {
@@ -2950,6 +2942,11 @@ fn mmvq_mats(d: &Device, mats: &[(&Matrix, u64)], epi: Epilogue) -> Result<MmvqM
         m.row_bytes[i] = w.row_bytes as i64;
     }
     Ok(m)
+}
+
+/// `w` as `ferrox_ops::cuda`'s fusion rules see it.
+fn mat(w: &Matrix) -> cuda_ops::Mat {
+    cuda_ops::Mat { kind: w.kind, rows: w.rows, cols: w.cols }
 }
 
 /// Whether the gate and up matrices `a` and `b` are laid out alike (one

@@ -5,6 +5,8 @@
 
 use ferrox_quant::QuantKind;
 
+pub use crate::Mat;
+
 /// Expands `$mac!` with every row of the CUDA kind table:
 /// `(kind, kernel suffix, int8)`. `int8`: the decode matvec runs on int8
 /// activations (`mmvq_stream_<suffix>`, `__dp4a`) and the gate/up GLU has
@@ -139,6 +141,57 @@ pub fn matvec(kind: QuantKind, cols: usize) -> Option<Matvec> {
     })
 }
 
+/// The streaming kernel that takes two or three matrices over the same input
+/// in one decode launch (a layer's Q, K and V; gate and up): one kind, one
+/// width, a streaming kind. `None`: one launch each.
+pub fn one_launch(mats: &[Mat]) -> Option<Matvec> {
+    let first = mats.first()?;
+    let m = matvec(first.kind, first.cols)?;
+    let same = mats.iter().all(|w| w.kind == first.kind && w.cols == first.cols);
+    ((2..=3).contains(&mats.len()) && same && m != Matvec::Unit).then_some(m)
+}
+
+/// The most dynamic shared memory an RMS norm fused into a streaming F16
+/// matvec takes for its input row: a launch's default limit (48 KiB, no
+/// opt-in) covers static and dynamic shared memory together, so 1 KiB is
+/// left for the kernels' static arrays: rows up to 12032 wide.
+pub const NORM_SMEM_MAX: usize = 47 * 1024;
+
+/// Whether the RMS norm of `cols`-wide rows fuses into the streaming F16
+/// matvecs over them (`matvec_f16_norm_stream`, `matvec_f16_glu_norm_stream`).
+pub fn norm_fuses(cols: usize) -> bool {
+    4 * cols <= NORM_SMEM_MAX
+}
+
+/// The kernel that takes gate, up and the GLU in one decode launch:
+/// `matvec_f16_glu_stream` for F16, `mmvq_glu_<kind>` for the int8 kinds
+/// (whole 32-row units); both matrices laid out alike. `None`: two matvecs
+/// and the GLU apart.
+pub fn glu_launch(gate: Mat, up: Mat) -> Option<String> {
+    if gate != up {
+        return None;
+    }
+    match matvec(gate.kind, gate.cols)? {
+        Matvec::F16Stream => Some("matvec_f16_glu_stream".into()),
+        Matvec::Int8Stream if gate.rows.is_multiple_of(32) => kind_kernels(gate.kind)?.int8.map(|(_, glu)| glu),
+        _ => None,
+    }
+}
+
+/// Whether RoPE and the KV-cache store run in the epilogue of the Q/K/V
+/// launch: one launch for the three, adjacent pairs (not NeoX halves) and
+/// whole-head rotation (a warp whose rows alternate across `n_rot` would
+/// reuse a pair slot with one barrier between).
+pub fn qkv_rope_epilogue(qkv: [Mat; 3], halves: bool, n_rot: usize, head_dim: usize) -> bool {
+    one_launch(&qkv).is_some() && !halves && n_rot == head_dim && head_dim.is_multiple_of(2)
+}
+
+/// Whether a projection's decode matvec adds into the residual stream
+/// itself (the streaming kernels' add epilogue).
+pub fn adds_into_residual(m: Mat) -> bool {
+    matches!(matvec(m.kind, m.cols), Some(Matvec::Int8Stream | Matvec::F16Stream))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +219,23 @@ mod tests {
         assert_eq!(matvec(QuantKind::Q5K, 4096), Some(Matvec::Unit));
         assert_eq!(matvec(QuantKind::F64, 4096), None);
         assert_eq!(Matvec::Int8Stream.kernel(QuantKind::Q6K), "mmvq_stream_q6_k");
+    }
+
+    /// Fusions need matrices alike: one kind, one width (and for the GLU
+    /// one layout, whole 32-row units on the int8 kernels).
+    #[test]
+    fn fused_launches_take_matrices_alike() {
+        let m = |kind, rows, cols| Mat { kind, rows, cols };
+        let (q, k) = (m(QuantKind::Q8_0, 2048, 2048), m(QuantKind::Q8_0, 512, 2048));
+        assert_eq!(one_launch(&[q, k, k]), Some(Matvec::Int8Stream));
+        assert_eq!(one_launch(&[q, k, m(QuantKind::Q6K, 512, 2048)]), None, "mixed kinds");
+        assert_eq!(one_launch(&[q]), None);
+        assert_eq!(one_launch(&[m(QuantKind::Q5K, 64, 2048); 3]), None, "the unit decoder is one launch a matrix");
+        assert_eq!(glu_launch(q, q).as_deref(), Some("mmvq_glu_q8_0"));
+        assert_eq!(glu_launch(m(QuantKind::Q8_0, 40, 2048), m(QuantKind::Q8_0, 40, 2048)), None, "rows not whole units");
+        assert_eq!(glu_launch(m(QuantKind::F16, 40, 64), m(QuantKind::F16, 40, 64)).as_deref(), Some("matvec_f16_glu_stream"));
+        assert!(qkv_rope_epilogue([q, k, k], false, 64, 64));
+        assert!(!qkv_rope_epilogue([q, k, k], true, 64, 64) && !qkv_rope_epilogue([q, k, k], false, 32, 64));
+        assert!(norm_fuses(12032) && !norm_fuses(12288));
     }
 }

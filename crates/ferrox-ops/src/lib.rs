@@ -13,3 +13,16 @@
 #![deny(missing_docs)]
 
 pub mod cuda;
+
+use ferrox_quant::QuantKind;
+
+/// A weight matrix as a backend's device and the engine's plan see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mat {
+    /// Its kind.
+    pub kind: QuantKind,
+    /// Output rows.
+    pub rows: usize,
+    /// Input width.
+    pub cols: usize,
+}

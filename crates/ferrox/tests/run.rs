@@ -163,10 +163,16 @@ fn kernels_plans_gemma_on_every_accelerator_without_a_device() {
             assert!(t["fallback"].is_null(), "{name}: {}", t["fallback"]);
             assert!(!decode.starts_with("cpu") && decode != "none", "{name}: {decode}");
             // Gemma's matrices are all of CUDA's int8-activation kinds with
-            // whole 32-element units: each streams on `mmvq_stream_<kind>`.
+            // whole 32-element units: each streams on `mmvq_stream_<kind>`,
+            // except gate and up (one Q5_0 layout), which take the GLU kernel;
+            // Q, K and V are of mixed kinds here (one launch each).
             if b.name() == "cuda" && t["dims"].as_array().unwrap().len() == 2 && !name.starts_with("token_embd") {
                 let kind = t["kind"].as_str().unwrap().to_ascii_lowercase();
-                assert!(decode.contains(&format!("mmvq_stream_{kind}")), "{name}: {decode}");
+                let want = match name.contains("ffn_gate") || name.contains("ffn_up") {
+                    true => format!("mmvq_glu_{kind} (gate, up and the GLU in one launch)"),
+                    false => format!("mmvq_stream_{kind}"),
+                };
+                assert!(decode.contains(&want), "{name}: {decode}");
                 assert!(t["prefill"].as_str().unwrap().contains(&format!("dequant_f16_{kind}")), "{name}");
             }
         }

@@ -13,7 +13,8 @@ use ferrox_ops::cuda as cuda_ops;
 use ferrox_quant::QuantKind;
 
 use super::BackendCaps;
-use crate::kernel_registry::Backend;
+use crate::arch::Role;
+use crate::kernel_registry::{Backend, LayerMats};
 
 /// The CUDA backend (`ferrox-cuda`). Without the `cuda` feature it is only a
 /// capability table.
@@ -62,6 +63,47 @@ impl BackendCaps for Cuda {
             cuda_ops::Matvec::F16Stream => format!("cuda {} (16-byte loads)", m.kernel(kind)),
             cuda_ops::Matvec::Unit => format!("cuda {} (32-element unit decoder)", m.kernel(kind)),
         })
+    }
+
+    /// The fused launches `ferrox_cuda::Device` takes at decode, by the same
+    /// rules (`ferrox_ops::cuda`): Q, K and V in one launch (with RoPE and
+    /// the cache store in its epilogue, and for F16 the norm, where those
+    /// apply), gate and up with the GLU, projections added into the residual.
+    fn fused_decode(role: Role, l: &LayerMats) -> Option<String> {
+        // A norm fuses into the F16 launches only with no residual add
+        // pending before it (`add` is `None`).
+        let attn_clean = l.first || l.down_direct;
+        match role {
+            Role::AttnQ | Role::AttnK | Role::AttnV => {
+                let qkv = l.qkv?;
+                let m = cuda_ops::one_launch(&qkv)?;
+                let (kernel, f16) = (m.kernel(qkv[0].kind), m == cuda_ops::Matvec::F16Stream);
+                let norm = f16 && attn_clean && cuda_ops::norm_fuses(qkv[0].cols);
+                let rope = l.qkv_direct && cuda_ops::qkv_rope_epilogue(qkv, l.halves, l.n_rot, l.head_dim);
+                Some(match (norm, rope) {
+                    (true, true) => "cuda matvec_f16_norm_stream (the norm, Q, K and V in one launch; RoPE and the KV-cache store in its epilogue)".into(),
+                    (true, false) => "cuda matvec_f16_norm_stream (the norm, Q, K and V in one launch)".into(),
+                    (false, true) => format!("cuda {kernel} (Q, K and V in one launch; RoPE and the KV-cache store in its epilogue)"),
+                    (false, false) => format!("cuda {kernel} (Q, K and V in one launch)"),
+                })
+            }
+            Role::FfnGate | Role::FfnUp => {
+                let [g, u] = l.gate_up?;
+                let glu = cuda_ops::glu_launch(g, u)?;
+                Some(match glu.as_str() {
+                    "matvec_f16_glu_stream" if l.out_direct && cuda_ops::norm_fuses(g.cols) => {
+                        "cuda matvec_f16_glu_norm_stream (the norm, gate, up and the GLU in one launch)".into()
+                    }
+                    _ => format!("cuda {glu} (gate, up and the GLU in one launch)"),
+                })
+            }
+            Role::AttnOut | Role::FfnDown => {
+                let (m, direct) = if role == Role::AttnOut { (l.out, l.out_direct) } else { (l.down, l.down_direct) };
+                let kernel = cuda_ops::matvec(m.kind, m.cols)?.kernel(m.kind);
+                (direct && cuda_ops::adds_into_residual(m)).then(|| format!("cuda {kernel} (adds into the residual stream)"))
+            }
+            _ => None,
+        }
     }
 
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
@@ -872,6 +914,53 @@ pub use dispatch::CudaWeight;
 /// twin (`ferrox_quant::dequantize`, summed in f64), the other operations
 /// against the CPU backend, the whole forward pass against `Model<Cpu>`.
 /// On a machine without a GPU each test says what it did not check.
+/// The plan's fusions, answered on any build (the capability side).
+#[cfg(test)]
+mod caps_tests {
+    use super::*;
+
+    fn layer(kind: QuantKind, first: bool, direct: bool) -> LayerMats {
+        let m = |rows, cols| ferrox_ops::Mat { kind, rows, cols };
+        LayerMats {
+            qkv: Some([m(2048, 2048), m(512, 2048), m(512, 2048)]),
+            gate_up: Some([m(8192, 2048); 2]),
+            out: m(2048, 2048),
+            down: m(2048, 8192),
+            qkv_direct: true,
+            out_direct: direct,
+            down_direct: direct,
+            first,
+            halves: false,
+            n_rot: 64,
+            head_dim: 64,
+        }
+    }
+
+    /// Llama's shapes: one QKV launch with the RoPE epilogue, the GLU kernel,
+    /// projections into the residual; for F16 the norm in the launch too,
+    /// except where a residual add is pending before it.
+    #[test]
+    fn the_plan_names_the_fused_decode_launches() {
+        let d = |role, l: &LayerMats| Cuda::fused_decode(role, l).unwrap_or_default();
+        let q8 = layer(QuantKind::Q8_0, false, true);
+        assert!(d(Role::AttnK, &q8).starts_with("cuda mmvq_stream_q8_0 (Q, K and V in one launch; RoPE"), "{}", d(Role::AttnK, &q8));
+        assert!(d(Role::FfnUp, &q8).starts_with("cuda mmvq_glu_q8_0"));
+        assert!(d(Role::FfnDown, &q8).contains("adds into the residual"));
+        let f16 = layer(QuantKind::F16, false, true);
+        assert!(d(Role::AttnQ, &f16).starts_with("cuda matvec_f16_norm_stream (the norm, Q, K and V"));
+        assert!(d(Role::FfnGate, &f16).starts_with("cuda matvec_f16_glu_norm_stream"));
+        // Gemma-style post-norms: nothing added directly, so a pending add
+        // keeps the norm apart and the projections on their own kernels.
+        let post = layer(QuantKind::F16, false, false);
+        assert!(d(Role::AttnQ, &post).starts_with("cuda matvec_f16_stream (Q, K and V in one launch; RoPE"));
+        assert!(d(Role::FfnGate, &post).starts_with("cuda matvec_f16_glu_stream"));
+        assert_eq!(Cuda::fused_decode(Role::AttnOut, &post), None);
+        let mut mixed = q8;
+        mixed.qkv.as_mut().unwrap()[2].kind = QuantKind::Q6K;
+        assert_eq!(Cuda::fused_decode(Role::AttnV, &mixed), None, "mixed kinds: a launch each");
+    }
+}
+
 #[cfg(all(test, feature = "cuda"))]
 mod tests {
     use std::sync::OnceLock;

@@ -71,6 +71,14 @@ pub trait BackendCaps {
         let _ = cols;
         Self::matvec_kernel(kind)
     }
+    /// What a decode step runs for the matrix of `role` in a layer shaped
+    /// `l`, where the backend fuses it with its neighbours (one launch for
+    /// Q, K and V, gate and up with the GLU, a projection added into the
+    /// residual); `None`: its own kernel ([`BackendCaps::decode_kernel`]).
+    fn fused_decode(role: crate::arch::Role, l: &crate::kernel_registry::LayerMats) -> Option<String> {
+        let _ = (role, l);
+        None
+    }
     /// What a prefill runs for a `kind` matrix of `cols` columns.
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;

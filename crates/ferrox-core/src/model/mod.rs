@@ -310,6 +310,15 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
         p.bytes = 0;
         placements.push(p);
     }
+    // Each layer's decode fusions, as its backend will take them.
+    for l in 0..r.config.n_layer {
+        let Some(lm) = layer_mats(r, l) else { continue };
+        for p in placements.iter_mut().filter(|p| p.name.starts_with(&format!("blk.{l}."))) {
+            if let Some((role, _)) = Role::parse(&p.name) {
+                crate::kernel_registry::fuse_decode(p, role, &lm);
+            }
+        }
+    }
     let order: BTreeMap<&str, usize> =
         file.tensors().iter().enumerate().map(|(i, t)| (t.info.name.as_str(), i)).collect();
     placements.sort_by_key(|p: &Placement| order.get(p.name.as_str()).copied().unwrap_or(usize::MAX));
@@ -321,6 +330,38 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
         tensors: placements,
         unused: r.unused.clone(),
     }
+}
+
+/// Layer `l`'s matrices and the facts the decoder's seam calls for it turn
+/// on (see `enqueue`): what a backend's decode fusions depend on.
+fn layer_mats(r: &Resolved<'_>, l: usize) -> Option<crate::kernel_registry::LayerMats> {
+    let has = |role| r.found.contains_key(&(role, l));
+    let mat = |role| {
+        r.found.get(&(role, l)).map(|t| ferrox_ops::Mat {
+            kind: t.info.kind,
+            rows: t.info.dims.get(1).copied().unwrap_or(1) as usize,
+            cols: t.info.dims[0] as usize,
+        })
+    };
+    let qkv = match (mat(Role::AttnQ), mat(Role::AttnK), mat(Role::AttnV)) {
+        (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+        _ => None,
+    };
+    let biased = has(Role::AttnQBias) || has(Role::AttnKBias) || has(Role::AttnVBias);
+    let qk_norm = has(Role::AttnQNorm) && has(Role::AttnKNorm);
+    Some(crate::kernel_registry::LayerMats {
+        qkv,
+        gate_up: mat(Role::FfnGate).zip(mat(Role::FfnUp)).map(|(g, u)| [g, u]),
+        out: mat(Role::AttnOut)?,
+        down: mat(Role::FfnDown)?,
+        qkv_direct: qkv.is_some() && !biased && !qk_norm,
+        out_direct: !has(Role::AttnOutBias) && !has(Role::AttnPostNorm),
+        down_direct: !has(Role::FfnPostNorm),
+        first: l == 0,
+        halves: r.config.arch.spec().rope == crate::arch::RopeStyle::Halves,
+        n_rot: r.config.n_rot,
+        head_dim: r.config.head_dim,
+    })
 }
 
 impl<B: DeviceBackend> Model<B> {
