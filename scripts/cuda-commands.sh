@@ -13,7 +13,8 @@
 #                                         background (scripts/cuda-llama-build.sh) for a same-run
 #                                         llama-bench beside `ferrox bench`, and llama-quantize's Q4_K_M
 # Env: SHAPE (llama-1b), KINDS (bench kinds besides F16: "Q8_0 Q4_0"), CHUNKS (perplexity, 4),
-# REPS (5), SKIP_TESTS=1, COMMIT (the commit the carried binaries were built from, for the results).
+# REPS (5), SKIP_TESTS=1, NGL (also run, chat, perplexity and bench split by layer: the last NGL
+# blocks on CUDA), GREEDY=1 (then scripts/cuda-greedy.sh), COMMIT (the commit the carried binaries were built from, for the results).
 # Writes $OUT/results.jsonl (the side by side as benchmarks/harness/record.py lines: append them to
 # benchmarks/results/cuda-h200.jsonl, then `python3 benchmarks/tables.py`) and $OUT/logs.tgz.
 set -u
@@ -74,6 +75,28 @@ v = [float(re.search(r"PPL = ([0-9.]+)", open(f).read()).group(1)) for f in sys.
 print(f"perplexity: cpu {v[0]:.4f} cuda {v[1]:.4f} difference {100 * (v[1] - v[0]) / v[0]:+.3f}%")
 EOF
 
+if [ -n "${NGL:-}" ]; then
+  echo "== split: the last $NGL blocks on CUDA (-ngl $NGL), the rest on the CPU"
+  $F kernels $Q -ngl $NGL | grep -E "^backend|crossings"
+  $F run $Q -p "$P" -n 24 --temp 0 --no-echo -t 16 -ngl $NGL -v >"$L/run-split.txt" 2>"$L/run-split.err"; echo "run rc=$? $(grep -h 'loading' "$L/run-split.err" | sed 's/.* on //')"
+  grep -h "ferrox: prompt" "$L/run-split.err"
+  python3 - "$L/run-cpu.txt" "$L/run-cuda.txt" "$L/run-split.txt" <<'EOF'
+import sys
+t = [open(f).read().split() for f in sys.argv[1:]]
+same = lambda a, b: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"greedy tokens the same as the CPU's: cuda {same(t[0], t[1])}/{len(t[0])}, split {same(t[0], t[2])}/{len(t[0])}")
+EOF
+  printf 'Hello there\nTell me more\n' | $F chat $Q --temp 0 -n 12 -t 16 -ngl $NGL -v >"$L/chat-split.txt" 2>"$L/chat-split.err"
+  echo "chat rc=$? turns: $(grep -c 'ferrox: turn' "$L/chat-split.err")"
+  $F perplexity -m $Q -f $TXT -c 512 --chunks ${CHUNKS:-4} -t 16 -ngl $NGL >"$L/ppl-split.txt" 2>"$L/ppl-split.err"
+  echo "perplexity rc=$? $(grep 'Final estimate' "$L/ppl-split.txt")"
+  $F bench -m $Q -p 512 -n 128 -r 3 -t 16 -ngl $NGL -o jsonl 2>/dev/null | python3 -c "
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    if 'avg_ts' in r: print(f\"split bench {'pp512' if r['n_prompt'] else 'tg128'} {r['avg_ts']:.1f} t/s ({r['cpu_isa']})\")"
+fi
+
 echo "== serve --backend cuda: completions, chat, concurrent clients"
 $F serve $Q --backend cuda --port 8181 --parallel 8 -c 1024 >"$L/serve.log" 2>&1 &
 SRV=$!
@@ -117,6 +140,7 @@ for key in sorted(f):
     side = f"  llama.cpp {ref[0]:9.1f} sd {ref[1]:6.1f}  ratio {a / ref[0]:.2f}x" if ref else ""
     print(f"{key[0]:12} {key[1]:6} ferrox {a:9.1f} sd {sa:6.1f}{side}")
 EOF
+[ "${GREEDY:-0}" = 1 ] && { echo "== greedy: ferrox CPU / CUDA / split vs llama.cpp CPU / CUDA (scripts/cuda-greedy.sh)"; LOG=$L bash scripts/cuda-greedy.sh; }
 raw=$L/side-by-side.raw; : >"$raw"
 python3 - "$L/bench.jsonl" "$L/llama-bench.jsonl" "$raw" <<'EOF'
 import json, os, sys

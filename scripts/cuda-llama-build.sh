@@ -11,7 +11,7 @@ D=$1 LOG=$2 LL=/tmp/llama
 mkdir -p $LL/src $LOG
 tar xzf $D/llama-src.tgz -C $LL/src && cd $LL/src &&
   cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
+    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
     -DCMAKE_BUILD_TYPE=Release >$LOG/llama-cmake.log 2>&1 &&
-  nice cmake --build build --target llama-bench llama-quantize -j14 >$LOG/llama-build.log 2>&1 &&
-  mkdir -p $LL/bin && cp build/bin/llama-bench build/bin/llama-quantize $LL/bin/ && strip $LL/bin/* && touch $LL/.built
+  nice cmake --build build --target llama-bench llama-quantize llama-simple -j14 >$LOG/llama-build.log 2>&1 &&
+  mkdir -p $LL/bin && cp build/bin/llama-bench build/bin/llama-quantize build/bin/llama-simple $LL/bin/ && strip $LL/bin/* && touch $LL/.built
