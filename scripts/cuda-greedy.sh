@@ -25,16 +25,16 @@ F, LL, M, N, NGL, out = sys.argv[1:7]
 prompts = sys.argv[7:]
 def ferrox(model, prompt, *extra):
     r = subprocess.run([F, "run", model, "-p", prompt, "-n", N, "--temp", "0", "--no-echo", "-t", "8", *extra],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, encoding="utf-8", errors="replace", timeout=120)
     return r.stdout.rstrip("\n") if r.returncode == 0 else f"<error {r.stderr.strip().splitlines()[-1:]}>"
 def llama(model, prompt, ngl):
     exe = os.path.join(LL, "llama-simple")
     if not os.path.exists(exe):
         return None
-    r = subprocess.run([exe, "-m", model, "-n", N, "-ngl", ngl, prompt], capture_output=True, text=True, timeout=120)
-    # llama-simple prints the prompt's pieces, then the continuation.
-    text = r.stdout.rstrip("\n")
-    return text[text.find(prompt) + len(prompt):] if prompt in text else f"<unparsed {text[:60]!r}>"
+    r = subprocess.run([exe, "-m", model, "-n", N, "-ngl", ngl, prompt], capture_output=True, encoding="utf-8", errors="replace", timeout=120)
+    # llama-simple prints the prompt's pieces as stored (BOS, "▁" for spaces), then the continuation.
+    text, shown = r.stdout.rstrip("\n"), prompt.replace(" ", "\u2581")
+    return text[text.find(shown) + len(shown):] if shown in text else f"<unparsed {text[:200]!r}>"
 def agree(a, b):
     """Characters the two texts share from the start."""
     n = 0

@@ -261,10 +261,12 @@ fn bench_on(
 }
 
 fn bench_model<B: DeviceBackend>(path: &Path, backend: B, t0: Instant, a: &Args, printer: &mut Printer) -> Result<()> {
-    let (n_threads, backends, isa) = (backend.threads(), backend.id().name().to_ascii_uppercase(), backend.describe());
     reset_peak_rss();
     let model = Model::open(path, backend)
         .with_context(|| format!("cannot load model {}", path.display()))?;
+    // Described once loaded: a layer split knows its layers then.
+    let be = model.backend();
+    let (n_threads, backends, isa) = (be.threads(), be.id().name().to_ascii_uppercase(), be.describe());
     let tok = Tokenizer::from_gguf(model.file().metadata_file())
         .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
     // For a device, load time includes opening it (kernels compiled or loaded).
