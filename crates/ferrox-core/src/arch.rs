@@ -123,23 +123,9 @@ impl fmt::Display for Role {
     }
 }
 
-/// How RoPE pairs the dimensions of a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs `(2i, 2i+1)` (ggml's `NORM`, Llama).
-    Interleaved,
-    /// Halves `(i, i + n_rot/2)` (ggml's `NEOX`, Qwen, Gemma, Phi-3).
-    Halves,
-}
-
-/// The feed-forward activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// `silu(gate) * up`.
-    SiluGated,
-    /// `gelu_tanh(gate) * up` (Gemma).
-    GeluGated,
-}
+/// RoPE's pairing and the gated activation are the op vocabulary every
+/// backend takes (`ferrox_ops`); a spec row names them.
+pub use ferrox_ops::{Activation, RopeStyle};
 
 /// How the gate and up projections are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -147,7 +147,7 @@ fn main() {
         let (glu, glu_chain) = if fused_glu {
             let mut h = dev.alloc(rows).unwrap();
             let mut call = || {
-                dev.gate_up_glu(ferrox_cuda::Act::Silu, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
+                dev.gate_up_glu(ferrox_ops::Activation::SiluGated, &x, 1, &w[i % copies], &w[(i + 1) % copies], &mut h)
                     .unwrap();
                 i += 2;
             };
@@ -162,7 +162,7 @@ fn main() {
             time(&mut || {
                 dev.matmul_with(MatmulPath::Matvec, &w[i % copies], &x, &mut g, 1).unwrap();
                 dev.matmul_with(MatmulPath::Matvec, &w[(i + 1) % copies], &x, &mut u, 1).unwrap();
-                dev.glu(ferrox_cuda::Act::Silu, &g, &u, &mut h).unwrap();
+                dev.glu(ferrox_ops::Activation::SiluGated, &g, &u, &mut h).unwrap();
                 i += 2;
             })
         } else {

@@ -14,6 +14,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use ferrox_ops::cuda as cuda_ops;
+use ferrox_ops::{Activation, AttnShape, RopeShape};
 use ferrox_quant::QuantKind;
 
 use crate::{drv, CudaError, GEMM_MIN_TOKENS};
@@ -168,64 +169,12 @@ pub enum MatmulPath {
 
 
 
-/// The gated activation of a GLU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Act {
-    /// `x * sigmoid(x)`.
-    Silu,
-    /// GELU, tanh form.
-    Gelu,
-}
-
-impl Act {
-    /// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu_stream` kernels.
-    fn code(self) -> i32 {
-        match self {
-            Act::Silu => 0,
-            Act::Gelu => 1,
-        }
+/// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu_stream` kernels.
+fn act_code(a: Activation) -> i32 {
+    match a {
+        Activation::SiluGated => 0,
+        Activation::GeluGated => 1,
     }
-}
-
-/// How one attention call is shaped (see `ferrox_core::backend::AttnParams`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnShape {
-    /// Query heads.
-    pub n_head: usize,
-    /// KV heads.
-    pub n_head_kv: usize,
-    /// Key/query head size.
-    pub head_dim: usize,
-    /// Value head size.
-    pub head_dim_v: usize,
-    /// Multiplier of `q·k`.
-    pub scale: f32,
-    /// Softcap of the scaled logits.
-    pub softcap: Option<f32>,
-    /// Sliding window.
-    pub window: Option<u32>,
-    /// Every token of the call is in one cache slot (the tensor-core
-    /// prefill kernel shares each staged key tile among a block's queries).
-    pub one_slot: bool,
-}
-
-/// How one RoPE call is shaped (see `ferrox_core::backend::RopeParams`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RopeShape {
-    /// Heads per token.
-    pub n_heads: usize,
-    /// Head size.
-    pub head_dim: usize,
-    /// Rotated dimensions.
-    pub n_rot: usize,
-    /// NeoX pairing (`i` with `i + n_rot/2`) rather than adjacent pairs.
-    pub halves: bool,
-    /// Frequency base.
-    pub base: f32,
-    /// Linear position scale.
-    pub freq_scale: f32,
-    /// Magnitude scale of cos/sin.
-    pub attn_factor: f32,
 }
 
 struct KindFns {
@@ -1656,7 +1605,7 @@ impl Device {
     /// off): the caller then runs the matvecs and the GLU apart.
     pub fn gate_up_glu(
         &self,
-        act: Act,
+        act: Activation,
         x: &Buf,
         n: usize,
         wg: &Matrix,
@@ -1687,7 +1636,7 @@ impl Device {
         let out_slot = 1 - slot;
         let (hq, hds) = self.q8_scratch_slot(n * rows, out_slot)?;
         let cnt = self.unit_counters(n * rows / 32)?;
-        let a = act.code();
+        let a = act_code(act);
         // A row within a warp (8 to 32 lanes), about `units` units of
         // each matrix a lane.
         // (rows % 32 == 0, so the 256 / lpr rows of a block, 8 to 32,
@@ -1739,7 +1688,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     fn f16_glu(
         &self,
-        act: Act,
+        act: Activation,
         x: &Buf,
         n: usize,
         wg: &Matrix,
@@ -1749,7 +1698,7 @@ impl Device {
     ) -> Result<(), CudaError> {
         let (rows, cols) = (wg.rows, wg.cols);
         glu_shape(x, h, n, rows, cols)?;
-        let a = act.code();
+        let a = act_code(act);
         let (wgp, wup, rb) = (self.ptr(&wg.data), self.ptr(&wu.data), wg.row_bytes as i64);
         let (r, c, xp, hp) = (int("gate_up_glu", rows)?, int("gate_up_glu", cols)?, self.ptr(&x.s), self.ptr(&h.s));
         let mut cfg = self.stream_grid(rows, n);
@@ -1779,7 +1728,7 @@ impl Device {
     #[allow(clippy::too_many_arguments)]
     pub fn norm_gate_up_glu(
         &self,
-        act: Act,
+        act: Activation,
         x: &Buf,
         norm: &Buf,
         eps: f32,
@@ -2437,7 +2386,7 @@ impl Device {
     }
 
     /// `out = act(gate) * up` element-wise.
-    pub fn glu(&self, act: Act, gate: &Buf, up: &Buf, out: &mut Buf) -> Result<(), CudaError> {
+    pub fn glu(&self, act: Activation, gate: &Buf, up: &Buf, out: &mut Buf) -> Result<(), CudaError> {
         if up.len != gate.len || out.len != gate.len {
             return Err(shape(
                 "glu",
@@ -2451,7 +2400,7 @@ impl Device {
     /// Each `2 * width` row of `fused` is `[gate | up]`: `out = act(gate) * up`.
     pub fn glu_fused(
         &self,
-        act: Act,
+        act: Activation,
         fused: &Buf,
         out: &mut Buf,
         width: usize,
@@ -2476,7 +2425,7 @@ impl Device {
 
     fn glu_launch(
         &self,
-        act: Act,
+        act: Activation,
         gate: u64,
         up: u64,
         out: &mut Buf,
@@ -2487,7 +2436,7 @@ impl Device {
             return Ok(());
         }
         let n = out.len as i64;
-        let a = act.code();
+        let a = act_code(act);
         // The product feeds the down matvec next: quantize it here too.
         let wu = width as usize;
         let q8 = wu > 0 && self.wants_q8(out.len / wu, wu);

@@ -152,8 +152,7 @@ mod device;
 
 pub use compile::{compile_check, defined_kernels, kernel_source, nvrtc_present};
 pub use device::{
-    mmvq_quantize_activations, Act, AttnShape, Buf, Device, Graph, IndexView, Indices, Kv,
-    MatmulPath, Matrix, RopeShape,
+    mmvq_quantize_activations, Buf, Device, Graph, IndexView, Indices, Kv, MatmulPath, Matrix,
 };
 use ferrox_quant::QuantKind;
 

@@ -1,5 +1,6 @@
 //! What the engine and every backend crate must agree on, in one place that
-//! both import: each accelerator's kernel table.
+//! both import: the op vocabulary (RoPE, attention, activations) and each
+//! accelerator's kernel table.
 //!
 //! The decision: a backend's claims (what `ferrox kernels` prints, what the
 //! loader plans) and its launches (what its device crate loads and runs)
@@ -13,6 +14,9 @@
 #![deny(missing_docs)]
 
 pub mod cuda;
+mod op;
+
+pub use op::{Activation, AttnParams, AttnShape, RopeParams, RopeShape, RopeStyle};
 
 use ferrox_quant::QuantKind;
 

@@ -124,11 +124,12 @@ impl BackendCaps for Cuda {
 mod dispatch {
     use std::sync::Arc;
 
-    use ferrox_cuda::{Act, AttnShape, Buf, Device, IndexView, Indices, Kv, Matrix, RopeShape};
+    use ferrox_cuda::{Buf, Device, IndexView, Indices, Kv, Matrix};
+    use ferrox_ops::{AttnShape, RopeShape};
     use ferrox_quant::QuantKind;
 
     use super::Cuda;
-    use crate::arch::{Activation, RopeStyle};
+    use crate::arch::Activation;
     use crate::backend::{
         AttnParams, BackendError, BackendLaunch, Batch, DeviceBackend, HostTensor, RopeParams,
     };
@@ -392,31 +393,6 @@ mod dispatch {
         }
     }
 
-    fn rope_shape(n_heads: usize, head_dim: usize, p: &RopeParams) -> RopeShape {
-        RopeShape {
-            n_heads,
-            head_dim,
-            n_rot: p.n_rot,
-            halves: p.style == RopeStyle::Halves,
-            base: p.base,
-            freq_scale: p.freq_scale,
-            attn_factor: p.attn_factor,
-        }
-    }
-
-    fn attn_shape(p: &AttnParams, batch: &Batch) -> AttnShape {
-        AttnShape {
-            one_slot: batch.seq.iter().all(|&s| Some(&s) == batch.seq.first()),
-            n_head: p.n_head,
-            n_head_kv: p.n_head_kv,
-            head_dim: p.head_dim,
-            head_dim_v: p.head_dim_v,
-            scale: p.scale,
-            softcap: p.softcap,
-            window: p.window,
-        }
-    }
-
     /// The kernels `kernels.cu` defines (what `Device::open` can load).
     fn defined() -> &'static std::collections::BTreeSet<String> {
         static DEFINED: std::sync::OnceLock<std::collections::BTreeSet<String>> = std::sync::OnceLock::new();
@@ -437,13 +413,6 @@ mod dispatch {
         fn has_gemm(kind: QuantKind) -> bool {
             let name = format!("dequant_f16_{}", kind.name().to_ascii_lowercase());
             defined().contains(&name)
-        }
-    }
-
-    fn act(a: Activation) -> Act {
-        match a {
-            Activation::SiluGated => Act::Silu,
-            Activation::GeluGated => Act::Gelu,
         }
     }
 
@@ -569,7 +538,7 @@ mod dispatch {
             factors: Option<&CudaWeight>,
         ) -> Result<(), BackendError> {
             let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
-            let r = rope_shape(n_heads, head_dim, p);
+            let r = RopeShape::new(n_heads, head_dim, p);
             self.with_indices(positions, |d| self.dev.rope(x, d, &r, factors).map_err(be))
         }
 
@@ -585,7 +554,7 @@ mod dispatch {
             factors: Option<&CudaWeight>,
         ) -> Result<(), BackendError> {
             let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
-            let r = rope_shape(n_head, head_dim, p);
+            let r = RopeShape::new(n_head, head_dim, p);
             self.with_indices(positions, |d| {
                 self.dev
                     .rope_qk(q, k, n_head_kv, d, &r, factors)
@@ -604,7 +573,7 @@ mod dispatch {
             out: &mut Buf,
             p: &AttnParams,
         ) -> Result<(), BackendError> {
-            let a = attn_shape(p, batch);
+            let a = AttnShape::new(p, &batch.seq);
             self.with_slots(kv, batch, |kv, seq, pos| {
                 self.dev
                     .attention(kv, layer, seq, pos, q, k, v, out, &a)
@@ -625,7 +594,7 @@ mod dispatch {
         ) -> Result<(), BackendError> {
             let fused = self
                 .dev
-                .gate_up_glu(act(a), x, n, wg.matrix("gate")?, wu.matrix("up")?, h)
+                .gate_up_glu(a, x, n, wg.matrix("gate")?, wu.matrix("up")?, h)
                 .map_err(be)?;
             if !fused {
                 self.matmul_many(x, n, &mut [(wg, &mut *gate), (wu, &mut *up)])?;
@@ -678,7 +647,7 @@ mod dispatch {
             let ([wq, wk, wv], [q, k, v]) = (wqkv, qkv);
             let ms = [wq.matrix("q")?, wk.matrix("k")?, wv.matrix("v")?];
             let fs = factors.map(|f| f.vector("rope factors")).transpose()?;
-            let (r, a) = (rope_shape(p.n_head, p.head_dim, rope), attn_shape(p, batch));
+            let (r, a) = (RopeShape::new(p.n_head, p.head_dim, rope), AttnShape::new(p, &batch.seq));
             let nw = norm.vector("rms_norm")?;
             // The norm in the launch too where it fuses, else apart.
             let mut fused = |x: &Buf, norm: Option<(&ferrox_cuda::Buf, f32)>, q: &mut Buf, k: &mut Buf, v: &mut Buf, out: &mut Buf| {
@@ -724,7 +693,7 @@ mod dispatch {
         ) -> Result<(), BackendError> {
             if add.is_none() {
                 let (g, u, nw) = (wg.matrix("gate")?, wu.matrix("up")?, norm.vector("rms_norm")?);
-                if self.dev.norm_gate_up_glu(act(a), x, nw, eps, n, g, u, h).map_err(be)? {
+                if self.dev.norm_gate_up_glu(a, x, nw, eps, n, g, u, h).map_err(be)? {
                     return Ok(());
                 }
             }
@@ -758,8 +727,8 @@ mod dispatch {
                 return self.attention(kv, layer, batch, q, k, v, out, p);
             }
             let factors = factors.map(|f| f.vector("rope factors")).transpose()?;
-            let r = rope_shape(p.n_head, p.head_dim, rp);
-            let a = attn_shape(p, batch);
+            let r = RopeShape::new(p.n_head, p.head_dim, rp);
+            let a = AttnShape::new(p, &batch.seq);
             self.with_slots(kv, batch, |kv, seq, pos| {
                 self.dev
                     .rope_attention(kv, layer, seq, pos, q, k, v, out, &a, &r, factors)
@@ -774,7 +743,7 @@ mod dispatch {
             up: &Buf,
             out: &mut Buf,
         ) -> Result<(), BackendError> {
-            self.dev.glu(act(a), gate, up, out).map_err(be)
+            self.dev.glu(a, gate, up, out).map_err(be)
         }
 
         fn glu_fused(
@@ -784,7 +753,7 @@ mod dispatch {
             out: &mut Buf,
             width: usize,
         ) -> Result<(), BackendError> {
-            self.dev.glu_fused(act(a), fused, out, width).map_err(be)
+            self.dev.glu_fused(a, fused, out, width).map_err(be)
         }
 
         fn copy(&self, src: &Buf, dst: &mut Buf) -> Result<(), BackendError> {
@@ -1626,8 +1595,8 @@ mod tests {
             for (hd, n_rot, factors) in [(64usize, 64usize, false), (64, 64, true), (64, 32, true)] {
                 let (n_head, n_head_kv) = (3usize, 1usize);
                 let (qd, kd, cols) = (n_head * hd, n_head_kv * hd, 512usize);
-                let a = ferrox_cuda::AttnShape { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None, one_slot: false };
-                let rs = ferrox_cuda::RopeShape { n_heads: n_head, head_dim: hd, n_rot, halves: false, base: 10000.0, freq_scale: 0.5, attn_factor: 1.0 };
+                let a = ferrox_ops::AttnShape { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None, one_slot: false };
+                let rs = ferrox_ops::RopeShape { n_heads: n_head, head_dim: hd, n_rot, halves: false, base: 10000.0, freq_scale: 0.5, attn_factor: 1.0 };
                 let ws: Vec<ferrox_cuda::Matrix> = [qd, kd, kd]
                     .iter()
                     .map(|&rows| {

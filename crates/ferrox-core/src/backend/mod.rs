@@ -267,40 +267,9 @@ macro_rules! open_backend_rows {
 }
 gpu_backend_table!(open_backend_rows);
 
-/// How RoPE is applied to one layer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RopeParams {
-    /// Pairing of dimensions.
-    pub style: crate::arch::RopeStyle,
-    /// Dimensions rotated (the rest pass through).
-    pub n_rot: usize,
-    /// Frequency base.
-    pub base: f32,
-    /// Linear position scale (`1 / rope.scaling.factor`).
-    pub freq_scale: f32,
-    /// Magnitude scale of cos/sin (`rope.scaling.attn_factor`, 1 by default).
-    pub attn_factor: f32,
-}
-
-/// How one layer attends.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnParams {
-    /// Query heads.
-    pub n_head: usize,
-    /// Key/value heads (GQA: `n_head` is a multiple).
-    pub n_head_kv: usize,
-    /// Per-head dimension of keys and queries.
-    pub head_dim: usize,
-    /// Per-head dimension of values.
-    pub head_dim_v: usize,
-    /// Multiplier of `q·k`.
-    pub scale: f32,
-    /// `cap * tanh(s / cap)` on the scaled logits (Gemma 2).
-    pub softcap: Option<f32>,
-    /// Sliding window: a key at position `j` is visible from `i` when
-    /// `i - j < window`.
-    pub window: Option<u32>,
-}
+/// How RoPE is applied to a layer and how it attends: the op vocabulary
+/// every backend crate imports (`ferrox_ops`), not mirrored per device.
+pub use ferrox_ops::{AttnParams, RopeParams};
 
 /// The tokens of one forward pass: per token its sequence slot and position.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
