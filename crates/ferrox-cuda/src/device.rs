@@ -371,6 +371,13 @@ pub struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     fns: Fns,
+    /// Kernel names by driver handle.
+    names: HashMap<usize, String>,
+    /// The names of the kernels launched since [`Device::log_launches`]
+    /// turned the log on (`None`: off).
+    launched: Mutex<Option<Vec<String>>>,
+    /// Whether the launch log is on (checked without the lock).
+    logging: std::sync::atomic::AtomicBool,
     blas: Option<CudaBlas>,
     name: String,
     arch: String,
@@ -690,10 +697,14 @@ impl Device {
         #[cfg(not(feature = "measure"))]
         let traced = false;
         let trace = traced.then(|| Arc::clone(&module));
+        // Each kernel's name by its driver handle, for the launch log.
+        let names = std::cell::RefCell::new(HashMap::new());
         let f = |n: &str| {
-            module
+            let func = module
                 .load_function(n)
-                .map_err(drv(format!("finding kernel {n}")))
+                .map_err(drv(format!("finding kernel {n}")))?;
+            names.borrow_mut().insert(func.cu_function() as usize, n.to_string());
+            Ok::<_, CudaError>(func)
         };
         let mut kinds = HashMap::new();
         for &k in QuantKind::ALL {
@@ -774,6 +785,9 @@ impl Device {
             ctx,
             stream,
             fns,
+            names: names.into_inner(),
+            launched: Mutex::new(None),
+            logging: std::sync::atomic::AtomicBool::new(false),
             blas,
             name,
             arch,
@@ -844,6 +858,14 @@ impl Device {
     /// The architecture the kernels were compiled for (`compute_90`).
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// Starts a log of the kernels launched (by name), or stops it and
+    /// returns what it holds: what a test compares with the plan.
+    pub fn log_launches(&self, on: bool) -> Vec<String> {
+        let mut log = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+        self.logging.store(on, std::sync::atomic::Ordering::Relaxed);
+        std::mem::replace(&mut *log, on.then(Vec::new)).unwrap_or_default()
     }
 
     /// Whether cuBLAS was found (the GEMM prefill path).
@@ -1001,6 +1023,11 @@ impl Device {
         what: &'static str,
         args: &'a [&'a dyn Arg],
     ) -> Result<(), CudaError> {
+        if self.logging.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(log) = self.launched.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                log.push(self.names.get(&(f.cu_function() as usize)).cloned().unwrap_or_else(|| what.to_string()));
+            }
+        }
         if self.pdl {
             return self.launch_pdl(f, cfg, what, args);
         }

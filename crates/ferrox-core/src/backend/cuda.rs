@@ -1832,4 +1832,39 @@ mod tests {
             }
         }
     }
+
+    /// The plan is what runs: at one decode step of every architecture's
+    /// tiny model (kinds Q4_K, Q8_0, F16, Q5_0, F32, Q4_0; fused and split
+    /// QKV and gate/up, biases, Q/K norms, post-norms), every layer matrix's
+    /// decode kernel in `ferrox kernels`' plan is among the kernels the
+    /// device launched.
+    #[test]
+    fn the_plan_names_the_kernels_a_decode_step_launches() {
+        let Some(_) = gpu("the plan's decode kernels vs the kernels a decode step launches, every architecture") else {
+            return;
+        };
+        for &arch in crate::arch::Arch::ALL {
+            let path = std::env::temp_dir().join(format!("ferrox-plan-{}-{}.gguf", arch.spec().name, std::process::id()));
+            crate::testing::tiny_arch_model(arch, 7).unwrap().write_to(&path).unwrap();
+            let m = crate::model::Model::open(&path, Cuda::open_device(0).unwrap()).unwrap();
+            let _ = std::fs::remove_file(&path);
+            let mut ctx = m.new_context(64, 1).unwrap();
+            let mut b = Batch::default();
+            let prompt = crate::testing::tiny_tokens();
+            for (i, &t) in prompt.iter().enumerate() {
+                b.push(t, i as u32, 0, i + 1 == prompt.len());
+            }
+            m.forward(&mut ctx, &b).unwrap();
+            m.backend().device().log_launches(true);
+            let mut b = Batch::default();
+            b.push(1, prompt.len() as u32, 0, true);
+            m.forward(&mut ctx, &b).unwrap();
+            let launched = m.backend().device().log_launches(false);
+            assert!(!launched.is_empty(), "{arch:?}: nothing logged");
+            for p in m.plan().tensors.iter().filter(|p| p.name.starts_with("blk.") && p.dims.len() == 2) {
+                let kernel = p.decode.strip_prefix("cuda ").and_then(|d| d.split_whitespace().next()).unwrap_or(&p.decode);
+                assert!(launched.iter().any(|l| l == kernel), "{arch:?} {}: the plan says {kernel}, launched {launched:?}", p.name);
+            }
+        }
+    }
 }
