@@ -53,12 +53,12 @@ fn rng(seed: u64) -> SplitMix64 {
     SplitMix64(seed)
 }
 
-fn rand_vec(r: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
+pub(crate) fn rand_vec(r: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| r.next_f32() * scale).collect()
 }
 
 /// ‖a − b‖ / ‖b‖; NaN never passes.
-fn rel(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn rel(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "lengths");
     let (mut num, mut den) = (0.0f64, 0.0f64);
     for (&x, &y) in a.iter().zip(b) {
@@ -126,7 +126,7 @@ fn vector<B: DeviceBackend>(be: &B, v: &[f32]) -> B::Weight {
 }
 
 /// A random `rows x cols` matrix of `kind` and its dequantized values.
-fn matrix(r: &mut SplitMix64, kind: QuantKind, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+pub(crate) fn matrix(r: &mut SplitMix64, kind: QuantKind, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
     let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
     // The lattice kinds have no quantizer: random valid blocks.
     let bytes = ferrox_quant::random_lattice_blocks(kind, rb / kind.block_bytes() * rows, r.next_u64()).unwrap_or_else(|| {
@@ -142,7 +142,7 @@ fn matrix(r: &mut SplitMix64, kind: QuantKind, rows: usize, cols: usize) -> (Vec
 
 /// An odd number of rows, and columns that are an odd number of blocks
 /// (for the float kinds an odd number of elements: no tail is whole).
-fn odd_shape(kind: QuantKind) -> (usize, usize) {
+pub(crate) fn odd_shape(kind: QuantKind) -> (usize, usize) {
     let be = kind.block_elems();
     (37, if be == 1 { 97 } else { be * 3 })
 }

@@ -939,6 +939,7 @@ mod tests {
     use ferrox_quant::QuantKind;
 
     use super::{Cuda, CudaWeight};
+    use crate::backend::conformance::{matrix, odd_shape, rand_vec, rel};
     use crate::arch::{Activation, RopeStyle};
     use crate::backend::cpu::{Cpu, CpuWeight};
     use crate::backend::{AttnParams, BackendCaps, Batch, DeviceBackend, RopeParams};
@@ -974,26 +975,6 @@ mod tests {
         SplitMix64(seed)
     }
 
-    fn rand_vec(r: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| r.next_f32() * scale).collect()
-    }
-
-    /// ‖a − b‖ / ‖b‖, NaN never passing.
-    fn rel(a: &[f32], b: &[f32]) -> f64 {
-        assert_eq!(a.len(), b.len());
-        let (mut num, mut den) = (0.0f64, 0.0f64);
-        for (&x, &y) in a.iter().zip(b) {
-            num += (x as f64 - y as f64).powi(2);
-            den += (y as f64).powi(2);
-        }
-        let e = (num / den.max(1e-30)).sqrt();
-        if e.is_nan() {
-            f64::INFINITY
-        } else {
-            e
-        }
-    }
-
     fn read(c: &Cuda, b: &ferrox_cuda::Buf) -> Vec<f32> {
         let mut v = vec![f32::NAN; b.len()];
         c.read(b, &mut v).unwrap();
@@ -1008,28 +989,6 @@ mod tests {
             .collect()
     }
 
-    /// A random `rows x cols` matrix of `kind` and its dequantized values.
-    fn matrix(
-        r: &mut SplitMix64,
-        kind: QuantKind,
-        rows: usize,
-        cols: usize,
-    ) -> (Vec<u8>, Vec<f32>) {
-        let rb = ferrox_quant::row_bytes(kind, cols).unwrap();
-        // The lattice kinds have no quantizer: random valid blocks.
-        let bytes =
-            ferrox_quant::random_lattice_blocks(kind, rb / kind.block_bytes() * rows, r.next_u64())
-                .unwrap_or_else(|| {
-                    let src = rand_vec(r, rows * cols, 1.0);
-                    let mut bytes = vec![0u8; rb * rows];
-                    ferrox_quant::quantize(kind, &src, &mut bytes).unwrap();
-                    bytes
-                });
-        let mut deq = vec![0.0f32; rows * cols];
-        ferrox_quant::dequantize(kind, &bytes, &mut deq).unwrap();
-        (bytes, deq)
-    }
-
     /// `y[t][o] = sum_i w[o][i] * x[t][i]` in f64, for every token of `x`
     /// (rows of `cols`): the reference of the matvec tests.
     fn f64_dot(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
@@ -1041,13 +1000,6 @@ mod tests {
                 })
             })
             .collect()
-    }
-
-    /// An odd number of rows, and columns that are an odd number of blocks
-    /// (for the float kinds an odd number of elements: no tail is whole).
-    fn odd_shape(kind: QuantKind) -> (usize, usize) {
-        let be = kind.block_elems();
-        (37, if be == 1 { 97 } else { be * 3 })
     }
 
     #[test]
