@@ -91,49 +91,92 @@ pub fn kernel_at_line(src: &str, line: usize) -> String {
 /// names `Device::open` looks up must be here (a claimed kind whose
 /// `DEFINE_KIND` line is gone fails it without a GPU).
 pub fn defined_kernels(src: &str) -> std::collections::BTreeSet<String> {
-    let lines: Vec<&str> = src.lines().collect();
-    let name_in = |l: &str| -> Option<String> {
-        let p = l.find("__global__ void ")?;
-        let w = l[p + 16..]
-            .split_whitespace()
-            .find(|w| w.starts_with(|c: char| c.is_ascii_lowercase()) && w.contains('('))?;
-        w.split('(').next().map(str::to_string)
-    };
-    // Macro name -> (parameter, the names its body defines with `##PARAM`).
-    let mut macros: std::collections::HashMap<String, (String, Vec<String>)> = Default::default();
-    let mut names = std::collections::BTreeSet::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let l = lines[i].trim();
-        if let Some(rest) = l.strip_prefix("#define ") {
+    kernel_signatures(src).into_keys().collect()
+}
+
+/// Every kernel entry point of `src` (as [`defined_kernels`]) with the C
+/// types of its parameters, in order, as a launch must pass them: `ptr` for
+/// any pointer, else the type without qualifiers (`int`, `long long`,
+/// `float`, `MmvqMats`). A debug build's `Device` checks every launch's
+/// arguments against this, so an argument-order slip fails the GPU tests.
+pub fn kernel_signatures(src: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    // Macro bodies as one logical line each.
+    let joined = src.replace("\\\n", " ");
+    let mut macros: std::collections::HashMap<&str, (&str, Vec<(String, Vec<String>)>)> = Default::default();
+    let mut out = std::collections::BTreeMap::new();
+    let mut plain = String::new();
+    for line in joined.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("#define ") {
             let head = rest.split_whitespace().next().unwrap_or("");
             let (mac, param) = head.split_once('(').map_or((head, ""), |(m, p)| (m, p.trim_end_matches(')')));
-            let mut defs = Vec::new();
-            while i < lines.len() {
-                let body = lines[i];
-                if let Some(n) = name_in(body) {
-                    if let Some(stem) = n.strip_suffix(&format!("##{param}")).filter(|_| !param.is_empty()) {
-                        defs.push(stem.to_string());
-                    }
+            let kernels: Vec<(String, Vec<String>)> = globals(rest)
+                .filter_map(|(name, params)| Some((name.strip_suffix(&format!("##{param}")).filter(|_| !param.is_empty())?.to_string(), params)))
+                .collect();
+            if !kernels.is_empty() {
+                macros.insert(mac, (param, kernels));
+            }
+        } else if let Some((mac, arg)) = t.strip_suffix(')').and_then(|c| c.split_once('(')) {
+            match macros.get(mac) {
+                Some((_, kernels)) => out.extend(kernels.iter().map(|(stem, params)| (format!("{stem}{arg}"), params.clone()))),
+                None => {
+                    plain.push_str(line);
+                    plain.push('\n');
                 }
-                if !body.trim_end().ends_with('\\') {
-                    break;
-                }
-                i += 1;
             }
-            if !defs.is_empty() {
-                macros.insert(mac.to_string(), (param.to_string(), defs));
-            }
-        } else if let Some((mac, arg)) = l.strip_suffix(')').and_then(|c| c.split_once('(')) {
-            if let Some((_, defs)) = macros.get(mac) {
-                names.extend(defs.iter().map(|stem| format!("{stem}{arg}")));
-            }
-        } else if let Some(n) = name_in(l) {
-            names.insert(n);
+        } else {
+            plain.push_str(line);
+            plain.push('\n');
         }
-        i += 1;
     }
-    names
+    out.extend(globals(&plain).map(|(name, params)| (name.to_string(), params)));
+    out
+}
+
+/// The `__global__ void NAME(PARAMS)` definitions in `text`: each name and
+/// its parameters' C types (see [`kernel_signatures`]).
+fn globals(text: &str) -> impl Iterator<Item = (&str, Vec<String>)> {
+    text.match_indices("__global__ void ").filter_map(move |(at, m)| {
+        let mut rest = text[at + m.len()..].trim_start();
+        if let Some(after) = rest.strip_prefix("__launch_bounds__") {
+            rest = after[balanced(after)?..].trim_start();
+        }
+        let open = rest.find('(')?;
+        let name = rest[..open].trim();
+        let close = balanced(&rest[open..])?;
+        let params = rest[open + 1..open + close - 1]
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| match p.contains('*') {
+                true => "ptr".to_string(),
+                false => {
+                    let words: Vec<&str> = p.split_whitespace().filter(|w| !matches!(*w, "const" | "__restrict__")).collect();
+                    words[..words.len().saturating_sub(1)].join(" ")
+                }
+            })
+            .collect();
+        Some((name, params))
+    })
+}
+
+/// The length of the balanced parenthesized group `s` starts with.
+fn balanced(s: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            _ if depth == 0 => return None,
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Whether `libnvrtc` can be loaded; cudarc panics on first use otherwise.

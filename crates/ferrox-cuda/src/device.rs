@@ -373,6 +373,9 @@ pub struct Device {
     fns: Fns,
     /// Kernel names by driver handle.
     names: HashMap<usize, String>,
+    /// Each kernel's parameter types (`kernel_signatures`), for the debug
+    /// builds' launch check.
+    signatures: std::collections::BTreeMap<String, Vec<String>>,
     /// The names of the kernels launched since [`Device::log_launches`]
     /// turned the log on (`None`: off).
     launched: Mutex<Option<Vec<String>>>,
@@ -786,6 +789,7 @@ impl Device {
             stream,
             fns,
             names: names.into_inner(),
+            signatures: if cfg!(debug_assertions) { crate::kernel_signatures(&crate::kernel_source()) } else { Default::default() },
             launched: Mutex::new(None),
             logging: std::sync::atomic::AtomicBool::new(false),
             blas,
@@ -858,6 +862,19 @@ impl Device {
     /// The architecture the kernels were compiled for (`compute_90`).
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// Whether `args` are what the kernel `f` declares (count and C types).
+    fn check_args(&self, f: &CudaFunction, what: &str, args: &[&dyn Arg]) -> Result<(), CudaError> {
+        let name = self.names.get(&(f.cu_function() as usize)).map_or(what, String::as_str);
+        let Some(want) = self.signatures.get(name) else {
+            return Ok(());
+        };
+        let got: Vec<&str> = args.iter().map(|a| a.c_type()).collect();
+        if got.len() != want.len() || got.iter().zip(want).any(|(g, w)| g != w) {
+            return Err(shape("launch", format!("{name} takes ({}), the launch passes ({})", want.join(", "), got.join(", "))));
+        }
+        Ok(())
     }
 
     /// Starts a log of the kernels launched (by name), or stops it and
@@ -1023,6 +1040,12 @@ impl Device {
         what: &'static str,
         args: &'a [&'a dyn Arg],
     ) -> Result<(), CudaError> {
+        // Debug builds (the GPU tests) hold every launch to the kernel's
+        // parameter list in `kernels.cu`: an argument-order slip is an error
+        // there, never a kernel reading a float as a pointer.
+        if cfg!(debug_assertions) {
+            self.check_args(f, what, args)?;
+        }
         if self.logging.load(std::sync::atomic::Ordering::Relaxed) {
             if let Some(log) = self.launched.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                 log.push(self.names.get(&(f.cu_function() as usize)).cloned().unwrap_or_else(|| what.to_string()));
@@ -2690,10 +2713,13 @@ trait Arg {
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
     /// The address of the value, as `cuLaunchKernelEx` takes each argument.
     fn param(&self) -> *mut std::ffi::c_void;
+    /// The C parameter type this value passes as
+    /// ([`crate::kernel_signatures`]' spelling).
+    fn c_type(&self) -> &'static str;
 }
 
 macro_rules! arg {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $c:literal),*) => {$(
         impl Arg for $t {
             fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
                 b.arg(self);
@@ -2701,10 +2727,14 @@ macro_rules! arg {
             fn param(&self) -> *mut std::ffi::c_void {
                 self as *const Self as *mut std::ffi::c_void
             }
+            fn c_type(&self) -> &'static str {
+                $c
+            }
         }
     )*};
 }
-arg!(u64, i64, i32, f32, MmvqMats);
+// A device pointer is a u64; no kernel takes a 64-bit unsigned scalar.
+arg!(u64 => "ptr", i64 => "long long", i32 => "int", f32 => "float", MmvqMats => "MmvqMats");
 
 /// How the attention's launch finds the step's keys and values in the cache.
 #[derive(Clone, Copy)]

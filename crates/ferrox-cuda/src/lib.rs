@@ -150,7 +150,7 @@
 mod compile;
 mod device;
 
-pub use compile::{compile_check, defined_kernels, kernel_source, nvrtc_present};
+pub use compile::{compile_check, defined_kernels, kernel_signatures, kernel_source, nvrtc_present};
 pub use device::{
     mmvq_quantize_activations, Buf, Device, Graph, IndexView, Indices, Kv, MatmulPath, Matrix,
 };

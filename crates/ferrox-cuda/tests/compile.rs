@@ -46,3 +46,18 @@ fn defined_kernels_expands_the_kind_macros() {
         ["matvec_q9_0", "get_rows_q9_0", "rms_norm"].iter().map(|s| s.to_string()).collect();
     assert_eq!(d, want);
 }
+
+/// Each kernel's parameter types as a launch must pass them, read through
+/// the macros and the launch bounds.
+#[test]
+fn kernel_signatures_read_each_parameter_type() {
+    let sigs = ferrox_cuda::kernel_signatures(ferrox_cuda::kernel_source());
+    let sig = |k: &str| sigs.get(k).unwrap_or_else(|| panic!("no {k}")).join(", ");
+    assert_eq!(sig("rms_norm"), "ptr, ptr, int, float");
+    assert_eq!(sig("matvec_q4_k"), "ptr, ptr, ptr, int, int, long long");
+    assert_eq!(sig("matvec_f16_stream"), "MmvqMats, ptr, int");
+    assert!(sig("mmvq_stream_q8_0").starts_with("MmvqMats"), "{}", sig("mmvq_stream_q8_0"));
+    assert_eq!(sigs.len(), ferrox_cuda::defined_kernels(ferrox_cuda::kernel_source()).len());
+    assert!(sigs.len() > 100, "{} kernels", sigs.len());
+}
+
