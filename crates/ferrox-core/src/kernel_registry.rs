@@ -100,6 +100,34 @@ pub struct KernelPlan {
     pub crossings_per_token: u32,
     /// File tensors the model does not use (reported, never silently dropped).
     pub unused: Vec<String>,
+    /// What the backend cannot run for this model, by its limits (a head
+    /// size past its attention kernels'…): the model does not load there,
+    /// and the plan says why before a weight is read.
+    pub refused: Vec<String>,
+}
+
+/// What `backend` refuses for a model of `head_dim`/`head_dim_v`, by its
+/// capability data ([`BackendCaps::max_head_dim`](crate::backend::BackendCaps::max_head_dim)).
+pub(crate) fn refusals(backend: Backend, head_dim: usize, head_dim_v: usize) -> Vec<String> {
+    #[allow(unused_mut)]
+    let mut out = Vec::new();
+    #[allow(unused_macros)]
+    macro_rules! accel {
+        ($b:ty) => {
+            if <$b as crate::backend::BackendCaps>::ID == backend {
+                if let Some(max) = <$b as crate::backend::BackendCaps>::max_head_dim() {
+                    if head_dim.max(head_dim_v) > max {
+                        out.push(format!(
+                            "{}'s attention kernels take head sizes up to {max}; this model's are {head_dim}/{head_dim_v}",
+                            <$b as crate::backend::BackendCaps>::NAME
+                        ));
+                    }
+                }
+            }
+        };
+    }
+    crate::backend::with_gpu_backend_caps!(accel);
+    out
 }
 
 /// One layer's matrices and the facts its decode fusions depend on, as the
@@ -366,6 +394,19 @@ mod tests {
         assert_eq!(crossings_per_token(&model([gpu; 4])), 2);
         assert_eq!(crossings_per_token(&model([cpu, cpu, gpu, gpu])), 2, "activations up once, logits down");
         assert_eq!(crossings_per_token(&model([gpu, cpu, gpu, gpu])), 4);
+    }
+
+    /// A backend's limits refuse a model at plan time, by its capability
+    /// data: CUDA's attention takes heads up to 256; the CPU any.
+    #[test]
+    fn a_head_size_past_a_backend_s_limit_is_refused_in_the_plan() {
+        assert!(refusals(Backend::Cpu, 512, 512).is_empty());
+        for &b in Backend::ALL.iter().filter(|b| b.is_accelerator()) {
+            assert!(refusals(b, 256, 256).is_empty(), "{b}");
+            let r = refusals(b, 512, 256);
+            assert_eq!(r.len(), 1, "{b}: {r:?}");
+            assert!(r[0].contains("up to 256") && r[0].contains("512"), "{}", r[0]);
+        }
     }
 
     /// An accelerator's plan comes from its own capability table (ungated:

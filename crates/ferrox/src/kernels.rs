@@ -74,5 +74,8 @@ pub fn run(a: Args) -> Result<()> {
     for u in &plan.unused {
         println!("  unused: {u}");
     }
+    for r in &plan.refused {
+        println!("cannot run on {}: {r}", plan.backend);
+    }
     Ok(())
 }

@@ -35,7 +35,7 @@ pub struct Cuda {
 
 /// A recorded decode step and the key it was recorded under.
 #[cfg(feature = "cuda")]
-type Recorded = ([u64; 3], ferrox_cuda::Graph);
+type Recorded = (super::RecordKey, ferrox_cuda::Graph);
 
 impl BackendCaps for Cuda {
     const ID: Backend = Backend::Cuda;
@@ -104,6 +104,12 @@ impl BackendCaps for Cuda {
             }
             _ => None,
         }
+    }
+
+    /// `kernels.cu`'s attention kernels (`attention`, `attention_dec`,
+    /// `attention_mma`) keep a head in registers and shared memory sized for 256.
+    fn max_head_dim() -> Option<usize> {
+        Some(256)
     }
 
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
@@ -833,7 +839,7 @@ mod dispatch {
         /// recording off for this backend and runs `f` directly.
         fn run_recorded<E: From<BackendError>>(
             &self,
-            key: [u64; 3],
+            key: crate::backend::RecordKey,
             may_record: bool,
             mut f: impl FnMut() -> Result<(), E>,
         ) -> Result<(), E> {

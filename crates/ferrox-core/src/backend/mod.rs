@@ -79,6 +79,11 @@ pub trait BackendCaps {
         let _ = (role, l);
         None
     }
+    /// The largest head size its attention takes (`None`: any); a model
+    /// past it is refused at plan time, before a weight is read.
+    fn max_head_dim() -> Option<usize> {
+        None
+    }
     /// What a prefill runs for a `kind` matrix of `cols` columns.
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;
@@ -270,6 +275,19 @@ gpu_backend_table!(open_backend_rows);
 /// How RoPE is applied to a layer and how it attends: the op vocabulary
 /// every backend crate imports (`ferrox_ops`), not mirrored per device.
 pub use ferrox_ops::{AttnParams, RopeParams};
+
+/// What a recorded forward pass is keyed by ([`DeviceBackend::run_recorded`]):
+/// the context and the activation and head buffers it ran over, each id
+/// unique in the process and never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecordKey {
+    /// The context (its KV cache).
+    pub context: u64,
+    /// The activation buffers of the batch shape.
+    pub acts: u64,
+    /// The head's input and logits buffers.
+    pub head: u64,
+}
 
 /// The tokens of one forward pass: per token its sequence slot and position.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -626,7 +644,7 @@ pub trait DeviceBackend: Send + Sync {
     /// directly) if recording fails.
     fn run_recorded<E: From<BackendError>>(
         &self,
-        key: [u64; 3],
+        key: RecordKey,
         may_record: bool,
         mut f: impl FnMut() -> Result<(), E>,
     ) -> Result<(), E> {

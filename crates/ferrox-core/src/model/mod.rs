@@ -329,6 +329,7 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
         crossings_per_token: crate::kernel_registry::crossings_per_token(&placements),
         tensors: placements,
         unused: r.unused.clone(),
+        refused: crate::kernel_registry::refusals(backend, r.config.head_dim, r.config.head_dim_v),
     }
 }
 
@@ -376,6 +377,9 @@ impl<B: DeviceBackend> Model<B> {
         let r = resolve(&file)?;
         backend.prepare(&r.config)?;
         let plan = plan_of(&file, &r, backend.id(), &|name| backend.backend_of(name), backend.describe());
+        if !plan.refused.is_empty() {
+            return Err(ModelError::Unsupported { what: plan.refused.join("; ") });
+        }
         let Resolved { arch, config, n_vocab, found, .. } = r;
         let get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Weight>, ModelError> {
             let Some(t) = found.get(&(role, layer)) else {
@@ -622,7 +626,7 @@ impl<B: DeviceBackend> Model<B> {
         let kv = &mut ctx.kv;
         match &hd {
             Some(h) if n == 1 => {
-                let key = [ctx.id, a.id, h.id];
+                let key = crate::backend::RecordKey { context: ctx.id, acts: a.id, head: h.id };
                 be.run_recorded(key, reused && distinct, || self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut()))?
             }
             _ => self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut())?,
