@@ -1,25 +1,14 @@
 #!/usr/bin/env python3
 """Merges several outputs of benchmarks/run_matvec.sh (1 and 2 threads) into one markdown table:
 per cell, the median over runs of each run's median. Usage: median_runs.py RUN.txt..."""
-import re
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from record import parse_matvec  # noqa: E402  (one parser of run_matvec.sh's tables)
 
-def parse(text):
-    tables, sec = ({}, {}), None
-    for line in text.splitlines():
-        if line.startswith("## llama"):
-            sec = tables[0]
-        elif line.startswith("## ferrox"):
-            sec = tables[1]
-        m = re.match(r"\| (\S+) \| (\d+x\d+) \| (.*) \|$", line)
-        if m and sec is not None:
-            sec[(m.group(1), m.group(2))] = [float(x) for x in m.group(3).split(" | ")]
-    return tables
-
-
-runs = [parse(open(p).read()) for p in sys.argv[1:]]
+runs = [parse_matvec(open(p).read()) for p in sys.argv[1:]]
 print("| kind | shape | llama.cpp 1t | ferrox scalar 1t | ferrox SIMD 1t | ratio 1t | llama.cpp 2t | ferrox scalar 2t | ferrox SIMD 2t | ratio 2t |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for key in runs[0][0]:
