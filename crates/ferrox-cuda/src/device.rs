@@ -385,7 +385,35 @@ pub struct Device {
     name: String,
     arch: String,
     scratch: Mutex<Scratch>,
+    /// The measuring knobs it opened with (`pdl` and `mma_attn` only where
+    /// the architecture has them).
+    knobs: Knobs,
     q8_tag: Mutex<Option<Q8Tag>>,
+    /// The device's multiprocessors.
+    sms: usize,
+    /// Dynamic shared memory `attention_dec` may use (the device's opt-in
+    /// limit per block, set on the function at open).
+    dec_smem: usize,
+    /// The module, kept when the kernels were compiled with `FERROX_TRACE`
+    /// (its `ferrox_trace` records; [`Device::write_trace`]).
+    trace: Option<Arc<cudarc::driver::CudaModule>>,
+}
+
+/// Launch kinds `FERROX_CUDA_SKIP` leaves out (see [`Device`]).
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+struct Skip {
+    norm: bool,
+    attn: bool,
+    rope: bool,
+}
+
+/// The measuring knobs a [`Device`] opens with (docs/dev/cuda-knobs.md
+/// says what each measured). Without the `measure` feature they are
+/// [`Knobs::DEFAULT`], the measured best, and the environment is not read
+/// for them at all: a release build runs one configuration, and none that
+/// gives wrong output (`FERROX_CUDA_SKIP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Knobs {
     /// Units of a row one lane of the int8 gate/up GLU kernel takes
     /// (`FERROX_CUDA_MMVQ_UNITS`; unset, [`glu_units`] per kind): sets its
     /// lanes per row.
@@ -404,8 +432,6 @@ pub struct Device {
     /// `matvec_f16_glu_stream`, `mmvq_stream_<kind>`;
     /// `FERROX_CUDA_STREAM_BLOCKS`, default 2: the kernels' launch bound).
     stream_blocks: usize,
-    /// The device's multiprocessors.
-    sms: usize,
     /// Kernels launched as programmatic dependent launches (Hopper and
     /// later; `FERROX_CUDA_PDL=0` turns it off).
     pdl: bool,
@@ -413,9 +439,6 @@ pub struct Device {
     /// kernel (`FERROX_CUDA_GQA_MIN`, default 1: it won at decode too,
     /// commit c0673a2); smaller batches take the per-head kernel.
     gqa_min: usize,
-    /// Dynamic shared memory `attention_dec` may use (the device's opt-in
-    /// limit per block, set on the function at open).
-    dec_smem: usize,
     /// Batches of at most this many tokens take `attention_dec`
     /// (`FERROX_CUDA_DEC_MAX`, default 16; 0 turns it off).
     dec_max: usize,
@@ -453,42 +476,6 @@ pub struct Device {
     /// Measuring only: launches skipped (`FERROX_CUDA_SKIP`, a comma list
     /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
     /// time without them bounds what making them faster can give.
-    skip: Skip,
-    /// The module, kept when the kernels were compiled with `FERROX_TRACE`
-    /// (its `ferrox_trace` records; [`Device::write_trace`]).
-    trace: Option<Arc<cudarc::driver::CudaModule>>,
-}
-
-/// Launch kinds `FERROX_CUDA_SKIP` leaves out (see [`Device`]).
-#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
-struct Skip {
-    norm: bool,
-    attn: bool,
-    rope: bool,
-}
-
-/// The measuring knobs a [`Device`] opens with (docs/dev/cuda-knobs.md
-/// says what each measured). Without the `measure` feature they are
-/// [`Knobs::DEFAULT`], the measured best, and the environment is not read
-/// for them at all: a release build runs one configuration, and none that
-/// gives wrong output (`FERROX_CUDA_SKIP`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Knobs {
-    mmvq_units: Option<usize>,
-    fuse: bool,
-    norm_fuse: bool,
-    qkv_rope: bool,
-    stream_blocks: usize,
-    pdl: bool,
-    gqa_min: usize,
-    dec_max: usize,
-    dec_heads: usize,
-    dec_chunk: usize,
-    dec_split: usize,
-    dec_span: usize,
-    dec_split_heads: usize,
-    read_mode: usize,
-    mma_attn: bool,
     skip: Skip,
 }
 
@@ -796,25 +783,10 @@ impl Device {
             name,
             arch,
             scratch: Mutex::new(Scratch::default()),
+            knobs: Knobs { pdl: major >= 9 && k.pdl, mma_attn: major >= 8 && k.mma_attn, ..k },
             q8_tag: Mutex::new(None),
-            mmvq_units: k.mmvq_units,
-            fuse: k.fuse,
-            norm_fuse: k.norm_fuse,
-            qkv_rope: k.qkv_rope,
-            stream_blocks: k.stream_blocks,
             sms: sms.max(1) as usize,
-            pdl: major >= 9 && k.pdl,
-            gqa_min: k.gqa_min,
             dec_smem,
-            dec_max: k.dec_max,
-            dec_heads: k.dec_heads,
-            dec_chunk: k.dec_chunk,
-            dec_split: k.dec_split,
-            dec_span: k.dec_span,
-            dec_split_heads: k.dec_split_heads,
-            read_mode: k.read_mode,
-            skip: k.skip,
-            mma_attn: major >= 8 && k.mma_attn,
             trace,
         })
     }
@@ -838,20 +810,20 @@ impl Device {
 
     /// Whether fused launches are on (`FERROX_CUDA_FUSE`, default on).
     pub fn fuses(&self) -> bool {
-        self.fuse
+        self.knobs.fuse
     }
 
     /// Whether the QKV matvec applies RoPE and stores the cache
     /// (`FERROX_CUDA_QKV_ROPE`, default on; needs [`Device::fuses`] too).
     pub fn qkv_ropes(&self) -> bool {
-        self.qkv_rope && self.fuse
+        self.knobs.qkv_rope && self.knobs.fuse
     }
 
     /// Whether norms fuse into the F16 matvecs and projections add into
     /// the residual in the matvec (`FERROX_CUDA_NORM_FUSE`, default on;
     /// the gate/up GLU with the norm also needs [`Device::fuses`]).
     pub fn norm_fuses(&self) -> bool {
-        self.norm_fuse
+        self.knobs.norm_fuse
     }
 
     /// The device's name (`NVIDIA H200`).
@@ -1051,7 +1023,7 @@ impl Device {
                 log.push(self.names.get(&(f.cu_function() as usize)).cloned().unwrap_or_else(|| what.to_string()));
             }
         }
-        if self.pdl {
+        if self.knobs.pdl {
             return self.launch_pdl(f, cfg, what, args);
         }
         let mut b = self.stream.launch_builder(f);
@@ -1199,7 +1171,7 @@ impl Device {
         if dst.is_empty() {
             return Ok(());
         }
-        if self.read_mode == 0 {
+        if self.knobs.read_mode == 0 {
             self.stream
                 .memcpy_dtoh(&src.s.slice(..dst.len()), dst)
                 .map_err(drv("reading back"))?;
@@ -1210,7 +1182,7 @@ impl Device {
         // device's copy of the next into the other half (`FERROX_CUDA_READ=1`:
         // one piece).
         let n = dst.len();
-        let per = if self.read_mode == 1 { n } else { READ_CHUNK / 4 };
+        let per = if self.knobs.read_mode == 1 { n } else { READ_CHUNK / 4 };
         let pieces = n.div_ceil(per);
         let src0 = self.ptr(&src.s);
         let mut guard = self.scratch_guard("read")?;
@@ -1468,13 +1440,13 @@ impl Device {
     /// on, two F16 matrices laid out alike, a streaming batch).
     fn f16_glu_fits(&self, wg: &Matrix, wu: &Matrix, n: usize) -> bool {
         let launch = cuda_ops::glu_launch(mat(wg), mat(wu));
-        self.fuse && launch.as_deref() == Some("matvec_f16_glu_stream") && same_layout(wg, wu) && f16_fits(wg) && self.stream_path(n)
+        self.knobs.fuse && launch.as_deref() == Some("matvec_f16_glu_stream") && same_layout(wg, wu) && f16_fits(wg) && self.stream_path(n)
     }
 
     /// Whether the RMS norm with weights `w` fuses into a streaming F16
     /// matvec over `width`-wide rows (the norm's input in shared memory).
     fn norm_fits(&self, w: &Buf, width: usize) -> bool {
-        self.norm_fuse && w.len == width && cuda_ops::norm_fuses(width)
+        self.knobs.norm_fuse && w.len == width && cuda_ops::norm_fuses(width)
     }
 
     /// `ys[i] = rms_norm(x) * norm . W_i^T` in one launch, the norm
@@ -1510,7 +1482,7 @@ impl Device {
     /// output: a projection into the residual stream); returns false,
     /// launching nothing, where `w` or `n` takes another path.
     pub fn matmul_acc(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<bool, CudaError> {
-        let fits = self.norm_fuse && self.stream_path(n) && cuda_ops::adds_into_residual(mat(w)) && (f16_fits(w) || mmvq_fits(w));
+        let fits = self.knobs.norm_fuse && self.stream_path(n) && cuda_ops::adds_into_residual(mat(w)) && (f16_fits(w) || mmvq_fits(w));
         if !fits || n == 0 {
             return Ok(fits);
         }
@@ -1528,7 +1500,7 @@ impl Device {
     /// of `stream_blocks` 256-thread blocks an SM shared by the tokens,
     /// fewer where the rows are fewer than its warps.
     fn stream_grid(&self, rows: usize, n: usize) -> LaunchConfig {
-        let wave = (self.sms * self.stream_blocks / n.max(1)).max(1);
+        let wave = (self.sms * self.knobs.stream_blocks / n.max(1)).max(1);
         LaunchConfig {
             grid_dim: (rows.div_ceil(8).min(wave) as u32, n as u32, 1),
             block_dim: (256, 1, 1),
@@ -1566,8 +1538,8 @@ impl Device {
         let (hd, hdv, cols) = (a.head_dim, a.head_dim_v, ws[0].cols);
         let uniform = ws.iter().all(|w| f16_fits(w) && w.cols == cols)
             || (norm.is_none() && ws.iter().all(|w| mmvq_fits(w) && w.kind == ws[0].kind && w.cols == cols));
-        let fits = self.qkv_rope
-            && self.fuse
+        let fits = self.knobs.qkv_rope
+            && self.knobs.fuse
             && uniform
             // One launch, adjacent pairs, whole-head rotation
             // (`ferrox_ops::cuda::qkv_rope_epilogue`, what the plan reports).
@@ -1670,7 +1642,7 @@ impl Device {
             Some(f) => f,
             None => return Ok(false),
         };
-        if !self.fuse
+        if !self.knobs.fuse
             || !same
             || !mmvq_fits(wg)
             || cuda_ops::glu_launch(mat(wg), mat(wu)).is_none()
@@ -1691,7 +1663,7 @@ impl Device {
         // each matrix a lane.
         // (rows % 32 == 0, so the 256 / lpr rows of a block, 8 to 32,
         // tile them and every 32-row unit.)
-        let units = self.mmvq_units.unwrap_or_else(|| glu_units(wg.kind));
+        let units = self.knobs.mmvq_units.unwrap_or_else(|| glu_units(wg.kind));
         let lpr = lanes_per_row(cols / 32, units).min(32);
         let cfg = LaunchConfig {
             grid_dim: ((rows / (256 / lpr)) as u32, n as u32, 1),
@@ -1980,7 +1952,7 @@ impl Device {
         // The normed rows feed a decode matvec next: quantize them here too.
         let q8 = self.wants_q8(rows, w.len);
         let (qs, ds) = if q8 { self.q8_scratch(out.len)? } else { (0, 0) };
-        if !self.skip.norm {
+        if !self.knobs.skip.norm {
             self.launch(
                 &self.fns.add_rms_norm,
                 cfg,
@@ -2247,7 +2219,7 @@ impl Device {
                 .max(n * vd);
             let mut cfg = grid(most, 256);
             cfg.grid_dim.1 = 3;
-            if !self.skip.rope {
+            if !self.knobs.skip.rope {
                 self.launch(
                     &self.fns.rope_kv,
                     cfg,
@@ -2302,7 +2274,7 @@ impl Device {
         // limits allow; the per-head one otherwise.
         let g = a.n_head / a.n_head_kv;
         // (`gqa_min`: a knob for measuring the two at small batches.)
-        let gqa = n >= self.gqa_min
+        let gqa = n >= self.knobs.gqa_min
             && hd.is_multiple_of(8)
             && g <= 8
             && g * hd <= 2048
@@ -2312,36 +2284,36 @@ impl Device {
         // Decode batches: the staged kernel (`attention_dec`), with the
         // largest chunk of keys (128, 64 or 32) its shared memory allows.
         // Query heads a decode block takes: the group, or a divisor of it.
-        let gs = match self.dec_heads {
+        let gs = match self.knobs.dec_heads {
             h if h > 0 && h < g && g.is_multiple_of(h) => h,
             _ => g,
         };
         // Query heads a block of a split token takes (a multiple of gs).
-        let gss = match self.dec_split_heads {
+        let gss = match self.knobs.dec_split_heads {
             h if h >= gs && h < g && g.is_multiple_of(h) && h.is_multiple_of(gs) => h,
             _ => g,
         };
-        let dec_chunk = if gqa && ga_fast && n <= self.dec_max {
+        let dec_chunk = if gqa && ga_fast && n <= self.knobs.dec_max {
             [128usize, 64, 32]
                 .into_iter()
-                .filter(|&c| c <= self.dec_chunk.max(32))
+                .filter(|&c| c <= self.knobs.dec_chunk.max(32))
                 .find(|&c| dec_smem_bytes(c, gss, hd, hdv) <= self.dec_smem)
         } else {
             None
         };
         // Runs a decode token's keys may be split into (the kernel picks
         // per token from its position, so a graph serves every position).
-        let span = self.dec_span.max(dec_chunk.unwrap_or(1));
+        let span = self.knobs.dec_span.max(dec_chunk.unwrap_or(1));
         let nsplit = if dec_chunk.is_some() {
-            self.dec_split.min(DEC_MAXSPLIT).min(kv.n_ctx / span).max(1)
+            self.knobs.dec_split.min(DEC_MAXSPLIT).min(kv.n_ctx / span).max(1)
         } else {
             1
         };
         // Prefill batches of one slot: the tensor-core kernel.
         let mma = dec_chunk.is_none()
-            && self.mma_attn
+            && self.knobs.mma_attn
             && a.one_slot
-            && n > self.dec_max.max(16)
+            && n > self.knobs.dec_max.max(16)
             && hd.is_multiple_of(16)
             && hd <= 128
             && hdv.is_multiple_of(8)
@@ -2384,7 +2356,7 @@ impl Device {
         let (hd_, hdv_) = (int("attention", hd)?, int("attention", hdv)?);
         let softcap = a.softcap.unwrap_or(0.0);
         let window = a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32;
-        if self.skip.attn {
+        if self.knobs.skip.attn {
             // (measuring only: see `Skip`)
         } else if mma {
             let nt = int("attention", n)?;
