@@ -246,11 +246,6 @@ mod dispatch {
             })
         }
 
-        /// Another handle on the same device (one more model on it).
-        pub fn share(&self) -> Result<Cuda, BackendError> {
-            Cuda::on(Arc::clone(&self.dev))
-        }
-
         /// Whether decode steps are recorded and replayed as CUDA graphs.
         pub fn graphs_enabled(&self) -> bool {
             self.graphs.lock().is_ok_and(|g| g.is_some())

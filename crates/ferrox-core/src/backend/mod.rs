@@ -227,13 +227,6 @@ pub struct DeviceOptions {
     pub gpu_layers: Option<usize>,
 }
 
-impl DeviceOptions {
-    /// The CPU with `threads` threads.
-    pub fn cpu(threads: usize) -> DeviceOptions {
-        DeviceOptions { backend: Backend::Cpu, device: 0, threads, gpu_layers: None }
-    }
-}
-
 /// What a command does with a backend once it is open, generic over the
 /// backend so the decoder is compiled once per backend and the choice is
 /// one generated `match` ([`with_backend`]).
