@@ -130,6 +130,31 @@ pub(crate) fn refusals(backend: Backend, head_dim: usize, head_dim_v: usize) -> 
     out
 }
 
+/// Why the weights `plan` puts on an accelerator do not fit in `free` bytes
+/// of its memory, with the `-ngl` that would (blocks are `blk.N.` tensors of
+/// `n_layer`), or `None` when they fit.
+pub fn memory_refusal(plan: &KernelPlan, free: u64, n_layer: usize) -> Option<String> {
+    let on_device = plan.tensors.iter().filter(|p| p.backend.is_accelerator());
+    let need: u64 = on_device.clone().map(|p| p.bytes).sum();
+    if need <= free {
+        return None;
+    }
+    let blocks: u64 = on_device.filter(|p| p.name.starts_with("blk.")).map(|p| p.bytes).sum();
+    let fixed = need - blocks;
+    let per_layer = blocks / n_layer.max(1) as u64;
+    let fit = match per_layer {
+        0 => 0,
+        b => (free.saturating_sub(fixed) / b).min(n_layer as u64),
+    };
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    Some(format!(
+        "the model's weights on {} take {:.2} GiB and the device has {:.2} GiB free: put fewer layers on it with -ngl N (about {fit} of {n_layer} fit)",
+        plan.backend,
+        gib(need),
+        gib(free)
+    ))
+}
+
 /// One layer's matrices and the facts its decode fusions depend on, as the
 /// decoder (`Model::forward`) will call the seam for it: what a backend's
 /// [`BackendCaps::fused_decode`](crate::backend::BackendCaps::fused_decode) reads.
@@ -394,6 +419,26 @@ mod tests {
         assert_eq!(crossings_per_token(&model([gpu; 4])), 2);
         assert_eq!(crossings_per_token(&model([cpu, cpu, gpu, gpu])), 2, "activations up once, logits down");
         assert_eq!(crossings_per_token(&model([gpu, cpu, gpu, gpu])), 4);
+    }
+
+    /// Weights past the device's free memory are refused with an `-ngl`
+    /// that fits; weights that fit are not.
+    #[test]
+    fn weights_past_free_device_memory_are_refused_naming_an_ngl_that_fits() {
+        let Some(&gpu) = Backend::ALL.iter().find(|b| b.is_accelerator()) else {
+            eprintln!("NOT CHECKED: no accelerator in the backend table");
+            return;
+        };
+        let t = |name: &str, bytes| {
+            let mut p = cpu_placement(name, Some(Role::AttnQ), QuantKind::F32, &[4, 4], bytes);
+            p.backend = gpu;
+            p
+        };
+        let tensors = (0..4).map(|l| t(&format!("blk.{l}.attn_q.weight"), 100)).chain([t("output.weight", 50)]).collect();
+        let plan = KernelPlan { backend: gpu, device: String::new(), tensors, bytes_per_token: 0, crossings_per_token: 2, unused: vec![], refused: vec![] };
+        assert_eq!(memory_refusal(&plan, 450, 4), None);
+        let why = memory_refusal(&plan, 300, 4).expect("450 bytes in 300");
+        assert!(why.contains("-ngl N (about 2 of 4 fit)"), "{why}");
     }
 
     /// A backend's limits refuse a model at plan time, by its capability

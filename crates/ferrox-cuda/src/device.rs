@@ -849,6 +849,12 @@ impl Device {
         Ok(())
     }
 
+    /// Free device memory in bytes (what a model's weights must fit in).
+    pub fn free_memory(&self) -> Result<u64, CudaError> {
+        let (free, _) = self.ctx.mem_get_info().map_err(drv("reading the free device memory"))?;
+        Ok(free as u64)
+    }
+
     /// Starts a log of the kernels launched (by name), or stops it and
     /// returns what it holds: what a test compares with the plan.
     pub fn log_launches(&self, on: bool) -> Vec<String> {

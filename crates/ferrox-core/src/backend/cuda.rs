@@ -438,6 +438,10 @@ mod dispatch {
             format!("cuda ({}, {})", self.dev.name(), self.dev.arch())
         }
 
+        fn free_memory(&self) -> Option<u64> {
+            self.dev.free_memory().ok()
+        }
+
         fn place(&self, t: &HostTensor<'_>) -> Result<CudaWeight, BackendError> {
             if t.rows <= 1 {
                 let mut v = vec![0.0f32; t.cols];

@@ -364,6 +364,12 @@ pub trait DeviceBackend: Send + Sync {
         let _ = config;
         Ok(())
     }
+    /// Free memory on the device, in bytes, where the backend has a device
+    /// of its own (`None`: the host's, not checked). A model whose weights
+    /// on the device exceed it is refused at load, naming `-ngl`.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
     /// The backend the tensor `name` is placed on (a split places by
     /// layer); the default is [`DeviceBackend::id`].
     fn backend_of(&self, name: &str) -> Backend {

@@ -247,6 +247,10 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
         }
     }
 
+    fn free_memory(&self) -> Option<u64> {
+        self.dev.free_memory()
+    }
+
     fn prefer_exact_products(&self) {
         self.cpu.prefer_exact_products();
         self.dev.prefer_exact_products();

@@ -380,6 +380,9 @@ impl<B: DeviceBackend> Model<B> {
         if !plan.refused.is_empty() {
             return Err(ModelError::Unsupported { what: plan.refused.join("; ") });
         }
+        if let Some(why) = backend.free_memory().and_then(|free| crate::kernel_registry::memory_refusal(&plan, free, r.config.n_layer)) {
+            return Err(ModelError::Unsupported { what: why });
+        }
         let Resolved { arch, config, n_vocab, found, .. } = r;
         let get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Weight>, ModelError> {
             let Some(t) = found.get(&(role, layer)) else {
