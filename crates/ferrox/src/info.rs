@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use std::io::Write;
+
 use anyhow::Result;
 use ferrox_gguf::{Array, GgufModel, Value};
 use ferrox_quant::QuantKind;
@@ -23,13 +25,11 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let path = a.model.required()?;
     let model = crate::open_model(&path)?;
+    let mut out = std::io::stdout().lock();
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&to_json(&model, a.array_items))?
-        );
+        writeln!(out, "{}", serde_json::to_string_pretty(&to_json(&model, a.array_items))?)?;
     } else {
-        print!("{}", to_text(&model, a.array_items));
+        write!(out, "{}", to_text(&model, a.array_items))?;
     }
     Ok(())
 }

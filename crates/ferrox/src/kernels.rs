@@ -2,6 +2,8 @@
 //! placed and which kernel runs for it, decode and prefill, with fallbacks
 //! named and per-token totals.
 
+use std::io::Write;
+
 use anyhow::{Context, Result};
 use ferrox_core::backend::DeviceBackend;
 use ferrox_core::kernel_registry::Backend;
@@ -34,48 +36,42 @@ pub fn run(a: Args) -> Result<()> {
     let plan = ferrox_core::model::plan(&file, opts.backend, opts.gpu_layers, device)
         .with_context(|| format!("cannot plan model {}", path.display()))?;
     let plan = &plan;
+    // Written, not printed: a reader that closes the pipe (`| head`) ends
+    // the command quietly (main), where `println!` would panic.
+    let mut out = std::io::stdout().lock();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(plan)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(plan)?)?;
         return Ok(());
     }
-    println!("backend: {}  device: {}", plan.backend, plan.device);
-    println!(
-        "{:<34} {:<7} {:<16} {:<8} {:<44} {}",
-        "tensor", "kind", "shape", "on", "decode kernel", "fallback"
-    );
+    writeln!(out, "backend: {}  device: {}", plan.backend, plan.device)?;
+    let row = |out: &mut std::io::StdoutLock, cells: [&str; 6]| {
+        let [name, kind, shape, on, decode, fallback] = cells;
+        writeln!(out, "{name:<34} {kind:<7} {shape:<16} {on:<8} {decode:<44} {fallback}")
+    };
+    row(&mut out, ["tensor", "kind", "shape", "on", "decode kernel", "fallback"])?;
     for t in &plan.tensors {
         let shape: Vec<String> = t.dims.iter().map(u64::to_string).collect();
-        println!(
-            "{:<34} {:<7} {:<16} {:<8} {:<44} {}",
-            t.name,
-            t.kind,
-            shape.join("x"),
-            t.backend,
-            t.decode,
-            t.fallback.as_deref().unwrap_or("-")
-        );
+        let on = t.backend.to_string();
+        row(&mut out, [&t.name, &t.kind, &shape.join("x"), &on, &t.decode, t.fallback.as_deref().unwrap_or("-")])?;
     }
-    let prefill: std::collections::BTreeSet<&str> =
-        plan.tensors.iter().map(|t| t.prefill.as_str()).collect();
-    println!("\nprefill kernels:");
+    let prefill: std::collections::BTreeSet<&str> = plan.tensors.iter().map(|t| t.prefill.as_str()).collect();
+    writeln!(out, "\nprefill kernels:")?;
     for p in prefill {
-        println!("  {p}");
+        writeln!(out, "  {p}")?;
     }
-    println!(
+    writeln!(
+        out,
         "\nper decoded token: {:.1} MiB of weights read, {} host<->device crossings",
         plan.bytes_per_token as f64 / (1 << 20) as f64,
         plan.crossings_per_token
-    );
+    )?;
     let fallbacks = plan.tensors.iter().filter(|t| t.fallback.is_some()).count();
-    println!(
-        "fallbacks: {fallbacks}; unused file tensors: {}",
-        plan.unused.len()
-    );
+    writeln!(out, "fallbacks: {fallbacks}; unused file tensors: {}", plan.unused.len())?;
     for u in &plan.unused {
-        println!("  unused: {u}");
+        writeln!(out, "  unused: {u}")?;
     }
     for r in &plan.refused {
-        println!("cannot run on {}: {r}", plan.backend);
+        writeln!(out, "cannot run on {}: {r}", plan.backend)?;
     }
     Ok(())
 }

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use std::io::Write;
+
 use anyhow::Result;
 use ferrox_core::tokenizer::Tokenizer;
 
@@ -37,13 +39,14 @@ pub fn run(a: Args) -> Result<()> {
     let model = crate::open_model(&model)?;
     let tok = Tokenizer::from_gguf(model.metadata_file())?;
     let ids = tok.encode(text.as_bytes(), !a.no_bos, !a.no_parse_special)?;
+    let mut out = std::io::stdout().lock();
     if a.ids {
         let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-        println!("[{}]", list.join(", "));
+        writeln!(out, "[{}]", list.join(", "))?;
     } else {
         for id in ids {
             let piece = tok.piece(id, true)?;
-            println!("{id} '{}'", String::from_utf8_lossy(piece));
+            writeln!(out, "{id} '{}'", String::from_utf8_lossy(piece))?;
         }
     }
     Ok(())

@@ -257,6 +257,39 @@ fn every_model_command_takes_backend_and_names_a_missing_one() {
     }
 }
 
+/// A reader that closes the pipe early (`ferrox kernels M | head -1`) ends
+/// the command quietly, as Unix tools end: no panic, no error, status 0.
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    let model = gemma();
+    if !model.exists() {
+        eprintln!("SKIPPED: {} not found; a closed stdout pipe was NOT checked", model.display());
+        return;
+    }
+    let m = model.to_str().unwrap();
+    for args in [
+        &["kernels", m, "--json"][..],
+        &["kernels", m],
+        &["info", m, "--json"],
+        &["tokenize", m, &"many words ".repeat(4000)],
+        &["run", m, "-p", "Once upon a time", "-n", "64", "--temp", "0"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 16];
+        std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "{}: {:?} {err}", args[0], o.status);
+        assert!(!err.contains("panicked") && !err.contains("error"), "{}: {err}", args[0]);
+    }
+}
+
 #[test]
 fn an_unsupported_architecture_is_named_in_a_clean_error() {
     let path = scratch("mamba.gguf");
