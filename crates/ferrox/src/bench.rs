@@ -17,6 +17,7 @@
 //! before each model where the kernel allows it).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -243,6 +244,7 @@ fn bench_on(
 ) -> Result<()> {
     struct Bench<'a> {
         path: &'a Path,
+        file: Arc<ferrox_gguf::GgufModel>,
         a: &'a Args,
         printer: &'a mut Printer,
         t0: Instant,
@@ -250,19 +252,29 @@ fn bench_on(
     impl ferrox_core::backend::WithBackend for Bench<'_> {
         type Output = Result<()>;
         fn run<B: DeviceBackend + 'static>(self, backend: B) -> Result<()> {
-            bench_model(self.path, backend, self.t0, self.a, self.printer)
+            bench_model(self.path, self.file, backend, self.t0, self.a, self.printer)
         }
     }
-    // For a device, load time includes opening it (kernels compiled or loaded).
+    // Load time includes opening the file and, for a device, opening it
+    // (kernels compiled or loaded).
+    let t0 = Instant::now();
+    let file = Arc::new(crate::open_model(path)?);
     let flags = crate::load::BackendArgs { backend, device: a.device, threads, gpu_layers: a.gpu_layers };
-    let opts = flags.options_for(path)?;
-    let job = Bench { path, a, printer, t0: Instant::now() };
+    let opts = flags.options_for(&file)?;
+    let job = Bench { path, file, a, printer, t0 };
     ferrox_core::backend::with_backend(&opts, job)?
 }
 
-fn bench_model<B: DeviceBackend>(path: &Path, backend: B, t0: Instant, a: &Args, printer: &mut Printer) -> Result<()> {
+fn bench_model<B: DeviceBackend>(
+    path: &Path,
+    file: Arc<ferrox_gguf::GgufModel>,
+    backend: B,
+    t0: Instant,
+    a: &Args,
+    printer: &mut Printer,
+) -> Result<()> {
     reset_peak_rss();
-    let model = Model::open(path, backend)
+    let model = Model::load(file, backend)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     // Described once loaded: a layer split knows its layers then.
     let be = model.backend();

@@ -27,7 +27,7 @@ pub fn run(a: Args) -> Result<()> {
     let file = crate::open_model(&path)?;
     // No device is opened and no weight read: the plan is the capability
     // tables' answer for this file, the same function a loaded model's plan is.
-    let opts = a.backend.options_for(&path)?;
+    let opts = a.backend.options_for(&file)?;
     let device = match (opts.backend, opts.gpu_layers) {
         (Backend::Cpu, _) => ferrox_core::backend::cpu::Cpu::new(opts.threads).describe(),
         (b, None) => format!("{b} (planned from its capability table; no device opened)"),

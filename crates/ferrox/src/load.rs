@@ -2,6 +2,7 @@
 //! model's place, a progress line, and the backend choice.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -9,6 +10,7 @@ use ferrox_core::backend::{with_backend, DeviceBackend, DeviceOptions, WithBacke
 use ferrox_core::kernel_registry::Backend;
 use ferrox_core::model::Model;
 use ferrox_core::tokenizer::Tokenizer;
+use ferrox_gguf::GgufModel;
 
 /// The default model's file name (Gemma 3 270M, Q4_K_M).
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
@@ -124,17 +126,14 @@ impl BackendArgs {
         DeviceOptions { backend, device: self.device, threads: self.threads, gpu_layers }
     }
 
-    /// [`BackendArgs::options`] for the model at `path` (its block count read
-    /// from the file only when a layer count was asked for).
-    pub fn options_for(&self, path: &Path) -> Result<DeviceOptions> {
+    /// [`BackendArgs::options`] for the model in `file` (its block count read
+    /// only when a layer count was asked for).
+    pub fn options_for(&self, file: &GgufModel) -> Result<DeviceOptions> {
         let n_layer = match self.gpu_layers {
             Some(g) if g > 0 && g < usize::MAX => {
-                let file = crate::open_model(path)?;
                 let meta = file.metadata_file();
-                let arch = ferrox_core::model::arch_of(meta).with_context(|| format!("cannot load model {}", path.display()))?;
-                ferrox_core::model::ModelConfig::from_gguf(meta, arch)
-                    .with_context(|| format!("cannot load model {}", path.display()))?
-                    .n_layer
+                let arch = ferrox_core::model::arch_of(meta).context("cannot split the model by layer")?;
+                ferrox_core::model::ModelConfig::from_gguf(meta, arch).context("cannot split the model by layer")?.n_layer
             }
             _ => usize::MAX,
         };
@@ -157,22 +156,26 @@ pub trait ModelJob {
 pub fn with_model<J: ModelJob>(path: &Path, b: &BackendArgs, quiet: bool, job: J) -> Result<J::Output> {
     struct Load<'a, J> {
         path: &'a Path,
+        file: Arc<GgufModel>,
         quiet: bool,
         job: J,
     }
     impl<J: ModelJob> WithBackend for Load<'_, J> {
         type Output = Result<J::Output>;
         fn run<B: DeviceBackend + 'static>(self, backend: B) -> Result<J::Output> {
-            let (model, tok) = load_on(self.path, backend, self.quiet)?;
+            let (model, tok) = load_on(self.path, self.file, backend, self.quiet)?;
             self.job.run(model, tok)
         }
     }
-    with_backend(&b.options_for(path)?, Load { path, quiet, job })?
+    let file = Arc::new(crate::open_model(path)?);
+    with_backend(&b.options_for(&file)?, Load { path, file, quiet, job })?
 }
 
-/// A model loaded on `backend` with its tokenizer, reporting progress on stderr.
+/// The model in `file` (opened from `path`) loaded on `backend` with its
+/// tokenizer, reporting progress on stderr.
 pub fn load_on<B: DeviceBackend>(
     path: &Path,
+    file: Arc<GgufModel>,
     backend: B,
     quiet: bool,
 ) -> Result<(Model<B>, Tokenizer)> {
@@ -180,7 +183,7 @@ pub fn load_on<B: DeviceBackend>(
     if !quiet {
         eprint!("ferrox: loading {} ... ", path.display());
     }
-    let model = Model::open(path, backend)
+    let model = Model::load(file, backend)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     let tok = Tokenizer::from_gguf(model.file().metadata_file())
         .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
