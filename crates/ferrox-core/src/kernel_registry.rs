@@ -168,8 +168,8 @@ pub struct LayerMats {
     pub out: ferrox_ops::Mat,
     /// The FFN's down projection.
     pub down: ferrox_ops::Mat,
-    /// Q, K and V go straight to RoPE (no biases, no Q/K norms): the seam's
-    /// `norm_qkv_attention` takes them.
+    /// Q, K and V go straight to RoPE (no biases, no Q/K norms): a backend's
+    /// attention block may project, rotate and store them in one launch.
     pub qkv_direct: bool,
     /// The output projection adds straight into the residual (no bias, no post-norm).
     pub out_direct: bool,

@@ -26,7 +26,7 @@ use ferrox_gguf::{GgufModel, GgufWriter};
 use ferrox_quant::QuantKind;
 use half::f16;
 
-use super::{AttnParams, Batch, DeviceBackend, DeviceOptions, HostTensor, RopeParams};
+use super::{AttnParams, Batch, DeviceBackend, DeviceOptions, HostTensor, RopeParams, Staged};
 use crate::arch::{Activation, Arch, RopeStyle};
 use crate::kernel_registry::Backend;
 use crate::model::Model;
@@ -111,18 +111,37 @@ impl Weights {
         Weights { file }
     }
 
-    fn place<B: DeviceBackend>(&self, be: &B, name: &str) -> B::Weight {
+    /// The tensor `name` as `place` takes it.
+    fn with<R>(&self, name: &str, place: impl FnOnce(&HostTensor<'_>) -> R) -> R {
         let t = self.file.tensor(name).unwrap();
         let (cols, rows) = (t.info.dims[0] as usize, t.info.dims.get(1).copied().unwrap_or(1) as usize);
         let bytes = self.file.tensor_data(t).unwrap();
-        be.place(&HostTensor { name, kind: t.info.kind, rows, cols, bytes, owner: &self.file }).unwrap()
+        place(&HostTensor { name, kind: t.info.kind, rows, cols, bytes, owner: &self.file })
+    }
+
+    fn place<B: DeviceBackend>(&self, be: &B, name: &str) -> B::Matrix {
+        self.with(name, |t| be.place_matrix(t)).unwrap()
     }
 }
 
 /// One f32 vector as a placed weight (norms, biases, RoPE factors).
-fn vector<B: DeviceBackend>(be: &B, v: &[f32]) -> B::Weight {
+pub(crate) fn vector<B: DeviceBackend>(be: &B, v: &[f32]) -> B::Vector {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    Weights::new(&[("v".into(), QuantKind::F32, 1, v.len(), bytes)]).place(be, "v")
+    Weights::new(&[("v".into(), QuantKind::F32, 1, v.len(), bytes)]).with("v", |t| be.place_vector(t)).unwrap()
+}
+
+/// A batch of `tokens` at positions `pos`, in `slot`.
+pub(crate) fn batch(tokens: &[u32], pos: &[u32], slot: u32) -> Batch {
+    let mut b = Batch::default();
+    tokens.iter().zip(pos).for_each(|(&t, &p)| b.push(t, p, slot, true));
+    b
+}
+
+/// `batch`'s lists and `rows` staged on `be` (its device copy).
+pub(crate) fn stage<B: DeviceBackend>(be: &B, batch: &Batch, rows: &[u32]) -> B::Indices {
+    let mut idx = be.indices(batch.len().max(rows.len())).unwrap();
+    be.stage(&mut idx, Staged::of(batch, rows, &())).unwrap();
+    idx
 }
 
 /// A random `rows x cols` matrix of `kind` and its dequantized values.
@@ -195,11 +214,15 @@ pub(crate) fn get_rows_matches_the_scalar_twin<B: DeviceBackend>(be: &B, claims:
         let w = Weights::new(&[("t".into(), kind, rows, cols, bytes)]);
         let t = w.place(be, "t");
         let ids = [4u32, 0, 2, 4];
+        let ids_b = batch(&ids, &[0, 1, 2, 3], 0);
+        let idx = stage(be, &ids_b, &[]);
         let mut out = up(be, &vec![f32::NAN; ids.len() * cols]);
-        be.get_rows(&t, &ids, &mut out).unwrap();
+        be.get_rows(&t, Staged::of(&ids_b, &[], &idx), &mut out).unwrap();
         let want: Vec<f32> = ids.iter().flat_map(|&i| deq[i as usize * cols..][..cols].to_vec()).collect();
         check(&name.to_string(), &format!("get_rows {kind}"), &read(be, &out, want.len()), &want, 1e-6);
-        assert!(be.get_rows(&t, &[5], &mut out).is_err(), "{name} {kind}: an id past the table must be an error");
+        let past = batch(&[5], &[0], 0);
+        let idx = stage(be, &past, &[]);
+        assert!(be.get_rows(&t, Staged::of(&past, &[], &idx), &mut out).is_err(), "{name} {kind}: an id past the table must be an error");
     }
 }
 
@@ -274,12 +297,15 @@ pub(crate) fn element_wise_ops_match_the_reference<B: DeviceBackend>(be: &B) {
     be.copy(&xb, &mut d).unwrap();
     check(&name, "copy", &read(be, &d, len), &x, 0.0);
 
-    let rows = [6usize, 0, 3];
+    let rows = [6u32, 0, 3];
+    let all = batch(&[0; 7], &[0, 1, 2, 3, 4, 5, 6], 0);
+    let idx = stage(be, &all, &rows);
     let mut d = up(be, &vec![f32::NAN; rows.len() * w]);
-    be.gather_rows(&xb, &rows, w, &mut d).unwrap();
-    let want: Vec<f32> = rows.iter().flat_map(|&i| x[i * w..][..w].to_vec()).collect();
+    be.gather_rows(&xb, Staged::of(&all, &rows, &idx), w, &mut d).unwrap();
+    let want: Vec<f32> = rows.iter().flat_map(|&i| x[i as usize * w..][..w].to_vec()).collect();
     check(&name, "gather_rows", &read(be, &d, want.len()), &want, 0.0);
-    assert!(be.gather_rows(&xb, &[7], w, &mut d).is_err(), "{name}: a row outside the buffer must be an error");
+    let idx = stage(be, &all, &[7]);
+    assert!(be.gather_rows(&xb, Staged::of(&all, &[7], &idx), w, &mut d).is_err(), "{name}: a row outside the buffer must be an error");
 
     let (c0, dw) = (11, 29);
     let mut d = up(be, &vec![f32::NAN; n * dw]);
@@ -331,6 +357,9 @@ pub(crate) fn rope_matches_the_reference<B: DeviceBackend>(be: &B) {
     let (hd, heads, kv_heads) = (64, 3, 1);
     let positions = [0u32, 1, 7, 30, 93];
     let n = positions.len();
+    let at = batch(&[0; 5], &positions, 0);
+    let idx = stage(be, &at, &[]);
+    let b = Staged::of(&at, &[], &idx);
     let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + i as f32 * 0.25).collect();
     for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
         for (n_rot, with_factors) in [(hd, false), (hd, true), (hd / 2, false)] {
@@ -339,19 +368,18 @@ pub(crate) fn rope_matches_the_reference<B: DeviceBackend>(be: &B) {
             let fr = with_factors.then_some(&factors[..n_rot / 2]);
             let what = format!("rope {style:?} n_rot {n_rot} factors {with_factors}");
             let x = rand_vec(&mut r, n * heads * hd, 2.0);
-            let mut b = up(be, &x);
-            be.rope(&mut b, &positions, heads, hd, &p, f.as_ref()).unwrap();
-            check(&name, &what, &read(be, &b, x.len()), &rope_ref(&x, &positions, hd, &p, fr), 1e-4);
+            let mut xb = up(be, &x);
+            be.rope(&mut xb, b, heads, hd, &p, f.as_ref()).unwrap();
+            check(&name, &what, &read(be, &xb, x.len()), &rope_ref(&x, &positions, hd, &p, fr), 1e-4);
             let k = rand_vec(&mut r, n * kv_heads * hd, 2.0);
-            let (mut qb, mut kb) = (up(be, &x), up(be, &k));
-            be.rope_qk(&mut qb, &mut kb, &positions, heads, kv_heads, hd, &p, f.as_ref()).unwrap();
-            check(&name, &format!("{what} (q of rope_qk)"), &read(be, &qb, x.len()), &rope_ref(&x, &positions, hd, &p, fr), 1e-4);
-            check(&name, &format!("{what} (k of rope_qk)"), &read(be, &kb, k.len()), &rope_ref(&k, &positions, hd, &p, fr), 1e-4);
+            let mut kb = up(be, &k);
+            be.rope(&mut kb, b, kv_heads, hd, &p, f.as_ref()).unwrap();
+            check(&name, &format!("{what} ({kv_heads} head)"), &read(be, &kb, k.len()), &rope_ref(&k, &positions, hd, &p, fr), 1e-4);
         }
     }
     let p = RopeParams { style: RopeStyle::Halves, n_rot: hd + 2, base: 1e4, freq_scale: 1.0, attn_factor: 1.0 };
-    let mut b = up(be, &vec![0.0; n * heads * hd]);
-    assert!(be.rope(&mut b, &positions, heads, hd, &p, None).is_err(), "{name}: n_rot past the head must be an error");
+    let mut xb = up(be, &vec![0.0; n * heads * hd]);
+    assert!(be.rope(&mut xb, b, heads, hd, &p, None).is_err(), "{name}: n_rot past the head must be an error");
 }
 
 /// A KV cache and causal attention in f64 (keys and values rounded to f16
@@ -437,14 +465,146 @@ pub(crate) fn attention_matches_the_reference<B: DeviceBackend>(be: &B) {
             let v = rand_vec(&mut r, n * vd, 1.0);
             let want = want_cache.run(batch, &q, &k, &v, &p);
             let mut out = up(be, &vec![f32::NAN; want.len()]);
-            be.attention(&mut kv, 1, batch, &up(be, &q), &up(be, &k), &up(be, &v), &mut out, &p).unwrap();
+            let idx = stage(be, batch, &[]);
+            be.attention(&mut kv, 1, Staged::of(batch, &[], &idx), [&up(be, &q), &up(be, &k), &up(be, &v)], &mut out, &p).unwrap();
             check(&name, &format!("attention {p:?} step {i}"), &read(be, &out, want.len()), &want, 3e-3);
         }
         let mut bad = Batch::default();
         bad.push(0, n_ctx as u32, 0, true);
         let (q, k, v) = (up(be, &vec![0.0; p.n_head * p.head_dim]), up(be, &vec![0.0; kd]), up(be, &vec![0.0; vd]));
         let mut out = up(be, &vec![0.0; p.n_head * p.head_dim_v]);
-        assert!(be.attention(&mut kv, 1, &bad, &q, &k, &v, &mut out, &p).is_err(), "{name}: a position past the cache must be an error");
+        let idx = stage(be, &bad, &[]);
+        assert!(be.attention(&mut kv, 1, Staged::of(&bad, &[], &idx), [&q, &k, &v], &mut out, &p).is_err(), "{name}: a position past the cache must be an error");
+    }
+}
+
+/// The activation buffers of one block test, as `Scratch` borrows them.
+struct Bufs<Buf> {
+    all: Vec<Buf>,
+    qkv: Option<Buf>,
+}
+
+impl<Buf> Bufs<Buf> {
+    fn scratch(&mut self, pending: bool) -> super::Scratch<'_, Buf> {
+        let [x, cur, q, k, v, attn, o, gate, up, h] = &mut self.all[..] else { unreachable!("ten buffers") };
+        super::Scratch { x, cur, q, k, v, qkv: self.qkv.as_mut(), attn, o, gate, up, h, pending }
+    }
+}
+
+/// A block's weights: `(name, kind, rows, cols, values)`.
+type BlockTensors = Vec<(String, QuantKind, usize, usize, Vec<u8>)>;
+
+/// The blocks as a backend runs them (its fusions: `attention_block` and
+/// `ffn_block` overridden) against the CPU's composition of plain ops, one
+/// layer in each form a model takes — separate Q/K/V without biases (the
+/// form the fused decode launches take), with biases, per-head norms and
+/// post-norms, a fused Q/K/V and a fused gate/up — a residual output
+/// pending on entry or not, over a prompt and then decode steps into the
+/// same cache, per weight kind.
+pub(crate) fn blocks_match_the_cpu<B: DeviceBackend>(be: &B) {
+    use super::{AttnBlock, FfnBlock, QkvWeights};
+    let name = be.id().to_string();
+    let cpu = super::cpu::Cpu::new(2);
+    let mut r = rng(0x5eed_0006);
+    let (e, nh, nkv, hd, ff) = (256usize, 4usize, 2usize, 64usize, 512usize);
+    let (qd, kd) = (nh * hd, nkv * hd);
+    let attn = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None };
+    let rope = RopeParams { style: RopeStyle::Halves, n_rot: hd, base: 10000.0, freq_scale: 1.0, attn_factor: 1.0 };
+    for kind in [QuantKind::F16, QuantKind::Q8_0, QuantKind::Q4K] {
+        for form in ["plain", "biased-normed", "fused", "plain-pending"] {
+            let mut t: BlockTensors = Vec::new();
+            let mut mat = |t: &mut BlockTensors, n: &str, rows, cols| t.push((n.into(), kind, rows, cols, matrix(&mut r, kind, rows, cols).0));
+            if form == "fused" {
+                mat(&mut t, "qkv", qd + 2 * kd, e);
+                mat(&mut t, "gate_up", 2 * ff, e);
+            } else {
+                mat(&mut t, "q", qd, e);
+                mat(&mut t, "k", kd, e);
+                mat(&mut t, "v", kd, e);
+                mat(&mut t, "gate", ff, e);
+                mat(&mut t, "up", ff, e);
+            }
+            mat(&mut t, "out", e, qd);
+            mat(&mut t, "down", e, ff);
+            let w = Weights::new(&t);
+            let norm = rand_vec(&mut r, e, 1.0);
+            let (hn, bq, bk, pn) = (rand_vec(&mut r, hd, 1.0), rand_vec(&mut r, qd, 0.5), rand_vec(&mut r, kd, 0.5), rand_vec(&mut r, e, 1.0));
+            let biased = form == "biased-normed";
+            let mut kv_be = be.kv_cache(1, 16, &[kd], &[kd]).unwrap();
+            let mut kv_cpu = cpu.kv_cache(1, 16, &[kd], &[kd]).unwrap();
+            let steps: [&[u32]; 3] = [&[0, 1, 2, 3, 4], &[5], &[6]];
+            for (step, pos) in steps.iter().enumerate() {
+                let n = pos.len();
+                let bt = batch(&vec![0; n], pos, 0);
+                let x = rand_vec(&mut r, n * e, 1.0);
+                let o = rand_vec(&mut r, n * e, 1.0);
+                let pending = form == "plain-pending";
+                // One run of both blocks on a backend; the residual stream
+                // and the pending output after each.
+                macro_rules! run {
+                    ($be:expr, $kv:expr) => {{
+                        let be = $be;
+                        let (m, v) = (|n: &str| w.place(be, n), |x: &[f32]| vector(be, x));
+                        let (fused, mats) = (form == "fused", ["q", "k", "v", "gate", "up"]);
+                        let sep: Vec<_> = if fused { Vec::new() } else { mats.iter().map(|n| m(n)).collect() };
+                        let (wqkv, wgu) = if fused { (Some(m("qkv")), Some(m("gate_up"))) } else { (None, None) };
+                        let (out, down) = (m("out"), m("down"));
+                        let (nv, hv, bqv, bkv, pnv) = (v(&norm), v(&hn), v(&bq), v(&bk), v(&pn));
+                        let len = |w: usize| n * w;
+                        let sizes = [e, e, qd, kd, kd, qd, e, ff, if fused { 2 * ff } else { ff }, ff];
+                        let mut bufs = Bufs {
+                            all: sizes.iter().map(|&s| be.upload(&vec![f32::NAN; len(s)]).unwrap()).collect(),
+                            qkv: fused.then(|| be.alloc(len(qd + 2 * kd)).unwrap()),
+                        };
+                        bufs.all[0] = be.upload(&x).unwrap();
+                        bufs.all[6] = be.upload(&o).unwrap();
+                        let ab = AttnBlock {
+                            layer: 0,
+                            eps: 1e-6,
+                            norm: &nv,
+                            qkv: match &wqkv {
+                                Some(f) => QkvWeights::Fused(f, None),
+                                None => QkvWeights::Separate([&sep[0], &sep[1], &sep[2]], [biased.then_some(&bqv), biased.then_some(&bkv), None]),
+                            },
+                            qk_norm: biased.then_some((&hv, &hv)),
+                            out: &out,
+                            out_bias: None,
+                            post_norm: biased.then_some(&pnv),
+                            rope,
+                            factors: None,
+                            attn,
+                        };
+                        let fb = FfnBlock {
+                            eps: 1e-6,
+                            act: Activation::SiluGated,
+                            norm: &nv,
+                            gate: if fused { None } else { Some(&sep[3]) },
+                            up: wgu.as_ref().unwrap_or_else(|| &sep[4]),
+                            down: &down,
+                            post_norm: biased.then_some(&pnv),
+                            n_ff: ff,
+                        };
+                        let idx = stage(be, &bt, &[]);
+                        let mut s = bufs.scratch(pending);
+                        be.attention_block($kv, Staged::of(&bt, &[], &idx), &ab, &mut s).unwrap();
+                        let after_attn = (s.pending, read(be, s.x, n * e), if s.pending { read(be, s.o, n * e) } else { Vec::new() });
+                        be.ffn_block(n, &fb, &mut s).unwrap();
+                        let after_ffn = (s.pending, read(be, s.x, n * e), if s.pending { read(be, s.o, n * e) } else { Vec::new() });
+                        [after_attn, after_ffn]
+                    }};
+                }
+                let got = run!(be, &mut kv_be);
+                let want = run!(&cpu, &mut kv_cpu);
+                for (part, (g, w)) in ["attention", "ffn"].iter().zip(got.iter().zip(&want)) {
+                    let what = format!("{part} block, {form}, {kind}, step {step} ({n} tokens)");
+                    assert_eq!(g.0, w.0, "{name} {what}: output pending {} where the CPU's is {}", g.0, w.0);
+                    // Activations are quantized per backend; the block's error compounds a few products.
+                    let tol = if kind == QuantKind::F16 { 1e-2 } else { 4e-2 };
+                    check(&name, &format!("{what}: residual"), &g.1, &w.1, tol);
+                    check(&name, &format!("{what}: pending output"), &g.2, &w.2, tol);
+                }
+            }
+        }
     }
 }
 
@@ -628,6 +788,13 @@ macro_rules! conformance_suite {
             fn attention_matches_the_reference() {
                 if let Some(be) = dev("attention over the KV cache vs the f64 reference") {
                     c::attention_matches_the_reference(be);
+                }
+            }
+
+            #[test]
+            fn blocks_match_the_cpu() {
+                if let Some(be) = dev("attention and feed-forward blocks as the backend runs them vs the CPU's composition") {
+                    c::blocks_match_the_cpu(be);
                 }
             }
 

@@ -16,7 +16,7 @@ use ferrox_quant::QuantKind;
 use half::slice::HalfFloatSliceExt;
 use half::f16;
 
-use super::{AttnParams, Batch, BackendError, DeviceBackend, HostTensor, RopeParams};
+use super::{AttnParams, BackendError, DeviceBackend, HostTensor, RopeParams, Staged};
 use crate::arch::{Activation, RopeStyle};
 use crate::kernel_registry::Backend;
 
@@ -239,30 +239,26 @@ pub fn kernel_for(kind: QuantKind) -> Option<CpuKernel> {
     Some(CpuKernel { name: k.name, four_rows, gemm, act, fallback })
 }
 
-/// A weight placed on the CPU.
-pub enum CpuWeight {
-    /// A matrix read in place from the mapped file.
-    Mapped {
-        /// Storage kind.
-        kind: QuantKind,
-        /// Rows.
-        rows: usize,
-        /// Columns.
-        cols: usize,
-        /// Start of its bytes inside `owner`'s mapping.
-        ptr: *const u8,
-        /// Byte length.
-        len: usize,
-        /// Keeps the mapping (and so `ptr`) alive.
-        owner: Arc<ferrox_gguf::GgufModel>,
-        /// The same matrix unpacked for the AMX GEMM ([`prepacks`]); never
-        /// beside `inter`.
-        packed: Option<Box<ferrox_quant::gemm::PackedMatrix>>,
-        /// The same matrix interleaved, for every product ([`interleaves`]).
-        inter: Option<Box<ferrox_quant::matvec::InterleavedQ8_0>>,
-    },
-    /// A vector converted to f32 at load (norms, biases, RoPE factors).
-    Vector(Vec<f32>),
+/// A matrix placed on the CPU: read in place from the mapped file, or
+/// from a copy re-laid at load.
+pub struct CpuWeight {
+    /// Storage kind.
+    kind: QuantKind,
+    /// Rows.
+    rows: usize,
+    /// Columns.
+    cols: usize,
+    /// Start of its bytes inside `owner`'s mapping.
+    ptr: *const u8,
+    /// Byte length.
+    len: usize,
+    /// Keeps the mapping (and so `ptr`) alive.
+    _owner: Arc<ferrox_gguf::GgufModel>,
+    /// The same matrix unpacked for the AMX GEMM ([`prepacks`]); never
+    /// beside `inter`.
+    packed: Option<Box<ferrox_quant::gemm::PackedMatrix>>,
+    /// The same matrix interleaved, for every product ([`interleaves`]).
+    inter: Option<Box<ferrox_quant::matvec::InterleavedQ8_0>>,
 }
 
 // SAFETY: `ptr` points into an immutable mapping owned by the `Arc` beside
@@ -274,21 +270,9 @@ unsafe impl Sync for CpuWeight {}
 
 impl CpuWeight {
     fn bytes(&self) -> &[u8] {
-        match self {
-            // SAFETY: `ptr..ptr+len` was a live slice of `owner`'s mapping
-            // when placed, and `owner` keeps that mapping alive and unchanged.
-            CpuWeight::Mapped { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
-            CpuWeight::Vector(v) => bytemuck::cast_slice(v),
-        }
-    }
-
-    fn vector(&self) -> Result<&[f32], BackendError> {
-        match self {
-            CpuWeight::Vector(v) => Ok(v),
-            CpuWeight::Mapped { kind, rows, cols, .. } => Err(BackendError(format!(
-                "expected a vector, got a {rows}x{cols} {kind} matrix"
-            ))),
-        }
+        // SAFETY: `ptr..ptr+len` was a live slice of `owner`'s mapping
+        // when placed, and `owner` keeps that mapping alive and unchanged.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
@@ -389,9 +373,11 @@ unsafe impl<T: Send> Send for OutPtr<T> {}
 unsafe impl<T: Send> Sync for OutPtr<T> {}
 
 impl DeviceBackend for Cpu {
-    type Weight = CpuWeight;
+    type Matrix = CpuWeight;
+    type Vector = Vec<f32>;
     type Buf = Vec<f32>;
     type Kv = CpuKv;
+    type Indices = ();
 
     fn id(&self) -> Backend {
         Backend::Cpu
@@ -417,14 +403,11 @@ impl DeviceBackend for Cpu {
         self.exact.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn place(&self, t: &HostTensor<'_>) -> Result<CpuWeight, BackendError> {
-        if t.rows <= 1 {
-            let n = t.cols;
-            let mut v = vec![0.0f32; n];
-            ferrox_quant::dequantize(t.kind, t.bytes, &mut v)
-                .map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
-            return Ok(CpuWeight::Vector(v));
-        }
+    fn place_vector(&self, t: &HostTensor<'_>) -> Result<Vec<f32>, BackendError> {
+        super::vector_values(t)
+    }
+
+    fn place_matrix(&self, t: &HostTensor<'_>) -> Result<CpuWeight, BackendError> {
         let want = ferrox_quant::row_bytes(t.kind, t.cols)
             .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
             .checked_mul(t.rows)
@@ -454,13 +437,13 @@ impl DeviceBackend for Cpu {
         } else {
             None
         };
-        Ok(CpuWeight::Mapped {
+        Ok(CpuWeight {
             kind: t.kind,
             rows: t.rows,
             cols: t.cols,
             ptr: t.bytes.as_ptr(),
             len: t.bytes.len(),
-            owner: Arc::clone(t.owner),
+            _owner: Arc::clone(t.owner),
             packed,
             inter,
         })
@@ -505,10 +488,17 @@ impl DeviceBackend for Cpu {
         })
     }
 
-    fn get_rows(&self, table: &CpuWeight, ids: &[u32], out: &mut Vec<f32>) -> Result<(), BackendError> {
-        let CpuWeight::Mapped { kind, rows, cols, inter, .. } = table else {
-            return Err(BackendError("get_rows needs a matrix".into()));
-        };
+    fn indices(&self, _n: usize) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn stage(&self, _dev: &mut (), _lists: Staged<'_, ()>) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn get_rows(&self, table: &CpuWeight, b: Staged<'_, ()>, out: &mut Vec<f32>) -> Result<(), BackendError> {
+        let CpuWeight { kind, rows, cols, inter, .. } = table;
+        let ids = b.tokens;
         check_len("get_rows output", out, ids.len() * cols)?;
         let rb = ferrox_quant::row_bytes(*kind, *cols).map_err(BackendError::new)?;
         let bytes = table.bytes();
@@ -529,9 +519,7 @@ impl DeviceBackend for Cpu {
     }
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, y: &mut Vec<f32>, n: usize) -> Result<(), BackendError> {
-        let CpuWeight::Mapped { kind, rows, cols, packed, inter, .. } = w else {
-            return Err(BackendError("matmul needs a matrix".into()));
-        };
+        let CpuWeight { kind, rows, cols, packed, inter, .. } = w;
         let (x, y) = (x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, 0))?);
         // The interleaved copy takes every product over its matrix (its
         // mapped pages were released: reading them would fault them back).
@@ -550,13 +538,10 @@ impl DeviceBackend for Cpu {
     /// (`ferrox_quant::matvec::matmul_many_with`); anything else, one
     /// [`DeviceBackend::matmul`] each.
     fn matmul_many(&self, x: &Vec<f32>, n: usize, outs: &mut [(&CpuWeight, &mut Vec<f32>)]) -> Result<(), BackendError> {
-        let cols = match outs.first().map(|(w, _)| *w) {
-            Some(CpuWeight::Mapped { cols, .. }) => *cols,
-            _ => 0,
-        };
+        let cols = outs.first().map_or(0, |(w, _)| w.cols);
         let together = n < ferrox_quant::gemm::MIN_BATCH
             && outs.len() > 1
-            && outs.iter().all(|(w, _)| matches!(w, CpuWeight::Mapped { cols: c, inter: None, .. } if *c == cols));
+            && outs.iter().all(|(w, _)| w.cols == cols && w.inter.is_none());
         if !together {
             for (w, y) in outs.iter_mut() {
                 self.matmul(w, x, y, n)?;
@@ -566,9 +551,7 @@ impl DeviceBackend for Cpu {
         let x = x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?;
         let mut mats = Vec::with_capacity(outs.len());
         for (w, y) in outs.iter_mut() {
-            let CpuWeight::Mapped { kind, rows, .. } = w else {
-                return Err(BackendError("matmul needs a matrix".into()));
-            };
+            let CpuWeight { kind, rows, .. } = w;
             let len = y.len();
             let y = y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, len))?;
             mats.push(ferrox_quant::matvec::ManyOut { kind: *kind, weights: w.bytes(), rows: *rows, y });
@@ -576,8 +559,7 @@ impl DeviceBackend for Cpu {
         ferrox_quant::matvec::matmul_many_with(self.isa, cols, x, n, self.threads, &mut mats).map_err(BackendError::new)
     }
 
-    fn add_bias(&self, y: &mut Vec<f32>, b: &CpuWeight, n: usize) -> Result<(), BackendError> {
-        let b = b.vector()?;
+    fn add_bias(&self, y: &mut Vec<f32>, b: &Vec<f32>, n: usize) -> Result<(), BackendError> {
         check_len("bias input", y, n * b.len())?;
         for row in y.chunks_exact_mut(b.len().max(1)) {
             row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
@@ -585,8 +567,7 @@ impl DeviceBackend for Cpu {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &mut Vec<f32>, w: &CpuWeight, eps: f32) -> Result<(), BackendError> {
-        let w = w.vector()?;
+    fn rms_norm(&self, x: &mut Vec<f32>, w: &Vec<f32>, eps: f32) -> Result<(), BackendError> {
         if w.is_empty() || x.len() % w.len() != 0 {
             return Err(shape("rms_norm width", w.len(), x.len()));
         }
@@ -594,8 +575,7 @@ impl DeviceBackend for Cpu {
         Ok(())
     }
 
-    fn add_rms_norm(&self, x: &mut Vec<f32>, add: Option<&Vec<f32>>, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) -> Result<(), BackendError> {
-        let w = w.vector()?;
+    fn add_rms_norm(&self, x: &mut Vec<f32>, add: Option<&Vec<f32>>, w: &Vec<f32>, eps: f32, out: &mut Vec<f32>) -> Result<(), BackendError> {
         let width = w.len();
         if width == 0 || x.len() % width != 0 {
             return Err(shape("rms_norm width", width, x.len()));
@@ -626,17 +606,18 @@ impl DeviceBackend for Cpu {
     fn rope(
         &self,
         x: &mut Vec<f32>,
-        positions: &[u32],
+        b: Staged<'_, ()>,
         n_heads: usize,
         head_dim: usize,
         p: &RopeParams,
-        factors: Option<&CpuWeight>,
+        factors: Option<&Vec<f32>>,
     ) -> Result<(), BackendError> {
+        let positions = b.pos;
         check_len("rope input", x, positions.len() * n_heads * head_dim)?;
         if p.n_rot > head_dim || p.n_rot % 2 != 0 {
             return Err(BackendError(format!("n_rot {} does not fit head size {head_dim}", p.n_rot)));
         }
-        let factors = factors.map(CpuWeight::vector).transpose()?;
+        let factors = factors.map(Vec::as_slice);
         if let Some(f) = factors {
             if f.len() < p.n_rot / 2 {
                 return Err(shape("rope factors", p.n_rot / 2, f.len()));
@@ -668,14 +649,15 @@ impl DeviceBackend for Cpu {
         &self,
         kv: &mut CpuKv,
         layer: usize,
-        batch: &Batch,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        batch: Staged<'_, ()>,
+        [q, k, v]: [&Vec<f32>; 3],
         out: &mut Vec<f32>,
         p: &AttnParams,
     ) -> Result<(), BackendError> {
         let n = batch.len();
+        if batch.seq.len() != n || batch.pos.len() != n {
+            return Err(BackendError("batch columns of different lengths".into()));
+        }
         let (hd, hdv) = (p.head_dim, p.head_dim_v);
         let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
         if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
@@ -788,9 +770,10 @@ impl DeviceBackend for Cpu {
         Ok(())
     }
 
-    fn gather_rows(&self, src: &Vec<f32>, rows: &[usize], width: usize, dst: &mut Vec<f32>) -> Result<(), BackendError> {
-        check_len("gather output", dst, rows.len() * width)?;
-        for (i, &r) in rows.iter().enumerate() {
+    fn gather_rows(&self, src: &Vec<f32>, b: Staged<'_, ()>, width: usize, dst: &mut Vec<f32>) -> Result<(), BackendError> {
+        check_len("gather output", dst, b.rows.len() * width)?;
+        for (i, &r) in b.rows.iter().enumerate() {
+            let r = r as usize;
             let s = src.get(r * width..(r + 1) * width).ok_or_else(|| shape("gather row", r, src.len() / width.max(1)))?;
             dst[i * width..(i + 1) * width].copy_from_slice(s);
         }
@@ -813,6 +796,14 @@ impl DeviceBackend for Cpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Batch;
+
+    /// A batch of one slot at `pos`.
+    fn at(pos: &[u32]) -> Batch {
+        let mut b = Batch::default();
+        pos.iter().for_each(|&p| b.push(0, p, 0, false));
+        b
+    }
 
     #[test]
     fn gelu_follows_ggml_tanh_form_through_f16() {
@@ -838,7 +829,7 @@ mod tests {
         for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
             let p = RopeParams { style, n_rot: 4, base: 100.0, freq_scale: 1.0, attn_factor: 1.0 };
             let mut x = vec![1.0, 2.0, 3.0, 4.0];
-            cpu.rope(&mut x, &[2], 1, 4, &p, None).unwrap();
+            cpu.rope(&mut x, Staged::of(&at(&[2]), &[], &()), 1, 4, &p, None).unwrap();
             let pairs = match style {
                 RopeStyle::Interleaved => [(0, 1, 2.0f32), (2, 3, 0.2)],
                 RopeStyle::Halves => [(0, 2, 2.0), (1, 3, 0.2)],
@@ -859,7 +850,7 @@ mod tests {
         let data = |seed: u32| -> Vec<f32> {
             (0..rows * width).map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0).collect()
         };
-        let norm = CpuWeight::Vector(data(7)[..width].to_vec());
+        let norm = data(7)[..width].to_vec();
         let (one, two) = (Cpu::new(1), Cpu::new(2));
         let run = |cpu: &Cpu| {
             let mut x = data(1);
@@ -875,9 +866,9 @@ mod tests {
             let mut q = data(8);
             let pos: Vec<u32> = (0..rows as u32).map(|i| i * 3 + 1).collect();
             let p1 = RopeParams { style: RopeStyle::Halves, n_rot: 64, base: 10_000.0, freq_scale: 1.0, attn_factor: 1.0 };
-            cpu.rope(&mut q, &pos, width / 64, 64, &p1, None).unwrap();
+            cpu.rope(&mut q, Staged::of(&at(&pos), &[], &()), width / 64, 64, &p1, None).unwrap();
             let p2 = RopeParams { base: 1_000_000.0, ..p1 };
-            cpu.rope(&mut q, &pos, width / 64, 64, &p2, None).unwrap();
+            cpu.rope(&mut q, Staged::of(&at(&pos), &[], &()), width / 64, 64, &p2, None).unwrap();
             [x, r, o, g, f, q]
         };
         let (a, b) = (run(&one), run(&two));
@@ -891,8 +882,8 @@ mod tests {
         let p2 = RopeParams { style: RopeStyle::Halves, n_rot: 64, base: 1_000_000.0, freq_scale: 1.0, attn_factor: 1.0 };
         let fresh = Cpu::new(2);
         let mut q1 = q.clone();
-        fresh.rope(&mut q1, &pos, width / 64, 64, &p2, None).unwrap();
-        two.rope(&mut q, &pos, width / 64, 64, &p2, None).unwrap();
+        fresh.rope(&mut q1, Staged::of(&at(&pos), &[], &()), width / 64, 64, &p2, None).unwrap();
+        two.rope(&mut q, Staged::of(&at(&pos), &[], &()), width / 64, 64, &p2, None).unwrap();
         assert_eq!(q, q1);
     }
 
@@ -910,7 +901,7 @@ mod tests {
         let v = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let p = AttnParams { n_head: 2, n_head_kv: 1, head_dim: 2, head_dim_v: 2, scale: 1.0, softcap: None, window: None };
         let mut out = vec![0.0; 12];
-        cpu.attention(&mut kv, 0, &b, &q, &k, &v, &mut out, &p).unwrap();
+        cpu.attention(&mut kv, 0, Staged::of(&b, &[], &()), [&q, &k, &v], &mut out, &p).unwrap();
         // Token 0 sees only itself.
         assert_eq!(&out[0..4], &[1.0, 2.0, 1.0, 2.0]);
         // Token 1, head 0 (q = [1,0]): scores [1, 0] -> weights e/(e+1), 1/(e+1).
@@ -921,11 +912,11 @@ mod tests {
         // A window of 1: every token sees only itself.
         let p1 = AttnParams { window: Some(1), ..p };
         let mut kv = cpu.kv_cache(1, 8, &[2], &[2]).unwrap();
-        cpu.attention(&mut kv, 0, &b, &q, &k, &v, &mut out, &p1).unwrap();
+        cpu.attention(&mut kv, 0, Staged::of(&b, &[], &()), [&q, &k, &v], &mut out, &p1).unwrap();
         assert_eq!(&out[8..12], &[5.0, 6.0, 5.0, 6.0]);
         // Positions outside the cache are an error, not a panic.
         let mut far = Batch::default();
         far.push(0, 8, 0, true);
-        assert!(cpu.attention(&mut kv, 0, &far, &q[..4].to_vec(), &k[..2].to_vec(), &v[..2].to_vec(), &mut out[..4].to_vec(), &p).is_err());
+        assert!(cpu.attention(&mut kv, 0, Staged::of(&far, &[], &()), [&q[..4].to_vec(), &k[..2].to_vec(), &v[..2].to_vec()], &mut out[..4].to_vec(), &p).is_err());
     }
 }

@@ -12,7 +12,7 @@
 //!
 //! Where we go further than the seed: its GPU path copied weights and
 //! activations per matvec. Here a backend implements [`DeviceBackend`] —
-//! weights are placed once at load ([`DeviceBackend::place`]), activations
+//! weights are placed once at load ([`DeviceBackend::place_matrix`]), activations
 //! and the KV cache live in the backend's own buffers for the whole forward
 //! pass, and only token ids go in and logits come out. The CPU is the first
 //! `DeviceBackend` and the reference every other one is tested against.
@@ -22,6 +22,7 @@
 
 #[cfg(test)]
 mod conformance;
+pub mod blocks;
 pub mod cpu;
 pub mod cuda;
 pub mod split;
@@ -267,7 +268,7 @@ gpu_backend_table!(open_backend_rows);
 
 /// How RoPE is applied to a layer and how it attends: the op vocabulary
 /// every backend crate imports (`ferrox_ops`), not mirrored per device.
-pub use ferrox_ops::{AttnParams, RopeParams};
+pub use ferrox_ops::{Activation, AttnParams, RopeParams};
 
 /// What a recorded forward pass is keyed by ([`DeviceBackend::run_recorded`]):
 /// the context and the activation and head buffers it ran over, each id
@@ -315,7 +316,8 @@ impl Batch {
     }
 }
 
-/// A weight as the file holds it, handed to [`DeviceBackend::place`].
+/// A weight as the file holds it, handed to [`DeviceBackend::place_matrix`]
+/// or [`DeviceBackend::place_vector`].
 pub struct HostTensor<'a> {
     /// GGUF name (for errors and the registry).
     pub name: &'a str,
@@ -331,18 +333,171 @@ pub struct HostTensor<'a> {
     pub owner: &'a std::sync::Arc<ferrox_gguf::GgufModel>,
 }
 
+/// A forward pass's index lists as every op reads them: the host copies, and
+/// `dev`, the backend's own copy ([`DeviceBackend::Indices`]), written once
+/// per pass by [`DeviceBackend::stage`]. Cheap to copy; a split hands each
+/// side the same lists with that side's `dev`.
+#[derive(Debug)]
+pub struct Staged<'a, I: ?Sized> {
+    /// Token ids.
+    pub tokens: &'a [u32],
+    /// Each token's position in its sequence.
+    pub pos: &'a [u32],
+    /// Each token's sequence slot.
+    pub seq: &'a [u32],
+    /// The rows whose logits are wanted, in order.
+    pub rows: &'a [u32],
+    /// The backend's copy of the lists.
+    pub dev: &'a I,
+}
+
+impl<I: ?Sized> Clone for Staged<'_, I> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<I: ?Sized> Copy for Staged<'_, I> {}
+
+impl<'a, I: ?Sized> Staged<'a, I> {
+    /// `batch`'s lists and `rows`, with the backend's copy `dev`.
+    pub fn of(batch: &'a Batch, rows: &'a [u32], dev: &'a I) -> Staged<'a, I> {
+        Staged { tokens: &batch.tokens, pos: &batch.pos, seq: &batch.seq, rows, dev }
+    }
+
+    /// Tokens in the pass.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the pass is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The same lists with another backend's copy (a split's sides).
+    pub fn with<'b, J: ?Sized>(&self, dev: &'b J) -> Staged<'b, J>
+    where
+        'a: 'b,
+    {
+        Staged { tokens: self.tokens, pos: self.pos, seq: self.seq, rows: self.rows, dev }
+    }
+}
+
+/// How a block's queries, keys and values are projected.
+pub enum QkvWeights<'a, B: DeviceBackend + ?Sized> {
+    /// One matrix whose rows are Q, then K, then V (Phi-3), and its bias.
+    Fused(&'a B::Matrix, Option<&'a B::Vector>),
+    /// Three matrices and their biases.
+    Separate([&'a B::Matrix; 3], [Option<&'a B::Vector>; 3]),
+}
+
+/// One attention block: the residual's norm, the Q/K/V projections (with
+/// their biases and norms), RoPE, attention over the cache, and the output
+/// projection (with its bias and post-norm).
+pub struct AttnBlock<'a, B: DeviceBackend + ?Sized> {
+    /// The block index (the KV cache layer).
+    pub layer: usize,
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// The input norm.
+    pub norm: &'a B::Vector,
+    /// The projections.
+    pub qkv: QkvWeights<'a, B>,
+    /// Per-head RMS norms of the queries and keys (Qwen 3, Gemma 3).
+    pub qk_norm: Option<(&'a B::Vector, &'a B::Vector)>,
+    /// The output projection.
+    pub out: &'a B::Matrix,
+    /// Its bias.
+    pub out_bias: Option<&'a B::Vector>,
+    /// A norm of the block's output before the residual add (Gemma 2/3).
+    pub post_norm: Option<&'a B::Vector>,
+    /// RoPE.
+    pub rope: RopeParams,
+    /// RoPE frequency factors.
+    pub factors: Option<&'a B::Vector>,
+    /// Attention.
+    pub attn: AttnParams,
+}
+
+/// One feed-forward block: the residual's norm, gate and up projections
+/// (separate, or one fused matrix), the gated activation, the down
+/// projection (with its post-norm).
+pub struct FfnBlock<'a, B: DeviceBackend + ?Sized> {
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// The gated activation.
+    pub act: Activation,
+    /// The input norm.
+    pub norm: &'a B::Vector,
+    /// The gate projection; `None`: `up` holds gate then up (Phi-3).
+    pub gate: Option<&'a B::Matrix>,
+    /// The up projection.
+    pub up: &'a B::Matrix,
+    /// The down projection.
+    pub down: &'a B::Matrix,
+    /// A norm of the block's output before the residual add.
+    pub post_norm: Option<&'a B::Vector>,
+    /// The hidden width.
+    pub n_ff: usize,
+}
+
+/// The activation buffers blocks read and write, for one batch shape.
+/// `x` is the residual stream. A block's output is added into `x` by its
+/// projection, or, when it is biased or normed first, left in `o` with
+/// `pending` set, for the next block's norm to add in. The others are
+/// scratch: a block writes them before it reads them.
+pub struct Scratch<'a, Buf> {
+    /// The residual stream.
+    pub x: &'a mut Buf,
+    /// The normed rows.
+    pub cur: &'a mut Buf,
+    /// Queries.
+    pub q: &'a mut Buf,
+    /// Keys.
+    pub k: &'a mut Buf,
+    /// Values.
+    pub v: &'a mut Buf,
+    /// A fused Q/K/V projection's output, where the model has one.
+    pub qkv: Option<&'a mut Buf>,
+    /// Attention's output.
+    pub attn: &'a mut Buf,
+    /// A block's output not yet added to `x`.
+    pub o: &'a mut Buf,
+    /// The gate projection.
+    pub gate: &'a mut Buf,
+    /// The up projection (both halves where fused).
+    pub up: &'a mut Buf,
+    /// The gated activation.
+    pub h: &'a mut Buf,
+    /// Whether `o` holds a block output still to be added to `x`.
+    pub pending: bool,
+}
+
 /// The data plane: everything a forward pass does, on the backend's own
 /// buffers. Implemented by the CPU (the reference) and by each accelerator.
 ///
 /// Shapes are explicit and checked: a mismatch is a [`BackendError`], never
-/// a panic. Activations are row-major `[n_tokens, width]`.
+/// a panic. Activations are row-major `[n_tokens, width]`. Weights are
+/// typed: a matrix (`Matrix`) feeds products and row lookups, a vector
+/// (`Vector`: norms, biases, RoPE factors) element-wise ops. A forward
+/// pass's index lists are staged once ([`DeviceBackend::stage`]) and every
+/// op reads them from the one [`Staged`]. The model runs blocks through
+/// two hooks, [`DeviceBackend::attention_block`] and
+/// [`DeviceBackend::ffn_block`], whose defaults ([`blocks`]) are composed
+/// from the primitive ops; a backend overrides a hook to fuse what it can,
+/// without the trait growing an op per fusion.
 pub trait DeviceBackend: Send + Sync {
-    /// A placed weight (device memory, or a borrow of the mapped file).
-    type Weight: Send + Sync;
+    /// A placed matrix (device memory, or a borrow of the mapped file).
+    type Matrix: Send + Sync;
+    /// A placed vector: norms, biases, RoPE factors.
+    type Vector: Send + Sync;
     /// An f32 activation buffer in device memory.
     type Buf: Send;
     /// The KV cache: `n_slots` sequences of `n_ctx` positions per layer.
     type Kv: Send;
+    /// A batch's index lists on the device (`()` where ops read the host's).
+    type Indices: Send;
 
     /// Opens the backend as `opts` says (the device ordinal, CPU threads);
     /// [`with_backend`] calls this for the backend a user named.
@@ -383,8 +538,10 @@ pub trait DeviceBackend: Send + Sync {
     /// goes and it reuses cached prompt prefixes: the same request with the
     /// same seed would sample differently. The default does nothing.
     fn prefer_exact_products(&self) {}
-    /// Places one weight for its whole lifetime (upload, repack, or borrow).
-    fn place(&self, t: &HostTensor<'_>) -> Result<Self::Weight, BackendError>;
+    /// Places a matrix for its whole lifetime (upload, repack, or borrow).
+    fn place_matrix(&self, t: &HostTensor<'_>) -> Result<Self::Matrix, BackendError>;
+    /// Places a vector (one row; any kind, read as f32 values).
+    fn place_vector(&self, t: &HostTensor<'_>) -> Result<Self::Vector, BackendError>;
     /// A zeroed activation buffer of `len` floats.
     fn alloc(&self, len: usize) -> Result<Self::Buf, BackendError>;
     /// A buffer holding `src`: the conformance suite's way in (a forward
@@ -395,43 +552,51 @@ pub trait DeviceBackend: Send + Sync {
     /// A KV cache for `n_layer` layers of `kv_dims[l]` (keys) and `v_dims[l]`
     /// (values) per position.
     fn kv_cache(&self, n_slots: usize, n_ctx: usize, k_dims: &[usize], v_dims: &[usize]) -> Result<Self::Kv, BackendError>;
+    /// Room on the device for the index lists of passes of up to `n`
+    /// tokens. A model keeps one per batch shape, so a recorded pass reads
+    /// its lists at the same place every time.
+    fn indices(&self, n: usize) -> Result<Self::Indices, BackendError>;
+    /// Writes a pass's lists into `dev` (one copy), before any op reads them.
+    fn stage(&self, dev: &mut Self::Indices, lists: Staged<'_, ()>) -> Result<(), BackendError>;
 
-    /// `out[i] = table[ids[i]]` (dequantized), `out` is `[ids.len(), cols]`.
-    fn get_rows(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> Result<(), BackendError>;
+    /// `out[i] = table[b.tokens[i]]` (dequantized), `out` is `[b.len(), cols]`.
+    fn get_rows(&self, table: &Self::Matrix, b: Staged<'_, Self::Indices>, out: &mut Self::Buf) -> Result<(), BackendError>;
     /// `y = x W^T` for `n` rows of `x`.
-    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, y: &mut Self::Buf, n: usize) -> Result<(), BackendError>;
+    fn matmul(&self, w: &Self::Matrix, x: &Self::Buf, y: &mut Self::Buf, n: usize) -> Result<(), BackendError>;
+    /// `y_i = x W_i^T` for several weights over the same `n` rows of `x` (a
+    /// layer's Q, K and V; gate and up). The default is one
+    /// [`DeviceBackend::matmul`] each; a backend may share the activations'
+    /// preparation, or do them in one launch.
+    fn matmul_many(&self, x: &Self::Buf, n: usize, outs: &mut [(&Self::Matrix, &mut Self::Buf)]) -> Result<(), BackendError> {
+        for (w, y) in outs.iter_mut() {
+            self.matmul(w, x, y, n)?;
+        }
+        Ok(())
+    }
     /// `y[t] += b` for each of `n` rows.
-    fn add_bias(&self, y: &mut Self::Buf, b: &Self::Weight, n: usize) -> Result<(), BackendError>;
+    fn add_bias(&self, y: &mut Self::Buf, b: &Self::Vector, n: usize) -> Result<(), BackendError>;
     /// RMS norm of each `w.len()`-wide row of `x` in place, times `w`.
-    fn rms_norm(&self, x: &mut Self::Buf, w: &Self::Weight, eps: f32) -> Result<(), BackendError>;
-    /// RoPE on `x` (`[positions.len(), n_heads * head_dim]`) in place.
-    fn rope(
-        &self,
-        x: &mut Self::Buf,
-        positions: &[u32],
-        n_heads: usize,
-        head_dim: usize,
-        p: &RopeParams,
-        factors: Option<&Self::Weight>,
-    ) -> Result<(), BackendError>;
-    /// Stores `k`/`v` of the batch in layer `layer` of the cache, then writes
-    /// causal attention of `q` over each token's own sequence into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        kv: &mut Self::Kv,
-        layer: usize,
-        batch: &Batch,
-        q: &Self::Buf,
-        k: &Self::Buf,
-        v: &Self::Buf,
-        out: &mut Self::Buf,
-        p: &AttnParams,
-    ) -> Result<(), BackendError>;
+    fn rms_norm(&self, x: &mut Self::Buf, w: &Self::Vector, eps: f32) -> Result<(), BackendError>;
+    /// `x += add` (when given), then `out = rms_norm(x) * w`: the residual
+    /// add and the next block's norm. The default is the three separate ops.
+    fn add_rms_norm(&self, x: &mut Self::Buf, add: Option<&Self::Buf>, w: &Self::Vector, eps: f32, out: &mut Self::Buf) -> Result<(), BackendError> {
+        if let Some(a) = add {
+            self.add(x, a)?;
+        }
+        self.copy(x, out)?;
+        self.rms_norm(out, w, eps)
+    }
+    /// RoPE on `x` (`[b.len(), n_heads * head_dim]`) in place, at the
+    /// batch's positions.
+    fn rope(&self, x: &mut Self::Buf, b: Staged<'_, Self::Indices>, n_heads: usize, head_dim: usize, p: &RopeParams, factors: Option<&Self::Vector>) -> Result<(), BackendError>;
+    /// Stores the keys and values (`qkv[1]`, `qkv[2]`) of the batch in layer `layer` of the
+    /// cache, then writes causal attention of the queries `qkv[0]` over each token's own
+    /// sequence into `out`.
+    fn attention(&self, cache: &mut Self::Kv, layer: usize, b: Staged<'_, Self::Indices>, qkv: [&Self::Buf; 3], out: &mut Self::Buf, p: &AttnParams) -> Result<(), BackendError>;
     /// `out = act(gate) * up`, element-wise over `[n, width]`.
-    fn glu(&self, act: crate::arch::Activation, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<(), BackendError>;
+    fn glu(&self, act: Activation, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<(), BackendError>;
     /// Splits each `2 * width` row of `fused` into gate then up: `out = act(gate) * up`.
-    fn glu_fused(&self, act: crate::arch::Activation, fused: &Self::Buf, out: &mut Self::Buf, width: usize) -> Result<(), BackendError>;
+    fn glu_fused(&self, act: Activation, fused: &Self::Buf, out: &mut Self::Buf, width: usize) -> Result<(), BackendError>;
     /// `dst = src` (same length).
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf) -> Result<(), BackendError>;
     /// `a += b`.
@@ -440,171 +605,28 @@ pub trait DeviceBackend: Send + Sync {
     fn scale(&self, x: &mut Self::Buf, s: f32) -> Result<(), BackendError>;
     /// `x = cap * tanh(x / cap)`.
     fn softcap(&self, x: &mut Self::Buf, cap: f32) -> Result<(), BackendError>;
-    /// Copies rows `rows` of `src` (`[_, width]`) into `dst` in order.
-    fn gather_rows(&self, src: &Self::Buf, rows: &[usize], width: usize, dst: &mut Self::Buf) -> Result<(), BackendError>;
+    /// Copies the rows `b.rows` of `src` (`[_, width]`) into `dst` in order.
+    fn gather_rows(&self, src: &Self::Buf, b: Staged<'_, Self::Indices>, width: usize, dst: &mut Self::Buf) -> Result<(), BackendError>;
     /// Copies a column range `[c0, c0 + dst_width)` of each row of `src`
     /// (`[n, src_width]`) into `dst` (`[n, dst_width]`) — splits a fused QKV.
     fn split_cols(&self, src: &Self::Buf, src_width: usize, c0: usize, dst: &mut Self::Buf, dst_width: usize) -> Result<(), BackendError>;
 
-    /// `y_i = x W_i^T` for several weights over the same `n` rows of `x` (a
-    /// layer's Q, K and V; gate and up). The default is one
-    /// [`DeviceBackend::matmul`] each; a device backend may do them in one launch.
-    fn matmul_many(&self, x: &Self::Buf, n: usize, outs: &mut [(&Self::Weight, &mut Self::Buf)]) -> Result<(), BackendError> {
-        for (w, y) in outs.iter_mut() {
-            self.matmul(w, x, y, n)?;
-        }
-        Ok(())
+    /// One attention block over the batch `b` ([`AttnBlock`]); the default
+    /// is [`blocks::attention`], composed from the ops above.
+    fn attention_block(&self, cache: &mut Self::Kv, b: Staged<'_, Self::Indices>, w: &AttnBlock<'_, Self>, s: &mut Scratch<'_, Self::Buf>) -> Result<(), BackendError>
+    where
+        Self: Sized,
+    {
+        blocks::attention(self, cache, b, w, s)
     }
 
-    /// RoPE on the queries `q` (`n_head` heads) and keys `k` (`n_head_kv`
-    /// heads) of one layer at the same positions. The default is two
-    /// [`DeviceBackend::rope`] calls; a device backend does both in one launch.
-    #[allow(clippy::too_many_arguments)]
-    fn rope_qk(
-        &self,
-        q: &mut Self::Buf,
-        k: &mut Self::Buf,
-        positions: &[u32],
-        n_head: usize,
-        n_head_kv: usize,
-        head_dim: usize,
-        p: &RopeParams,
-        factors: Option<&Self::Weight>,
-    ) -> Result<(), BackendError> {
-        self.rope(q, positions, n_head, head_dim, p, factors)?;
-        self.rope(k, positions, n_head_kv, head_dim, p, factors)
-    }
-
-    /// `h = act(x Wg^T) * (x Wu^T)` over `n` tokens: the gate and up
-    /// projections and the gated activation. `gate` and `up` are scratch
-    /// (a backend that fuses the three may leave them unwritten). The
-    /// default is [`DeviceBackend::matmul_many`] then [`DeviceBackend::glu`].
-    #[allow(clippy::too_many_arguments)]
-    fn gate_up_glu(
-        &self,
-        act: crate::arch::Activation,
-        x: &Self::Buf,
-        n: usize,
-        wg: &Self::Weight,
-        wu: &Self::Weight,
-        gate: &mut Self::Buf,
-        up: &mut Self::Buf,
-        h: &mut Self::Buf,
-    ) -> Result<(), BackendError> {
-        self.matmul_many(x, n, &mut [(wg, &mut *gate), (wu, &mut *up)])?;
-        self.glu(act, gate, up, h)
-    }
-
-    /// `x += add` (when given), then `y_i = (rms_norm(x) * norm) W_i^T`: a
-    /// block's residual add and norm, then its projections. `cur` is
-    /// scratch for the normed rows (a backend that fuses the norm into the
-    /// matvecs may leave it unwritten). The default is
-    /// [`DeviceBackend::add_rms_norm`] then [`DeviceBackend::matmul_many`].
-    #[allow(clippy::too_many_arguments)]
-    fn norm_matmul_many(
-        &self,
-        x: &mut Self::Buf,
-        add: Option<&Self::Buf>,
-        norm: &Self::Weight,
-        eps: f32,
-        cur: &mut Self::Buf,
-        n: usize,
-        outs: &mut [(&Self::Weight, &mut Self::Buf)],
-    ) -> Result<(), BackendError> {
-        self.add_rms_norm(x, add, norm, eps, cur)?;
-        self.matmul_many(cur, n, outs)
-    }
-
-    /// The input side of a layer's attention, for layers whose Q, K and V
-    /// take no bias and no norm of their own: [`DeviceBackend::norm_matmul_many`]
-    /// into `qkv` (weights `wqkv`), then [`DeviceBackend::rope_attention`]
-    /// over the batch (the default). A device backend may rotate the
-    /// queries and keys and store the cache in the projection's epilogue.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_qkv_attention(
-        &self,
-        kv: &mut Self::Kv,
-        layer: usize,
-        batch: &Batch,
-        x: &mut Self::Buf,
-        add: Option<&Self::Buf>,
-        norm: &Self::Weight,
-        eps: f32,
-        cur: &mut Self::Buf,
-        wqkv: [&Self::Weight; 3],
-        qkv: [&mut Self::Buf; 3],
-        out: &mut Self::Buf,
-        rope: &RopeParams,
-        factors: Option<&Self::Weight>,
-        p: &AttnParams,
-    ) -> Result<(), BackendError> {
-        let ([wq, wk, wv], [q, k, v]) = (wqkv, qkv);
-        self.norm_matmul_many(x, add, norm, eps, cur, batch.len(), &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
-        self.rope_attention(kv, layer, batch, q, k, v, out, rope, factors, p)
-    }
-
-    /// [`DeviceBackend::norm_matmul_many`]'s add and norm, then
-    /// [`DeviceBackend::gate_up_glu`] over the normed rows.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_gate_up_glu(
-        &self,
-        act: crate::arch::Activation,
-        x: &mut Self::Buf,
-        add: Option<&Self::Buf>,
-        norm: &Self::Weight,
-        eps: f32,
-        cur: &mut Self::Buf,
-        n: usize,
-        wg: &Self::Weight,
-        wu: &Self::Weight,
-        gate: &mut Self::Buf,
-        up: &mut Self::Buf,
-        h: &mut Self::Buf,
-    ) -> Result<(), BackendError> {
-        self.add_rms_norm(x, add, norm, eps, cur)?;
-        self.gate_up_glu(act, cur, n, wg, wu, gate, up, h)
-    }
-
-    /// `acc += x W^T` over `n` rows: a projection into the residual stream.
-    /// `scratch` holds the product where the backend does not add it in
-    /// the matmul itself. The default is [`DeviceBackend::matmul`] then
-    /// [`DeviceBackend::add`].
-    fn matmul_acc(&self, w: &Self::Weight, x: &Self::Buf, n: usize, scratch: &mut Self::Buf, acc: &mut Self::Buf) -> Result<(), BackendError> {
-        self.matmul(w, x, scratch, n)?;
-        self.add(acc, scratch)
-    }
-
-    /// RoPE on a layer's queries and keys at the batch's positions, then
-    /// [`DeviceBackend::attention`] (which stores the keys and values into
-    /// the cache first). The default is [`DeviceBackend::rope_qk`] then
-    /// `attention`; a device backend rotates and stores in one launch.
-    #[allow(clippy::too_many_arguments)]
-    fn rope_attention(
-        &self,
-        kv: &mut Self::Kv,
-        layer: usize,
-        batch: &Batch,
-        q: &mut Self::Buf,
-        k: &mut Self::Buf,
-        v: &Self::Buf,
-        out: &mut Self::Buf,
-        rope: &RopeParams,
-        factors: Option<&Self::Weight>,
-        p: &AttnParams,
-    ) -> Result<(), BackendError> {
-        self.rope_qk(q, k, &batch.pos, p.n_head, p.n_head_kv, p.head_dim, rope, factors)?;
-        self.attention(kv, layer, batch, q, k, v, out, p)
-    }
-
-    /// `x += add` (when given), then `out = rms_norm(x) * w`: the residual
-    /// add and the next block's norm. The default is the three separate ops;
-    /// a backend where a launch costs overrides it with one kernel.
-    fn add_rms_norm(&self, x: &mut Self::Buf, add: Option<&Self::Buf>, w: &Self::Weight, eps: f32, out: &mut Self::Buf) -> Result<(), BackendError> {
-        if let Some(a) = add {
-            self.add(x, a)?;
-        }
-        self.copy(x, out)?;
-        self.rms_norm(out, w, eps)
+    /// One feed-forward block over `n` tokens ([`FfnBlock`]); the default is
+    /// [`blocks::ffn`].
+    fn ffn_block(&self, n: usize, w: &FfnBlock<'_, Self>, s: &mut Scratch<'_, Self::Buf>) -> Result<(), BackendError>
+    where
+        Self: Sized,
+    {
+        blocks::ffn(self, n, w, s)
     }
 
     /// The index of the largest value of each `width`-wide row of `x`
@@ -620,27 +642,17 @@ pub trait DeviceBackend: Send + Sync {
         Ok(())
     }
 
-    /// The index vectors a forward pass is about to hand the ops (token ids,
-    /// positions, slots, output rows), so a device backend can upload them
-    /// in one copy instead of one per op. A hint: the default does nothing,
-    /// and ops given a list that was not staged still work.
-    fn stage_indices(&self, lists: &[&[u32]]) -> Result<(), BackendError> {
-        let _ = lists;
-        Ok(())
-    }
-
     /// Enqueues a forward pass's ops by calling `f`, or replays a recording
     /// of them. A backend that records (CUDA graphs) records `f` the first
     /// time it sees `key` with `may_record` set, then replays that recording
     /// for `key` without calling `f`; the rest (the default) just call `f`.
     ///
     /// The caller's contract: `key` changes whenever anything `f` enqueues
-    /// would differ — shapes, parameters, the buffers it touches — except the
-    /// contents of the staged index lists ([`DeviceBackend::stage_indices`]),
-    /// which a recording reads from the device at replay. `may_record` says
-    /// that `f` allocates nothing and that each staged list is distinct, so
-    /// every lookup resolves to its own slot. `f` may be called again (run
-    /// directly) if recording fails.
+    /// would differ — shapes, parameters, the buffers it touches (the
+    /// staged [`DeviceBackend::Indices`] among them) — except the contents
+    /// of those index lists, which a recording reads from the device at
+    /// replay. `may_record` says that `f` allocates nothing. `f` may be
+    /// called again (run directly) if recording fails.
     fn run_recorded<E: From<BackendError>>(
         &self,
         key: RecordKey,
@@ -650,6 +662,18 @@ pub trait DeviceBackend: Send + Sync {
         let _ = (key, may_record);
         f()
     }
+}
+
+/// A vector's values as f32 (any kind, dequantized): what every backend
+/// places for [`DeviceBackend::place_vector`]. A tensor of more than one
+/// row is not a vector.
+pub fn vector_values(t: &HostTensor<'_>) -> Result<Vec<f32>, BackendError> {
+    if t.rows > 1 {
+        return Err(BackendError(format!("{}: a {}x{} matrix where a vector is expected", t.name, t.rows, t.cols)));
+    }
+    let mut v = vec![0.0f32; t.cols];
+    ferrox_quant::dequantize(t.kind, t.bytes, &mut v).map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+    Ok(v)
 }
 
 /// The index of the largest value (ties: the lowest index; NaN never wins;

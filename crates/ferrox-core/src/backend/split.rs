@@ -18,7 +18,7 @@ use std::cell::{Cell, Ref, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::cpu::{Cpu, CpuKv, CpuWeight};
-use super::{AttnParams, BackendError, Batch, DeviceBackend, DeviceOptions, HostTensor, RopeParams};
+use super::{AttnBlock, AttnParams, BackendError, DeviceBackend, DeviceOptions, FfnBlock, HostTensor, QkvWeights, RopeParams, Scratch, Staged};
 use crate::arch::Activation;
 use crate::kernel_registry::Backend;
 
@@ -62,15 +62,55 @@ pub fn side_of(name: &str, n_layer: usize, gpu_layers: usize, tied: bool) -> Sid
     }
 }
 
-/// A weight of a split model, on its side (or both).
-pub enum SplitWeight<W> {
+/// A weight of a split model, on its side (or both): `H` as the CPU holds
+/// it, `W` as the device does.
+pub enum SplitWeight<H, W> {
     /// On the CPU.
-    Host(CpuWeight),
+    Host(H),
     /// On the device.
     Device(W),
     /// On both.
-    Both(CpuWeight, W),
+    Both(H, W),
 }
+
+impl<H, W> SplitWeight<H, W> {
+    fn host(&self) -> Result<&H, BackendError> {
+        match self {
+            SplitWeight::Host(c) | SplitWeight::Both(c, _) => Ok(c),
+            SplitWeight::Device(_) => Err(BackendError("a device weight read on the CPU side of a split".into())),
+        }
+    }
+
+    fn dev(&self) -> Result<&W, BackendError> {
+        match self {
+            SplitWeight::Device(d) | SplitWeight::Both(_, d) => Ok(d),
+            SplitWeight::Host(_) => Err(BackendError("a CPU weight read on the device side of a split".into())),
+        }
+    }
+
+    /// Whether it is on the device only (`None`: on both).
+    fn on_device(&self) -> Option<bool> {
+        match self {
+            SplitWeight::Host(_) => Some(false),
+            SplitWeight::Device(_) => Some(true),
+            SplitWeight::Both(..) => None,
+        }
+    }
+
+    /// Places a tensor on `side`.
+    fn place(side: Side, host: impl FnOnce() -> Result<H, BackendError>, dev: impl FnOnce() -> Result<W, BackendError>) -> Result<Self, BackendError> {
+        Ok(match side {
+            Side::Host => SplitWeight::Host(host()?),
+            Side::Device => SplitWeight::Device(dev()?),
+            Side::Both => SplitWeight::Both(host()?, dev()?),
+        })
+    }
+}
+
+/// A matrix of a split model.
+pub type SplitMatrix<D> = SplitWeight<CpuWeight, <D as DeviceBackend>::Matrix>;
+/// A vector of a split model.
+pub type SplitVector<D> = SplitWeight<Vec<f32>, <D as DeviceBackend>::Vector>;
 
 /// Which copies of a [`SplitBuf`] hold its current contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,26 +164,8 @@ impl<D: DeviceBackend> Split<D> {
     }
 
     /// The side an op with weight `w` runs on (and the side from now on).
-    fn side(&self, w: &SplitWeight<D::Weight>) -> bool {
-        self.go(match w {
-            SplitWeight::Host(_) => false,
-            SplitWeight::Device(_) => true,
-            SplitWeight::Both(..) => self.here(),
-        })
-    }
-
-    fn host_w<'a>(&self, w: &'a SplitWeight<D::Weight>) -> Result<&'a CpuWeight, BackendError> {
-        match w {
-            SplitWeight::Host(c) | SplitWeight::Both(c, _) => Ok(c),
-            SplitWeight::Device(_) => Err(BackendError("a device weight read on the CPU side of a split".into())),
-        }
-    }
-
-    fn dev_w<'a>(&self, w: &'a SplitWeight<D::Weight>) -> Result<&'a D::Weight, BackendError> {
-        match w {
-            SplitWeight::Device(d) | SplitWeight::Both(_, d) => Ok(d),
-            SplitWeight::Host(_) => Err(BackendError("a CPU weight read on the device side of a split".into())),
-        }
+    fn side<H, W>(&self, w: &SplitWeight<H, W>) -> bool {
+        self.go(w.on_device().unwrap_or_else(|| self.here()))
     }
 
     /// `b`'s contents on the CPU (copied down if only the device has them).
@@ -211,10 +233,93 @@ macro_rules! on_current_side {
     };
 }
 
+/// An attention block's weights as one side holds them (`m`, `v` pick the side).
+fn attn_on<'a, D: DeviceBackend, X: DeviceBackend>(
+    w: &AttnBlock<'a, Split<D>>,
+    m: impl Fn(&'a SplitMatrix<D>) -> Result<&'a X::Matrix, BackendError>,
+    v: impl Fn(&'a SplitVector<D>) -> Result<&'a X::Vector, BackendError>,
+) -> Result<AttnBlock<'a, X>, BackendError> {
+    let ov = |o: Option<&'a SplitVector<D>>| o.map(&v).transpose();
+    Ok(AttnBlock {
+        layer: w.layer,
+        eps: w.eps,
+        norm: v(w.norm)?,
+        qkv: match &w.qkv {
+            QkvWeights::Fused(wqkv, bias) => QkvWeights::Fused(m(wqkv)?, ov(*bias)?),
+            QkvWeights::Separate([q, k, vw], [bq, bk, bv]) => QkvWeights::Separate([m(q)?, m(k)?, m(vw)?], [ov(*bq)?, ov(*bk)?, ov(*bv)?]),
+        },
+        qk_norm: match w.qk_norm {
+            Some((q, k)) => Some((v(q)?, v(k)?)),
+            None => None,
+        },
+        out: m(w.out)?,
+        out_bias: ov(w.out_bias)?,
+        post_norm: ov(w.post_norm)?,
+        rope: w.rope,
+        factors: ov(w.factors)?,
+        attn: w.attn,
+    })
+}
+
+/// A feed-forward block's weights as one side holds them.
+fn ffn_on<'a, D: DeviceBackend, X: DeviceBackend>(
+    w: &FfnBlock<'a, Split<D>>,
+    m: impl Fn(&'a SplitMatrix<D>) -> Result<&'a X::Matrix, BackendError>,
+    v: impl Fn(&'a SplitVector<D>) -> Result<&'a X::Vector, BackendError>,
+) -> Result<FfnBlock<'a, X>, BackendError> {
+    Ok(FfnBlock {
+        eps: w.eps,
+        act: w.act,
+        norm: v(w.norm)?,
+        gate: w.gate.map(&m).transpose()?,
+        up: m(w.up)?,
+        down: m(w.down)?,
+        post_norm: w.post_norm.map(&v).transpose()?,
+        n_ff: w.n_ff,
+    })
+}
+
+/// Every buffer of a block's scratch, the residual stream and a pending
+/// output first (the only two a block reads before writing).
+fn each_buf<'s, B>(s: &'s mut Scratch<'_, SplitBuf<B>>) -> impl Iterator<Item = &'s mut SplitBuf<B>> {
+    let Scratch { x, o, cur, q, k, v, qkv, attn, gate, up, h, .. } = s;
+    [&mut **x, &mut **o, &mut **cur, &mut **q, &mut **k, &mut **v, &mut **attn, &mut **gate, &mut **up, &mut **h].into_iter().chain(qkv.as_deref_mut())
+}
+
+impl<D: DeviceBackend> Split<D> {
+    /// The scratch as the device's buffers: the residual stream (and a
+    /// pending output) copied up if the CPU holds them, every buffer current
+    /// on the device afterwards (the block writes the rest before reading).
+    fn dev_scratch<'s>(&self, s: &'s mut Scratch<'_, SplitBuf<D::Buf>>) -> Result<Scratch<'s, D::Buf>, BackendError> {
+        drop(self.dev_in(s.x)?);
+        if s.pending {
+            drop(self.dev_in(s.o)?);
+        }
+        each_buf(s).for_each(|b| b.valid.set(Valid::Device));
+        let Scratch { x, cur, q, k, v, qkv, attn, o, gate, up, h, pending } = s;
+        let d = |b: &'s mut SplitBuf<D::Buf>| b.dev.get_mut();
+        Ok(Scratch { x: d(x), cur: d(cur), q: d(q), k: d(k), v: d(v), qkv: qkv.as_deref_mut().map(d), attn: d(attn), o: d(o), gate: d(gate), up: d(up), h: d(h), pending: *pending })
+    }
+
+    /// The scratch as the CPU's buffers (the mirror of [`Split::dev_scratch`]).
+    fn host_scratch<'s>(&self, s: &'s mut Scratch<'_, SplitBuf<D::Buf>>) -> Result<Scratch<'s, Vec<f32>>, BackendError> {
+        drop(self.host_in(s.x)?);
+        if s.pending {
+            drop(self.host_in(s.o)?);
+        }
+        each_buf(s).for_each(|b| b.valid.set(Valid::Host));
+        let Scratch { x, cur, q, k, v, qkv, attn, o, gate, up, h, pending } = s;
+        let c = |b: &'s mut SplitBuf<D::Buf>| b.host.get_mut();
+        Ok(Scratch { x: c(x), cur: c(cur), q: c(q), k: c(k), v: c(v), qkv: qkv.as_deref_mut().map(c), attn: c(attn), o: c(o), gate: c(gate), up: c(up), h: c(h), pending: *pending })
+    }
+}
+
 impl<D: DeviceBackend> DeviceBackend for Split<D> {
-    type Weight = SplitWeight<D::Weight>;
+    type Matrix = SplitMatrix<D>;
+    type Vector = SplitVector<D>;
     type Buf = SplitBuf<D::Buf>;
     type Kv = SplitKv<D::Kv>;
+    type Indices = D::Indices;
 
     fn open(opts: &DeviceOptions) -> Result<Self, BackendError> {
         let cpu = Cpu::open(&DeviceOptions { backend: Backend::Cpu, device: 0, threads: opts.threads, gpu_layers: None })?;
@@ -256,13 +361,13 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
         self.dev.prefer_exact_products();
     }
 
-    fn place(&self, t: &HostTensor<'_>) -> Result<Self::Weight, BackendError> {
+    fn place_matrix(&self, t: &HostTensor<'_>) -> Result<Self::Matrix, BackendError> {
         let tied = t.owner.tensor("output.weight").is_none();
-        Ok(match side_of(t.name, self.n_layer(), self.gpu_layers, tied) {
-            Side::Host => SplitWeight::Host(self.cpu.place(t)?),
-            Side::Device => SplitWeight::Device(self.dev.place(t)?),
-            Side::Both => SplitWeight::Both(self.cpu.place(t)?, self.dev.place(t)?),
-        })
+        SplitWeight::place(side_of(t.name, self.n_layer(), self.gpu_layers, tied), || self.cpu.place_matrix(t), || self.dev.place_matrix(t))
+    }
+
+    fn place_vector(&self, t: &HostTensor<'_>) -> Result<Self::Vector, BackendError> {
+        SplitWeight::place(side_of(t.name, self.n_layer(), self.gpu_layers, false), || self.cpu.place_vector(t), || self.dev.place_vector(t))
     }
 
     fn alloc(&self, len: usize) -> Result<Self::Buf, BackendError> {
@@ -287,69 +392,53 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
         })
     }
 
-    fn get_rows(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> Result<(), BackendError> {
+    fn indices(&self, n: usize) -> Result<D::Indices, BackendError> {
+        self.dev.indices(n)
+    }
+
+    fn stage(&self, dev: &mut D::Indices, lists: Staged<'_, ()>) -> Result<(), BackendError> {
+        self.dev.stage(dev, lists)
+    }
+
+    fn get_rows(&self, table: &Self::Matrix, b: Staged<'_, D::Indices>, out: &mut Self::Buf) -> Result<(), BackendError> {
         match self.side(table) {
-            true => self.dev.get_rows(self.dev_w(table)?, ids, Self::dev_out(out)),
-            false => self.cpu.get_rows(self.host_w(table)?, ids, Self::host_out(out)),
+            true => self.dev.get_rows(table.dev()?, b, Self::dev_out(out)),
+            false => self.cpu.get_rows(table.host()?, b.with(&()), Self::host_out(out)),
         }
     }
 
-    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, y: &mut Self::Buf, n: usize) -> Result<(), BackendError> {
+    fn matmul(&self, w: &Self::Matrix, x: &Self::Buf, y: &mut Self::Buf, n: usize) -> Result<(), BackendError> {
         match self.side(w) {
-            true => self.dev.matmul(self.dev_w(w)?, &*self.dev_in(x)?, Self::dev_out(y), n),
-            false => self.cpu.matmul(self.host_w(w)?, &*self.host_in(x)?, Self::host_out(y), n),
+            true => self.dev.matmul(w.dev()?, &*self.dev_in(x)?, Self::dev_out(y), n),
+            false => self.cpu.matmul(w.host()?, &*self.host_in(x)?, Self::host_out(y), n),
         }
     }
 
-    fn add_bias(&self, y: &mut Self::Buf, b: &Self::Weight, n: usize) -> Result<(), BackendError> {
+    fn add_bias(&self, y: &mut Self::Buf, b: &Self::Vector, n: usize) -> Result<(), BackendError> {
         match self.side(b) {
-            true => self.dev.add_bias(self.dev_io(y)?, self.dev_w(b)?, n),
-            false => self.cpu.add_bias(self.host_io(y)?, self.host_w(b)?, n),
+            true => self.dev.add_bias(self.dev_io(y)?, b.dev()?, n),
+            false => self.cpu.add_bias(self.host_io(y)?, b.host()?, n),
         }
     }
 
-    fn rms_norm(&self, x: &mut Self::Buf, w: &Self::Weight, eps: f32) -> Result<(), BackendError> {
+    fn rms_norm(&self, x: &mut Self::Buf, w: &Self::Vector, eps: f32) -> Result<(), BackendError> {
         match self.side(w) {
-            true => self.dev.rms_norm(self.dev_io(x)?, self.dev_w(w)?, eps),
-            false => self.cpu.rms_norm(self.host_io(x)?, self.host_w(w)?, eps),
+            true => self.dev.rms_norm(self.dev_io(x)?, w.dev()?, eps),
+            false => self.cpu.rms_norm(self.host_io(x)?, w.host()?, eps),
         }
     }
 
-    fn rope(
-        &self,
-        x: &mut Self::Buf,
-        positions: &[u32],
-        n_heads: usize,
-        head_dim: usize,
-        p: &RopeParams,
-        factors: Option<&Self::Weight>,
-    ) -> Result<(), BackendError> {
+    fn rope(&self, x: &mut Self::Buf, b: Staged<'_, D::Indices>, n_heads: usize, head_dim: usize, p: &RopeParams, factors: Option<&Self::Vector>) -> Result<(), BackendError> {
         match self.here() {
-            true => {
-                let f = factors.map(|f| self.dev_w(f)).transpose()?;
-                self.dev.rope(self.dev_io(x)?, positions, n_heads, head_dim, p, f)
-            }
-            false => {
-                let f = factors.map(|f| self.host_w(f)).transpose()?;
-                self.cpu.rope(self.host_io(x)?, positions, n_heads, head_dim, p, f)
-            }
+            true => self.dev.rope(self.dev_io(x)?, b, n_heads, head_dim, p, factors.map(SplitWeight::dev).transpose()?),
+            false => self.cpu.rope(self.host_io(x)?, b.with(&()), n_heads, head_dim, p, factors.map(SplitWeight::host).transpose()?),
         }
     }
 
-    fn attention(
-        &self,
-        kv: &mut Self::Kv,
-        layer: usize,
-        batch: &Batch,
-        q: &Self::Buf,
-        k: &Self::Buf,
-        v: &Self::Buf,
-        out: &mut Self::Buf,
-        p: &AttnParams,
-    ) -> Result<(), BackendError> {
+    fn attention(&self, cache: &mut Self::Kv, layer: usize, b: Staged<'_, D::Indices>, [q, k, v]: [&Self::Buf; 3], out: &mut Self::Buf, p: &AttnParams) -> Result<(), BackendError> {
         match self.go(layer_on_device(layer, self.n_layer(), self.gpu_layers)) {
-            true => self.dev.attention(&mut kv.dev, layer, batch, &*self.dev_in(q)?, &*self.dev_in(k)?, &*self.dev_in(v)?, Self::dev_out(out), p),
-            false => self.cpu.attention(&mut kv.host, layer, batch, &*self.host_in(q)?, &*self.host_in(k)?, &*self.host_in(v)?, Self::host_out(out), p),
+            true => self.dev.attention(&mut cache.dev, layer, b, [&*self.dev_in(q)?, &*self.dev_in(k)?, &*self.dev_in(v)?], Self::dev_out(out), p),
+            false => self.cpu.attention(&mut cache.host, layer, b.with(&()), [&*self.host_in(q)?, &*self.host_in(k)?, &*self.host_in(v)?], Self::host_out(out), p),
         }
     }
 
@@ -381,10 +470,10 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
         on_current_side!(self, |c| c.softcap(self.host_io(x)?, cap), |d| d.softcap(self.dev_io(x)?, cap))
     }
 
-    fn gather_rows(&self, src: &Self::Buf, rows: &[usize], width: usize, dst: &mut Self::Buf) -> Result<(), BackendError> {
+    fn gather_rows(&self, src: &Self::Buf, b: Staged<'_, D::Indices>, width: usize, dst: &mut Self::Buf) -> Result<(), BackendError> {
         on_current_side!(self,
-            |c| c.gather_rows(&*self.host_in(src)?, rows, width, Self::host_out(dst)),
-            |d| d.gather_rows(&*self.dev_in(src)?, rows, width, Self::dev_out(dst)))
+            |c| c.gather_rows(&*self.host_in(src)?, b.with(&()), width, Self::host_out(dst)),
+            |d| d.gather_rows(&*self.dev_in(src)?, b, width, Self::dev_out(dst)))
     }
 
     fn split_cols(&self, src: &Self::Buf, src_width: usize, c0: usize, dst: &mut Self::Buf, dst_width: usize) -> Result<(), BackendError> {
@@ -393,8 +482,37 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
             |d| d.split_cols(&*self.dev_in(src)?, src_width, c0, Self::dev_out(dst), dst_width))
     }
 
-    fn stage_indices(&self, lists: &[&[u32]]) -> Result<(), BackendError> {
-        self.dev.stage_indices(lists)
+    /// The whole block on its layer's side, as that side runs blocks (a
+    /// device's fusions included): the residual stream crosses at most once.
+    fn attention_block(&self, cache: &mut Self::Kv, b: Staged<'_, D::Indices>, w: &AttnBlock<'_, Self>, s: &mut Scratch<'_, Self::Buf>) -> Result<(), BackendError> {
+        s.pending = if self.go(layer_on_device(w.layer, self.n_layer(), self.gpu_layers)) {
+            let blk = attn_on::<D, D>(w, SplitWeight::dev, SplitWeight::dev)?;
+            let mut ds = self.dev_scratch(s)?;
+            self.dev.attention_block(&mut cache.dev, b, &blk, &mut ds)?;
+            ds.pending
+        } else {
+            let blk = attn_on::<D, Cpu>(w, SplitWeight::host, SplitWeight::host)?;
+            let mut hs = self.host_scratch(s)?;
+            self.cpu.attention_block(&mut cache.host, b.with(&()), &blk, &mut hs)?;
+            hs.pending
+        };
+        Ok(())
+    }
+
+    /// The whole block on its weights' side.
+    fn ffn_block(&self, n: usize, w: &FfnBlock<'_, Self>, s: &mut Scratch<'_, Self::Buf>) -> Result<(), BackendError> {
+        s.pending = if self.side(w.down) {
+            let blk = ffn_on::<D, D>(w, SplitWeight::dev, SplitWeight::dev)?;
+            let mut ds = self.dev_scratch(s)?;
+            self.dev.ffn_block(n, &blk, &mut ds)?;
+            ds.pending
+        } else {
+            let blk = ffn_on::<D, Cpu>(w, SplitWeight::host, SplitWeight::host)?;
+            let mut hs = self.host_scratch(s)?;
+            self.cpu.ffn_block(n, &blk, &mut hs)?;
+            hs.pending
+        };
+        Ok(())
     }
 }
 

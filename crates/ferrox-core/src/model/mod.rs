@@ -18,7 +18,7 @@ pub use config::ModelConfig;
 use ferrox_gguf::{GgufError, GgufModel, ModelTensor};
 
 use crate::arch::{Arch, FfnLayout, Role};
-use crate::backend::{AttnParams, Batch, BackendError, DeviceBackend, HostTensor, RopeParams};
+use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, FfnBlock, HostTensor, QkvWeights, RopeParams, Scratch, Staged};
 use crate::kernel_registry::{Backend, KernelPlan, Placement};
 
 /// Why a model cannot be loaded or run.
@@ -82,26 +82,26 @@ pub enum ModelError {
 }
 
 /// One block's weights. `None` for roles this architecture or file lacks.
-struct LayerWeights<W> {
-    attn_norm: W,
-    q: Option<W>,
-    k: Option<W>,
-    v: Option<W>,
-    qkv: Option<W>,
-    q_bias: Option<W>,
-    k_bias: Option<W>,
-    v_bias: Option<W>,
-    qkv_bias: Option<W>,
-    q_norm: Option<W>,
-    k_norm: Option<W>,
-    out: W,
-    out_bias: Option<W>,
-    post_attn_norm: Option<W>,
-    ffn_norm: W,
-    gate: Option<W>,
-    up: W,
-    down: W,
-    post_ffn_norm: Option<W>,
+struct LayerWeights<B: DeviceBackend> {
+    attn_norm: B::Vector,
+    q: Option<B::Matrix>,
+    k: Option<B::Matrix>,
+    v: Option<B::Matrix>,
+    qkv: Option<B::Matrix>,
+    q_bias: Option<B::Vector>,
+    k_bias: Option<B::Vector>,
+    v_bias: Option<B::Vector>,
+    qkv_bias: Option<B::Vector>,
+    q_norm: Option<B::Vector>,
+    k_norm: Option<B::Vector>,
+    out: B::Matrix,
+    out_bias: Option<B::Vector>,
+    post_attn_norm: Option<B::Vector>,
+    ffn_norm: B::Vector,
+    gate: Option<B::Matrix>,
+    up: B::Matrix,
+    down: B::Matrix,
+    post_ffn_norm: Option<B::Vector>,
 }
 
 /// A loaded model: configuration, placed weights, and the placement plan.
@@ -110,13 +110,13 @@ pub struct Model<B: DeviceBackend> {
     file: Arc<GgufModel>,
     backend: B,
     n_vocab: usize,
-    embd: B::Weight,
-    output: Option<B::Weight>,
-    output_norm: B::Weight,
-    rope_freqs: Option<B::Weight>,
-    rope_long: Option<B::Weight>,
-    rope_short: Option<B::Weight>,
-    layers: Vec<LayerWeights<B::Weight>>,
+    embd: B::Matrix,
+    output: Option<B::Matrix>,
+    output_norm: B::Vector,
+    rope_freqs: Option<B::Vector>,
+    rope_long: Option<B::Vector>,
+    rope_short: Option<B::Vector>,
+    layers: Vec<LayerWeights<B>>,
     plan: KernelPlan,
 }
 
@@ -127,7 +127,7 @@ pub struct Context<B: DeviceBackend> {
     kv: B::Kv,
     n_ctx: usize,
     n_slots: usize,
-    acts: Vec<Acts<B::Buf>>,
+    acts: Vec<Acts<B>>,
     heads: Vec<Head<B::Buf>>,
     /// Unique in the process: with the buffers' ids, the key of a recorded
     /// decode step ([`DeviceBackend::run_recorded`]).
@@ -145,21 +145,23 @@ fn next_id() -> u64 {
 /// (decode's 1 and a prefill chunk's size) and output row counts.
 const KEPT_SHAPES: usize = 2;
 
-/// The activations of one forward pass of `n` tokens.
-struct Acts<Buf> {
+/// The activations of one forward pass of `n` tokens, and the device's
+/// copy of its index lists.
+struct Acts<B: DeviceBackend> {
     n: usize,
     id: u64,
-    x: Buf,
-    cur: Buf,
-    q: Buf,
-    k: Buf,
-    v: Buf,
-    attn: Buf,
-    o: Buf,
-    gate: Buf,
-    up: Buf,
-    h: Buf,
-    qkv: Option<Buf>,
+    idx: B::Indices,
+    x: B::Buf,
+    cur: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    attn: B::Buf,
+    o: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+    h: B::Buf,
+    qkv: Option<B::Buf>,
 }
 
 /// The output head's input and logits for `rows` tokens.
@@ -384,7 +386,8 @@ impl<B: DeviceBackend> Model<B> {
             return Err(ModelError::Unsupported { what: why });
         }
         let Resolved { arch, config, n_vocab, found, .. } = r;
-        let get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Weight>, ModelError> {
+        // A role's tensor as the file holds it, checked for presence.
+        let host = |role: Role, layer: usize, required: bool| -> Result<Option<HostTensor<'_>>, ModelError> {
             let Some(t) = found.get(&(role, layer)) else {
                 return if required {
                     Err(ModelError::MissingTensor { name: role.gguf_name(layer), arch })
@@ -395,21 +398,27 @@ impl<B: DeviceBackend> Model<B> {
             // `resolve` checked the dimensions against the configuration.
             let bytes = file.tensor_data(t)?;
             let (cols, rows) = (t.info.dims[0] as usize, t.info.dims.get(1).copied().unwrap_or(1) as usize);
-            let w = backend
-                .place(&HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file })
-                .map_err(|e| ModelError::Backend(BackendError(format!("placing {}: {e}", t.info.name))))?;
-            Ok(Some(w))
+            Ok(Some(HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file }))
+        };
+        let placing = |t: &HostTensor<'_>, e: BackendError| ModelError::Backend(BackendError(format!("placing {}: {e}", t.name)));
+        let get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Matrix>, ModelError> {
+            host(role, layer, required)?.map(|t| backend.place_matrix(&t).map_err(|e| placing(&t, e))).transpose()
+        };
+        let vec = |role: Role, layer: usize, required: bool| -> Result<Option<B::Vector>, ModelError> {
+            host(role, layer, required)?.map(|t| backend.place_vector(&t).map_err(|e| placing(&t, e))).transpose()
         };
         // `get(.., true)` never returns `Ok(None)`; this keeps that a typed
         // error rather than an `expect` should it ever change.
-        let must = |w: Option<B::Weight>| w.ok_or(ModelError::Unsupported { what: "a required tensor was not placed".into() });
+        fn must<W>(w: Option<W>) -> Result<W, ModelError> {
+            w.ok_or(ModelError::Unsupported { what: "a required tensor was not placed".into() })
+        }
 
         let embd = must(get(Role::TokenEmbd, 0, true)?)?;
-        let output_norm = must(get(Role::OutputNorm, 0, true)?)?;
+        let output_norm = must(vec(Role::OutputNorm, 0, true)?)?;
         let output = get(Role::Output, 0, false)?;
-        let rope_freqs = get(Role::RopeFreqs, 0, false)?;
-        let rope_long = get(Role::RopeFactorsLong, 0, false)?;
-        let rope_short = get(Role::RopeFactorsShort, 0, false)?;
+        let rope_freqs = vec(Role::RopeFreqs, 0, false)?;
+        let rope_long = vec(Role::RopeFactorsLong, 0, false)?;
+        let rope_short = vec(Role::RopeFactorsShort, 0, false)?;
         let spec = arch.spec();
         let mut layers = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer {
@@ -418,25 +427,25 @@ impl<B: DeviceBackend> Model<B> {
             let fused_qkv = found.contains_key(&(Role::AttnQkv, l));
             let sep = !fused_qkv;
             layers.push(LayerWeights {
-                attn_norm: must(get(Role::AttnNorm, l, true)?)?,
+                attn_norm: must(vec(Role::AttnNorm, l, true)?)?,
                 q: get(Role::AttnQ, l, req(Role::AttnQ) || sep)?,
                 k: get(Role::AttnK, l, req(Role::AttnK) || sep)?,
                 v: get(Role::AttnV, l, req(Role::AttnV) || sep)?,
                 qkv: get(Role::AttnQkv, l, false)?,
-                q_bias: get(Role::AttnQBias, l, req(Role::AttnQBias))?,
-                k_bias: get(Role::AttnKBias, l, req(Role::AttnKBias))?,
-                v_bias: get(Role::AttnVBias, l, req(Role::AttnVBias))?,
-                qkv_bias: get(Role::AttnQkvBias, l, false)?,
-                q_norm: get(Role::AttnQNorm, l, spec.qk_norm)?,
-                k_norm: get(Role::AttnKNorm, l, spec.qk_norm)?,
+                q_bias: vec(Role::AttnQBias, l, req(Role::AttnQBias))?,
+                k_bias: vec(Role::AttnKBias, l, req(Role::AttnKBias))?,
+                v_bias: vec(Role::AttnVBias, l, req(Role::AttnVBias))?,
+                qkv_bias: vec(Role::AttnQkvBias, l, false)?,
+                q_norm: vec(Role::AttnQNorm, l, spec.qk_norm)?,
+                k_norm: vec(Role::AttnKNorm, l, spec.qk_norm)?,
                 out: must(get(Role::AttnOut, l, true)?)?,
-                out_bias: get(Role::AttnOutBias, l, false)?,
-                post_attn_norm: get(Role::AttnPostNorm, l, spec.post_norms)?,
-                ffn_norm: must(get(Role::FfnNorm, l, true)?)?,
+                out_bias: vec(Role::AttnOutBias, l, false)?,
+                post_attn_norm: vec(Role::AttnPostNorm, l, spec.post_norms)?,
+                ffn_norm: must(vec(Role::FfnNorm, l, true)?)?,
                 gate: get(Role::FfnGate, l, spec.ffn == FfnLayout::Separate)?,
                 up: must(get(Role::FfnUp, l, true)?)?,
                 down: must(get(Role::FfnDown, l, true)?)?,
-                post_ffn_norm: get(Role::FfnPostNorm, l, spec.post_norms)?,
+                post_ffn_norm: vec(Role::FfnPostNorm, l, spec.post_norms)?,
             });
         }
         Ok(Model {
@@ -509,7 +518,7 @@ impl<B: DeviceBackend> Model<B> {
         }
     }
 
-    fn rope_factors(&self, n_ctx: usize) -> Option<&B::Weight> {
+    fn rope_factors(&self, n_ctx: usize) -> Option<&B::Vector> {
         if self.rope_long.is_some() || self.rope_short.is_some() {
             if n_ctx > self.config.n_ctx_orig {
                 self.rope_long.as_ref().or(self.rope_short.as_ref())
@@ -557,7 +566,7 @@ impl<B: DeviceBackend> Model<B> {
         Ok(out.unwrap_or_default())
     }
 
-    fn new_acts(&self, n: usize) -> Result<Acts<B::Buf>, ModelError> {
+    fn new_acts(&self, n: usize) -> Result<Acts<B>, ModelError> {
         let c = &self.config;
         let be = &self.backend;
         let spec = c.arch.spec();
@@ -566,6 +575,7 @@ impl<B: DeviceBackend> Model<B> {
         Ok(Acts {
             n,
             id: next_id(),
+            idx: be.indices(n)?,
             x: be.alloc(n * c.n_embd)?,
             cur: be.alloc(n * c.n_embd)?,
             q: be.alloc(n * qd)?,
@@ -605,20 +615,14 @@ impl<B: DeviceBackend> Model<B> {
             )));
         }
         let be = &self.backend;
-        let rows: Vec<usize> = (0..n).filter(|&i| batch.logits[i]).collect();
-
-        // Every index list the ops below are handed, in one upload.
-        let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        let seq_pos: Vec<u32> = batch.seq.iter().chain(&batch.pos).copied().collect();
-        let lists: [&[u32]; 4] = [&batch.tokens, &batch.pos, &seq_pos, &rows32];
-        be.stage_indices(&lists)?;
+        let rows: Vec<u32> = (0..n as u32).filter(|&i| batch.logits[i as usize]).collect();
 
         // A decode step over buffers that already exist can be recorded once
-        // and replayed (a CUDA graph), provided each index list is distinct
-        // (so every lookup during the recording resolves to its own slot).
+        // and replayed (a CUDA graph): its index lists are staged into the
+        // same device buffer every step, outside the recording.
         let reused = ctx.acts.iter().any(|a| a.n == n) && ctx.heads.iter().any(|h| h.rows == rows.len());
-        let distinct = (0..lists.len()).all(|i| (i + 1..lists.len()).all(|j| lists[i] != lists[j]));
         let mut a = take(&mut ctx.acts, |a| a.n == n, || self.new_acts(n))?;
+        be.stage(&mut a.idx, Staged::of(batch, &rows, &()))?;
         let mut hd = match rows.len() {
             0 => None,
             r => Some(take(&mut ctx.heads, |hd| hd.rows == r, || -> Result<_, ModelError> {
@@ -630,7 +634,7 @@ impl<B: DeviceBackend> Model<B> {
         match &hd {
             Some(h) if n == 1 => {
                 let key = crate::backend::RecordKey { context: ctx.id, acts: a.id, head: h.id };
-                be.run_recorded(key, reused && distinct, || self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut()))?
+                be.run_recorded(key, reused, || self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut()))?
             }
             _ => self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut())?,
         }
@@ -645,35 +649,6 @@ impl<B: DeviceBackend> Model<B> {
         Ok(out)
     }
 
-    /// A block's output projection `input W^T`: added straight into the
-    /// residual stream `x` (false), or, with a bias or a post-norm to apply
-    /// first, left in `o` for the next norm to add (true).
-    #[allow(clippy::too_many_arguments)]
-    fn project(
-        &self,
-        w: &B::Weight,
-        bias: Option<&B::Weight>,
-        post_norm: Option<&B::Weight>,
-        input: &B::Buf,
-        n: usize,
-        o: &mut B::Buf,
-        x: &mut B::Buf,
-    ) -> Result<bool, ModelError> {
-        let be = &self.backend;
-        if bias.is_none() && post_norm.is_none() {
-            be.matmul_acc(w, input, n, o, x)?;
-            return Ok(false);
-        }
-        be.matmul(w, input, o, n)?;
-        if let Some(b) = bias {
-            be.add_bias(o, b, n)?;
-        }
-        if let Some(pn) = post_norm {
-            be.rms_norm(o, pn, self.config.rms_eps)?;
-        }
-        Ok(true)
-    }
-
     /// Enqueues the ops of one forward pass on the backend: the blocks, then
     /// (when `hd` is given) the output norm and head into `hd.logits`.
     fn enqueue(
@@ -681,111 +656,81 @@ impl<B: DeviceBackend> Model<B> {
         kv: &mut B::Kv,
         n_ctx: usize,
         batch: &Batch,
-        rows: &[usize],
-        a: &mut Acts<B::Buf>,
+        rows: &[u32],
+        a: &mut Acts<B>,
         hd: Option<&mut Head<B::Buf>>,
     ) -> Result<(), ModelError> {
         let n = batch.len();
         let c = &self.config;
         let be = &self.backend;
         let spec = c.arch.spec();
-        let (qd, kd, vd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
         let factors = self.rope_factors(n_ctx);
-        let Acts { x, cur, q, k, v, attn, o, gate, up, h, qkv, .. } = a;
-        be.get_rows(&self.embd, &batch.tokens, x)?;
+        let Acts { idx, x, cur, q, k, v, attn, o, gate, up, h, qkv, .. } = a;
+        let b = Staged::of(batch, rows, &*idx);
+        be.get_rows(&self.embd, b, x)?;
         if spec.scale_embeddings {
             be.scale(x, (c.n_embd as f32).sqrt())?;
         }
-
-        // A block's output is added into the residual stream `x` by its
-        // projection (`matmul_acc`) or, where it is normed or biased first,
-        // held in `o` (`pending`) until the next norm adds it in.
-        let mut pending = false;
+        let mut s = Scratch { x, cur, q, k, v, qkv: qkv.as_mut(), attn, o, gate, up, h, pending: false };
         for (l, w) in self.layers.iter().enumerate() {
-            let eps = c.rms_eps;
-            let rp = self.rope_params(l);
             let local = c.local_layers.get(l).copied().unwrap_or(false);
-            let ap = AttnParams {
-                n_head: c.n_head,
-                n_head_kv: c.n_head_kv,
-                head_dim: c.head_dim,
-                head_dim_v: c.head_dim_v,
-                scale: c.attn_scale,
-                softcap: c.attn_softcap,
-                window: if local { c.window } else { None },
-            };
-            let qk_norm = w.q_norm.as_ref().zip(w.k_norm.as_ref());
-            let biased = w.q_bias.is_some() || w.k_bias.is_some() || w.v_bias.is_some();
-            let add = pending.then_some(&*o);
-            // Whether the op that projected also attended.
-            let attended = match (&w.qkv, &mut *qkv, (&w.q, &w.k, &w.v)) {
-                (Some(wqkv), Some(buf), _) => {
-                    be.add_rms_norm(x, add, &w.attn_norm, eps, cur)?;
-                    be.matmul(wqkv, cur, buf, n)?;
-                    if let Some(b) = &w.qkv_bias {
-                        be.add_bias(buf, b, n)?;
-                    }
-                    let width = qd + kd + vd;
-                    be.split_cols(buf, width, 0, q, qd)?;
-                    be.split_cols(buf, width, qd, k, kd)?;
-                    be.split_cols(buf, width, qd + kd, v, vd)?;
-                    false
-                }
-                // Nothing between the projections and RoPE: one op (a device
-                // backend rotates and stores the cache in the projection).
-                (_, _, (Some(wq), Some(wk), Some(wv))) if !biased && qk_norm.is_none() => {
-                    let (wqkv, qkv) = ([wq, wk, wv], [&mut *q, &mut *k, &mut *v]);
-                    be.norm_qkv_attention(kv, l, batch, x, add, &w.attn_norm, eps, cur, wqkv, qkv, attn, &rp, factors, &ap)?;
-                    true
-                }
-                (_, _, (Some(wq), Some(wk), Some(wv))) => {
-                    be.norm_matmul_many(x, add, &w.attn_norm, eps, cur, n, &mut [(wq, &mut *q), (wk, &mut *k), (wv, &mut *v)])?;
-                    for (buf, b) in [(&mut *q, &w.q_bias), (&mut *k, &w.k_bias), (&mut *v, &w.v_bias)] {
-                        if let Some(b) = b {
-                            be.add_bias(buf, b, n)?;
-                        }
-                    }
-                    false
+            let proj = match (&w.qkv, (&w.q, &w.k, &w.v)) {
+                (Some(wqkv), _) => QkvWeights::Fused(wqkv, w.qkv_bias.as_ref()),
+                (None, (Some(wq), Some(wk), Some(wv))) => {
+                    QkvWeights::Separate([wq, wk, wv], [w.q_bias.as_ref(), w.k_bias.as_ref(), w.v_bias.as_ref()])
                 }
                 _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither fused nor separate QKV") }),
             };
-            if !attended {
-                if let Some((qn, kn)) = qk_norm {
-                    be.rms_norm(q, qn, eps)?;
-                    be.rms_norm(k, kn, eps)?;
-                }
-                be.rope_attention(kv, l, batch, q, k, v, attn, &rp, factors, &ap)?;
-            }
-            pending = self.project(&w.out, w.out_bias.as_ref(), w.post_attn_norm.as_ref(), attn, n, o, x)?;
-
-            let add = pending.then_some(&*o);
-            match &w.gate {
-                Some(wg) => {
-                    be.norm_gate_up_glu(spec.activation, x, add, &w.ffn_norm, eps, cur, n, wg, &w.up, gate, up, h)?;
-                }
-                None => {
-                    be.add_rms_norm(x, add, &w.ffn_norm, eps, cur)?;
-                    be.matmul(&w.up, cur, up, n)?;
-                    be.glu_fused(spec.activation, up, h, c.n_ff)?;
-                }
-            }
-            pending = self.project(&w.down, None, w.post_ffn_norm.as_ref(), h, n, o, x)?;
+            let block = AttnBlock {
+                layer: l,
+                eps: c.rms_eps,
+                norm: &w.attn_norm,
+                qkv: proj,
+                qk_norm: w.q_norm.as_ref().zip(w.k_norm.as_ref()),
+                out: &w.out,
+                out_bias: w.out_bias.as_ref(),
+                post_norm: w.post_attn_norm.as_ref(),
+                rope: self.rope_params(l),
+                factors,
+                attn: AttnParams {
+                    n_head: c.n_head,
+                    n_head_kv: c.n_head_kv,
+                    head_dim: c.head_dim,
+                    head_dim_v: c.head_dim_v,
+                    scale: c.attn_scale,
+                    softcap: c.attn_softcap,
+                    window: if local { c.window } else { None },
+                },
+            };
+            be.attention_block(kv, b, &block, &mut s)?;
+            let ffn = FfnBlock {
+                eps: c.rms_eps,
+                act: spec.activation,
+                norm: &w.ffn_norm,
+                gate: w.gate.as_ref(),
+                up: &w.up,
+                down: &w.down,
+                post_norm: w.post_ffn_norm.as_ref(),
+                n_ff: c.n_ff,
+            };
+            be.ffn_block(n, &ffn, &mut s)?;
         }
 
+        let pending = s.pending.then_some(&*s.o);
         let Some(hd) = hd else {
-            if pending {
-                be.add(x, o)?;
+            if let Some(o) = pending {
+                be.add(s.x, o)?;
             }
             return Ok(());
         };
         if rows.len() == n {
             // Every row: the last residual add and the output norm in one.
-            be.add_rms_norm(x, pending.then_some(&*o), &self.output_norm, c.rms_eps, &mut hd.xo)?;
+            be.add_rms_norm(s.x, pending, &self.output_norm, c.rms_eps, &mut hd.xo)?;
         } else {
-            if pending {
-                be.add(x, o)?;
+            if let Some(o) = pending {
+                be.add(s.x, o)?;
             }
-            be.gather_rows(x, rows, c.n_embd, &mut hd.xo)?;
+            be.gather_rows(s.x, b, c.n_embd, &mut hd.xo)?;
             be.rms_norm(&mut hd.xo, &self.output_norm, c.rms_eps)?;
         }
         be.matmul(self.output.as_ref().unwrap_or(&self.embd), &hd.xo, &mut hd.logits, rows.len())?;
@@ -794,4 +739,5 @@ impl<B: DeviceBackend> Model<B> {
         }
         Ok(())
     }
+
 }
