@@ -33,6 +33,11 @@ pub enum Feeds {
     Bias,
     /// Per-dimension RoPE frequency factors.
     RopeFactors,
+    /// A mixture of experts' router (the expert logits of each token).
+    Router,
+    /// Experts' matrices stacked (`[cols, rows, n_expert]`): a product reads
+    /// only the experts its tokens are routed to.
+    Experts,
 }
 
 macro_rules! tensor_roles {
@@ -89,6 +94,10 @@ tensor_roles! {
     (FfnUp, "ffn_up.weight", Block, Matmul, "Feed-forward up projection (gate and up fused on Phi-3)."),
     (FfnDown, "ffn_down.weight", Block, Matmul, "Feed-forward down projection."),
     (FfnPostNorm, "post_ffw_norm.weight", Block, Norm, "Norm after the feed-forward block (Gemma 2/3)."),
+    (FfnGateInp, "ffn_gate_inp.weight", Block, Router, "Mixture of experts: the router (n_expert x embd)."),
+    (FfnGateExps, "ffn_gate_exps.weight", Block, Experts, "Mixture of experts: the experts' gate projections."),
+    (FfnUpExps, "ffn_up_exps.weight", Block, Experts, "Mixture of experts: the experts' up projections."),
+    (FfnDownExps, "ffn_down_exps.weight", Block, Experts, "Mixture of experts: the experts' down projections."),
 }
 
 impl Role {
@@ -134,6 +143,11 @@ pub enum FfnLayout {
     Separate,
     /// One `ffn_up` of `2 * n_ff` rows: gate first, then up (Phi-3).
     FusedGateUp,
+    /// A mixture of experts: a router picks `expert_used_count` of
+    /// `expert_count` experts per token by softmax and top-k, their weights
+    /// normalized to sum to one (Qwen3-MoE), each a gated FFN of
+    /// `expert_feed_forward_length`.
+    Experts,
 }
 
 /// Which layers use a sliding attention window, and their RoPE base.
@@ -199,7 +213,7 @@ pub struct ArchSpec {
     pub optional_roles: &'static [Role],
 }
 
-const BASE_BLOCK: &[Role] = &[Role::AttnNorm, Role::AttnOut, Role::FfnNorm, Role::FfnUp, Role::FfnDown];
+const BASE_BLOCK: &[Role] = &[Role::AttnNorm, Role::AttnOut, Role::FfnNorm];
 const QKV: &[Role] = &[Role::AttnQ, Role::AttnK, Role::AttnV];
 
 macro_rules! arch_table {
@@ -237,7 +251,7 @@ const LLAMA_LIKE: ArchSpec = ArchSpec {
     attn_scale: AttnScale::HeadDim,
     default_attn_softcap: None,
     default_final_softcap: None,
-    block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate],
+    block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate, Role::FfnUp, Role::FfnDown],
     optional_roles: &[
         Role::AttnQBias,
         Role::AttnKBias,
@@ -253,7 +267,7 @@ arch_table! {
     (Qwen2, "qwen2", ArchSpec {
         name: "qwen2",
         rope: RopeStyle::Halves,
-        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate, Role::FfnUp, Role::FfnDown,
                        Role::AttnQBias, Role::AttnKBias, Role::AttnVBias],
         optional_roles: &[Role::Output],
         ..LLAMA_LIKE
@@ -262,8 +276,18 @@ arch_table! {
         name: "qwen3",
         rope: RopeStyle::Halves,
         qk_norm: true,
-        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate, Role::FfnUp, Role::FfnDown,
                        Role::AttnQNorm, Role::AttnKNorm],
+        optional_roles: &[Role::Output],
+        ..LLAMA_LIKE
+    }),
+    (Qwen3Moe, "qwen3moe", ArchSpec {
+        name: "qwen3moe",
+        rope: RopeStyle::Halves,
+        qk_norm: true,
+        ffn: FfnLayout::Experts,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::AttnQNorm, Role::AttnKNorm,
+                       Role::FfnGateInp, Role::FfnGateExps, Role::FfnUpExps, Role::FfnDownExps],
         optional_roles: &[Role::Output],
         ..LLAMA_LIKE
     }),
@@ -272,7 +296,7 @@ arch_table! {
         rope: RopeStyle::Halves,
         ffn: FfnLayout::FusedGateUp,
         // Fused or separate QKV: the loader accepts either (see `qkv_roles`).
-        block_roles: &[],
+        block_roles: &[Role::FfnUp, Role::FfnDown],
         optional_roles: &[Role::Output, Role::RopeFactorsLong, Role::RopeFactorsShort,
                           Role::AttnQkvBias, Role::AttnOutBias],
         ..LLAMA_LIKE
@@ -289,7 +313,7 @@ arch_table! {
         attn_scale: AttnScale::GemmaQueryPreAttn { embd_based_layers: 46 },
         default_attn_softcap: Some(50.0),
         default_final_softcap: Some(30.0),
-        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate, Role::FfnUp, Role::FfnDown,
                        Role::AttnPostNorm, Role::FfnPostNorm],
         optional_roles: &[],
         ..LLAMA_LIKE
@@ -305,7 +329,7 @@ arch_table! {
             pattern: 6, default_window: None, default_local_base: Some(10_000.0),
         },
         attn_scale: AttnScale::GemmaQueryPreAttn { embd_based_layers: 62 },
-        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate, Role::FfnUp, Role::FfnDown,
                        Role::AttnQNorm, Role::AttnKNorm, Role::AttnPostNorm, Role::FfnPostNorm],
         optional_roles: &[Role::Output],
         ..LLAMA_LIKE

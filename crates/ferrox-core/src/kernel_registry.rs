@@ -245,7 +245,13 @@ pub(crate) fn placement(
                 let caps_name = <$b as crate::backend::BackendCaps>::NAME;
                 p.backend = backend;
                 match role.map(Role::feeds) {
-                    Some(Feeds::Matmul) => {
+                    Some(Feeds::Experts) => {
+                        let k = <$b as crate::backend::BackendCaps>::experts_kernel(kind);
+                        p.fallback = k.is_none().then(|| format!("no {caps_name} kernel for mixture-of-experts matrices: the model cannot load on {backend}"));
+                        p.decode = k.unwrap_or_else(|| "none".to_string());
+                        p.prefill = p.decode.clone();
+                    }
+                    Some(Feeds::Matmul | Feeds::Router) => {
                         let cols = dims.first().copied().unwrap_or(0) as usize;
                         let k = <$b as crate::backend::BackendCaps>::decode_kernel(kind, cols);
                         p.prefill = match k {
@@ -292,7 +298,18 @@ pub(crate) fn cpu_placement(
 ) -> Placement {
     let feeds = role.map(Role::feeds);
     let (decode, prefill, fallback, per_token) = match feeds {
-        Some(Feeds::Matmul) => {
+        Some(Feeds::Experts) => match crate::backend::cpu::kernel_for(kind) {
+            // What a token reads is its experts' rows: the plan scales the
+            // bytes by the share of experts used.
+            Some(k) => (
+                format!("cpu matvec over the routed experts' rows: {} (act {})", k.name, k.act),
+                format!("cpu matmul per expert over the tokens routed to it: {} (act {})", k.name, k.act),
+                k.fallback,
+                bytes,
+            ),
+            None => ("none".into(), "none".into(), Some(format!("{kind} has no dot product")), bytes),
+        },
+        Some(Feeds::Matmul | Feeds::Router) => {
             let k = crate::backend::cpu::kernel_for(kind);
             match k {
                 Some(k) => (

@@ -43,6 +43,9 @@ pub struct TinyShape {
     pub own_output: bool,
 }
 
+/// The tiny mixtures of experts: experts, used per token, expert width.
+pub const TINY_EXPERTS: (usize, usize, usize) = (8, 2, 64);
+
 /// Vocabulary of every tiny model: 3 specials, 256 byte tokens, 61 words.
 pub const TINY_VOCAB: usize = 320;
 
@@ -63,6 +66,8 @@ pub fn tiny_shape(arch: Arch) -> TinyShape {
         Arch::Llama => TinyShape { n_embd: 256, n_ff: 256, head_dim: 64, kind: QuantKind::Q4K, embd_kind: QuantKind::Q6K, ..base },
         Arch::Qwen2 => TinyShape { kind: QuantKind::Q8_0, ..base },
         Arch::Qwen3 => TinyShape { kind: QuantKind::F16, embd_kind: QuantKind::F16, head_dim: 32, ..base },
+        // 8 experts of 64, 2 per token; `n_ff` is the file's dense width.
+        Arch::Qwen3Moe => TinyShape { kind: QuantKind::Q8_0, head_dim: 32, ..base },
         Arch::Phi3 => TinyShape { kind: QuantKind::Q5_0, n_head_kv: 4, ..base },
         Arch::Gemma2 => TinyShape { kind: QuantKind::F32, embd_kind: QuantKind::F32, n_layer: 3, own_output: false, ..base },
         Arch::Gemma3 => TinyShape { kind: QuantKind::Q4_0, n_layer: 3, head_dim: 32, own_output: false, ..base },
@@ -117,6 +122,11 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
     if arch == Arch::Llama {
         w.set(key("rope.dimension_count"), Value::U32(s.head_dim as u32))?;
     }
+    if spec.ffn == FfnLayout::Experts {
+        w.set(key("expert_count"), Value::U32(TINY_EXPERTS.0 as u32))?;
+        w.set(key("expert_used_count"), Value::U32(TINY_EXPERTS.1 as u32))?;
+        w.set(key("expert_feed_forward_length"), Value::U32(TINY_EXPERTS.2 as u32))?;
+    }
     if matches!(arch, Arch::Gemma2 | Arch::Gemma3) {
         // A window shorter than the test sequence, and local/global layers
         // alternating, so both masks are exercised.
@@ -159,7 +169,8 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
     for l in 0..s.n_layer {
         let mut t = |w: &mut GgufWriter<'static>, role: Role, dims: &[u64]| {
             let norm = matches!(role.feeds(), crate::arch::Feeds::Norm | crate::arch::Feeds::Bias);
-            let kind = if dims.len() == 1 { QuantKind::F32 } else { s.kind };
+            // Vectors, and a router (as converted MoE models keep it), in f32.
+            let kind = if dims.len() == 1 || role == Role::FfnGateInp { QuantKind::F32 } else { s.kind };
             add(w, role.gguf_name(l), kind, dims, norm)
         };
         t(&mut w, Role::AttnNorm, &[e])?;
@@ -190,8 +201,17 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
                 t(&mut w, Role::FfnUp, &[e, ff])?;
             }
             FfnLayout::FusedGateUp => t(&mut w, Role::FfnUp, &[e, 2 * ff])?,
+            FfnLayout::Experts => {
+                let (ne, xf) = (TINY_EXPERTS.0 as u64, TINY_EXPERTS.2 as u64);
+                t(&mut w, Role::FfnGateInp, &[e, ne])?;
+                t(&mut w, Role::FfnGateExps, &[e, xf, ne])?;
+                t(&mut w, Role::FfnUpExps, &[e, xf, ne])?;
+                t(&mut w, Role::FfnDownExps, &[xf, e, ne])?;
+            }
         }
-        t(&mut w, Role::FfnDown, &[ff, e])?;
+        if spec.ffn != FfnLayout::Experts {
+            t(&mut w, Role::FfnDown, &[ff, e])?;
+        }
         if spec.post_norms {
             t(&mut w, Role::FfnPostNorm, &[e])?;
         }

@@ -11,7 +11,7 @@
 //! `pending`: a block output that is biased or normed before the residual
 //! add waits in `o` for the next block's norm to add it.
 
-use super::{AttnBlock, BackendError, DeviceBackend, FfnBlock, QkvWeights, Scratch, Staged};
+use super::{AttnBlock, BackendError, DeviceBackend, FfnBlock, MoeBlock, QkvWeights, Route, Scratch, Staged};
 
 /// The attention block: [`qkv`], then [`rope_attention`], then [`project`].
 pub fn attention<B: DeviceBackend>(
@@ -165,6 +165,104 @@ pub fn ffn_hidden<B: DeviceBackend>(be: &B, n: usize, w: &FfnBlock<'_, B>, s: &m
         None => {
             be.matmul(w.up, s.cur, s.up, n)?;
             be.glu_fused(w.act, s.up, s.h, w.n_ff)
+        }
+    }
+}
+
+/// The mixture-of-experts block: the residual add and norm, the router's
+/// logits read back, [`route`] on the host, the routed experts
+/// ([`DeviceBackend::moe_experts`]) into `s.o`, then the residual add (or,
+/// with a post-norm, `s.o` left pending).
+pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scratch<'_, B::Buf>) -> Result<(), BackendError> {
+    let add = s.pending.then_some(&*s.o);
+    be.add_rms_norm(s.x, add, w.norm, w.eps, s.cur)?;
+    s.pending = false;
+    let ne = w.experts.n_expert;
+    be.matmul(w.router, s.cur, s.gate, n)?;
+    let mut logits = vec![0.0f32; n * ne];
+    be.read(s.gate, &mut logits)?;
+    let routes = route(&logits, ne, w.experts.n_used);
+    be.moe_experts(w, s.cur, &routes, s.o)?;
+    match w.post_norm {
+        Some(pn) => {
+            be.rms_norm(s.o, pn, w.eps)?;
+            s.pending = true;
+        }
+        None => be.add(s.x, s.o)?,
+    }
+    Ok(())
+}
+
+/// Each token's experts, as llama.cpp's softmax gating picks them: the
+/// softmax of the router's logits over all experts, the `n_used` most
+/// probable (ties: the lower index), their probabilities divided by their
+/// sum (Qwen3-MoE normalizes; the sum is clamped at f16's smallest normal,
+/// as llama.cpp does). `logits` is `[n_tokens, n_expert]`.
+pub fn route(logits: &[f32], n_expert: usize, n_used: usize) -> Vec<Route> {
+    let mut routes = Vec::with_capacity(logits.len() / n_expert.max(1) * n_used);
+    let mut order: Vec<usize> = Vec::with_capacity(n_expert);
+    for (token, row) in logits.chunks_exact(n_expert.max(1)).enumerate() {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = row.iter().map(|&v| (v - max).exp()).collect();
+        let z: f32 = e.iter().sum();
+        order.clear();
+        order.extend(0..n_expert);
+        // Descending probability; NaN last; ties to the lower index.
+        order.sort_by(|&a, &b| e[b].partial_cmp(&e[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+        let chosen = &order[..n_used.min(n_expert)];
+        let sum: f32 = chosen.iter().map(|&i| e[i] / z).sum::<f32>().max(6.103_515_6e-5);
+        routes.extend(chosen.iter().map(|&expert| Route { token, expert, weight: e[expert] / z / sum }));
+    }
+    routes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    /// Softmax, top-k and the weights normalized to one, against values
+    /// worked by hand: logits [0, ln 3, ln 2, ln 6] give probabilities
+    /// [1, 3, 2, 6] / 12; the top two are experts 3 and 1, weights 6/9, 3/9.
+    #[test]
+    fn routes_take_the_most_probable_experts_with_normalized_weights() {
+        let l = [0.0f32, 3f32.ln(), 2f32.ln(), 6f32.ln(), 5.0, 5.0, 1.0, 5.0];
+        let r = route(&l, 4, 2);
+        assert_eq!(r.len(), 4);
+        assert_eq!((r[0].token, r[0].expert, r[1].expert), (0, 3, 1));
+        assert!((r[0].weight - 6.0 / 9.0).abs() < 1e-6 && (r[1].weight - 3.0 / 9.0).abs() < 1e-6, "{r:?}");
+        // A three-way tie among experts 0, 1 and 3: the two lowest indices.
+        assert_eq!((r[2].token, r[2].expert, r[3].expert), (1, 0, 1));
+        assert!((r[2].weight - 0.5).abs() < 1e-6);
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use crate::arch::Arch;
+    use crate::kernel_registry::Backend;
+
+    /// A mixture of experts in the plan: a token reads its experts' share
+    /// of each expert stack (2 of 8 here), on the CPU; an accelerator
+    /// without expert kernels refuses the model before a weight is read,
+    /// once, naming the way to run it.
+    #[test]
+    fn a_mixture_of_experts_plan_reads_the_routed_share_and_is_refused_without_kernels() {
+        let path = std::env::temp_dir().join(format!("ferrox-moe-plan-{}.gguf", std::process::id()));
+        crate::testing::tiny_arch_model(Arch::Qwen3Moe, 3).unwrap().write_to(&path).unwrap();
+        let file = ferrox_gguf::GgufModel::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let p = crate::model::plan(&file, Backend::Cpu, None, "cpu".into()).unwrap();
+        let stacks: Vec<_> = p.tensors.iter().filter(|t| t.name.contains("_exps.")).collect();
+        assert_eq!(stacks.len(), 3 * 2, "three stacks a layer, two layers");
+        let (ne, used, _) = crate::testing::TINY_EXPERTS;
+        for t in &stacks {
+            assert_eq!(t.bytes_per_token, t.bytes * used as u64 / ne as u64, "{}", t.name);
+        }
+        assert!(p.refused.is_empty(), "{:?}", p.refused);
+        for &b in Backend::ALL.iter().filter(|b| b.is_accelerator()) {
+            let p = crate::model::plan(&file, b, None, b.name().into()).unwrap();
+            assert_eq!(p.refused.len(), 1, "{b}: {:?}", p.refused);
+            assert!(p.refused[0].contains("mixture-of-experts") && p.refused[0].contains("--backend cpu"), "{}", p.refused[0]);
         }
     }
 }

@@ -183,7 +183,13 @@ pub struct CpuKernel {
 /// a bad value panics with [`prepack_setting`]'s error here, which the
 /// backend's open and the binary check first.
 pub fn prepacks(name: &str) -> bool {
-    prepack_setting().unwrap_or_else(|e| panic!("{e}")) && name.starts_with("blk.")
+    prepack_setting().unwrap_or_else(|e| panic!("{e}")) && name.starts_with("blk.") && !experts(name)
+}
+
+/// Whether `name` is a stack of experts (`ffn_*_exps`): read in place, a
+/// token's experts' rows at a time, never packed or copied whole.
+pub fn experts(name: &str) -> bool {
+    name.contains("_exps.")
 }
 
 /// `FERROX_CPU_PREPACK` (a switch, default on), read and checked once.
@@ -430,7 +436,7 @@ impl DeviceBackend for Cpu {
             None
         };
         // An interleaved matrix needs no GEMM form: its batches take the copy.
-        let packed = if inter.is_none() && (prepacks(t.name) || ferrox_quant::gemm::reads_in_place(t.kind, self.isa)) {
+        let packed = if inter.is_none() && !experts(t.name) && (prepacks(t.name) || ferrox_quant::gemm::reads_in_place(t.kind, self.isa)) {
             ferrox_quant::gemm::PackedMatrix::new(self.isa, t.kind, t.bytes, t.rows, t.cols, self.threads)
                 .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
                 .map(Box::new)
@@ -776,6 +782,56 @@ impl DeviceBackend for Cpu {
             let r = r as usize;
             let s = src.get(r * width..(r + 1) * width).ok_or_else(|| shape("gather row", r, src.len() / width.max(1)))?;
             dst[i * width..(i + 1) * width].copy_from_slice(s);
+        }
+        Ok(())
+    }
+
+    /// Expert by expert: the tokens routed to it gathered, its gate and up
+    /// rows multiplied in place from the mapping (one batch per expert: the
+    /// GEMM when enough tokens share it), the GLU, its down rows, each
+    /// token's product added in with its weight.
+    fn moe_experts(&self, w: &super::MoeBlock<'_, Self>, x: &Vec<f32>, routes: &[super::Route], out: &mut Vec<f32>) -> Result<(), BackendError> {
+        let (e, ff, ne) = (w.n_embd, w.experts.n_ff, w.experts.n_expert);
+        let n = out.len() / e.max(1);
+        check_len("experts input", x, n * e)?;
+        check_len("experts output", out, n * e)?;
+        for (m, rows, cols) in [(w.gate, ff, e), (w.up, ff, e), (w.down, e, ff)] {
+            if m.rows != rows * ne || m.cols != cols {
+                return Err(BackendError(format!("an expert stack of {}x{} where {ne} experts of {rows}x{cols} are expected", m.rows, m.cols)));
+            }
+        }
+        out.iter_mut().for_each(|v| *v = 0.0);
+        fn expert_rows(m: &CpuWeight, expert: usize, rows: usize) -> Result<&[u8], BackendError> {
+            let rb = ferrox_quant::row_bytes(m.kind, m.cols).map_err(BackendError::new)?;
+            Ok(&m.bytes()[expert * rows * rb..(expert + 1) * rows * rb])
+        }
+        let (mut xs, mut g, mut u, mut h, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for expert in 0..ne {
+            let mine: Vec<&super::Route> = routes.iter().filter(|r| r.expert == expert).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            if let Some(r) = mine.iter().find(|r| r.token >= n) {
+                return Err(BackendError(format!("a route for token {} of {n}", r.token)));
+            }
+            let k = mine.len();
+            xs.clear();
+            mine.iter().for_each(|r| xs.extend_from_slice(&x[r.token * e..(r.token + 1) * e]));
+            for v in [&mut g, &mut u, &mut h] {
+                v.resize(k * ff, 0.0);
+            }
+            d.resize(k * e, 0.0);
+            let mm = |m: &CpuWeight, rows: usize, cols: usize, x: &[f32], y: &mut [f32]| {
+                ferrox_quant::matvec::matmul_with(self.isa, m.kind, expert_rows(m, expert, rows)?, rows, cols, x, y, k, self.threads)
+                    .map_err(BackendError::new)
+            };
+            mm(w.gate, ff, e, &xs, &mut g)?;
+            mm(w.up, ff, e, &xs, &mut u)?;
+            glu_span(w.act, &g, &u, &mut h);
+            mm(w.down, e, ff, &h, &mut d)?;
+            for (r, dr) in mine.iter().zip(d.chunks_exact(e)) {
+                out[r.token * e..(r.token + 1) * e].iter_mut().zip(dr).for_each(|(o, &v)| *o += r.weight * v);
+            }
         }
         Ok(())
     }

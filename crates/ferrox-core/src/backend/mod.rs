@@ -85,6 +85,12 @@ pub trait BackendCaps {
     fn max_head_dim() -> Option<usize> {
         None
     }
+    /// What a mixture of experts' `kind` matrices run on (`None`: no expert
+    /// kernels; a model with experts is refused at plan time).
+    fn experts_kernel(kind: QuantKind) -> Option<String> {
+        let _ = kind;
+        None
+    }
     /// What a prefill runs for a `kind` matrix of `cols` columns.
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;
@@ -442,6 +448,45 @@ pub struct FfnBlock<'a, B: DeviceBackend + ?Sized> {
     pub n_ff: usize,
 }
 
+/// A mixture-of-experts block: the residual's norm, the router, the
+/// routed experts' gated FFNs weighted by their routing weights, and the
+/// sum's post-norm. Each expert matrix holds all experts' rows, expert after
+/// expert (`gate`/`up`: `n_expert * experts.n_ff` rows of `n_embd`; `down`:
+/// `n_expert * n_embd` rows of `experts.n_ff`).
+pub struct MoeBlock<'a, B: DeviceBackend + ?Sized> {
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// The experts' gated activation.
+    pub act: Activation,
+    /// The input norm.
+    pub norm: &'a B::Vector,
+    /// The router (`n_expert` rows).
+    pub router: &'a B::Matrix,
+    /// The experts' gate projections.
+    pub gate: &'a B::Matrix,
+    /// The experts' up projections.
+    pub up: &'a B::Matrix,
+    /// The experts' down projections.
+    pub down: &'a B::Matrix,
+    /// A norm of the block's output before the residual add.
+    pub post_norm: Option<&'a B::Vector>,
+    /// The model width.
+    pub n_embd: usize,
+    /// The experts' sizes.
+    pub experts: crate::model::Experts,
+}
+
+/// One token's route to one expert, with its weight in the token's output.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Route {
+    /// The token's row in the batch.
+    pub token: usize,
+    /// The expert.
+    pub expert: usize,
+    /// Its weight.
+    pub weight: f32,
+}
+
 /// The activation buffers blocks read and write, for one batch shape.
 /// `x` is the residual stream. A block's output is added into `x` by its
 /// projection, or, when it is biased or normed first, left in `o` with
@@ -627,6 +672,29 @@ pub trait DeviceBackend: Send + Sync {
         Self: Sized,
     {
         blocks::ffn(self, n, w, s)
+    }
+
+    /// One mixture-of-experts block over `n` tokens ([`MoeBlock`]); the
+    /// default is [`blocks::moe`] (the router read back, the routes chosen
+    /// on the host, then [`DeviceBackend::moe_experts`]).
+    fn moe_block(&self, n: usize, w: &MoeBlock<'_, Self>, s: &mut Scratch<'_, Self::Buf>) -> Result<(), BackendError>
+    where
+        Self: Sized,
+    {
+        blocks::moe(self, n, w, s)
+    }
+
+    /// `out[r.token] = Σ r.weight · down_e(act(gate_e x) · up_e x)` over the
+    /// `routes` (`x`: the normed rows, `[n, n_embd]`; every token of `out`
+    /// written, zero where no route leads). Only the routed experts' rows
+    /// are read. The default refuses: a backend without expert kernels says
+    /// so in its plan ([`BackendCaps::experts_kernel`]) before a model loads.
+    fn moe_experts(&self, w: &MoeBlock<'_, Self>, x: &Self::Buf, routes: &[Route], out: &mut Self::Buf) -> Result<(), BackendError>
+    where
+        Self: Sized,
+    {
+        let _ = (w, x, routes, out);
+        Err(BackendError(format!("{} has no mixture-of-experts kernels", self.id())))
     }
 
     /// The index of the largest value of each `width`-wide row of `x`

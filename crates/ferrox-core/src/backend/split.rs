@@ -18,7 +18,7 @@ use std::cell::{Cell, Ref, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::cpu::{Cpu, CpuKv, CpuWeight};
-use super::{AttnBlock, AttnParams, BackendError, DeviceBackend, DeviceOptions, FfnBlock, HostTensor, QkvWeights, RopeParams, Scratch, Staged};
+use super::{AttnBlock, AttnParams, BackendError, DeviceBackend, DeviceOptions, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, Staged};
 use crate::arch::Activation;
 use crate::kernel_registry::Backend;
 
@@ -279,6 +279,26 @@ fn ffn_on<'a, D: DeviceBackend, X: DeviceBackend>(
     })
 }
 
+/// A mixture-of-experts block's weights as one side holds them.
+fn moe_on<'a, D: DeviceBackend, X: DeviceBackend>(
+    w: &MoeBlock<'a, Split<D>>,
+    m: impl Fn(&'a SplitMatrix<D>) -> Result<&'a X::Matrix, BackendError>,
+    v: impl Fn(&'a SplitVector<D>) -> Result<&'a X::Vector, BackendError>,
+) -> Result<MoeBlock<'a, X>, BackendError> {
+    Ok(MoeBlock {
+        eps: w.eps,
+        act: w.act,
+        norm: v(w.norm)?,
+        router: m(w.router)?,
+        gate: m(w.gate)?,
+        up: m(w.up)?,
+        down: m(w.down)?,
+        post_norm: w.post_norm.map(&v).transpose()?,
+        n_embd: w.n_embd,
+        experts: w.experts,
+    })
+}
+
 /// Every buffer of a block's scratch, the residual stream and a pending
 /// output first (the only two a block reads before writing).
 fn each_buf<'s, B>(s: &'s mut Scratch<'_, SplitBuf<B>>) -> impl Iterator<Item = &'s mut SplitBuf<B>> {
@@ -494,6 +514,22 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
             let blk = attn_on::<D, Cpu>(w, SplitWeight::host, SplitWeight::host)?;
             let mut hs = self.host_scratch(s)?;
             self.cpu.attention_block(&mut cache.host, b.with(&()), &blk, &mut hs)?;
+            hs.pending
+        };
+        Ok(())
+    }
+
+    /// The whole block on its weights' side.
+    fn moe_block(&self, n: usize, w: &MoeBlock<'_, Self>, s: &mut Scratch<'_, Self::Buf>) -> Result<(), BackendError> {
+        s.pending = if self.side(w.down) {
+            let blk = moe_on::<D, D>(w, SplitWeight::dev, SplitWeight::dev)?;
+            let mut ds = self.dev_scratch(s)?;
+            self.dev.moe_block(n, &blk, &mut ds)?;
+            ds.pending
+        } else {
+            let blk = moe_on::<D, Cpu>(w, SplitWeight::host, SplitWeight::host)?;
+            let mut hs = self.host_scratch(s)?;
+            self.cpu.moe_block(n, &blk, &mut hs)?;
             hs.pending
         };
         Ok(())

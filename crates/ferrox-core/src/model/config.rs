@@ -52,6 +52,9 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Final logit softcap.
     pub final_softcap: Option<f32>,
+    /// Mixture of experts: the experts per layer, those each token is
+    /// routed to, and each expert's hidden width (all 0 for a dense model).
+    pub experts: Experts,
 }
 
 struct Meta<'a> {
@@ -98,6 +101,17 @@ impl Meta<'_> {
 /// Largest value any shape parameter may take: far above real models, low
 /// enough that products of a few of them cannot overflow or allocate wildly.
 const MAX_DIM: usize = 1 << 20;
+
+/// A mixture of experts' sizes (`Experts::default()`: a dense model).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Experts {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts each token is routed to (`expert_used_count`).
+    pub n_used: usize,
+    /// Each expert's hidden width (`expert_feed_forward_length`).
+    pub n_ff: usize,
+}
 
 impl ModelConfig {
     /// Reads the configuration of `arch` from `file`'s metadata.
@@ -199,6 +213,28 @@ impl ModelConfig {
             }
             AttnScale::GemmaQueryPreAttn { .. } => 1.0 / (head_dim as f32).sqrt(),
         };
+        let experts = match spec.ffn {
+            crate::arch::FfnLayout::Experts => {
+                let e = Experts {
+                    n_expert: m.req_uint("expert_count")?,
+                    n_used: m.req_uint("expert_used_count")?,
+                    n_ff: m.req_uint("expert_feed_forward_length")?,
+                };
+                for (key, v, max) in [("expert_count", e.n_expert, 4096), ("expert_feed_forward_length", e.n_ff, MAX_DIM)] {
+                    if v == 0 || v > max {
+                        return Err(ModelError::BadMetadata { key: m.key(key), why: format!("{v} is out of range 1..={max}") });
+                    }
+                }
+                if e.n_used == 0 || e.n_used > e.n_expert {
+                    return Err(ModelError::BadMetadata {
+                        key: m.key("expert_used_count"),
+                        why: format!("{} experts used of {}", e.n_used, e.n_expert),
+                    });
+                }
+                e
+            }
+            _ => Experts::default(),
+        };
         let attn_softcap = m.float("attn_logit_softcapping")?.or(spec.default_attn_softcap).filter(|&c| c != 0.0);
         let final_softcap = m.float("final_logit_softcapping")?.or(spec.default_final_softcap).filter(|&c| c != 0.0);
         Ok(ModelConfig {
@@ -224,6 +260,7 @@ impl ModelConfig {
             attn_scale,
             attn_softcap,
             final_softcap,
+            experts,
         })
     }
 }

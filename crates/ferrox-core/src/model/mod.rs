@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use config::ModelConfig;
+pub use config::{Experts, ModelConfig};
 use ferrox_gguf::{GgufError, GgufModel, ModelTensor};
 
 use crate::arch::{Arch, FfnLayout, Role};
-use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, FfnBlock, HostTensor, QkvWeights, RopeParams, Scratch, Staged};
+use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, Staged};
 use crate::kernel_registry::{Backend, KernelPlan, Placement};
 
 /// Why a model cannot be loaded or run.
@@ -99,9 +99,11 @@ struct LayerWeights<B: DeviceBackend> {
     post_attn_norm: Option<B::Vector>,
     ffn_norm: B::Vector,
     gate: Option<B::Matrix>,
-    up: B::Matrix,
-    down: B::Matrix,
+    up: Option<B::Matrix>,
+    down: Option<B::Matrix>,
     post_ffn_norm: Option<B::Vector>,
+    /// A mixture of experts' router and experts (instead of gate/up/down).
+    experts: Option<[B::Matrix; 4]>,
 }
 
 /// A loaded model: configuration, placed weights, and the placement plan.
@@ -231,6 +233,9 @@ fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
         Role::FfnGate | Role::FfnUp if c.arch.spec().ffn == FfnLayout::FusedGateUp => d(&[e, 2 * c.n_ff]),
         Role::FfnGate | Role::FfnUp => d(&[e, c.n_ff]),
         Role::FfnDown => d(&[c.n_ff, e]),
+        Role::FfnGateInp => d(&[e, c.experts.n_expert]),
+        Role::FfnGateExps | Role::FfnUpExps => d(&[e, c.experts.n_ff, c.experts.n_expert]),
+        Role::FfnDownExps => d(&[c.experts.n_ff, e, c.experts.n_expert]),
     }
 }
 
@@ -321,6 +326,20 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
             }
         }
     }
+    // A token reads only its experts' rows of a stack of experts; a backend
+    // without expert kernels cannot load the model.
+    let ex = r.config.experts;
+    let mut refused = crate::kernel_registry::refusals(backend, r.config.head_dim, r.config.head_dim_v);
+    for p in placements.iter_mut() {
+        if Role::parse(&p.name).is_some_and(|(role, _)| role.feeds() == crate::arch::Feeds::Experts) {
+            p.bytes_per_token = p.bytes * ex.n_used as u64 / ex.n_expert.max(1) as u64;
+            if let (Some(why), true) = (&p.fallback, p.backend.is_accelerator()) {
+                if !refused.iter().any(|r| r.contains(why.as_str())) {
+                    refused.push(format!("{why} ({} and the other expert stacks; run it with --backend cpu)", p.name));
+                }
+            }
+        }
+    }
     let order: BTreeMap<&str, usize> =
         file.tensors().iter().enumerate().map(|(i, t)| (t.info.name.as_str(), i)).collect();
     placements.sort_by_key(|p: &Placement| order.get(p.name.as_str()).copied().unwrap_or(usize::MAX));
@@ -331,7 +350,7 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
         crossings_per_token: crate::kernel_registry::crossings_per_token(&placements),
         tensors: placements,
         unused: r.unused.clone(),
-        refused: crate::kernel_registry::refusals(backend, r.config.head_dim, r.config.head_dim_v),
+        refused,
     }
 }
 
@@ -397,7 +416,9 @@ impl<B: DeviceBackend> Model<B> {
             };
             // `resolve` checked the dimensions against the configuration.
             let bytes = file.tensor_data(t)?;
-            let (cols, rows) = (t.info.dims[0] as usize, t.info.dims.get(1).copied().unwrap_or(1) as usize);
+            // A stack of experts (`[cols, rows, n_expert]`) is one matrix of
+            // all their rows, expert after expert.
+            let (cols, rows) = (t.info.dims[0] as usize, t.info.dims[1..].iter().product::<u64>().max(1) as usize);
             Ok(Some(HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file }))
         };
         let placing = |t: &HostTensor<'_>, e: BackendError| ModelError::Backend(BackendError(format!("placing {}: {e}", t.name)));
@@ -443,9 +464,18 @@ impl<B: DeviceBackend> Model<B> {
                 post_attn_norm: vec(Role::AttnPostNorm, l, spec.post_norms)?,
                 ffn_norm: must(vec(Role::FfnNorm, l, true)?)?,
                 gate: get(Role::FfnGate, l, spec.ffn == FfnLayout::Separate)?,
-                up: must(get(Role::FfnUp, l, true)?)?,
-                down: must(get(Role::FfnDown, l, true)?)?,
+                up: get(Role::FfnUp, l, spec.ffn != FfnLayout::Experts)?,
+                down: get(Role::FfnDown, l, spec.ffn != FfnLayout::Experts)?,
                 post_ffn_norm: vec(Role::FfnPostNorm, l, spec.post_norms)?,
+                experts: match spec.ffn {
+                    FfnLayout::Experts => Some([
+                        must(get(Role::FfnGateInp, l, true)?)?,
+                        must(get(Role::FfnGateExps, l, true)?)?,
+                        must(get(Role::FfnUpExps, l, true)?)?,
+                        must(get(Role::FfnDownExps, l, true)?)?,
+                    ]),
+                    _ => None,
+                },
             });
         }
         Ok(Model {
@@ -572,6 +602,8 @@ impl<B: DeviceBackend> Model<B> {
         let spec = c.arch.spec();
         let (qd, kd, vd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
         let ff_width = if spec.ffn == FfnLayout::FusedGateUp { 2 * c.n_ff } else { c.n_ff };
+        // A mixture of experts' router logits go in `gate`.
+        let hidden = c.n_ff.max(c.experts.n_expert);
         Ok(Acts {
             n,
             id: next_id(),
@@ -583,7 +615,7 @@ impl<B: DeviceBackend> Model<B> {
             v: be.alloc(n * vd)?,
             attn: be.alloc(n * c.n_head * c.head_dim_v)?,
             o: be.alloc(n * c.n_embd)?,
-            gate: be.alloc(n * c.n_ff)?,
+            gate: be.alloc(n * hidden)?,
             up: be.alloc(n * ff_width)?,
             h: be.alloc(n * c.n_ff)?,
             qkv: match self.layers.iter().any(|l| l.qkv.is_some()) {
@@ -703,17 +735,37 @@ impl<B: DeviceBackend> Model<B> {
                 },
             };
             be.attention_block(kv, b, &block, &mut s)?;
-            let ffn = FfnBlock {
-                eps: c.rms_eps,
-                act: spec.activation,
-                norm: &w.ffn_norm,
-                gate: w.gate.as_ref(),
-                up: &w.up,
-                down: &w.down,
-                post_norm: w.post_ffn_norm.as_ref(),
-                n_ff: c.n_ff,
-            };
-            be.ffn_block(n, &ffn, &mut s)?;
+            match (&w.experts, &w.up, &w.down) {
+                (Some([router, gate, up, down]), ..) => {
+                    let moe = MoeBlock {
+                        eps: c.rms_eps,
+                        act: spec.activation,
+                        norm: &w.ffn_norm,
+                        router,
+                        gate,
+                        up,
+                        down,
+                        post_norm: w.post_ffn_norm.as_ref(),
+                        n_embd: c.n_embd,
+                        experts: c.experts,
+                    };
+                    be.moe_block(n, &moe, &mut s)?;
+                }
+                (None, Some(up), Some(down)) => {
+                    let ffn = FfnBlock {
+                        eps: c.rms_eps,
+                        act: spec.activation,
+                        norm: &w.ffn_norm,
+                        gate: w.gate.as_ref(),
+                        up,
+                        down,
+                        post_norm: w.post_ffn_norm.as_ref(),
+                        n_ff: c.n_ff,
+                    };
+                    be.ffn_block(n, &ffn, &mut s)?;
+                }
+                _ => return Err(ModelError::Unsupported { what: format!("layer {l} has neither a dense FFN nor experts") }),
+            }
         }
 
         let pending = s.pending.then_some(&*s.o);
