@@ -18,7 +18,7 @@ use ferrox_core::tokenizer::Tokenizer;
 pub struct Args {
     #[command(flatten)]
     model: crate::load::ModelArg,
-    /// A system message for the conversation.
+    /// A system message for the conversation (llama.cpp's -sys/--system-prompt).
     #[arg(long)]
     system: Option<String>,
     /// Most tokens per reply (-1: until end of turn or a full context).
@@ -29,8 +29,8 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     n_predict: i64,
-    /// Context size (default: the model's, at most 4096).
-    #[arg(short = 'c', long = "ctx-size")]
+    /// Context size (default: the model's, at most 4096; 0: the model's training context).
+    #[arg(short = 'c', long = "ctx-size", value_parser = crate::load::parse_ctx_size, allow_negative_numbers = true)]
     ctx_size: Option<usize>,
     #[command(flatten)]
     backend: crate::load::BackendArgs,
@@ -39,9 +39,17 @@ pub struct Args {
     verbose: bool,
     #[command(flatten)]
     sampling: crate::run::SamplingArgs,
+    #[command(flatten)]
+    llama: crate::compat::LlamaFlags,
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    a.llama.check(crate::compat::Cmd::Chat)?;
+    if let Some(s) = a.llama.system_prompt() {
+        anyhow::ensure!(a.system.is_none(), "two system messages given (--system and -sys); give one");
+        a.system = Some(s.to_string());
+    }
+    a.sampling.check(None)?;
     let path = a.model.or_default()?;
     let backend = a.backend.clone();
     crate::load::with_model(&path.clone(), &backend, false, Chat { a, path })
@@ -57,6 +65,11 @@ impl crate::load::ModelJob for Chat {
     type Output = ();
     fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<()> {
         converse(self.a, &self.path, &model, &tok)
+    }
+    fn check(&self, file: &crate::load::FileFacts) -> Result<()> {
+        self.a.sampling.check(file.n_vocab)?;
+        crate::load::warn_ctx(self.a.ctx_size, file);
+        Ok(())
     }
 }
 
@@ -78,7 +91,7 @@ fn converse<B: DeviceBackend>(a: Args, path: &Path, model: &Model<B>, tok: &Toke
         .collect();
     let opts = GenerateOptions {
         max_tokens: usize::try_from(a.n_predict).ok(),
-        sampling: a.sampling.params(),
+        sampling: a.sampling.params(n_ctx),
         ..GenerateOptions::default()
     };
     let cancel = crate::run::cancel_on_ctrl_c()?;
