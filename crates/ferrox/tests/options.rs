@@ -328,3 +328,36 @@ fn serve_divides_the_context_among_its_slots_as_llama_server_does() {
     let o = ferrox(&["serve", m, "--port", "0", "--parallel", "16", "-c", "8"]);
     assert_clean_error(&o, "leaves no position per slot");
 }
+
+#[test]
+fn serve_logs_one_line_per_request() {
+    use std::io::{BufRead, Read, Write};
+    let model = tiny(Arch::Llama, "opt-serve.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrox"))
+        .args(["serve", model.to_str().unwrap(), "--port", "0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let l = lines.next().expect("serve ended before listening").unwrap();
+        if let Some(rest) = l.split("serving on http://").nth(1) {
+            break rest.split(' ').next().unwrap().to_string();
+        }
+    };
+    // The log read on its own thread, so a missing line fails rather than hangs.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| drop(tx.send(l))));
+    let mut logged = Vec::new();
+    for (method, path) in [("GET", "/health"), ("GET", "/v1/chat/completions")] {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        logged.push(rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap_or_default());
+    }
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    assert!(logged[0].starts_with("ferrox: GET /health 200 in "), "{logged:?}");
+    assert!(logged[1].starts_with("ferrox: GET /v1/chat/completions 405 in "), "{logged:?}");
+}
