@@ -252,10 +252,23 @@ pub fn load_on<B: DeviceBackend>(
     if !quiet {
         eprint!("ferrox: loading {} ... ", path.display());
     }
-    let model = Model::load(file, backend)
-        .with_context(|| format!("cannot load model {}", path.display()))?;
-    let tok = Tokenizer::from_gguf(model.file().metadata_file())
-        .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
+    let loaded = Model::load(file, backend)
+        .with_context(|| format!("cannot load model {}", path.display()))
+        .and_then(|model| {
+            let tok = Tokenizer::from_gguf(model.file().metadata_file())
+                .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
+            Ok((model, tok))
+        });
+    let (model, tok) = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            // The progress line is ended, so the error is a line of its own.
+            if !quiet {
+                eprintln!("failed");
+            }
+            return Err(e);
+        }
+    };
     if !quiet {
         let c = model.config();
         let bytes: u64 = model.file().tensors().iter().map(|t| t.info.n_bytes).sum();

@@ -361,3 +361,14 @@ fn serve_logs_one_line_per_request() {
     assert!(logged[0].starts_with("ferrox: GET /health 200 in "), "{logged:?}");
     assert!(logged[1].starts_with("ferrox: GET /v1/chat/completions 405 in "), "{logged:?}");
 }
+
+#[test]
+fn a_model_that_fails_to_load_ends_the_loading_line_before_the_error() {
+    let path = scratch("opt-mamba.gguf");
+    let meta = vec![("general.architecture".to_string(), ferrox_gguf::Value::from("mamba"))];
+    let t = [ferrox_gguf::testing::TinyTensor::new("token_embd.weight", ferrox_quant::QuantKind::F32, &[8, 4])];
+    ferrox_gguf::testing::tiny_model(1, meta, &t, ferrox_gguf::testing::Fill::Quantize).unwrap().write_to(&path).unwrap();
+    let o = ferrox(&["run", path.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_error(&o, "unsupported architecture");
+    assert!(err(&o).lines().any(|l| l.starts_with("ferrox: error: ")), "the error shares a line: {}", err(&o));
+}
