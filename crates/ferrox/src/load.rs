@@ -1,6 +1,7 @@
 //! Model loading shared by the subcommands that run a model: the default
 //! model's place, a progress line, and the backend choice.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -249,16 +250,35 @@ pub fn load_on<B: DeviceBackend>(
     quiet: bool,
 ) -> Result<(Model<B>, Tokenizer)> {
     let t0 = Instant::now();
-    if !quiet {
+    // A bar on a terminal, where a large model's load takes a while; piped,
+    // the plain line alone (no carriage returns in a log).
+    let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+        let style = indicatif::ProgressStyle::with_template("ferrox: loading {msg} {bar:30} {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        // The file name: a full path would wrap the bar on a narrow terminal.
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        indicatif::ProgressBar::new(0).with_style(style).with_message(name)
+    });
+    if !quiet && bar.is_none() {
         eprint!("ferrox: loading {} ... ", path.display());
     }
-    let loaded = Model::load(file, backend)
+    let progress = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let loaded = Model::load_with_progress(file, backend, &progress)
         .with_context(|| format!("cannot load model {}", path.display()))
         .and_then(|model| {
             let tok = Tokenizer::from_gguf(model.file().metadata_file())
                 .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
             Ok((model, tok))
         });
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+        eprint!("ferrox: loading {} ... ", path.display());
+    }
     let (model, tok) = match loaded {
         Ok(l) => l,
         Err(e) => {

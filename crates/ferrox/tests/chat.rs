@@ -13,7 +13,10 @@ use ferrox_core::arch::Arch;
 fn tiny_chat_model() -> PathBuf {
     let path = scratch("chat-qwen3.gguf");
     if !path.exists() {
-        ferrox_core::testing::tiny_arch_model(Arch::Qwen3, 5).unwrap().write_to(&path).unwrap();
+        // Written aside and renamed: the tests run in parallel.
+        let tmp = scratch(&format!("chat-qwen3.{:?}.tmp", std::thread::current().id()));
+        ferrox_core::testing::tiny_arch_model(Arch::Qwen3, 5).unwrap().write_to(&tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
     }
     path
 }

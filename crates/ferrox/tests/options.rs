@@ -14,7 +14,11 @@ use ferrox_core::arch::Arch;
 fn tiny(arch: Arch, name: &str) -> PathBuf {
     let path = scratch(name);
     if !path.exists() {
-        ferrox_core::testing::tiny_arch_model(arch, 3).unwrap().write_to(&path).unwrap();
+        // Tests run in parallel: written aside and renamed, so no test reads
+        // a file another is still writing.
+        let tmp = scratch(&format!("{name}.{:?}.tmp", std::thread::current().id()));
+        ferrox_core::testing::tiny_arch_model(arch, 3).unwrap().write_to(&tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
     }
     path
 }
@@ -371,4 +375,33 @@ fn a_model_that_fails_to_load_ends_the_loading_line_before_the_error() {
     let o = ferrox(&["run", path.to_str().unwrap(), "-p", "hi"]);
     assert_clean_error(&o, "unsupported architecture");
     assert!(err(&o).lines().any(|l| l.starts_with("ferrox: error: ")), "the error shares a line: {}", err(&o));
+}
+
+/// Piped, the load is one plain line: no bar, no carriage returns, no
+/// terminal escapes in a log file (a terminal gets an indicatif bar).
+#[test]
+fn a_piped_load_is_one_plain_line() {
+    let model = tiny(Arch::Llama, "opt-llama.gguf");
+    let o = ferrox(&["run", model.to_str().unwrap(), "-p", "the of", "-n", "2"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let e = err(&o);
+    assert_eq!(e.lines().filter(|l| l.starts_with("ferrox: loading ")).count(), 1, "{e}");
+    assert!(!e.contains('\r') && !e.contains('\u{1b}'), "{e:?}");
+}
+
+/// On a terminal the load draws a bar (indicatif: bytes placed of the total),
+/// then leaves the same line a pipe gets. The terminal is `script`'s pty.
+#[test]
+fn a_load_on_a_terminal_draws_a_progress_bar() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: `script` (util-linux) is not installed; the progress bar on a terminal was NOT checked");
+        return;
+    }
+    let model = tiny(Arch::Llama, "opt-llama.gguf");
+    let cmd = format!("{} run {} -p 'the of' -n 2", env!("CARGO_BIN_EXE_ferrox"), model.display());
+    let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
+    let all = text(&o.stdout);
+    assert!(o.status.success(), "{all}");
+    assert!(all.contains("ferrox: loading opt-llama.gguf ") && all.contains(" B/"), "no bar drawn: {all:?}");
+    assert!(all.contains("ferrox: loading ") && all.contains(" ... tiny random model"), "the plain line after the bar: {all:?}");
 }
