@@ -377,20 +377,9 @@ fn a_model_that_fails_to_load_ends_the_loading_line_before_the_error() {
     assert!(err(&o).lines().any(|l| l.starts_with("ferrox: error: ")), "the error shares a line: {}", err(&o));
 }
 
-/// Piped, the load is one plain line: no bar, no carriage returns, no
-/// terminal escapes in a log file (a terminal gets an indicatif bar).
-#[test]
-fn a_piped_load_is_one_plain_line() {
-    let model = tiny(Arch::Llama, "opt-llama.gguf");
-    let o = ferrox(&["run", model.to_str().unwrap(), "-p", "the of", "-n", "2"]);
-    assert!(o.status.success(), "{}", err(&o));
-    let e = err(&o);
-    assert_eq!(e.lines().filter(|l| l.starts_with("ferrox: loading ")).count(), 1, "{e}");
-    assert!(!e.contains('\r') && !e.contains('\u{1b}'), "{e:?}");
-}
-
 /// On a terminal the load draws a bar (indicatif: bytes placed of the total),
-/// then leaves the same line a pipe gets. The terminal is `script`'s pty.
+/// then leaves the same line a pipe gets (which the tests above read, piped).
+/// The terminal is `script`'s pty.
 #[test]
 fn a_load_on_a_terminal_draws_a_progress_bar() {
     if Command::new("script").arg("--version").output().is_err() {
