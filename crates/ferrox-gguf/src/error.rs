@@ -71,7 +71,7 @@ pub enum ErrorKind {
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     /// The file ends inside a fixed-size field.
-    #[error("file ends inside {what}: expected {needed} bytes, {available} remain")]
+    #[error("truncated: the file ends inside {what}, which takes {needed} bytes; {available} remain")]
     Truncated {
         /// The field being read.
         what: &'static str,
@@ -83,7 +83,7 @@ pub enum ErrorKind {
     /// A count or length read from the file that the rest of the file cannot
     /// possibly hold; checked before anything is allocated for it.
     #[error(
-        "{what} is {count}, which needs at least {min_bytes} bytes, but only {available} remain"
+        "truncated or corrupt: {what} is {count}, which needs at least {min_bytes} bytes, but only {available} remain"
     )]
     CountExceedsFile {
         /// Which count or length.
@@ -96,7 +96,7 @@ pub enum ErrorKind {
         available: u64,
     },
     /// The first four bytes are not `GGUF`.
-    #[error("expected magic \"GGUF\", found {found:02x?}")]
+    #[error("not a GGUF file: it starts with {:?}, where a GGUF file starts with \"GGUF\"", String::from_utf8_lossy(found))]
     BadMagic {
         /// The bytes found.
         found: [u8; 4],
@@ -197,8 +197,12 @@ pub enum ErrorKind {
         /// The file's alignment.
         alignment: u64,
     },
-    /// Tensor data extending past the end of the file.
-    #[error("tensor {tensor:?} occupies bytes {start}..{end} of the file: expected it to end within the file's {file_len} bytes")]
+    /// Tensor data extending past the end of the file; a well-formed file
+    /// cut short (a partial download) says so, with the size it should have.
+    #[error("{}", match full_len {
+        Some(full) => format!("truncated: {file_len} of {full} bytes (tensor {tensor:?} ends at byte {end}); the file was cut short: download or copy it again"),
+        None => format!("tensor {tensor:?} occupies bytes {start}..{end} of the file: expected it to end within the file's {file_len} bytes"),
+    })]
     TensorOutOfBounds {
         /// The tensor.
         tensor: String,
@@ -208,6 +212,10 @@ pub enum ErrorKind {
         end: u64,
         /// The file's length.
         file_len: u64,
+        /// The length the file would have, when its tensors are laid out
+        /// back to back as writers lay them (so the file was cut short,
+        /// rather than its tensor table being corrupt).
+        full_len: Option<u64>,
     },
     /// Two tensors whose data ranges overlap.
     #[error("tensor {tensor:?} (data bytes {start}..{end}) overlaps tensor {other:?}, which ends at {other_end}: expected disjoint data")]

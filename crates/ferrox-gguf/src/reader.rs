@@ -349,6 +349,7 @@ impl GgufFile {
                     start: start.unwrap_or(u64::MAX),
                     end: end.unwrap_or(u64::MAX),
                     file_len: bytes.len() as u64,
+                    full_len: None,
                 },
             )
         })
@@ -617,6 +618,7 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
     let end_of_infos = c.pos as u64;
     let data_offset = end_of_infos.div_ceil(alignment) * alignment;
     let file_len = buf.len() as u64;
+    let full_len = packed_end(&tensors, alignment).and_then(|e| data_offset.checked_add(e));
     for (t, &at) in tensors.iter().zip(&info_offsets) {
         let start = data_offset.checked_add(t.offset);
         let end = start.and_then(|s| s.checked_add(t.n_bytes));
@@ -630,6 +632,7 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
                         start: start.unwrap_or(u64::MAX),
                         end: end.unwrap_or(u64::MAX),
                         file_len,
+                        full_len: full_len.filter(|&f| f > file_len),
                     },
                 ))
             }
@@ -677,6 +680,23 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Parsed, GgufError> {
 }
 
 /// One tensor info, with every check that needs only the info itself.
+/// Where the tensor data ends when the tensors lie back to back, each at
+/// the aligned end of the one before (as every writer lays them out); `None`
+/// for any other layout, or one whose arithmetic overflows. A file shorter
+/// than this was cut short, rather than written with a corrupt table.
+fn packed_end(tensors: &[TensorInfo], alignment: u64) -> Option<u64> {
+    let mut order: Vec<&TensorInfo> = tensors.iter().collect();
+    order.sort_by_key(|t| t.offset);
+    let mut end = 0u64;
+    for t in order {
+        if t.offset != end.checked_next_multiple_of(alignment)? {
+            return None;
+        }
+        end = t.offset.checked_add(t.n_bytes)?;
+    }
+    Some(end)
+}
+
 fn tensor_info(c: &mut Cursor<'_>, at: usize, alignment: u64) -> Result<TensorInfo, GgufError> {
     let name = c.utf8("tensor name")?;
     let n_dims = c.u32("tensor dimension count")?;

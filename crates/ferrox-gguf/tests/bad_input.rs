@@ -600,3 +600,25 @@ fn an_empty_file_on_disk_is_a_truncation_error() {
         "{e}"
     );
 }
+
+/// A well-formed file cut short (a partial download) says "truncated" with
+/// the bytes it has and the bytes it should have; tensors whose offsets do
+/// not lie back to back are a corrupt table, not a truncation, and keep the
+/// bounds message.
+#[test]
+fn a_file_cut_short_says_truncated_with_its_size_and_the_full_size() {
+    // Two F32 tensors of 32 bytes back to back: data 96..160, cut at 150.
+    let whole = Raw::header(3, 2, 0).tensor("a", &[8], 0, 0).tensor("b", &[8], 0, 32).pad(32).zeros(64).0;
+    let full = whole.len() as u64;
+    let e = err(&whole[..whole.len() - 10]);
+    assert!(matches!(e.kind, ErrorKind::TensorOutOfBounds { full_len: Some(f), .. } if f == full), "{e}");
+    assert!(e.to_string().contains(&format!("truncated: {} of {full} bytes", full - 10)), "{e}");
+    // A gap between the tensors: not how any writer lays them out.
+    let gap = Raw::header(3, 2, 0).tensor("a", &[8], 0, 0).tensor("b", &[8], 0, 64).pad(32).zeros(64).0;
+    let e = err(&gap);
+    assert!(matches!(e.kind, ErrorKind::TensorOutOfBounds { full_len: None, .. }), "{e}");
+    assert!(!e.to_string().contains("truncated"), "{e}");
+    // Text is not a GGUF file, said in words.
+    let e = err(b"hello, this is text");
+    assert!(e.to_string().contains("not a GGUF file: it starts with \"hell\""), "{e}");
+}

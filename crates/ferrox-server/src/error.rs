@@ -111,6 +111,18 @@ impl ApiError {
         }
     }
 
+    /// 405: a path that exists, asked with a method it does not take.
+    pub fn method_not_allowed(method: &str, path: &str, allowed: &'static str) -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            kind: "invalid_request_error",
+            message: format!("{path} takes {allowed}, not {method}"),
+            param: None,
+            code: Some("method_not_allowed"),
+            retry_after: None,
+        }
+    }
+
     /// The body OpenAI clients parse.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})

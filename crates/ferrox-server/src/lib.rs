@@ -133,17 +133,47 @@ impl AppState {
 /// API key when one is set.
 pub fn router(state: Arc<AppState>) -> Router {
     let protected = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/metrics", get(metrics))
+        .route("/v1/chat/completions", post(chat).fallback(only("POST")))
+        .route("/v1/completions", post(completions).fallback(only("POST")))
+        .route("/v1/models", get(models).fallback(only("GET")))
+        .route("/metrics", get(metrics).fallback(only("GET")))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
-        .route("/health", get(health))
-        .route("/openapi.json", get(openapi_doc))
+        .route("/health", get(health).fallback(only("GET")))
+        .route("/openapi.json", get(openapi_doc).fallback(only("GET")))
         .merge(protected)
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .layer(middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// A route's answer to a method it does not take: a 405 with an OpenAI
+/// error body and the `Allow` header (axum's own 405 has an empty body).
+fn only(allowed: &'static str) -> impl Fn(Request) -> std::future::Ready<Response> + Clone + Send + Sync + 'static {
+    move |req: Request| {
+        let mut r = ApiError::method_not_allowed(req.method().as_str(), req.uri().path(), allowed).into_response();
+        r.headers_mut().insert(header::ALLOW, axum::http::HeaderValue::from_static(allowed));
+        std::future::ready(r)
+    }
+}
+
+/// One line on stderr per request: method, path, status, and the time to
+/// the response head (a stream goes on after it; its line says so).
+async fn log_request(req: Request, next: Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let t0 = std::time::Instant::now();
+    let r = next.run(req).await;
+    let stream = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    eprintln!(
+        "ferrox: {method} {path} {} in {:.3}s{}",
+        r.status().as_u16(),
+        t0.elapsed().as_secs_f64(),
+        if stream { " (stream opened)" } else { "" }
+    );
+    r
 }
 
 /// Serves on `listener` until `signal` resolves, then stops taking requests,
@@ -447,18 +477,84 @@ fn parse_body<T: serde::de::DeserializeOwned>(
             ));
         }
     }
-    serde_json::from_slice(body).map_err(|e| {
-        let what = match e.classify() {
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map_err(|e| {
+        let mut path = e.path().to_string();
+        // Fields of the flattened `Common` lose their path inside serde's
+        // flatten buffer: `Common` alone finds which one it was.
+        if path == "." {
+            if let Err(c) = serde_path_to_error::deserialize::<_, openai::Common>(&mut serde_json::Deserializer::from_slice(body)) {
+                path = c.path().to_string();
+            }
+        }
+        let e = e.into_inner();
+        match e.classify() {
+            serde_json::error::Category::Data => data_error(&path, &e),
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                "the body is not valid JSON"
+                ApiError::invalid(None, format!("the body is not valid JSON: {e}"))
             }
-            serde_json::error::Category::Data => {
-                "a field has the wrong type or a required field is missing"
-            }
-            serde_json::error::Category::Io => "the body could not be read",
-        };
-        ApiError::invalid(None, format!("{what}: {e}"))
+            serde_json::error::Category::Io => ApiError::invalid(None, format!("the body could not be read: {e}")),
+        }
     })
+}
+
+/// A well-formed body whose field is missing or of the wrong type: named
+/// (as `param` too), in JSON's words rather than Rust's.
+fn data_error(path: &str, e: &serde_json::Error) -> ApiError {
+    let msg = e.to_string();
+    // serde_json appends the position; the field's name says more.
+    let msg = msg.rsplit_once(" at line ").map_or(msg.as_str(), |(m, _)| m);
+    let at = |field: &str| match path {
+        "." | "" => field.to_string(),
+        p if field.is_empty() => p.to_string(),
+        p => format!("{p}.{field}"),
+    };
+    if let Some(field) = msg.strip_prefix("missing field `").and_then(|f| f.strip_suffix('`')) {
+        let param = at(field);
+        return ApiError::invalid(Some(param.clone()), format!("`{param}` is required"));
+    }
+    let param = at("");
+    let what = if let Some((got, want)) = msg.strip_prefix("invalid type: ").and_then(|r| r.split_once(", expected ")) {
+        format!("is {}; expected {}", json_value_words(got), json_type_words(want))
+    } else if let Some((got, want)) = msg.strip_prefix("invalid value: ").and_then(|r| r.split_once(", expected ")) {
+        format!("is {}; expected {}", json_value_words(got), json_type_words(want))
+    } else if msg.starts_with("data did not match any variant") {
+        "has a shape this endpoint does not take (see /openapi.json)".to_string()
+    } else {
+        msg.to_string()
+    };
+    if param.is_empty() || param == "." {
+        return ApiError::invalid(None, format!("the body {what}"));
+    }
+    ApiError::invalid(Some(param.clone()), format!("`{param}` {what}"))
+}
+
+/// serde's description of a value found, in JSON's words.
+fn json_value_words(got: &str) -> String {
+    let strip = |s: &str| s.trim_matches('`').to_string();
+    match got.split_once(' ') {
+        Some(("string", v)) => format!("the string {v}"),
+        Some(("integer" | "floating", v)) => strip(v.trim_start_matches("point ")),
+        Some(("boolean", v)) => strip(v),
+        _ => match got {
+            "map" => "an object".into(),
+            "sequence" => "an array".into(),
+            "unit value" | "null" => "null".into(),
+            other => other.to_string(),
+        },
+    }
+}
+
+/// serde's description of an expected Rust type, in JSON's words.
+fn json_type_words(want: &str) -> String {
+    match want {
+        "f32" | "f64" => "a number".into(),
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a non-negative integer".into(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer".into(),
+        "a sequence" => "an array".into(),
+        "a map" => "an object".into(),
+        w if w.starts_with("struct ") => "an object".into(),
+        w => w.to_string(),
+    }
 }
 
 /// What kind of endpoint a generation answers.
@@ -814,10 +910,14 @@ impl Output {
     }
 }
 
+/// OpenAI's finish reasons, and `cancelled` for a reply the server cut
+/// (shutdown past its grace period): a client must not take a cut reply for
+/// a finished one. (A client that went away reads nothing.)
 fn finish_reason(s: &SeqSummary) -> &'static str {
     match s.finish {
-        FinishReason::Stop | FinishReason::Cancelled => "stop",
+        FinishReason::Stop => "stop",
         FinishReason::Length | FinishReason::ContextFull => "length",
+        FinishReason::Cancelled => "cancelled",
     }
 }
 

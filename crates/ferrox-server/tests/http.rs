@@ -47,6 +47,10 @@ struct TestServer {
 
 impl TestServer {
     fn start(cfg: SchedulerConfig, api_key: Option<&str>) -> TestServer {
+        TestServer::start_with_grace(cfg, api_key, Duration::from_secs(5))
+    }
+
+    fn start_with_grace(cfg: SchedulerConfig, api_key: Option<&str>, grace: Duration) -> TestServer {
         let model = Model::open(tiny_path(), Cpu::new(2)).unwrap();
         let tok = Arc::new(Tokenizer::from_gguf(model.file().metadata_file()).unwrap());
         let template =
@@ -55,7 +59,7 @@ impl TestServer {
         let opts = ServerOptions {
             model_name: "tiny".into(),
             api_key: api_key.map(String::from),
-            shutdown_grace: Duration::from_secs(5),
+            shutdown_grace: grace,
         };
         let state = AppState::new(sched, tok, template, opts);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -661,4 +665,66 @@ fn the_openapi_document_lists_every_endpoint() {
     let r = get(srv.addr, "/nope", &[]);
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "unknown_url");
+}
+
+/// A reply the server cut at shutdown (past its grace period) does not read
+/// as a finished one: its finish_reason says it was cancelled.
+#[test]
+fn a_stream_cut_by_shutdown_says_cancelled_in_its_finish_reason() {
+    let mut srv = TestServer::start_with_grace(cfg(1, 4), None, Duration::ZERO);
+    let mut a = open_stream(srv.addr, 230);
+    let stopper = std::thread::spawn(move || srv.stop());
+    let mut rest = String::new();
+    a.read_to_string(&mut rest).unwrap();
+    stopper.join().unwrap();
+    assert!(rest.contains("\"finish_reason\":\"cancelled\""), "{rest}");
+    assert!(!rest.contains("\"finish_reason\":\"stop\""), "{rest}");
+    assert!(rest.contains("data: [DONE]"), "{rest}");
+}
+
+/// A path asked with a method it does not take: 405, an OpenAI error body
+/// (clients parse it), and `Allow`.
+#[test]
+fn a_method_a_route_does_not_take_is_a_405_with_a_json_body() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    for (method, path, allowed) in [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("GET", "/v1/completions", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("DELETE", "/health", "GET"),
+    ] {
+        let r = read_reply(send(srv.addr, method, path, &[("Content-Type", "application/json")], b"{}"));
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "method_not_allowed", "{method} {path}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(path) && msg.contains(allowed), "{msg}");
+        assert_eq!(r.header("allow"), Some(allowed), "{method} {path}");
+    }
+}
+
+/// A field of the wrong type or a missing one: a 400 naming the field (as
+/// `param` too) in JSON's words — no Rust type names, no parser positions.
+#[test]
+fn a_type_error_names_the_field_in_json_words() {
+    let srv = TestServer::start(cfg(1, 8), None);
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (json!({"messages": msgs, "temperature": "hot"}), "temperature", "a number"),
+        (json!({"messages": msgs, "max_tokens": "5"}), "max_tokens", "the string \"5\""),
+        (json!({}), "messages", "is required"),
+        (json!({"messages": "hi"}), "messages", "an array"),
+        (json!({"messages": msgs, "stream_options": {"include_usage": "yes"}}), "stream_options.include_usage", "a boolean"),
+    ];
+    for (body, param, words) in cases {
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["param"], param, "{body}: {}", r.body);
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("`{param}`")) && msg.contains(words), "{body}: {msg}");
+        for internal in ["f32", "u32", "usize", "line 1", "column", "struct "] {
+            assert!(!msg.contains(internal), "{body}: serde's words in {msg:?}");
+        }
+    }
 }

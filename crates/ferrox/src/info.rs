@@ -23,7 +23,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = a.model.required()?;
+    let path = a.model.or_default()?;
     let model = crate::open_model(&path)?;
     let mut out = std::io::stdout().lock();
     if a.json {

@@ -1,6 +1,7 @@
 //! Model loading shared by the subcommands that run a model: the default
 //! model's place, a progress line, and the backend choice.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,8 +32,7 @@ pub fn default_model_path() -> PathBuf {
 /// subcommand that takes one flattens this.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArg {
-    /// The model file (any part of a split model); for run/chat/bench/perplexity/kernels, the
-    /// default model (Gemma 3 270M) when omitted.
+    /// The model file (any part of a split model); the default model (Gemma 3 270M) when omitted.
     model: Option<PathBuf>,
     /// The model file (instead of the positional argument).
     #[arg(short = 'm', long = "model")]
@@ -45,10 +45,18 @@ impl ModelArg {
         resolve_model(self.model.clone(), self.model_flag.clone())
     }
 
-    /// The model given; an error when none was.
-    pub fn required(&self) -> Result<PathBuf> {
-        crate::model_path(self.model.clone(), self.model_flag.clone())
+    /// `run MODEL PROMPT` (ollama's order): the prompt positional where one
+    /// was given; with `-m MODEL`, the one positional is the prompt.
+    pub fn prompt_after_model(&mut self, prompt: Option<String>) -> Option<String> {
+        if prompt.is_some() {
+            return prompt;
+        }
+        match (&self.model, &self.model_flag) {
+            (Some(_), Some(_)) => self.model.take().map(|p| p.to_string_lossy().into_owned()),
+            _ => None,
+        }
     }
+
 }
 
 /// The model to run: the one given, or the default if it is there.
@@ -148,6 +156,66 @@ pub trait ModelJob {
     type Output;
     /// Runs the job.
     fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<Self::Output>;
+    /// Checks what can be checked against the file before the weights are
+    /// loaded (a vocabulary a `--logit-bias` id must be in, a context past
+    /// the training one): a bad option fails in milliseconds, not after a load.
+    fn check(&self, _file: &FileFacts) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What a model file says about itself that options are checked against,
+/// read from its metadata without loading a weight.
+#[derive(Debug, Clone, Copy)]
+pub struct FileFacts {
+    /// Tokens in the vocabulary (`None` when the file has no tokenizer; the
+    /// load then fails with the tokenizer's own error).
+    pub n_vocab: Option<usize>,
+    /// The training context (`None` when the architecture is not one ferrox
+    /// runs; the load then names it).
+    pub n_ctx_train: Option<usize>,
+}
+
+impl FileFacts {
+    /// The facts of `file`.
+    pub fn of(file: &GgufModel) -> FileFacts {
+        let meta = file.metadata_file();
+        let n_vocab = meta.get_array("tokenizer.ggml.tokens").ok().map(|a| a.len());
+        let n_ctx_train = ferrox_core::model::arch_of(meta)
+            .ok()
+            .and_then(|arch| ferrox_core::model::ModelConfig::from_gguf(meta, arch).ok())
+            .map(|c| c.n_ctx_train);
+        FileFacts { n_vocab, n_ctx_train }
+    }
+}
+
+/// `-c`/`--ctx-size` as llama.cpp reads it: 0 is the model's training
+/// context; a negative size is refused before anything is loaded.
+pub fn parse_ctx_size(v: &str) -> Result<usize, String> {
+    v.parse::<i64>()
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("{v:?} is not a context size (a count of positions; 0: the model's training context)"))
+}
+
+/// Warns about `-t` above the cores this process may use: the extra
+/// threads only take turns on the same cores (slower, not faster).
+pub fn warn_threads(threads: usize) {
+    if let Ok(cores) = std::thread::available_parallelism() {
+        if threads > cores.get() {
+            eprintln!("ferrox: warning: -t {threads} is more threads than the {cores} cores this process may use; they will take turns (0: all cores)");
+        }
+    }
+}
+
+/// Warns, before the load, about a `-c` past the training context (llama.cpp
+/// warns the same: positions past it are outside what the model learned).
+pub fn warn_ctx(flag: Option<usize>, facts: &FileFacts) {
+    if let (Some(c), Some(train)) = (flag, facts.n_ctx_train) {
+        if c > train {
+            eprintln!("ferrox: warning: -c {c} is past the model's training context ({train}); text past {train} positions may be incoherent");
+        }
+    }
 }
 
 /// Opens the backend `b` names, loads `path` on it and runs `job`: the one
@@ -167,7 +235,9 @@ pub fn with_model<J: ModelJob>(path: &Path, b: &BackendArgs, quiet: bool, job: J
             self.job.run(model, tok)
         }
     }
+    warn_threads(b.threads);
     let file = Arc::new(crate::open_model(path)?);
+    job.check(&FileFacts::of(&file))?;
     with_backend(&b.options_for(&file)?, Load { path, file, quiet, job })?
 }
 
@@ -180,13 +250,45 @@ pub fn load_on<B: DeviceBackend>(
     quiet: bool,
 ) -> Result<(Model<B>, Tokenizer)> {
     let t0 = Instant::now();
-    if !quiet {
+    // A bar on a terminal, where a large model's load takes a while; piped,
+    // the plain line alone (no carriage returns in a log).
+    let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+        let style = indicatif::ProgressStyle::with_template("ferrox: loading {msg} {bar:30} {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        // The file name: a full path would wrap the bar on a narrow terminal.
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        indicatif::ProgressBar::new(0).with_style(style).with_message(name)
+    });
+    if !quiet && bar.is_none() {
         eprint!("ferrox: loading {} ... ", path.display());
     }
-    let model = Model::load(file, backend)
-        .with_context(|| format!("cannot load model {}", path.display()))?;
-    let tok = Tokenizer::from_gguf(model.file().metadata_file())
-        .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
+    let progress = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let loaded = Model::load_with_progress(file, backend, &progress)
+        .with_context(|| format!("cannot load model {}", path.display()))
+        .and_then(|model| {
+            let tok = Tokenizer::from_gguf(model.file().metadata_file())
+                .with_context(|| format!("cannot read the tokenizer of {}", path.display()))?;
+            Ok((model, tok))
+        });
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+        eprint!("ferrox: loading {} ... ", path.display());
+    }
+    let (model, tok) = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            // The progress line is ended, so the error is a line of its own.
+            if !quiet {
+                eprintln!("failed");
+            }
+            return Err(e);
+        }
+    };
     if !quiet {
         let c = model.config();
         let bytes: u64 = model.file().tensors().iter().map(|t| t.info.n_bytes).sum();
@@ -203,7 +305,13 @@ pub fn load_on<B: DeviceBackend>(
     Ok((model, tok))
 }
 
-/// The context size: the flag, else the model's training context capped at 4096.
+/// The context size: the flag, 0 as the model's training context (as
+/// llama.cpp reads `-c 0`), else the training context capped at 4096.
 pub fn context_size<B: DeviceBackend>(flag: Option<usize>, model: &Model<B>) -> usize {
-    flag.unwrap_or_else(|| model.config().n_ctx_train.clamp(1, 4096))
+    let train = model.config().n_ctx_train.max(1);
+    match flag {
+        Some(0) => train,
+        Some(c) => c,
+        None => train.min(4096),
+    }
 }

@@ -4,11 +4,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod chat;
+mod compat;
 mod info;
 mod kernels;
 mod load;
@@ -49,8 +50,10 @@ enum Command {
     /// Print the token ids of a text (like llama-tokenize).
     Tokenize(tokenize::Args),
     /// Generate a continuation of a prompt, streamed.
+    #[command(after_help = compat::HELP)]
     Run(run::Args),
     /// Talk to a model, multi-turn, with its chat template.
+    #[command(after_help = compat::HELP)]
     Chat(chat::Args),
     /// Where every weight is placed and which kernel runs for it.
     Kernels(kernels::Args),
@@ -59,6 +62,7 @@ enum Command {
     /// Perplexity of a text (and KL divergence from a base run), like llama-perplexity.
     Perplexity(perplexity::Args),
     /// An OpenAI-compatible HTTP server with continuous batching.
+    #[command(after_help = compat::HELP)]
     Serve(serve::Args),
 }
 
@@ -75,18 +79,23 @@ pub(crate) fn model_path(positional: Option<PathBuf>, flag: Option<PathBuf>) -> 
     }
 }
 
-/// Opens a (possibly split) model with the path in the error.
+/// Opens a (possibly split) model. Each failure is one message naming the
+/// file once: a missing file, a directory, an empty file, or the reader's
+/// error (which names the file itself, so its I/O cause is not repeated).
 pub(crate) fn open_model(path: &std::path::Path) -> Result<ferrox_gguf::GgufModel> {
-    ferrox_gguf::GgufModel::open(path)
-        .with_context(|| format!("cannot load model {}", path.display()))
+    let p = path.display();
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("cannot load model {p}: no such file"),
+        Err(e) => bail!("cannot load model {p}: {e}"),
+        Ok(m) if m.is_dir() => bail!("cannot load model {p}: it is a directory; give a .gguf file"),
+        Ok(m) if m.len() == 0 => bail!("cannot load model {p}: the file is empty (0 bytes), not a GGUF file"),
+        Ok(_) => {}
+    }
+    ferrox_gguf::GgufModel::open(path).map_err(|e| anyhow::anyhow!("cannot load model {e}"))
 }
 
-/// llama.cpp's multi-letter single-dash flags, as their ferrox spellings
-/// (clap reads `-ngl` as `-n gl`).
-const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-np", "--parallel")];
-
 fn main() -> ExitCode {
-    let args = std::env::args_os().map(|a| match LLAMA_SPELLINGS.iter().find(|(l, _)| a.to_str() == Some(l)) {
+    let args = std::env::args_os().map(|a| match compat::SINGLE_DASH.iter().find(|(l, _)| a.to_str() == Some(l)) {
         Some((_, ours)) => (*ours).into(),
         None => a,
     });

@@ -7,16 +7,16 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use ferrox_core::backend::DeviceBackend;
-use ferrox_core::generate::{GenerateOptions, Session, StreamEvent};
+use ferrox_core::generate::{FinishReason, GenerateError, GenerateOptions, Session, StreamEvent};
 use ferrox_core::model::Model;
-use ferrox_core::sampling::SamplingParams;
+use ferrox_core::sampling::{SamplingError, SamplingParams};
 use ferrox_core::tokenizer::Tokenizer;
 
 /// Sampling flags, llama.cpp's names and defaults.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    /// Temperature; 0 or below = greedy.
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
     /// Top-k (0 = off).
     #[arg(long, default_value_t = 40)]
@@ -33,14 +33,14 @@ pub struct SamplingArgs {
     /// Repetition penalty (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    /// Tokens of history the penalties look at.
-    #[arg(long, default_value_t = 64)]
-    pub repeat_last_n: usize,
+    /// Tokens of history the penalties look at (0: none, -1: the whole context).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    pub repeat_last_n: i64,
     /// Presence penalty.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
     /// Frequency penalty.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
     /// Logit bias, `ID=BIAS` (`ID=-inf` bans a token); repeatable.
     #[arg(long = "logit-bias", value_parser = parse_bias)]
@@ -64,7 +64,9 @@ fn parse_bias(s: &str) -> Result<(u32, f32), String> {
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> SamplingParams {
+    /// The sampler's parameters for a context of `n_ctx` positions (which
+    /// `--repeat-last-n -1` means).
+    pub fn params(&self, n_ctx: usize) -> SamplingParams {
         SamplingParams {
             temperature: self.temp,
             top_k: self.top_k,
@@ -72,7 +74,7 @@ impl SamplingArgs {
             min_p: self.min_p,
             typical_p: self.typical_p,
             repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
+            repeat_last_n: usize::try_from(self.repeat_last_n).unwrap_or(n_ctx),
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             logit_bias: self.logit_bias.clone(),
@@ -80,16 +82,53 @@ impl SamplingArgs {
             top_logprobs: 0,
         }
     }
+
+    /// Every sampling flag within its range, named as the user typed it;
+    /// `--logit-bias` ids against `n_vocab` where the vocabulary is known.
+    /// Run before the model loads, so a typo costs no load.
+    pub fn check(&self, n_vocab: Option<usize>) -> Result<()> {
+        if self.repeat_last_n < -1 {
+            bail!("--repeat-last-n {} is out of range; allowed: 0 (off), a count of tokens, or -1 (the whole context)", self.repeat_last_n);
+        }
+        let n_vocab = n_vocab.unwrap_or(u32::MAX as usize + 1);
+        self.params(0).validate(n_vocab).map_err(|e| anyhow::anyhow!(flag_error(e)))
+    }
+}
+
+/// A sampler error in the words of the command line: the flag, not the
+/// library's field name.
+fn flag_error(e: SamplingError) -> String {
+    match e {
+        SamplingError::BadParam { field, value, allowed } => {
+            let flag = match field {
+                "temperature" => "temp",
+                "typical_p" => "typical",
+                f => f,
+            };
+            format!("--{} {value} is out of range; allowed: {allowed}", flag.replace('_', "-"))
+        }
+        SamplingError::BiasTokenOutOfRange { token, n_vocab, .. } => format!(
+            "--logit-bias names token {token}, but the model's vocabulary has {n_vocab} tokens (ids 0 to {})",
+            n_vocab.saturating_sub(1)
+        ),
+        SamplingError::BadBias { token, bias, .. } => {
+            format!("--logit-bias {token}={bias}: a bias is a finite number, or -inf to ban the token")
+        }
+        e => e.to_string(),
+    }
 }
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: crate::load::ModelArg,
+    /// The prompt, after the model (as `ollama run MODEL PROMPT`); or use -p / -f.
+    #[arg(value_name = "PROMPT", conflicts_with_all = ["prompt", "file"])]
+    prompt_arg: Option<String>,
     /// The prompt.
     #[arg(short = 'p', long)]
     prompt: Option<String>,
-    /// Read the prompt from a file.
+    /// Read the prompt from a file (`-` for stdin).
     #[arg(short = 'f', long, conflicts_with = "prompt")]
     file: Option<PathBuf>,
     /// Tokens to generate (-1: until end of text or a full context).
@@ -100,13 +139,13 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     n_predict: i64,
-    /// Context size (default: the model's, at most 4096).
-    #[arg(short = 'c', long = "ctx-size")]
+    /// Context size (default: the model's, at most 4096; 0: the model's training context).
+    #[arg(short = 'c', long = "ctx-size", value_parser = crate::load::parse_ctx_size, allow_negative_numbers = true)]
     ctx_size: Option<usize>,
     #[command(flatten)]
     backend: crate::load::BackendArgs,
-    /// Stop before this string; repeatable.
-    #[arg(long)]
+    /// Stop before this string; repeatable (llama.cpp's -r/--reverse-prompt).
+    #[arg(long, short = 'r', visible_alias = "reverse-prompt")]
     stop: Vec<String>,
     /// Keep generating past end-of-text tokens.
     #[arg(long)]
@@ -115,13 +154,15 @@ pub struct Args {
     #[arg(long)]
     no_bos: bool,
     /// Do not echo the prompt before the continuation.
-    #[arg(long)]
+    #[arg(long, visible_alias = "no-display-prompt")]
     no_echo: bool,
-    /// Print timings to stderr at the end.
+    /// Print timings and why the generation ended to stderr at the end.
     #[arg(long, short = 'v')]
     verbose: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    llama: crate::compat::LlamaFlags,
 }
 
 /// A flag set by Ctrl-C, so a generation stops cleanly with what it has.
@@ -132,12 +173,21 @@ pub fn cancel_on_ctrl_c() -> Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
-pub fn run(a: Args) -> Result<()> {
-    let prompt = match (&a.prompt, &a.file) {
-        (Some(p), None) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f)
+pub fn run(mut a: Args) -> Result<()> {
+    // Every option is checked before a prompt is read or a model is opened.
+    a.llama.check(crate::compat::Cmd::Run)?;
+    a.sampling.check(None)?;
+    let positional = a.model.prompt_after_model(a.prompt_arg.take());
+    let prompt = match (positional, a.prompt.clone(), &a.file) {
+        (Some(p), None, None) | (None, Some(p), None) => p,
+        (None, None, Some(f)) if f.as_os_str() == "-" => {
+            let mut p = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut p).context("cannot read the prompt from stdin")?;
+            p
+        }
+        (None, None, Some(f)) => std::fs::read_to_string(f)
             .with_context(|| format!("cannot read prompt file {}", f.display()))?,
-        _ => bail!("give a prompt with -p PROMPT or -f FILE"),
+        _ => bail!("give a prompt: ferrox run MODEL PROMPT, -p PROMPT, or -f FILE (- for stdin)"),
     };
     let path = a.model.or_default()?;
     let backend = a.backend.clone();
@@ -155,6 +205,11 @@ impl crate::load::ModelJob for Generate {
     fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<()> {
         generate(self.a, self.prompt, (model, tok))
     }
+    fn check(&self, file: &crate::load::FileFacts) -> Result<()> {
+        self.a.sampling.check(file.n_vocab)?;
+        crate::load::warn_ctx(self.a.ctx_size, file);
+        Ok(())
+    }
 }
 
 fn generate<B: DeviceBackend>(
@@ -164,11 +219,15 @@ fn generate<B: DeviceBackend>(
 ) -> Result<()> {
     let n_ctx = crate::load::context_size(a.ctx_size, &model);
     let ids = tok.encode(prompt.as_bytes(), !a.no_bos, true)?;
+    // What the generation would refuse is refused before the prompt is echoed.
+    if ids.len() > n_ctx {
+        return Err(GenerateError::PromptTooLong { n_prompt: ids.len(), n_ctx }.into());
+    }
     let mut session = Session::new(&model, &tok, n_ctx)?;
     let opts = GenerateOptions {
         max_tokens: usize::try_from(a.n_predict).ok(),
         stop: a.stop.clone(),
-        sampling: a.sampling.params(),
+        sampling: a.sampling.params(n_ctx),
         ignore_eos: a.ignore_eos,
         // `run` prints text only: a plain greedy decode takes its argmax on the device.
         logprobs: false,
@@ -189,24 +248,38 @@ fn generate<B: DeviceBackend>(
         if let Err(err) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
             write_err.get_or_insert(err);
         }
-    })?;
-    writeln!(out)?;
+    });
+    // The text ends its line whatever happened, so an error is a line of its own.
+    let newline = writeln!(out).and_then(|()| out.flush());
+    let done = done?;
+    newline?;
     if let Some(e) = write_err {
         return Err(e).context("cannot write to stdout");
     }
-    if a.verbose {
+    // An interrupted run says what it had done, as llama.cpp does.
+    if a.verbose || done.finish == FinishReason::Cancelled {
         let t = done.timings;
         let n = done.tokens.len();
         eprintln!(
-            "ferrox: prompt {} tokens ({} cached) in {:.3}s ({:.1} t/s); generated {n} tokens in {:.3}s ({:.1} t/s); finish: {:?}",
+            "ferrox: prompt {} tokens ({} cached) in {:.3}s ({:.1} t/s); generated {n} tokens in {:.3}s ({:.1} t/s); stopped: {}",
             done.n_prompt,
             done.n_cached,
             t.prefill.as_secs_f64(),
             (done.n_prompt - done.n_cached) as f64 / t.prefill.as_secs_f64().max(1e-9),
             t.decode.as_secs_f64(),
             n as f64 / t.decode.as_secs_f64().max(1e-9),
-            done.finish
+            finish_words(done.finish, n, n_ctx)
         );
     }
     Ok(())
+}
+
+/// Why a generation ended, in words (`-v`, and after Ctrl-C).
+pub fn finish_words(f: FinishReason, n_generated: usize, n_ctx: usize) -> String {
+    match f {
+        FinishReason::Stop => "end of text or a stop string".into(),
+        FinishReason::Length => format!("the -n limit ({n_generated} tokens)"),
+        FinishReason::ContextFull => format!("the context is full ({n_ctx} positions; raise -c)"),
+        FinishReason::Cancelled => "interrupted (Ctrl-C)".into(),
+    }
 }

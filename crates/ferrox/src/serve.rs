@@ -27,13 +27,15 @@ pub struct Args {
     /// Port to listen on.
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Sequences decoded together (KV slots). Each holds `--ctx-size`
-    /// positions; requests beyond this wait in the queue.
+    /// Sequences decoded together (KV slots); requests beyond this wait in
+    /// the queue.
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 4)]
     parallel: usize,
-    /// Positions per slot (prompt + completion of one sequence); default: the
-    /// model's training context, at most 4096.
-    #[arg(short = 'c', long = "ctx-size")]
+    /// Positions of all slots together, divided among the --parallel slots
+    /// as llama-server divides them (-c 16384 --parallel 4: 4096 per slot);
+    /// 0: the model's training context. Default: each slot the model's
+    /// training context, at most 4096.
+    #[arg(short = 'c', long = "ctx-size", value_parser = crate::load::parse_ctx_size, allow_negative_numbers = true)]
     ctx_size: Option<usize>,
     /// Most tokens per forward pass: one per decoding sequence, the rest
     /// prompt chunks (smaller: decodes stall less behind long prompts).
@@ -48,34 +50,71 @@ pub struct Args {
     #[arg(long = "api-key", env = "FERROX_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// The model name `/v1/models` reports (default: the file name).
-    #[arg(long)]
+    #[arg(short = 'a', long)]
     alias: Option<String>,
     /// Seconds running requests may finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10)]
     shutdown_grace: u64,
+    #[command(flatten)]
+    llama: crate::compat::LlamaFlags,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.llama.check(crate::compat::Cmd::Serve)?;
     let path = crate::load::resolve_model(a.model.clone(), a.model_flag.clone())?;
+    // The port is taken before the model loads: a busy port fails at once.
+    let addr = format!("{}:{}", a.host, a.port);
+    let listener = std::net::TcpListener::bind(&addr).with_context(|| format!("cannot listen on {addr}"))?;
     let backend = a.backend.clone();
-    crate::load::with_model(&path.clone(), &backend, false, Serve { a, path })
+    crate::load::with_model(&path.clone(), &backend, false, Serve { a, path, listener })
 }
 
 /// `serve`'s work once the model is loaded.
 struct Serve {
     a: Args,
     path: PathBuf,
+    listener: std::net::TcpListener,
 }
 
 impl crate::load::ModelJob for Serve {
     type Output = ();
     fn run<B: DeviceBackend + 'static>(self, model: Model<B>, tok: Tokenizer) -> Result<()> {
-        serve(self.a, &self.path, model, tok)
+        serve(self.a, &self.path, self.listener, model, tok)
+    }
+    fn check(&self, file: &crate::load::FileFacts) -> Result<()> {
+        // Each slot's share is what must fit the training context.
+        if let (Some(c), Some(train)) = (self.a.ctx_size.filter(|&c| c > 0), file.n_ctx_train) {
+            let per_slot = c / self.a.parallel.max(1);
+            if per_slot > train {
+                eprintln!("ferrox: warning: -c {c} gives each of the {} slots {per_slot} positions, past the model's training context ({train})", self.a.parallel);
+            }
+        }
+        Ok(())
     }
 }
 
-fn serve<B: DeviceBackend + 'static>(a: Args, path: &Path, model: Model<B>, tok: Tokenizer) -> Result<()> {
-    let n_ctx = crate::load::context_size(a.ctx_size, &model);
+/// Positions per slot: `-c` divided among the slots, as llama-server
+/// divides it (so its command lines hold the memory they hold there).
+fn slot_context<B: DeviceBackend>(ctx: Option<usize>, parallel: usize, model: &Model<B>) -> Result<usize> {
+    anyhow::ensure!(parallel > 0, "--parallel 0: the server needs at least one slot");
+    let Some(flag) = ctx else { return Ok(crate::load::context_size(None, model)) };
+    let total = crate::load::context_size(Some(flag), model);
+    let per_slot = total / parallel;
+    anyhow::ensure!(
+        per_slot > 0,
+        "-c {total} divided among --parallel {parallel} slots leaves no position per slot; raise -c (it is the total of all slots, as in llama-server)"
+    );
+    Ok(per_slot)
+}
+
+fn serve<B: DeviceBackend + 'static>(
+    a: Args,
+    path: &Path,
+    listener: std::net::TcpListener,
+    model: Model<B>,
+    tok: Tokenizer,
+) -> Result<()> {
+    let n_ctx = slot_context(a.ctx_size, a.parallel, &model)?;
     let template = ChatTemplate::from_gguf(model.file().metadata_file()).map_err(|e| e.to_string());
     if let Err(e) = &template {
         eprintln!("ferrox: warning: {e}; /v1/chat/completions will refuse requests");
@@ -106,11 +145,10 @@ fn serve<B: DeviceBackend + 'static>(a: Args, path: &Path, model: Model<B>, tok:
         .context("cannot start the async runtime")?;
     let addr = format!("{}:{}", a.host, a.port);
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+        listener.set_nonblocking(true).context("cannot listen")?;
+        let listener = tokio::net::TcpListener::from_std(listener).context("cannot listen")?;
         eprintln!(
-            "ferrox: serving on http://{} ({} slots x {n_ctx} positions, batch {}, queue {})",
+            "ferrox: serving on http://{} ({} slots x {n_ctx} positions per slot, batch {}, queue {})",
             listener
                 .local_addr()
                 .map_or(addr.clone(), |a| a.to_string()),

@@ -221,7 +221,6 @@ fn bad_requests_fail_with_a_clear_message_and_no_panic() {
             "cannot quantize to IQ2_XXS",
         ),
         (vec!["quantize", i, i, "Q8_0", "-f"], "overwrite the input"),
-        (vec!["info"], "no model given"),
         (vec!["info", "/nonexistent/model.gguf"], "cannot load model"),
     ];
     for (args, want) in cases {

@@ -394,7 +394,14 @@ impl<B: DeviceBackend> Model<B> {
 
     /// Loads an opened model onto `backend`: every needed tensor checked and
     /// placed, every unused one reported in [`Model::plan`].
-    pub fn load(file: Arc<GgufModel>, mut backend: B) -> Result<Model<B>, ModelError> {
+    pub fn load(file: Arc<GgufModel>, backend: B) -> Result<Model<B>, ModelError> {
+        Model::load_with_progress(file, backend, &|_, _| {})
+    }
+
+    /// [`Model::load`], calling `progress(bytes placed, bytes to place)`
+    /// after each tensor is placed (a command's progress bar: placing is
+    /// where a large model's load spends its time, repacking and copying).
+    pub fn load_with_progress(file: Arc<GgufModel>, mut backend: B, progress: &dyn Fn(u64, u64)) -> Result<Model<B>, ModelError> {
         let r = resolve(&file)?;
         backend.prepare(&r.config)?;
         let plan = plan_of(&file, &r, backend.id(), &|name| backend.backend_of(name), backend.describe());
@@ -405,6 +412,8 @@ impl<B: DeviceBackend> Model<B> {
             return Err(ModelError::Unsupported { what: why });
         }
         let Resolved { arch, config, n_vocab, found, .. } = r;
+        let total: u64 = found.values().map(|t| t.info.n_bytes).sum();
+        let placed = std::cell::Cell::new(0u64);
         // A role's tensor as the file holds it, checked for presence.
         let host = |role: Role, layer: usize, required: bool| -> Result<Option<HostTensor<'_>>, ModelError> {
             let Some(t) = found.get(&(role, layer)) else {
@@ -422,11 +431,21 @@ impl<B: DeviceBackend> Model<B> {
             Ok(Some(HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file }))
         };
         let placing = |t: &HostTensor<'_>, e: BackendError| ModelError::Backend(BackendError(format!("placing {}: {e}", t.name)));
+        let done = |t: &HostTensor<'_>| {
+            placed.set(placed.get() + t.bytes.len() as u64);
+            progress(placed.get(), total);
+        };
         let get = |role: Role, layer: usize, required: bool| -> Result<Option<B::Matrix>, ModelError> {
-            host(role, layer, required)?.map(|t| backend.place_matrix(&t).map_err(|e| placing(&t, e))).transpose()
+            let Some(t) = host(role, layer, required)? else { return Ok(None) };
+            let w = backend.place_matrix(&t).map_err(|e| placing(&t, e))?;
+            done(&t);
+            Ok(Some(w))
         };
         let vec = |role: Role, layer: usize, required: bool| -> Result<Option<B::Vector>, ModelError> {
-            host(role, layer, required)?.map(|t| backend.place_vector(&t).map_err(|e| placing(&t, e))).transpose()
+            let Some(t) = host(role, layer, required)? else { return Ok(None) };
+            let w = backend.place_vector(&t).map_err(|e| placing(&t, e))?;
+            done(&t);
+            Ok(Some(w))
         };
         // `get(.., true)` never returns `Ok(None)`; this keeps that a typed
         // error rather than an `expect` should it ever change.
@@ -792,4 +811,32 @@ impl<B: DeviceBackend> Model<B> {
         Ok(())
     }
 
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+    use crate::backend::cpu::Cpu;
+
+    /// The progress a command draws: it only grows, and it ends at the bytes
+    /// of every tensor the model placed (the file's tensors less the unused).
+    #[test]
+    fn loading_reports_growing_progress_ending_at_every_placed_byte() {
+        let dir = std::env::temp_dir().join(format!("ferrox-progress-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny.gguf");
+        crate::testing::tiny_arch_model(Arch::Gemma3, 7).unwrap().write_to(&path).unwrap();
+        let file = Arc::new(GgufModel::open(&path).unwrap());
+        std::fs::remove_dir_all(&dir).ok();
+        let file_bytes: u64 = file.tensors().iter().map(|t| t.info.n_bytes).sum();
+        let seen = std::cell::RefCell::new(Vec::new());
+        let model = Model::load_with_progress(Arc::clone(&file), Cpu::new(1), &|done, total| seen.borrow_mut().push((done, total))).unwrap();
+        let seen = seen.into_inner();
+        let n_weights = 3 + model.config().n_layer * 4;
+        assert!(seen.len() >= n_weights, "one report per placed tensor: {}", seen.len());
+        assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 == w[1].1), "{seen:?}");
+        let (done, total) = *seen.last().unwrap();
+        assert_eq!(done, total, "the last report is the whole load");
+        assert!(total > 0 && total <= file_bytes, "{total} of the file's {file_bytes}");
+    }
 }
