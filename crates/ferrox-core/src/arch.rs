@@ -144,9 +144,9 @@ pub enum FfnLayout {
     /// One `ffn_up` of `2 * n_ff` rows: gate first, then up (Phi-3).
     FusedGateUp,
     /// A mixture of experts: a router picks `expert_used_count` of
-    /// `expert_count` experts per token by softmax and top-k, their weights
-    /// normalized to sum to one (Qwen3-MoE), each a gated FFN of
-    /// `expert_feed_forward_length`.
+    /// `expert_count` experts per token by softmax and top-k (their weights
+    /// normalized where the row says), each a gated FFN of
+    /// `expert_feed_forward_length` (else `feed_forward_length`).
     Experts,
 }
 
@@ -207,6 +207,10 @@ pub struct ArchSpec {
     pub default_attn_softcap: Option<f32>,
     /// Final logit softcap when the file does not say.
     pub default_final_softcap: Option<f32>,
+    /// A mixture of experts (where the FFN is one): whether each token's
+    /// routing weights are normalized to sum to one (Mixtral, Qwen3-MoE) or
+    /// kept as the softmax gave them.
+    pub moe_norm_weights: bool,
     /// Roles that must be present in every block (beyond the universal ones).
     pub block_roles: &'static [Role],
     /// Roles that may be present (biases, optional factors).
@@ -251,7 +255,10 @@ const LLAMA_LIKE: ArchSpec = ArchSpec {
     attn_scale: AttnScale::HeadDim,
     default_attn_softcap: None,
     default_final_softcap: None,
+    moe_norm_weights: true,
     block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate, Role::FfnUp, Role::FfnDown],
+    // A Llama file with `expert_count` is a mixture of experts (Mixtral):
+    // the expert stacks instead of the dense FFN (see `ModelConfig::ffn`).
     optional_roles: &[
         Role::AttnQBias,
         Role::AttnKBias,
@@ -259,6 +266,10 @@ const LLAMA_LIKE: ArchSpec = ArchSpec {
         Role::AttnOutBias,
         Role::Output,
         Role::RopeFreqs,
+        Role::FfnGateInp,
+        Role::FfnGateExps,
+        Role::FfnUpExps,
+        Role::FfnDownExps,
     ],
 };
 

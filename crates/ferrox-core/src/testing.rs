@@ -96,8 +96,36 @@ fn vocab() -> (Vec<String>, Vec<f32>, Vec<i32>) {
     (tokens, scores, types)
 }
 
+/// A tiny model the conformance suite runs: every architecture as its row
+/// has it, plus the variants a row allows (a Llama file with experts:
+/// Mixtral's layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TinyCase {
+    /// Its name (`tiny-<label>.gguf`, `testdata/llama_ref/tiny/tiny-<label>.json`).
+    pub label: &'static str,
+    /// The architecture.
+    pub arch: Arch,
+    /// Whether its FFN is a mixture of experts.
+    pub experts: bool,
+}
+
+/// Every tiny case, in table order, then the variants.
+pub fn tiny_cases() -> Vec<TinyCase> {
+    let mut v: Vec<TinyCase> =
+        Arch::ALL.iter().map(|&a| TinyCase { label: a.spec().name, arch: a, experts: a.spec().ffn == FfnLayout::Experts }).collect();
+    v.push(TinyCase { label: "llama-moe", arch: Arch::Llama, experts: true });
+    v
+}
+
 /// Writes the tiny model of `arch` from `seed`.
 pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
+    tiny_model(TinyCase { label: arch.spec().name, arch, experts: arch.spec().ffn == FfnLayout::Experts }, seed)
+}
+
+/// Writes the tiny model of `case` from `seed`.
+pub fn tiny_model(case: TinyCase, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
+    let arch = case.arch;
+    let ffn = if case.experts { FfnLayout::Experts } else { arch.spec().ffn };
     let s = tiny_shape(arch);
     let spec = arch.spec();
     let name = spec.name;
@@ -122,10 +150,14 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
     if arch == Arch::Llama {
         w.set(key("rope.dimension_count"), Value::U32(s.head_dim as u32))?;
     }
-    if spec.ffn == FfnLayout::Experts {
+    // Mixtral's files have no expert width: its experts are `n_ff` wide.
+    let expert_ff = if spec.ffn == FfnLayout::Experts { TINY_EXPERTS.2 } else { s.n_ff };
+    if ffn == FfnLayout::Experts {
         w.set(key("expert_count"), Value::U32(TINY_EXPERTS.0 as u32))?;
         w.set(key("expert_used_count"), Value::U32(TINY_EXPERTS.1 as u32))?;
-        w.set(key("expert_feed_forward_length"), Value::U32(TINY_EXPERTS.2 as u32))?;
+        if spec.ffn == FfnLayout::Experts {
+            w.set(key("expert_feed_forward_length"), Value::U32(expert_ff as u32))?;
+        }
     }
     if matches!(arch, Arch::Gemma2 | Arch::Gemma3) {
         // A window shorter than the test sequence, and local/global layers
@@ -195,21 +227,21 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
             t(&mut w, Role::AttnPostNorm, &[e])?;
         }
         t(&mut w, Role::FfnNorm, &[e])?;
-        match spec.ffn {
+        match ffn {
             FfnLayout::Separate => {
                 t(&mut w, Role::FfnGate, &[e, ff])?;
                 t(&mut w, Role::FfnUp, &[e, ff])?;
             }
             FfnLayout::FusedGateUp => t(&mut w, Role::FfnUp, &[e, 2 * ff])?,
             FfnLayout::Experts => {
-                let (ne, xf) = (TINY_EXPERTS.0 as u64, TINY_EXPERTS.2 as u64);
+                let (ne, xf) = (TINY_EXPERTS.0 as u64, expert_ff as u64);
                 t(&mut w, Role::FfnGateInp, &[e, ne])?;
                 t(&mut w, Role::FfnGateExps, &[e, xf, ne])?;
                 t(&mut w, Role::FfnUpExps, &[e, xf, ne])?;
                 t(&mut w, Role::FfnDownExps, &[xf, e, ne])?;
             }
         }
-        if spec.ffn != FfnLayout::Experts {
+        if ffn != FfnLayout::Experts {
             t(&mut w, Role::FfnDown, &[ff, e])?;
         }
         if spec.post_norms {

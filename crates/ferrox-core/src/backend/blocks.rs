@@ -181,7 +181,7 @@ pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scra
     be.matmul(w.router, s.cur, s.gate, n)?;
     let mut logits = vec![0.0f32; n * ne];
     be.read(s.gate, &mut logits)?;
-    let routes = route(&logits, ne, w.experts.n_used);
+    let routes = route(&logits, &w.experts);
     be.moe_experts(w, s.cur, &routes, s.o)?;
     match w.post_norm {
         Some(pn) => {
@@ -195,10 +195,11 @@ pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scra
 
 /// Each token's experts, as llama.cpp's softmax gating picks them: the
 /// softmax of the router's logits over all experts, the `n_used` most
-/// probable (ties: the lower index), their probabilities divided by their
-/// sum (Qwen3-MoE normalizes; the sum is clamped at f16's smallest normal,
-/// as llama.cpp does). `logits` is `[n_tokens, n_expert]`.
-pub fn route(logits: &[f32], n_expert: usize, n_used: usize) -> Vec<Route> {
+/// probable (ties: the lower index), their probabilities — divided by their
+/// sum where `x.norm_weights` (the sum clamped at f16's smallest normal, as
+/// llama.cpp does), times `x.scale`. `logits` is `[n_tokens, n_expert]`.
+pub fn route(logits: &[f32], x: &crate::model::Experts) -> Vec<Route> {
+    let (n_expert, n_used) = (x.n_expert, x.n_used);
     let mut routes = Vec::with_capacity(logits.len() / n_expert.max(1) * n_used);
     let mut order: Vec<usize> = Vec::with_capacity(n_expert);
     for (token, row) in logits.chunks_exact(n_expert.max(1)).enumerate() {
@@ -210,8 +211,11 @@ pub fn route(logits: &[f32], n_expert: usize, n_used: usize) -> Vec<Route> {
         // Descending probability; NaN last; ties to the lower index.
         order.sort_by(|&a, &b| e[b].partial_cmp(&e[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
         let chosen = &order[..n_used.min(n_expert)];
-        let sum: f32 = chosen.iter().map(|&i| e[i] / z).sum::<f32>().max(6.103_515_6e-5);
-        routes.extend(chosen.iter().map(|&expert| Route { token, expert, weight: e[expert] / z / sum }));
+        let sum = match x.norm_weights {
+            true => chosen.iter().map(|&i| e[i] / z).sum::<f32>().max(6.103_515_6e-5),
+            false => 1.0,
+        };
+        routes.extend(chosen.iter().map(|&expert| Route { token, expert, weight: e[expert] / z / sum * x.scale }));
     }
     routes
 }
@@ -219,6 +223,7 @@ pub fn route(logits: &[f32], n_expert: usize, n_used: usize) -> Vec<Route> {
 #[cfg(test)]
 mod tests {
     use super::route;
+    use crate::model::Experts;
 
     /// Softmax, top-k and the weights normalized to one, against values
     /// worked by hand: logits [0, ln 3, ln 2, ln 6] give probabilities
@@ -226,13 +231,17 @@ mod tests {
     #[test]
     fn routes_take_the_most_probable_experts_with_normalized_weights() {
         let l = [0.0f32, 3f32.ln(), 2f32.ln(), 6f32.ln(), 5.0, 5.0, 1.0, 5.0];
-        let r = route(&l, 4, 2);
+        let x = Experts { n_expert: 4, n_used: 2, n_ff: 1, norm_weights: true, scale: 1.0 };
+        let r = route(&l, &x);
         assert_eq!(r.len(), 4);
         assert_eq!((r[0].token, r[0].expert, r[1].expert), (0, 3, 1));
         assert!((r[0].weight - 6.0 / 9.0).abs() < 1e-6 && (r[1].weight - 3.0 / 9.0).abs() < 1e-6, "{r:?}");
         // A three-way tie among experts 0, 1 and 3: the two lowest indices.
         assert_eq!((r[2].token, r[2].expert, r[3].expert), (1, 0, 1));
         assert!((r[2].weight - 0.5).abs() < 1e-6);
+        // Unnormalized (Qwen2-MoE): the softmax probabilities, times the scale.
+        let r = route(&l[..4], &Experts { norm_weights: false, scale: 2.0, ..x });
+        assert!((r[0].weight - 2.0 * 6.0 / 12.0).abs() < 1e-6 && (r[1].weight - 2.0 * 3.0 / 12.0).abs() < 1e-6, "{r:?}");
     }
 }
 

@@ -616,9 +616,9 @@ pub(crate) fn blocks_match_the_cpu<B: DeviceBackend>(be: &B) {
 }
 
 /// The tiny random-weight model of `arch`, written to a scratch file.
-fn tiny(arch: Arch, tag: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("ferrox-conf-{tag}-{}-{}.gguf", arch.spec().name, std::process::id()));
-    crate::testing::tiny_arch_model(arch, 11).unwrap().write_to(&path).unwrap();
+fn tiny(case: crate::testing::TinyCase, tag: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("ferrox-conf-{tag}-{}-{}.gguf", case.label, std::process::id()));
+    crate::testing::tiny_model(case, 11).unwrap().write_to(&path).unwrap();
     path
 }
 
@@ -645,11 +645,12 @@ fn agree(what: &str, got: &[f32], want: &[f32], n_vocab: usize) {
 /// `path` loaded on `be`, or `None`, loudly, where `be`'s plan refuses a
 /// mixture of experts (a backend without expert kernels yet); any other
 /// failure fails the test.
-pub(crate) fn load_or_refused<B: DeviceBackend>(path: &std::path::Path, be: B, arch: Arch) -> Option<Model<B>> {
+pub(crate) fn load_or_refused<B: DeviceBackend>(path: &std::path::Path, be: B, case: crate::testing::TinyCase) -> Option<Model<B>> {
     let name = be.id();
+    let arch = case.label;
     match Model::open(path, be) {
         Ok(m) => Some(m),
-        Err(crate::model::ModelError::Unsupported { what }) if arch.spec().ffn == crate::arch::FfnLayout::Experts && what.contains("mixture-of-experts") => {
+        Err(crate::model::ModelError::Unsupported { what }) if case.experts && what.contains("mixture-of-experts") => {
             eprintln!("NOT CHECKED on {name}: {arch} (its plan refuses it: {what})");
             None
         }
@@ -663,12 +664,13 @@ pub(crate) fn load_or_refused<B: DeviceBackend>(path: &std::path::Path, be: B, a
 /// on the CPU's tokens so one near tie cannot cascade.
 pub(crate) fn every_architecture_follows_the_cpu<B: DeviceBackend>(open: impl Fn() -> Option<B>) {
     use crate::backend::cpu::Cpu;
-    for &arch in Arch::ALL {
+    for case in crate::testing::tiny_cases() {
+        let arch = case.label;
         let Some(be) = open() else { return };
         let name = be.id();
-        let path = tiny(arch, name.name());
+        let path = tiny(case, name.name());
         let cpu = Model::open(&path, Cpu::new(2)).unwrap();
-        let dev = load_or_refused(&path, be, arch);
+        let dev = load_or_refused(&path, be, case);
         let _ = std::fs::remove_file(&path);
         let Some(dev) = dev else { continue };
         let n_vocab = cpu.n_vocab();
@@ -717,7 +719,8 @@ fn llama_ref(name: &str) -> std::path::PathBuf {
 pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl Fn() -> Option<B>) {
     use sha2::Digest;
     let mut checked = Vec::new();
-    for &arch in Arch::ALL {
+    for case in crate::testing::tiny_cases() {
+        let arch = case.label;
         let Some(be) = open() else { return };
         let name = be.id();
         let reference = llama_ref(&format!("tiny/tiny-{arch}.json"));
@@ -725,7 +728,7 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
             .unwrap_or_else(|e| panic!("{}: {e} (every architecture needs llama.cpp reference logits)", reference.display()));
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
         let path = std::env::temp_dir().join(format!("ferrox-conf-ref-{name}-{arch}-{}.gguf", std::process::id()));
-        crate::testing::tiny_arch_model(arch, 42).unwrap().write_to(&path).unwrap();
+        crate::testing::tiny_model(case, 42).unwrap().write_to(&path).unwrap();
         let sha = format!("{:x}", sha2::Sha256::digest(std::fs::read(&path).unwrap()));
         assert_eq!(sha, r["model_sha256"].as_str().unwrap(), "{arch}: the regenerated tiny model is not the one llama.cpp ran");
         let tokens: Vec<u32> = r["prompt_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
@@ -735,7 +738,7 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
             .iter()
             .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
             .collect();
-        let model = load_or_refused(&path, be, arch);
+        let model = load_or_refused(&path, be, case);
         let _ = std::fs::remove_file(&path);
         let Some(model) = model else { continue };
         let mut ctx = model.new_context(64, 1).unwrap();

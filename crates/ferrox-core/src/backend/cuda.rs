@@ -1545,10 +1545,11 @@ mod tests {
         let Some(_) = gpu("the plan's decode kernels vs the kernels a decode step launches, every architecture") else {
             return;
         };
-        for &arch in crate::arch::Arch::ALL {
-            let path = std::env::temp_dir().join(format!("ferrox-plan-{}-{}.gguf", arch.spec().name, std::process::id()));
-            crate::testing::tiny_arch_model(arch, 7).unwrap().write_to(&path).unwrap();
-            let m = crate::backend::conformance::load_or_refused(&path, Cuda::open_device(0).unwrap(), arch);
+        for case in crate::testing::tiny_cases() {
+            let arch = case.label;
+            let path = std::env::temp_dir().join(format!("ferrox-plan-{arch}-{}.gguf", std::process::id()));
+            crate::testing::tiny_model(case, 7).unwrap().write_to(&path).unwrap();
+            let m = crate::backend::conformance::load_or_refused(&path, Cuda::open_device(0).unwrap(), case);
             let _ = std::fs::remove_file(&path);
             let Some(m) = m else { continue };
             let mut ctx = m.new_context(64, 1).unwrap();

@@ -52,6 +52,9 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Final logit softcap.
     pub final_softcap: Option<f32>,
+    /// How the feed-forward blocks are stored: the row's layout, or experts
+    /// where a Llama file declares `expert_count` (Mixtral).
+    pub ffn: crate::arch::FfnLayout,
     /// Mixture of experts: the experts per layer, those each token is
     /// routed to, and each expert's hidden width (all 0 for a dense model).
     pub experts: Experts,
@@ -102,8 +105,8 @@ impl Meta<'_> {
 /// enough that products of a few of them cannot overflow or allocate wildly.
 const MAX_DIM: usize = 1 << 20;
 
-/// A mixture of experts' sizes (`Experts::default()`: a dense model).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A mixture of experts' sizes and routing (`Experts::default()`: a dense model).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Experts {
     /// Experts per layer (`expert_count`).
     pub n_expert: usize,
@@ -111,6 +114,10 @@ pub struct Experts {
     pub n_used: usize,
     /// Each expert's hidden width (`expert_feed_forward_length`).
     pub n_ff: usize,
+    /// Whether a token's routing weights are normalized to sum to one.
+    pub norm_weights: bool,
+    /// A factor on the routing weights (`expert_weights_scale`; 1: none).
+    pub scale: f32,
 }
 
 impl ModelConfig {
@@ -213,12 +220,16 @@ impl ModelConfig {
             }
             AttnScale::GemmaQueryPreAttn { .. } => 1.0 / (head_dim as f32).sqrt(),
         };
-        let experts = match spec.ffn {
+        let declares_experts = spec.optional_roles.contains(&crate::arch::Role::FfnGateInp) && m.uint("expert_count")?.is_some_and(|n| n > 0);
+        let ffn = if declares_experts { crate::arch::FfnLayout::Experts } else { spec.ffn };
+        let experts = match ffn {
             crate::arch::FfnLayout::Experts => {
                 let e = Experts {
                     n_expert: m.req_uint("expert_count")?,
                     n_used: m.req_uint("expert_used_count")?,
-                    n_ff: m.req_uint("expert_feed_forward_length")?,
+                    n_ff: m.uint("expert_feed_forward_length")?.unwrap_or(n_ff),
+                    norm_weights: spec.moe_norm_weights,
+                    scale: m.float("expert_weights_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0),
                 };
                 for (key, v, max) in [("expert_count", e.n_expert, 4096), ("expert_feed_forward_length", e.n_ff, MAX_DIM)] {
                     if v == 0 || v > max {
@@ -260,6 +271,7 @@ impl ModelConfig {
             attn_scale,
             attn_softcap,
             final_softcap,
+            ffn,
             experts,
         })
     }

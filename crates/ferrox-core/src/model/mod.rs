@@ -230,7 +230,7 @@ fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
         Role::AttnQNorm | Role::AttnKNorm => d(&[c.head_dim]),
         Role::AttnOut => d(&[c.n_head * c.head_dim_v, e]),
         Role::AttnOutBias => d(&[e]),
-        Role::FfnGate | Role::FfnUp if c.arch.spec().ffn == FfnLayout::FusedGateUp => d(&[e, 2 * c.n_ff]),
+        Role::FfnGate | Role::FfnUp if c.ffn == FfnLayout::FusedGateUp => d(&[e, 2 * c.n_ff]),
         Role::FfnGate | Role::FfnUp => d(&[e, c.n_ff]),
         Role::FfnDown => d(&[c.n_ff, e]),
         Role::FfnGateInp => d(&[e, c.experts.n_expert]),
@@ -482,11 +482,11 @@ impl<B: DeviceBackend> Model<B> {
                 out_bias: vec(Role::AttnOutBias, l, false)?,
                 post_attn_norm: vec(Role::AttnPostNorm, l, spec.post_norms)?,
                 ffn_norm: must(vec(Role::FfnNorm, l, true)?)?,
-                gate: get(Role::FfnGate, l, spec.ffn == FfnLayout::Separate)?,
-                up: get(Role::FfnUp, l, spec.ffn != FfnLayout::Experts)?,
-                down: get(Role::FfnDown, l, spec.ffn != FfnLayout::Experts)?,
+                gate: get(Role::FfnGate, l, config.ffn == FfnLayout::Separate)?,
+                up: get(Role::FfnUp, l, config.ffn != FfnLayout::Experts)?,
+                down: get(Role::FfnDown, l, config.ffn != FfnLayout::Experts)?,
                 post_ffn_norm: vec(Role::FfnPostNorm, l, spec.post_norms)?,
-                experts: match spec.ffn {
+                experts: match config.ffn {
                     FfnLayout::Experts => Some([
                         must(get(Role::FfnGateInp, l, true)?)?,
                         must(get(Role::FfnGateExps, l, true)?)?,
@@ -618,9 +618,8 @@ impl<B: DeviceBackend> Model<B> {
     fn new_acts(&self, n: usize) -> Result<Acts<B>, ModelError> {
         let c = &self.config;
         let be = &self.backend;
-        let spec = c.arch.spec();
         let (qd, kd, vd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
-        let ff_width = if spec.ffn == FfnLayout::FusedGateUp { 2 * c.n_ff } else { c.n_ff };
+        let ff_width = if c.ffn == FfnLayout::FusedGateUp { 2 * c.n_ff } else { c.n_ff };
         // A mixture of experts' router logits go in `gate`.
         let hidden = c.n_ff.max(c.experts.n_expert);
         Ok(Acts {
