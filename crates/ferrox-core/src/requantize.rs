@@ -218,11 +218,7 @@ impl ModelShape {
     }
 
     fn n_gqa(&self) -> u32 {
-        if self.n_head_kv == 0 {
-            0
-        } else {
-            self.n_head / self.n_head_kv
-        }
+        self.n_head.checked_div(self.n_head_kv).unwrap_or(0)
     }
 
     /// llama.cpp's `LLM_TYPE_70B` (the only model type the rules ask about).
@@ -444,11 +440,7 @@ fn mix_kind(
         let (i, n) = layer_info(c.i_ffn_down, c.n_layer, name, n_expert)?;
         match ftype {
             F::Q2_K => new = K::Q3K,
-            F::Q2_K_S => {
-                if i < n / 8 {
-                    new = K::Q4K;
-                }
-            }
+            F::Q2_K_S if i < n / 8 => new = K::Q4K,
             // Without an importance matrix.
             F::IQ3_XXS => new = if i < n / 8 { K::Q4K } else { K::Q3K },
             F::Q3_K_M => {
@@ -688,7 +680,7 @@ pub struct Progress<'a> {
 fn convert(src: &[u8], from: QuantKind, to: QuantKind, ncols: usize, threads: usize) -> Result<Vec<u8>, QuantError> {
     let in_row = ferrox_quant::row_bytes(from, ncols)?;
     let out_row = ferrox_quant::row_bytes(to, ncols)?;
-    let rows = if in_row == 0 { 0 } else { src.len() / in_row };
+    let rows = src.len().checked_div(in_row).unwrap_or(0);
     let mut out = vec![0u8; rows * out_row];
     let per = rows.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
@@ -700,7 +692,7 @@ fn convert(src: &[u8], from: QuantKind, to: QuantKind, ncols: usize, threads: us
                     let mut row = vec![0f32; ncols];
                     for (ir, or) in i.chunks_exact(in_row).zip(o.chunks_exact_mut(out_row)) {
                         ferrox_quant::dequantize(from, ir, &mut row)?;
-                        ferrox_quant::quantize(to, &row, or)?;
+                        ferrox_quant::quantize_chunk(to, &row, or)?;
                     }
                     Ok(())
                 })

@@ -191,13 +191,16 @@ fn check_quant(kind: QuantKind) -> Status {
     check_quant_with("quant", kind, quantize)
 }
 
+/// A row quantizer's signature (`quantize`, `quantize_chunk`).
+type Quantizer = fn(QuantKind, &[f32], &mut [u8]) -> Result<(), ferrox_quant::QuantError>;
+
 /// Checks `quantizer` against the `prefix` vectors of `kind` (ggml's
 /// reference row quantizer for `quant`, `ggml_quantize_chunk` for
 /// `quant_chunk`).
 fn check_quant_with(
     prefix: &str,
     kind: QuantKind,
-    quantizer: fn(QuantKind, &[f32], &mut [u8]) -> Result<(), ferrox_quant::QuantError>,
+    quantizer: Quantizer,
 ) -> Status {
     if quantize_support(kind).is_err() {
         return Status::NotApplicable;
