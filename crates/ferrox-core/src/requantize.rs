@@ -783,27 +783,25 @@ fn write_plan<'m>(
     let mut w = GgufWriter::new();
     let meta = model.metadata_file();
     w.set_version(meta.version())?;
-    let mut saw_file_type = false;
+    // llama-quantize's order: every key as it was, then the quantization
+    // version, then the file type (gguf_set_val_* removes and appends).
+    let mut old_file_type = None;
     for (k, v) in meta.metadata() {
         if k.starts_with("split.") || k == "general.quantization_version" {
             continue;
         }
         if k == "general.file_type" {
-            saw_file_type = true;
-            match file_type {
-                Some(ft) => w.set(k.clone(), Value::U32(ft))?,
-                None => w.set(k.clone(), v.clone())?,
-            }
+            old_file_type = Some(v.clone());
             continue;
         }
         w.set(k.clone(), v.clone())?;
     }
-    if !saw_file_type {
-        if let Some(ft) = file_type {
-            w.set("general.file_type", Value::U32(ft))?;
-        }
-    }
     w.set("general.quantization_version", Value::U32(2))?;
+    match (file_type, old_file_type) {
+        (Some(ft), _) => w.set("general.file_type", Value::U32(ft))?,
+        (None, Some(v)) => w.set("general.file_type", v)?,
+        (None, None) => {}
+    }
 
     let count = plan.len();
     for (n, &(i, p)) in plan.iter().enumerate() {

@@ -128,7 +128,13 @@ fn quantize_writes_llama_quantizes_tensors_byte_for_byte() {
         if ft(&a) != ft(&b) {
             failures.push(format!("{target}: general.file_type {:?}, llama-quantize {:?}", ft(&a), ft(&b)));
         }
-        eprintln!("{target}: {}", if failures.iter().any(|f| f.starts_with(&format!("{target}:"))) { "DIFFERS" } else { "byte-identical" });
+        let same_file = std::fs::read(&ours).unwrap() == std::fs::read(&theirs).unwrap();
+        let differs = failures.iter().any(|f| f.starts_with(&format!("{target}:")));
+        eprintln!(
+            "{target}: tensors {}; whole file (metadata order included) {}",
+            if differs { "DIFFER" } else { "byte-identical" },
+            if same_file { "byte-identical" } else { "differs" }
+        );
         std::fs::remove_file(&ours).ok();
         std::fs::remove_file(&theirs).ok();
     }
