@@ -248,6 +248,23 @@ pub fn quantize(kind: QuantKind, src: &[f32], out: &mut [u8]) -> Result<(), Quan
     Ok(())
 }
 
+/// Quantizes `src` as ggml's `ggml_quantize_chunk` does without an
+/// importance matrix — the bytes llama-quantize writes. The same as
+/// [`quantize`] (ggml's reference row quantizers) for every kind but IQ4_NL,
+/// where ggml's chunk quantizer searches the scale further than its
+/// reference one.
+pub fn quantize_chunk(kind: QuantKind, src: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    if kind != QuantKind::IQ4NL {
+        return quantize(kind, src, out);
+    }
+    check_len(kind, src.len(), out.len())?;
+    let bs = core::mem::size_of::<blocks::BlockIQ4NL>();
+    for (s, o) in src.chunks_exact(32).zip(out.chunks_exact_mut(bs)) {
+        o.copy_from_slice(bytemuck::bytes_of(&blocks::BlockIQ4NL::quantize_chunk(s)));
+    }
+    Ok(())
+}
+
 /// Quantizes `src` into a new byte vector.
 pub fn quantize_to_vec(kind: QuantKind, src: &[f32]) -> Result<Vec<u8>, QuantError> {
     let mut out = vec![0u8; row_bytes(kind, src.len())?];

@@ -188,10 +188,24 @@ fn check_dequant(kind: QuantKind) -> Status {
 }
 
 fn check_quant(kind: QuantKind) -> Status {
+    check_quant_with("quant", kind, quantize)
+}
+
+/// A row quantizer's signature (`quantize`, `quantize_chunk`).
+type Quantizer = fn(QuantKind, &[f32], &mut [u8]) -> Result<(), ferrox_quant::QuantError>;
+
+/// Checks `quantizer` against the `prefix` vectors of `kind` (ggml's
+/// reference row quantizer for `quant`, `ggml_quantize_chunk` for
+/// `quant_chunk`).
+fn check_quant_with(
+    prefix: &str,
+    kind: QuantKind,
+    quantizer: Quantizer,
+) -> Status {
     if quantize_support(kind).is_err() {
         return Status::NotApplicable;
     }
-    let Ok(bytes) = read(&file_for("quant", kind)) else {
+    let Ok(bytes) = read(&file_for(prefix, kind)) else {
         return Status::Fail(vec!["no quant vectors".into()]);
     };
     let n_cases = match open(&bytes, OP_QUANT, kind) {
@@ -209,7 +223,7 @@ fn check_quant(kind: QuantKind) -> Status {
                 let want = c.r.take(n / kind.block_elems() * kind.block_bytes())?;
                 r.pos = c.r.pos;
                 let mut got = vec![0u8; want.len()];
-                if let Err(e) = quantize(kind, &x, &mut got) {
+                if let Err(e) = quantizer(kind, &x, &mut got) {
                     fails.push(format!("{}: error {e}", c.label));
                     continue;
                 }
@@ -390,4 +404,26 @@ fn every_kind_dequantizes_quantizes_and_dots_like_ggml() {
     }
     println!("{table}");
     assert!(failures.is_empty(), "\n{table}\n{} failures:\n  {}", failures.len(), failures.join("\n  "));
+}
+
+/// `quantize_chunk` (what `ferrox quantize` writes) against ggml's
+/// `ggml_quantize_chunk`, llama-quantize's quantizer
+/// (`testdata/quant_chunk_*.bin`, from `tools/refgen/gen_quant_chunk_vectors.py`).
+#[test]
+fn every_kind_quantizes_in_chunks_like_ggml_quantize_chunk() {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for &k in QuantKind::ALL {
+        if !file_for("quant_chunk", k).exists() {
+            continue;
+        }
+        checked += 1;
+        match check_quant_with("quant_chunk", k, ferrox_quant::quantize_chunk) {
+            Status::Ok(n) if n > 0 => {}
+            Status::Ok(_) | Status::NotApplicable => failures.push(format!("{k}: no case checked")),
+            Status::Fail(why) => failures.extend(why.into_iter().map(|w| format!("{k}: {w}"))),
+        }
+    }
+    assert_eq!(checked, 20, "every kind ggml_quantize_chunk writes and ferrox quantizes has vectors");
+    assert!(failures.is_empty(), "{} failures:\n  {}", failures.len(), failures.join("\n  "));
 }

@@ -652,6 +652,26 @@ impl Quantize for BlockIQ4NL {
     }
 }
 
+impl BlockIQ4NL {
+    /// ggml's `quantize_iq4_nl` without an importance matrix — what
+    /// `ggml_quantize_chunk`, and so llama-quantize, writes. Unlike the
+    /// reference row quantizer it tries 15 scales around the extreme
+    /// element (`ntry = 7`) and then recomputes every index for the f32
+    /// scale it kept (index of 0 for an all-but-zero block, whose scale is 0).
+    pub fn quantize_chunk(src: &[f32]) -> Self {
+        let x = &src[..32];
+        let mut l = [0u8; 32];
+        let scale = iq4_sub_block_scale(x, 7, &mut l);
+        let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        for (lj, &xj) in l.iter_mut().zip(x) {
+            *lj = best_index_int8(&KVALUES_IQ4NL, id * xj) as u8;
+        }
+        let mut qs = [0u8; 16];
+        pack_iq4_32(&l, &mut qs);
+        BlockIQ4NL { d: F16::from_f32(scale), qs }
+    }
+}
+
 impl Quantize for BlockIQ4XS {
     /// ggml's `quantize_row_iq4_xs_ref`: a free scale per 32-group, then the
     /// group scales requantized to 6 bits against the largest, then the
