@@ -756,3 +756,44 @@ pub(crate) unsafe fn dot4_q3_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate:
 pub(crate) unsafe fn dot4_q2_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
     q2k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
 }
+
+// ------------------------------------------- F16 rows, several tokens at once
+
+/// One F16 weight row against `M` activation rows (already widened to f32,
+/// `stride` floats apart): each weight chunk is widened once and used `M`
+/// times. Each token's sum is formed exactly as `avx2::dot_f16` forms it —
+/// four 8-lane accumulators over 32-element steps, the same fused
+/// multiply-adds, the same reduction and scalar tail — so a token's result
+/// is bit-identical to the one-row kernel's, whatever `M` (a batch's rows
+/// equal a decode step's: speculative verification relies on it). The
+/// activation widening is exact (every f16 is an f32), so reading widened
+/// activations changes no bit either. At 256 bits, as `dot_f16`; AVX-512 VL
+/// gives the 32 registers that `M = 4` (16 accumulators) needs.
+///
+/// # Safety
+/// See the module doc; `w` is whole F16 elements, and every `a + t * stride
+/// .. + w.len()` for `t < M` is readable.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_f16_rows<const M: usize>(w: &[u8], a: *const f32, stride: usize, out: &mut [f32; M]) {
+    let w = blocks_of::<F16>(w);
+    let n = w.len();
+    let mut acc = [[_mm256_setzero_ps(); 4]; M];
+    let mut i = 0;
+    while i + 32 <= n {
+        for k in 0..4 {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i + 8 * k).cast()));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let y = _mm256_loadu_ps(a.add(t * stride + i + 8 * k));
+                acc[k] = _mm256_fmadd_ps(x, y, acc[k]);
+            }
+        }
+        i += 32;
+    }
+    for (t, acc) in acc.iter().enumerate() {
+        let mut s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        for j in i..n {
+            s += f16_to_f32(w[j]) * *a.add(t * stride + j);
+        }
+        out[t] = s;
+    }
+}
