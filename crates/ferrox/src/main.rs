@@ -16,6 +16,7 @@ mod perplexity;
 mod quantize;
 mod run;
 mod serve;
+mod speculative;
 mod tokenize;
 
 /// The environment variables a release build reads, for `--help`: the
@@ -83,7 +84,7 @@ pub(crate) fn open_model(path: &std::path::Path) -> Result<ferrox_gguf::GgufMode
 
 /// llama.cpp's multi-letter single-dash flags, as their ferrox spellings
 /// (clap reads `-ngl` as `-n gl`).
-const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-np", "--parallel")];
+const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-np", "--parallel"), ("-md", "--model-draft")];
 
 fn main() -> ExitCode {
     let args = std::env::args_os().map(|a| match LLAMA_SPELLINGS.iter().find(|(l, _)| a.to_str() == Some(l)) {
