@@ -277,7 +277,7 @@ struct Acts {
     n: usize,
     /// F16 activations of several tokens, widened to f32 once, for the
     /// several-token F16 row kernel (which reads each weight once per up to
-    /// four tokens instead of once per token; same bits per token).
+    /// eight tokens instead of once per token; same bits per token).
     wide: Option<(cpu::F16RowsFn, Vec<f32>)>,
 }
 
@@ -332,9 +332,9 @@ impl Acts {
                 if prefetch {
                     prefetch_row(weights, (r + cpu::PREFETCH_ROWS) * p.row_bytes, p.row_bytes);
                 }
-                for b in (0..self.n).step_by(4) {
-                    let m = (self.n - b).min(4);
-                    let mut v = [0.0f32; 4];
+                for b in (0..self.n).step_by(8) {
+                    let m = (self.n - b).min(8);
+                    let mut v = [0.0f32; 8];
                     // SAFETY: `f` came from `f16_rows_fn` for an available
                     // level; `w` is one row of `cols` F16 elements and rows
                     // b..b+m of `wide` hold `cols` floats each.
@@ -443,7 +443,7 @@ mod tests {
 
     /// Every token of an F16 batch gets, bit for bit, what a one-token
     /// product gives (the several-token F16 row kernel sums as the one-row
-    /// kernel does): batches of 2..=9 (one to three groups of four, with a
+    /// kernel does): batches of 2..=17 (one to three groups of eight, with a
     /// tail), rows of a 32-multiple and of a ragged length (scalar tail),
     /// and matrices past the prefetch threshold's row counts too.
     #[test]
@@ -457,7 +457,7 @@ mod tests {
             let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let wq = aligned_quantized(QuantKind::F16, &w);
             let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * cols * 2];
-            for n in 2..=9 {
+            for n in 2..=17 {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let mut y = vec![0.0f32; n * rows];
                 matmul_with(isa, QuantKind::F16, wb, rows, cols, &x, &mut y, n, 2).unwrap();
