@@ -50,7 +50,6 @@ pub struct SpecArgs {
 
 impl SpecArgs {
     /// Whether any speculation was asked for.
-    #[allow(dead_code)]
     pub fn active(&self) -> bool {
         self.model_draft.is_some() || self.lookup
     }
