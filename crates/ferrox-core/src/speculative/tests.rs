@@ -38,7 +38,7 @@ impl Drafter for Scripted {
         for i in 0..len {
             let Some(&t) = self.truth.get(context.len() + i) else { break };
             self.proposed += 1;
-            out.push(if self.proposed % self.every == 0 { (t + 7) % 300 } else { t });
+            out.push(if self.proposed.is_multiple_of(self.every) { (t + 7) % 300 } else { t });
         }
         Ok(())
     }

@@ -794,8 +794,8 @@ pub(crate) unsafe fn dot_f16_rows<const M: usize>(w: &[u8], a: *const f32, strid
         let lo = _mm256_add_ps(_mm512_castps512_ps256(acc[0]), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[0]))));
         let hi = _mm256_add_ps(_mm512_castps512_ps256(acc[1]), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[1]))));
         let mut s = hsum_ps(_mm256_add_ps(lo, hi));
-        for j in i..n {
-            s += f16_to_f32(w[j]) * *a.add(t * stride + j);
+        for (j, &wj) in w.iter().enumerate().skip(i) {
+            s += f16_to_f32(wj) * *a.add(t * stride + j);
         }
         out[t] = s;
     }
