@@ -223,6 +223,18 @@ TABLES = {
         cols=[("streams", lambda l: str(l["streams"])), ("measure", lambda l: l["what"], LEFT),
               ("ferrox", lambda l: f"{l['figure']} {l['unit']}"),
               ("llama-server", lambda l: f"{l['ref_figure']} {l['unit']}")]),
+    "speculative": dict(
+        kind="list", file="speculative.jsonl", where={"set": "speculative"}, key=lambda l: (l["what"], l["variant"]),
+        command="FERROX=target/release/ferrox REPS=5 benchmarks/run_speculative.sh",
+        cols=[("test", lambda l: l["what"], LEFT), ("case", lambda l: l["variant"], LEFT),
+              ("ferrox plain t/s", lambda l: f"{l['plain']:.2f}"),
+              ("ferrox speculative t/s", lambda l: f"{l['figure']:.2f} ± {l['sd']:.2f}"),
+              ("speedup", lambda l: f"**{l['speedup']:.2f}x**"),
+              ("drafts kept", lambda l: f"{100 * l['acceptance']:.0f}%"),
+              ("tokens / target pass", lambda l: f"{l['tokens_per_pass']:.2f}"),
+              ("same ids", lambda l: "yes" if l["same_tokens"] else "NO"),
+              ("llama-speculative t/s", lambda l: f"{l['ref_figure']:.2f}" if l.get("ref") else "-"),
+              ("vs llama-speculative", lambda l: f"**{l['figure'] / l['ref_figure']:.2f}x**" if l.get("ref") else "-")]),
     "cuda-side-by-side": dict(CUDA_CMP, where={"set": "side-by-side", "machine": "h200"},
                               command="D=target/h-cuda REPS=3 bash scripts/cuda-side-by-side.sh",
                               note="(`SHAPE=llama-8b` for the 8b rows; through the device tool, see the "

@@ -9,12 +9,14 @@
 //! retracts. Every way a generation ends is a [`FinishReason`]; running out
 //! of context is one of them, not an error, once the prompt fits.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Batch, DeviceBackend};
 use crate::model::{Context, Model, ModelError};
 use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
+use crate::speculative::{SpecStats, Speculation};
 use crate::tokenizer::{Detokenizer, Tokenizer, TokenizerError};
 
 /// Why a generation could not run.
@@ -142,14 +144,16 @@ pub struct Completion {
     pub n_cached: usize,
     /// Phase timings.
     pub timings: Timings,
+    /// Drafting and acceptance, when the generation was speculative.
+    pub speculative: Option<SpecStats>,
 }
 
 /// One sequence on a model: its KV cache and the tokens the cache holds.
 pub struct Session<'m, B: DeviceBackend> {
-    model: &'m Model<B>,
+    pub(crate) model: &'m Model<B>,
     tokenizer: &'m Tokenizer,
-    ctx: Context<B>,
-    history: Vec<u32>,
+    pub(crate) ctx: Context<B>,
+    pub(crate) history: Vec<u32>,
 }
 
 /// Text held back because it may be the start of a stop string (shared
@@ -231,6 +235,21 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
         cancel: &AtomicBool,
         on_event: &mut dyn FnMut(StreamEvent<'_>),
     ) -> Result<Completion, GenerateError> {
+        self.generate_with(prompt, opts, None, cancel, on_event)
+    }
+
+    /// As [`Session::generate`], decoding speculatively when `spec` is
+    /// given: each target pass verifies the tokens its drafter proposes
+    /// ([`crate::speculative`]). The tokens are the ones plain decoding
+    /// gives (greedy: identical; sampling: the same distribution).
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut spec: Option<&mut Speculation<'_>>,
+        cancel: &AtomicBool,
+        on_event: &mut dyn FnMut(StreamEvent<'_>),
+    ) -> Result<Completion, GenerateError> {
         let n_vocab = self.model.n_vocab();
         let mut sampler = Sampler::new(opts.sampling.clone(), n_vocab)?;
         let t0 = Instant::now();
@@ -243,6 +262,10 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
         let mut tokens = Vec::new();
         let device_greedy = !opts.logprobs && opts.sampling.is_plain_greedy();
         let mut next: Option<u32> = None;
+        // Tokens a speculative step decided: accepted drafts (already in
+        // the cache: `true`) and the target's own token after them (not yet).
+        let mut ready: VecDeque<(Sampled, bool)> = VecDeque::new();
+        let mut stats = SpecStats::default();
         let finish = loop {
             if cancel.load(Ordering::Relaxed) {
                 break FinishReason::Cancelled;
@@ -250,12 +273,14 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
             if opts.max_tokens.is_some_and(|m| tokens.len() >= m) {
                 break FinishReason::Length;
             }
-            if self.history.len() >= self.ctx.n_ctx() {
+            let in_cache = ready.front().is_some_and(|r| r.1);
+            if !in_cache && self.history.len() >= self.ctx.n_ctx() {
                 break FinishReason::ContextFull;
             }
-            let sampled = match next.take() {
-                Some(token) => Sampled { token, logprob: f32::NAN, top: Vec::new() },
-                None => sampler.sample(&mut logits, &self.history)?,
+            let sampled = match (ready.pop_front(), next.take()) {
+                (Some((s, _)), _) => s,
+                (None, Some(token)) => Sampled { token, logprob: f32::NAN, top: Vec::new() },
+                (None, None) => sampler.sample(&mut logits, &self.history)?,
             };
             let id = sampled.token;
             let eog = self.tokenizer.is_eog(id) && !opts.ignore_eos;
@@ -275,6 +300,16 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
             tokens.push(g);
             if eog || stop_at.is_some() {
                 break FinishReason::Stop;
+            }
+            if in_cache {
+                continue;
+            }
+            if let Some(spec) = spec.as_deref_mut() {
+                // Verify drafts after the new token in one target pass.
+                let budget = opts.max_tokens.map_or(usize::MAX, |m| m - tokens.len());
+                let step = crate::speculative::Step { token: id, budget, device_greedy };
+                crate::speculative::step(self, spec, &step, &mut sampler, &mut logits, &mut ready, &mut stats)?;
+                continue;
             }
             // Evaluate the new token so the next step has its logits.
             let pos = self.history.len();
@@ -304,6 +339,7 @@ impl<'m, B: DeviceBackend> Session<'m, B> {
             n_prompt: prompt.len(),
             n_cached,
             timings: Timings { prefill, decode: t1.elapsed() },
+            speculative: spec.is_some().then_some(stats),
         })
     }
 }

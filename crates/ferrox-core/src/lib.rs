@@ -17,4 +17,5 @@ pub mod model;
 pub mod generate;
 pub mod perplexity;
 pub mod scheduler;
+pub mod speculative;
 pub mod testing;

@@ -275,6 +275,10 @@ struct Acts {
     act_bytes: usize,
     preps: Vec<cpu::ActPrep>,
     n: usize,
+    /// F16 activations of several tokens, widened to f32 once, for the
+    /// several-token F16 row kernel (which reads each weight once per up to
+    /// eight tokens instead of once per token; same bits per token).
+    wide: Option<(cpu::F16RowsFn, Vec<f32>)>,
 }
 
 impl Acts {
@@ -300,7 +304,14 @@ impl Acts {
         } else {
             Vec::new()
         };
-        Ok(Acts { act, act_bytes: p.act_bytes, preps, n })
+        let wide = match cpu::f16_rows_fn(isa) {
+            Some(f) if p.act == QuantKind::F16 && n > 1 && cols > 0 => {
+                let halves: &[half::f16] = bytemuck::cast_slice(act.bytes());
+                Some((f, halves.iter().map(|h| h.to_f32()).collect()))
+            }
+            _ => None,
+        };
+        Ok(Acts { act, act_bytes: p.act_bytes, preps, n, wide })
     }
 
     /// Rows `r0..r1` of a `rows`-row matrix (`p`, `kind`, `weights`) for
@@ -314,6 +325,29 @@ impl Acts {
         let act = self.act.bytes();
         let ab = self.act_bytes;
         let dot4 = dot4_of(kind, p).filter(|_| !self.preps.is_empty());
+        if let Some((f, wide)) = self.wide.as_ref().filter(|_| kind == QuantKind::F16) {
+            let cols = wide.len() / self.n;
+            for r in r0..r1 {
+                let w = &weights[r * p.row_bytes..(r + 1) * p.row_bytes];
+                if prefetch {
+                    prefetch_row(weights, (r + cpu::PREFETCH_ROWS) * p.row_bytes, p.row_bytes);
+                }
+                for b in (0..self.n).step_by(8) {
+                    let m = (self.n - b).min(8);
+                    let mut v = [0.0f32; 8];
+                    // SAFETY: `f` came from `f16_rows_fn` for an available
+                    // level; `w` is one row of `cols` F16 elements and rows
+                    // b..b+m of `wide` hold `cols` floats each.
+                    unsafe { f(w, wide.as_ptr().add(b * cols), cols, m, &mut v) };
+                    for (k, &v) in v[..m].iter().enumerate() {
+                        // SAFETY: `(b + k) * rows + r < n * rows`; row `r`
+                        // belongs to this task alone.
+                        unsafe { *out.0.add((b + k) * rows + r) = v };
+                    }
+                }
+            }
+            return;
+        }
         let mut r_single = r0;
         if let Some(f) = dot4 {
             let r4 = r0 + (r1 - r0) / 4 * 4;
@@ -405,6 +439,36 @@ mod tests {
             eprintln!("NOT CHECKED: the interleaved Q8_0 matvec needs AVX-512 VNNI, which this CPU lacks");
         }
         m.map(|m| (wb, m))
+    }
+
+    /// Every token of an F16 batch gets, bit for bit, what a one-token
+    /// product gives (the several-token F16 row kernel sums as the one-row
+    /// kernel does): batches of 2..=17 (one to three groups of eight, with a
+    /// tail), rows of a 32-multiple and of a ragged length (scalar tail),
+    /// and matrices past the prefetch threshold's row counts too.
+    #[test]
+    fn f16_batches_give_each_token_the_bits_of_a_one_token_product() {
+        let isa = Isa::detect();
+        if cpu::f16_rows_fn(isa).is_none() {
+            eprintln!("NOT CHECKED: the several-token F16 kernel needs AVX-512 VL, which this CPU lacks");
+        }
+        let mut rng = SmallRng::seed_from_u64(34);
+        for (rows, cols) in [(37, 640), (20, 100), (8, 33)] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let wq = aligned_quantized(QuantKind::F16, &w);
+            let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * cols * 2];
+            for n in 2..=17 {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let mut y = vec![0.0f32; n * rows];
+                matmul_with(isa, QuantKind::F16, wb, rows, cols, &x, &mut y, n, 2).unwrap();
+                for t in 0..n {
+                    let mut y1 = vec![0.0f32; rows];
+                    matmul_with(isa, QuantKind::F16, wb, rows, cols, &x[t * cols..(t + 1) * cols], &mut y1, 1, 2).unwrap();
+                    let (a, b): (Vec<u32>, Vec<u32>) = (y[t * rows..(t + 1) * rows].iter().map(|v| v.to_bits()).collect(), y1.iter().map(|v| v.to_bits()).collect());
+                    assert_eq!(a, b, "{rows}x{cols}, token {t} of {n}");
+                }
+            }
+        }
     }
 
     /// Several matrices over one input in one dispatch give, bit for bit,

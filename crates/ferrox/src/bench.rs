@@ -76,6 +76,15 @@ pub struct Args {
     /// last N, the rest on the CPU.
     #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_parser = crate::load::parse_gpu_layers)]
     gpu_layers: Option<usize>,
+    /// Speculative decoding: with a draft model or --lookup, each -n length
+    /// also runs as an `sgN` test — greedy decoding of N tokens of real text
+    /// (from --spec-prompt-file) plainly and speculatively, with the rates.
+    #[command(flatten)]
+    spec: crate::speculative::SpecArgs,
+    /// The prompt of the `sgN` tests (default: a short built-in story
+    /// opening; an editing prompt shows prompt lookup at its best).
+    #[arg(long = "spec-prompt-file")]
+    spec_prompt_file: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "md")]
     output: Format,
@@ -132,6 +141,39 @@ pub struct TestResult {
     pub load_time_ns: u64,
     /// Peak resident set size (VmHWM) after the test.
     pub peak_rss_bytes: u64,
+    /// An `sgN` test's speculative figures (`avg_ts` is then its
+    /// speculative decode rate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpecResult>,
+}
+
+/// What an `sgN` test measured beside the speculative decode rate.
+#[derive(Serialize, Debug, Clone)]
+pub struct SpecResult {
+    /// `draft` (a draft model) or `lookup`.
+    pub spec_type: String,
+    /// The draft model file, if any.
+    pub draft_model: Option<String>,
+    /// `--draft-max`.
+    pub draft_max: usize,
+    /// `--draft-vocab` (0: the whole vocabulary).
+    pub draft_vocab: usize,
+    /// Plain greedy decode of the same tokens: mean t/s and each repetition's.
+    pub plain_avg_ts: f64,
+    /// Each plain repetition's t/s.
+    pub plain_samples_ts: Vec<f64>,
+    /// Mean speculative t/s over mean plain t/s.
+    pub speedup: f64,
+    /// Tokens drafted (one repetition).
+    pub drafted: usize,
+    /// Drafts accepted.
+    pub accepted: usize,
+    /// Accepted over drafted.
+    pub acceptance: f64,
+    /// Tokens decided per target forward pass.
+    pub tokens_per_pass: f64,
+    /// Whether the speculative tokens equal the plain ones (they must).
+    pub same_tokens: bool,
 }
 
 /// A row of the report: a result, or a checkpoint that could not be run.
@@ -309,6 +351,7 @@ fn bench_model<B: DeviceBackend>(
         samples_ts: vec![],
         load_time_ns,
         peak_rss_bytes: 0,
+        speculative: None,
     };
     let first = tok.add_bos().then(|| tok.bos()).flatten();
     // Every test at every depth, each checked to fit before any runs.
@@ -377,7 +420,122 @@ fn bench_model<B: DeviceBackend>(
         };
         printer.row(&Row::Ran(Box::new(row)));
     }
+    if a.spec.active() {
+        let flags = crate::load::BackendArgs { backend: Some(model.backend().id()), device: a.device, threads: n_threads, gpu_layers: a.gpu_layers };
+        let draft = crate::speculative::load::<B>(&a.spec, &flags, (&tok, model.n_vocab()), true)?;
+        let text = match &a.spec_prompt_file {
+            Some(f) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+            None => SPEC_PROMPT.to_string(),
+        };
+        let prompt = tok.encode(text.as_bytes(), true, true)?;
+        for &n_gen in a.n_gen.iter().filter(|&&n| n > 0) {
+            let row = spec_test(&model, &tok, &prompt, n_gen, draft.as_ref(), a)?;
+            printer.row(&Row::Ran(Box::new(TestResult { peak_rss_bytes: peak_rss(), ..row.into_result(base.clone()) })));
+        }
+    }
     Ok(())
+}
+
+/// The default prompt of `sgN` tests.
+const SPEC_PROMPT: &str = "Once upon a time, in a small village at the edge of a great forest, there lived an old clockmaker who";
+
+/// An `sgN` test's measurements, before they become a row.
+struct SpecRun {
+    n_prompt: usize,
+    n_gen: usize,
+    test_time: String,
+    samples_ns: Vec<u64>,
+    samples_ts: Vec<f64>,
+    spec: SpecResult,
+}
+
+impl SpecRun {
+    fn into_result(self, base: TestResult) -> TestResult {
+        let ns_f: Vec<f64> = self.samples_ns.iter().map(|&n| n as f64).collect();
+        TestResult {
+            n_prompt: self.n_prompt,
+            n_gen: self.n_gen,
+            n_depth: 0,
+            test_time: self.test_time,
+            avg_ns: mean(&ns_f) as u64,
+            stddev_ns: stddev(&ns_f) as u64,
+            avg_ts: mean(&self.samples_ts),
+            stddev_ts: stddev(&self.samples_ts),
+            samples_ns: self.samples_ns,
+            samples_ts: self.samples_ts,
+            speculative: Some(self.spec),
+            ..base
+        }
+    }
+}
+
+/// Greedy decoding of `n_gen` tokens after `prompt`, plainly and with the
+/// drafter, alternating repetitions (so a load change hits both alike);
+/// decode time only (the prompt is evaluated before the clock starts).
+fn spec_test<B: DeviceBackend>(
+    model: &Model<B>,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    n_gen: usize,
+    draft: Option<&crate::speculative::LoadedDraft<B>>,
+    a: &Args,
+) -> Result<SpecRun> {
+    use ferrox_core::generate::{GenerateOptions, Session};
+    use ferrox_core::speculative::Speculation;
+    let test_time = rfc3339_now();
+    let n_ctx = prompt.len() + n_gen + 1;
+    let opts = GenerateOptions {
+        max_tokens: Some(n_gen),
+        sampling: ferrox_core::sampling::SamplingParams::greedy(),
+        ignore_eos: true,
+        logprobs: false,
+        ..GenerateOptions::default()
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let params = a.spec.params()?;
+    let once = |spec: bool| -> Result<(Vec<u32>, f64, Option<ferrox_core::speculative::SpecStats>)> {
+        let mut s = Session::new(model, tok, n_ctx)?;
+        let mut drafter = match (spec, draft) {
+            (true, Some(d)) => Some(d.drafter(&a.spec, n_ctx)?),
+            _ => None,
+        };
+        let mut sp = drafter.as_deref_mut().map(|d| Speculation { drafter: d, params });
+        let c = s.generate_with(prompt, &opts, sp.as_mut(), &never, &mut |_| {})?;
+        let ids = c.tokens.iter().map(|t| t.sampled.token).collect();
+        Ok((ids, c.tokens.len() as f64 / c.timings.decode.as_secs_f64().max(1e-9), c.speculative))
+    };
+    once(false)?;
+    once(true)?;
+    let (mut plain_ts, mut spec_ts, mut spec_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut same, mut stats) = (true, Default::default());
+    for _ in 0..a.repetitions {
+        let (p_ids, p_ts, _) = once(false)?;
+        let (s_ids, s_ts, st) = once(true)?;
+        same &= p_ids == s_ids;
+        plain_ts.push(p_ts);
+        spec_ts.push(s_ts);
+        spec_ns.push((n_gen as f64 * 1e9 / s_ts) as u64);
+        stats = st.unwrap_or_default();
+    }
+    let st: ferrox_core::speculative::SpecStats = stats;
+    let spec = SpecResult {
+        spec_type: if a.spec.lookup { "lookup".into() } else { "draft".into() },
+        draft_model: a.spec.model_draft.as_ref().map(|p| p.display().to_string()),
+        draft_max: a.spec.draft_max,
+        draft_vocab: a.spec.draft_vocab,
+        plain_avg_ts: mean(&plain_ts),
+        plain_samples_ts: plain_ts.clone(),
+        speedup: mean(&spec_ts) / mean(&plain_ts).max(1e-9),
+        drafted: st.drafted,
+        accepted: st.accepted,
+        acceptance: st.acceptance(),
+        tokens_per_pass: st.tokens_per_pass(),
+        same_tokens: same,
+    };
+    if !same {
+        bail!("speculative decoding gave other tokens than plain greedy decoding (a bug: please report it)");
+    }
+    Ok(SpecRun { n_prompt: prompt.len(), n_gen, test_time, samples_ns: spec_ns, samples_ts: spec_ts, spec })
 }
 
 /// `n` random tokens from position `start` (the one at position 0 is BOS
@@ -599,7 +757,18 @@ fn md_row(r: &Row) -> String {
             } else {
                 format!("{:.2} B", t.model_n_params as f64 / 1e9)
             };
-            let test = test_name(t.n_prompt, t.n_gen, t.n_depth);
+            let test = match &t.speculative {
+                Some(s) => format!(
+                    "sg{} {}: {:.0}% kept, {:.2} tok/pass, plain {:.2} t/s, x{:.2}",
+                    t.n_gen,
+                    s.spec_type,
+                    100.0 * s.acceptance,
+                    s.tokens_per_pass,
+                    s.plain_avg_ts,
+                    s.speedup
+                ),
+                None => test_name(t.n_prompt, t.n_gen, t.n_depth),
+            };
             format!(
                 "| {} | {size} | {params} | {} | {} | {test} | {:.2} ± {:.2} | {:.2} | {:.0} MiB |",
                 t.model_type,

@@ -116,6 +116,7 @@ impl LlamaFlags {
 pub const SINGLE_DASH: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
     ("-np", "--parallel"),
+    ("-md", "--model-draft"),
     ("-sys", "--system-prompt"),
     ("-cnv", "--conversation"),
     ("-no-cnv", "--no-conversation"),

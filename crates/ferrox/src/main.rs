@@ -17,6 +17,7 @@ mod perplexity;
 mod quantize;
 mod run;
 mod serve;
+mod speculative;
 mod tokenize;
 
 /// The environment variables a release build reads, for `--help`: the

@@ -163,6 +163,8 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     llama: crate::compat::LlamaFlags,
+    #[command(flatten)]
+    spec: crate::speculative::SpecArgs,
 }
 
 /// A flag set by Ctrl-C, so a generation stops cleanly with what it has.
@@ -224,6 +226,12 @@ fn generate<B: DeviceBackend>(
         return Err(GenerateError::PromptTooLong { n_prompt: ids.len(), n_ctx }.into());
     }
     let mut session = Session::new(&model, &tok, n_ctx)?;
+    let draft = crate::speculative::load::<B>(&a.spec, &a.backend, (&tok, model.n_vocab()), false)?;
+    let mut drafter = draft.as_ref().map(|d| d.drafter(&a.spec, n_ctx)).transpose()?;
+    let mut spec = match drafter.as_deref_mut() {
+        Some(d) => Some(ferrox_core::speculative::Speculation { drafter: d, params: a.spec.params()? }),
+        None => None,
+    };
     let opts = GenerateOptions {
         max_tokens: usize::try_from(a.n_predict).ok(),
         stop: a.stop.clone(),
@@ -240,7 +248,7 @@ fn generate<B: DeviceBackend>(
         out.flush()?;
     }
     let mut write_err = None;
-    let done = session.generate(&ids, &opts, &cancel, &mut |e| {
+    let done = session.generate_with(&ids, &opts, spec.as_mut(), &cancel, &mut |e| {
         let text = match e {
             StreamEvent::Token(t) => t.text.as_str(),
             StreamEvent::Tail(s) => s,
@@ -270,6 +278,9 @@ fn generate<B: DeviceBackend>(
             n as f64 / t.decode.as_secs_f64().max(1e-9),
             finish_words(done.finish, n, n_ctx)
         );
+        if let Some(s) = &done.speculative {
+            eprintln!("ferrox: {}", crate::speculative::summary(s));
+        }
     }
     Ok(())
 }

@@ -120,6 +120,8 @@ pub struct Model<B: DeviceBackend> {
     rope_short: Option<B::Vector>,
     layers: Vec<LayerWeights<B>>,
     plan: KernelPlan,
+    /// The first rows of the head, when [`Model::trim_head`] narrowed the logits.
+    head_prefix: Option<(B::Matrix, usize)>,
 }
 
 /// Per-sequence state on the backend: the KV cache and its size, and the
@@ -510,6 +512,7 @@ impl<B: DeviceBackend> Model<B> {
             rope_short,
             layers,
             plan,
+            head_prefix: None,
         })
     }
 
@@ -521,6 +524,39 @@ impl<B: DeviceBackend> Model<B> {
     /// Vocabulary size (rows of the embedding and of the logits).
     pub fn n_vocab(&self) -> usize {
         self.n_vocab
+    }
+
+    /// Logits per output row: [`Model::n_vocab`], or the rows
+    /// [`Model::trim_head`] kept.
+    pub fn n_logits(&self) -> usize {
+        self.head_prefix.as_ref().map_or(self.n_vocab, |h| h.1)
+    }
+
+    /// Computes logits for the first `rows` tokens of the vocabulary only:
+    /// a draft model's head, where a vocabulary ranked by frequency (as
+    /// SentencePiece and BPE vocabularies are) keeps the tokens text uses
+    /// and the head's cost falls with its rows. Input tokens stay the whole
+    /// vocabulary; output ids are below `rows`.
+    pub fn trim_head(&mut self, rows: usize) -> Result<(), ModelError> {
+        if rows == 0 || rows >= self.n_vocab {
+            self.head_prefix = None;
+            return Ok(());
+        }
+        let name = match self.output {
+            Some(_) => Role::Output.gguf_name(0),
+            None => Role::TokenEmbd.gguf_name(0),
+        };
+        let t = self.file.tensor(&name).ok_or_else(|| ModelError::MissingTensor { name: name.clone(), arch: self.config.arch })?;
+        let cols = t.info.dims[0] as usize;
+        let row_bytes = ferrox_quant::row_bytes(t.info.kind, cols).map_err(|e| ModelError::Unsupported { what: format!("{name}: {e}") })?;
+        let bytes = self.file.tensor_data(t)?;
+        let bytes = bytes.get(..rows * row_bytes).ok_or_else(|| ModelError::Batch(format!("{name} has fewer than {rows} rows")))?;
+        let w = self
+            .backend
+            .place_matrix(&HostTensor { name: &name, kind: t.info.kind, rows, cols, bytes, owner: &self.file })
+            .map_err(|e| ModelError::Backend(BackendError(format!("placing the first {rows} rows of {name}: {e}"))))?;
+        self.head_prefix = Some((w, rows));
+        Ok(())
     }
 
     /// The file it was loaded from.
@@ -593,7 +629,7 @@ impl<B: DeviceBackend> Model<B> {
     /// allocating (and faulting in) a fresh vocabulary-wide one each step.
     pub fn forward_into(&self, ctx: &mut Context<B>, batch: &Batch, out: &mut Vec<f32>) -> Result<(), ModelError> {
         let rows = self.forward_with(ctx, batch, |be, logits, rows| {
-            out.resize(rows * self.n_vocab, 0.0);
+            out.resize(rows * self.n_logits(), 0.0);
             be.read(logits, out)?;
             Ok(rows)
         })?;
@@ -609,7 +645,7 @@ impl<B: DeviceBackend> Model<B> {
     pub fn forward_argmax(&self, ctx: &mut Context<B>, batch: &Batch) -> Result<Vec<u32>, ModelError> {
         let out = self.forward_with(ctx, batch, |be, logits, rows| {
             let mut ids = vec![0u32; rows];
-            be.argmax_rows(logits, self.n_vocab, &mut ids)?;
+            be.argmax_rows(logits, self.n_logits(), &mut ids)?;
             Ok(ids)
         })?;
         Ok(out.unwrap_or_default())
@@ -676,7 +712,7 @@ impl<B: DeviceBackend> Model<B> {
         let mut hd = match rows.len() {
             0 => None,
             r => Some(take(&mut ctx.heads, |hd| hd.rows == r, || -> Result<_, ModelError> {
-                Ok(Head { rows: r, id: next_id(), xo: be.alloc(r * self.config.n_embd)?, logits: be.alloc(r * self.n_vocab)? })
+                Ok(Head { rows: r, id: next_id(), xo: be.alloc(r * self.config.n_embd)?, logits: be.alloc(r * self.n_logits())? })
             })?),
         };
         let n_ctx = ctx.n_ctx;
@@ -803,7 +839,11 @@ impl<B: DeviceBackend> Model<B> {
             be.gather_rows(s.x, b, c.n_embd, &mut hd.xo)?;
             be.rms_norm(&mut hd.xo, &self.output_norm, c.rms_eps)?;
         }
-        be.matmul(self.output.as_ref().unwrap_or(&self.embd), &hd.xo, &mut hd.logits, rows.len())?;
+        let head = match &self.head_prefix {
+            Some((w, _)) => w,
+            None => self.output.as_ref().unwrap_or(&self.embd),
+        };
+        be.matmul(head, &hd.xo, &mut hd.logits, rows.len())?;
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut hd.logits, cap)?;
         }

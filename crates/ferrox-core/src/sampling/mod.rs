@@ -502,6 +502,77 @@ impl Sampler {
         })
     }
 
+    /// Speculative verification at one position: keeps `draft` (a token
+    /// proposed with certainty — a greedy draft model, a prompt lookup) or
+    /// samples the token that replaces it, so that the token returned is
+    /// distributed exactly as [`Sampler::sample`]'s would be.
+    ///
+    /// Greedy: `draft` is kept when it is the argmax, and the argmax is
+    /// returned either way. Sampling: with `p` the distribution `sample`
+    /// draws from (after bias, penalties, truncation and temperature),
+    /// `draft` is kept with probability `p(draft)`; otherwise the token is
+    /// drawn from `p` with `draft` removed and renormalized — rejection
+    /// sampling with a point-mass proposal, so P(x) = p(draft)·[x = draft] +
+    /// (1 − p(draft))·p(x)/(1 − p(draft))·[x ≠ draft] = p(x). Returns the
+    /// token and whether it is the draft.
+    pub fn verify(&mut self, logits: &mut [f32], history: &[u32], draft: u32) -> Result<(Sampled, bool), SamplingError> {
+        if logits.len() != self.n_vocab {
+            return Err(SamplingError::LogitsLength { got: logits.len(), n_vocab: self.n_vocab });
+        }
+        let window_start = self.check_window(history)?;
+        let max = canon_max(logits);
+        if max == f32::NEG_INFINITY {
+            return Err(SamplingError::NoCandidates);
+        }
+        let lse = max + sum_exp(logits, max).ln();
+        let top = top_logprobs(logits, self.params.top_logprobs, lse);
+        self.adjust(logits, &history[window_start..]);
+        let token = if self.params.temperature <= 0.0 {
+            argmax(logits)?
+        } else {
+            self.truncate(logits)?;
+            let t = self.params.temperature;
+            let max = self.cands.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.logit));
+            let mut sum = 0.0f64;
+            let mut w_draft = 0.0f64;
+            for c in self.cands.iter_mut() {
+                // The same weights as `draw`.
+                c.p = exp_fast((c.logit - max) / t);
+                sum += c.p as f64;
+                if c.id == draft {
+                    w_draft = c.p as f64;
+                }
+            }
+            if self.rng.next_f64() * sum < w_draft {
+                draft
+            } else {
+                // The residual max(0, p - δ_draft), renormalized: p without the draft.
+                let rest = sum - w_draft;
+                let target = rest * self.rng.next_f64();
+                let mut run = 0.0f64;
+                let mut chosen = None;
+                for c in self.cands.iter().filter(|c| c.id != draft) {
+                    run += c.p as f64;
+                    if run > target {
+                        chosen = Some(c.id);
+                        break;
+                    }
+                }
+                // Rounding left `target` at `rest`: the last candidate with weight.
+                match chosen.or_else(|| self.cands.iter().rev().find(|c| c.id != draft && c.p > 0.0).map(|c| c.id)) {
+                    Some(id) => id,
+                    // Only the draft has weight: the rejection above had probability 0.
+                    None => draft,
+                }
+            }
+        };
+        let raw = match self.saved.iter().find(|s| s.0 == token) {
+            Some(&(_, raw)) => raw,
+            None => logits[token as usize],
+        };
+        Ok((Sampled { token, logprob: raw - lse, top }, token == draft))
+    }
+
     /// Start of the penalty window in `history`, after checking its tokens.
     fn check_window(&self, history: &[u32]) -> Result<usize, SamplingError> {
         if !self.params.penalties_active() {

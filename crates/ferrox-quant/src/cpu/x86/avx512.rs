@@ -756,3 +756,47 @@ pub(crate) unsafe fn dot4_q3_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate:
 pub(crate) unsafe fn dot4_q2_k(w: &[u8], row_bytes: usize, a: &[u8], _p: &crate::cpu::ActPrep) -> [f32; 4] {
     q2k_rows::<4>(rows_n(w, row_bytes), blocks_of(a), row_bytes)
 }
+
+// ------------------------------------------- F16 rows, several tokens at once
+
+/// One F16 weight row against `M` activation rows (already widened to f32,
+/// `stride` floats apart): each weight chunk is widened once and used `M`
+/// times. Each token's sum is formed exactly as `avx2::dot_f16` forms it —
+/// four 8-lane accumulators over 32-element steps, the same fused
+/// multiply-adds, the same reduction and scalar tail — so a token's result
+/// is bit-identical to the one-row kernel's, whatever `M` (a batch's rows
+/// equal a decode step's: speculative verification relies on it). Two of
+/// those 8-lane accumulators share one 512-bit register (lanes are
+/// independent, so the bits are the same; half the instructions), and the
+/// activation widening is exact (every f16 is an f32).
+///
+/// # Safety
+/// See the module doc; `w` is whole F16 elements, and every `a + t * stride
+/// .. + w.len()` for `t < M` is readable.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_f16_rows<const M: usize>(w: &[u8], a: *const f32, stride: usize, out: &mut [f32; M]) {
+    let w = blocks_of::<F16>(w);
+    let n = w.len();
+    // acc[t][0] holds dot_f16's accumulators 0 and 1, acc[t][1] 2 and 3.
+    let mut acc = [[_mm512_setzero_ps(); 2]; M];
+    let mut i = 0;
+    while i + 32 <= n {
+        for h in 0..2 {
+            let x = _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(i + 16 * h).cast()));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let y = _mm512_loadu_ps(a.add(t * stride + i + 16 * h));
+                acc[h] = _mm512_fmadd_ps(x, y, acc[h]);
+            }
+        }
+        i += 32;
+    }
+    for (t, acc) in acc.iter().enumerate() {
+        let lo = _mm256_add_ps(_mm512_castps512_ps256(acc[0]), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[0]))));
+        let hi = _mm256_add_ps(_mm512_castps512_ps256(acc[1]), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[1]))));
+        let mut s = hsum_ps(_mm256_add_ps(lo, hi));
+        for (j, &wj) in w.iter().enumerate().skip(i) {
+            s += f16_to_f32(wj) * *a.add(t * stride + j);
+        }
+        out[t] = s;
+    }
+}

@@ -97,3 +97,30 @@ pub(super) fn quantize_act_avx2(act: QuantKind, x: &[f32], out: &mut [u8]) -> bo
     }
     true
 }
+
+/// `m` (1..=8) tokens against one F16 row with `avx512::dot_f16_rows`,
+/// into `out[..m]`.
+///
+/// # Safety
+/// AVX-512 VL (and AVX2/FMA/F16C) is available; `w` is whole F16 elements
+/// and each of the `m` activation rows at `a + t * stride` holds `w.len() / 2` floats.
+pub(super) unsafe fn avx512_f16_rows(w: &[u8], a: *const f32, stride: usize, m: usize, out: &mut [f32; 8]) {
+    macro_rules! call {
+        ($m:literal) => {{
+            let mut o = [0.0f32; $m];
+            // SAFETY: the caller's contract, for `$m` rows.
+            unsafe { avx512::dot_f16_rows::<$m>(w, a, stride, &mut o) };
+            out[..$m].copy_from_slice(&o);
+        }};
+    }
+    match m {
+        1 => call!(1),
+        2 => call!(2),
+        3 => call!(3),
+        4 => call!(4),
+        5 => call!(5),
+        6 => call!(6),
+        7 => call!(7),
+        _ => call!(8),
+    }
+}
