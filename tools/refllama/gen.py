@@ -12,6 +12,9 @@ usage:
   gen.py norepack             the Gemma files again through llama.cpp's --no-repack path
   gen.py tiny DIR             every DIR/*.gguf with --all-logits over TINY_TOKENS
          [--out-dir D] [--tokens 1,2,3] [--n-predict N]
+  gen.py quant [WORKDIR]      ferrox's F16 quant-ref model, llama-quantize'd to each
+                              of QUANT_KINDS: the files and llama.cpp's top-k logits
+                              at every prompt position and greedy step
 
 Every case is run twice and the two outputs must be byte-identical; a step's
 token must be the argmax of its recorded top-k; steps whose top-2 logits are
@@ -46,6 +49,19 @@ NEAR_TIE = 0.1
 # Equal to `ferrox_core::testing::tiny_tokens()` (the tests check the file's list).
 TINY_TOKENS = [1, 259, 260, 261, 300, 45, 260, 262, 263, 120, 259, 260, 264]
 TINY_N_PREDICT = 8
+
+# The per-kind reference (`quant` mode): ferrox's F16 `quant_ref_model`
+# (every row 256 wide), quantized by llama.cpp's own llama-quantize. The F16
+# file is not committed (the test rewrites it and checks its SHA-256); the
+# quantized files are, next to their JSON.
+QUANT_DIR = os.path.join(OUT_DIR, "quant")
+QUANT_KINDS = ["Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0"]
+QUANT_N_PREDICT = 16
+QUANT_TOP_K = 16
+# BOS, a 31-token walk over the vocabulary, then the first 16 again (so
+# attention has repeats to find): 48 positions.
+_walk = [3 + (i * 97 + 11) % 317 for i in range(31)]
+QUANT_TOKENS = [1] + _walk + [1] + _walk[:15]
 
 LONG_PARAGRAPH = (
     "The history of the printing press begins long before Johannes Gutenberg. Woodblock "
@@ -331,10 +347,74 @@ def tiny(directory, out_dir, tokens, n_predict):
         write_json(os.path.join(out_dir, name + ".json"), doc)
 
 
+def top_k(row, k):
+    """The k largest logits of a row as [id, logit], descending, ties to the lower id."""
+    order = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+    return [[i, row[i]] for i in order]
+
+
+def quant(work):
+    os.makedirs(work, exist_ok=True)
+    os.makedirs(QUANT_DIR, exist_ok=True)
+    subprocess.run(["cargo", "run", "--release", "-q", "-p", "ferrox-core", "--example", "write_tiny_models",
+                    "--", "--quant-ref", work], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    src = os.path.join(work, "quant-ref-f16.gguf")
+    src_sha = sha256(src)
+    quantize = os.path.join(LLAMA_BIN, "llama-quantize")
+    for kind in ["F16"] + QUANT_KINDS:
+        name = f"llama-{kind.lower()}"
+        if kind == "F16":
+            model, made_by = src, ("ferrox_core::testing::quant_ref_model(QUANT_REF_SEED) "
+                                   "(crates/ferrox-core/examples/write_tiny_models.rs --quant-ref)")
+        else:
+            model = os.path.join(QUANT_DIR, name + ".gguf")
+            subprocess.run([quantize, src, model, kind], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            made_by = f"llama-quantize quant-ref-f16.gguf {name}.gguf {kind}"
+        run = harness(model, ["--tokens", ",".join(map(str, QUANT_TOKENS)),
+                              "--n-predict", str(QUANT_N_PREDICT), "--top-k", str(QUANT_TOP_K),
+                              "--all-logits"])
+        ties = check_and_ties(name, run)
+        rows = run["all_logits"]
+        assert len(rows) == len(QUANT_TOKENS) and all(len(r) == run["n_vocab"] for r in rows)
+        tops = [top_k(r, QUANT_TOP_K) for r in rows]
+        assert tops[-1] == run["steps"][0]["top"], (name, tops[-1][:2], run["steps"][0]["top"][:2])
+        stds = []
+        for r in rows:
+            m = sum(r) / len(r)
+            stds.append((sum((x - m) ** 2 for x in r) / len(r)) ** 0.5)
+        margins = [t[0][1] - t[1][1] for t in tops] + [s["top"][0][1] - s["top"][1][1] for s in run["steps"][1:]]
+        doc = {
+            "generator": "tools/refllama/gen.py quant (see tools/refllama/README.md)",
+            "llama_cpp": LLAMA_VERSION,
+            "kind": kind,
+            "model": os.path.basename(model),
+            "model_sha256": run["model_sha256"],
+            "made_by": made_by,
+            "source_model_sha256": src_sha,
+            "n_vocab": run["n_vocab"],
+            "n_predict": QUANT_N_PREDICT,
+            "top_k": QUANT_TOP_K,
+            "deterministic": True,
+            "settings": run["settings"],
+            "logit_std_min_max": [round(min(stds), 3), round(max(stds), 3)],
+            "top2_margin_min_median": [round(min(margins), 5), round(sorted(margins)[len(margins) // 2], 3)],
+            "near_tie_threshold": NEAR_TIE,
+            "near_ties": ties,
+            "prompt_tokens": run["prompt_tokens"],
+            "prompt_top": tops,
+            "steps": run["steps"],
+        }
+        write_json(os.path.join(QUANT_DIR, name + ".json"), doc, line_keys=("steps", "prompt_top"))
+        print(f"  {kind}: logit std {doc['logit_std_min_max']}, top-2 margin min/median "
+              f"{doc['top2_margin_min_median']}, {len(ties)} near ties")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="real", choices=["real", "tiny", "norepack"])
-    ap.add_argument("dir", nargs="?", help="tiny: the folder of *.gguf files")
+    ap.add_argument("mode", nargs="?", default="real", choices=["real", "tiny", "norepack", "quant"])
+    ap.add_argument("dir", nargs="?", help="tiny: the folder of *.gguf files; quant: a scratch folder "
+                    "for the F16 file (default ~/.cache/ferrox/quant-ref)")
     ap.add_argument("--out-dir", default=os.path.join(OUT_DIR, "tiny"), help="tiny: where the JSON goes")
     ap.add_argument("--tokens", help="tiny: comma-separated ids instead of TINY_TOKENS")
     ap.add_argument("--n-predict", type=int, default=TINY_N_PREDICT, help="tiny: greedy steps")
@@ -344,6 +424,8 @@ def main():
         real()
     elif a.mode == "norepack":
         norepack()
+    elif a.mode == "quant":
+        quant(a.dir or os.path.join(CACHE, "quant-ref"))
     else:
         if not a.dir:
             ap.error("tiny needs DIR")

@@ -124,9 +124,46 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
 
 /// Writes the tiny model of `case` from `seed`.
 pub fn tiny_model(case: TinyCase, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
+    arch_model(case, tiny_shape(case.arch), seed, 1.0, 1.0)
+}
+
+/// The shape of [`quant_ref_model`]: every matrix row (and the feed-forward
+/// width the down projection reads) is 256 wide, so each K-quant applies
+/// to every matrix; one block, a tied embedding, 4 query heads over one KV
+/// head, F16 weights for llama.cpp's quantizer to start from.
+pub const QUANT_REF_SHAPE: TinyShape = TinyShape {
+    n_embd: 256,
+    n_ff: 256,
+    n_head: 4,
+    n_head_kv: 1,
+    head_dim: 64,
+    n_layer: 1,
+    kind: QuantKind::F16,
+    embd_kind: QuantKind::F16,
+    own_output: false,
+};
+
+/// The seed of the file llama.cpp quantized for `testdata/llama_ref/quant/`.
+pub const QUANT_REF_SEED: u64 = 27;
+
+/// The F16 Llama model `llama-quantize` turns into each kind of the per-kind
+/// llama.cpp reference (`tools/refllama/gen.py quant`). Its block's matrices
+/// are drawn twice as wide as [`tiny_arch_model`]'s (the block, not the
+/// token's own embedding, dominates the residual, so the logits depend on
+/// the context) and its output norm's gains are 14x, so the logits spread
+/// with a standard deviation near 8 (top logit ~30; top-2 margins: median
+/// ~1.5, tenth percentile ~0.2): wide against rounding, which moves a logit
+/// by 1e-3..1e-2, and narrow enough that a wrong kernel moves the top token.
+pub fn quant_ref_model(seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
+    arch_model(TinyCase { label: "llama", arch: Arch::Llama, experts: false }, QUANT_REF_SHAPE, seed, 2.0, 14.0)
+}
+
+/// `case` in shape `s` from `seed`: matrices uniform in `±1/sqrt(width)`,
+/// the blocks' `block_scale` times that; the output norm's gains times
+/// `head_gain`.
+fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_gain: f32) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
     let arch = case.arch;
     let ffn = if case.experts { FfnLayout::Experts } else { arch.spec().ffn };
-    let s = tiny_shape(arch);
     let spec = arch.spec();
     let name = spec.name;
     let mut w = GgufWriter::new();
@@ -187,8 +224,11 @@ pub fn tiny_model(case: TinyCase, seed: u64) -> Result<GgufWriter<'static>, Box<
     let v = TINY_VOCAB as u64;
     let mut add = |w: &mut GgufWriter<'static>, name: String, kind: QuantKind, dims: &[u64], norm: bool| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let n: u64 = dims.iter().product();
-        let scale = if norm { 0.2 } else { 1.0 / (dims[0] as f32).sqrt() };
-        let vals: Vec<f32> = (0..n).map(|_| rng.next_f32() * scale + if norm { 1.0 } else { 0.0 }).collect();
+        let head = name == Role::OutputNorm.gguf_name(0);
+        let wide = if name.starts_with("blk.") { block_scale } else { 1.0 };
+        let scale = if norm { 0.2 } else { wide / (dims[0] as f32).sqrt() };
+        let gain = if head { head_gain } else { 1.0 };
+        let vals: Vec<f32> = (0..n).map(|_| (rng.next_f32() * scale + if norm { 1.0 } else { 0.0 }) * gain).collect();
         let data = ferrox_quant::quantize_to_vec(kind, &vals)
             .map_err(|err| format!("{name}: {err}"))?;
         Ok(w.add_tensor(name, kind, dims, data)?)
