@@ -304,13 +304,11 @@ impl Acts {
         } else {
             Vec::new()
         };
-        let wide = match cpu::f16_rows_fn(isa) {
-            Some(f) if p.act == QuantKind::F16 && n > 1 && cols > 0 => {
-                let halves: &[half::f16] = bytemuck::cast_slice(act.bytes());
-                Some((f, halves.iter().map(|h| h.to_f32()).collect()))
-            }
-            _ => None,
-        };
+        // F16 batches read each weight row once (`dot_f16_rows`), on f32 copies of the activations.
+        let wide = cpu::f16_rows_fn(isa).filter(|_| p.act == QuantKind::F16 && n > 1 && cols > 0).map(|f| {
+            let halves: &[half::f16] = bytemuck::cast_slice(act.bytes());
+            (f, halves.iter().map(|h| h.to_f32()).collect())
+        });
         Ok(Acts { act, act_bytes: p.act_bytes, preps, n, wide })
     }
 
