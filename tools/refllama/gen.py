@@ -9,6 +9,8 @@ build) so the Rust tests can compare without llama.cpp. See README.md.
 usage:
   gen.py [real]               Gemma 3 270M Q4_K_M (8+ prompts) and ferrox's own
                               q8_0 / q4_0 re-quantizations of it (3 prompts each)
+  gen.py requant              only the q8_0 / q4_0 re-quantizations (after ferrox's
+                              quantizer changes the files' bytes)
   gen.py norepack             the Gemma files again through llama.cpp's --no-repack path
   gen.py tiny DIR             every DIR/*.gguf with --all-logits over TINY_TOKENS
          [--out-dir D] [--tokens 1,2,3] [--n-predict N]
@@ -291,23 +293,35 @@ def real():
     print(f"{os.path.basename(REAL_MODEL)}:")
     doc = gen_model(REAL_MODEL, REAL_CASES, None, {})
     write_json(os.path.join(OUT_DIR, "gemma3-270m-q4_k_m.json"), doc)
+    requant()
 
+
+def requant():
+    """The q8_0 / q4_0 files `ferrox quantize --pure --allow-requantize` makes
+    from the real model, and llama.cpp's answers on them (the q4_0 one also
+    through --no-repack)."""
     ferrox = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
                           "release", "ferrox")
     subprocess.run(["cargo", "build", "--release", "-p", "ferrox"], cwd=ROOT, check=True)
     commit = ferrox_commit()
     for kind in REQUANT_KINDS:
         path = os.path.join(MODELS, f"gemma-3-270m-{kind}.ferrox.gguf")
-        cmd = [ferrox, "quantize", "--force", REAL_MODEL, path, kind]
+        cmd = [ferrox, "quantize", "--force", "--pure", "--allow-requantize", REAL_MODEL, path, kind]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"{os.path.basename(path)}:")
         made_by = {"source_model": os.path.basename(REAL_MODEL),
                    "source_model_sha256": sha256(REAL_MODEL),
-                   "made_by": f"ferrox quantize {os.path.basename(REAL_MODEL)} "
+                   "made_by": f"ferrox quantize --pure --allow-requantize {os.path.basename(REAL_MODEL)} "
                               f"{os.path.basename(path)} {kind}",
                    "ferrox_commit": commit}
         doc = gen_model(path, REAL_CASES[:REQUANT_CASES], None, made_by)
         write_json(os.path.join(OUT_DIR, f"gemma3-270m-{kind}.json"), doc)
+        if kind == "q4_0":
+            print(f"{os.path.basename(path)} (--no-repack):")
+            HARNESS_EXTRA.append("--no-repack")
+            doc = gen_model(path, REAL_CASES[:REQUANT_CASES], None, {**made_by, "llama_cpp_flags": "--no-repack"})
+            HARNESS_EXTRA.remove("--no-repack")
+            write_json(os.path.join(OUT_DIR, "gemma3-270m-q4_0.norepack.json"), doc)
 
 
 def tiny(directory, out_dir, tokens, n_predict):
@@ -412,7 +426,7 @@ def quant(work):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="real", choices=["real", "tiny", "norepack", "quant"])
+    ap.add_argument("mode", nargs="?", default="real", choices=["real", "requant", "tiny", "norepack", "quant"])
     ap.add_argument("dir", nargs="?", help="tiny: the folder of *.gguf files; quant: a scratch folder "
                     "for the F16 file (default ~/.cache/ferrox/quant-ref)")
     ap.add_argument("--out-dir", default=os.path.join(OUT_DIR, "tiny"), help="tiny: where the JSON goes")
@@ -422,6 +436,8 @@ def main():
     build()
     if a.mode == "real":
         real()
+    elif a.mode == "requant":
+        requant()
     elif a.mode == "norepack":
         norepack()
     elif a.mode == "quant":

@@ -296,7 +296,10 @@ fn gemma3_270m_requantized_to_q8_0_and_q4_0_matches_llama_cpp() {
         (ferrox_quant::QuantKind::Q4_0, "gemma3-270m-q4_0.json", Some("gemma3-270m-q4_0.norepack.json")),
     ] {
         let out = dir.join(format!("gemma-3-270m-{}.ferrox.gguf", kind.name().to_ascii_lowercase()));
-        let w = ferrox_core::requantize::requantize(&src, kind, 2, |_| {}).unwrap();
+        // `ferrox quantize --pure --allow-requantize`, the command gen.py ran.
+        let mix = ferrox_core::ftype::Mix::parse(kind.name()).unwrap();
+        let opts = ferrox_core::requantize::Options { pure: true, allow_requantize: true, ..ferrox_core::requantize::Options::new(mix) };
+        let w = ferrox_core::requantize::requantize_mix(&src, &opts, 2, |_| {}).unwrap();
         w.write_to(&out).unwrap();
         let other = other.filter(|o| testdata(o).exists());
         compare_greedy(&out, reference, other, tie, tol);
