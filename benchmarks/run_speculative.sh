@@ -21,8 +21,8 @@ src=${MODEL:-$HOME/.cache/ferrox/models/gemma-3-270m-q4_k_m.gguf}
 dir=${SPEC_DIR:-/tmp/ferrox-spec}
 export LD_LIBRARY_PATH="$llama${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 mkdir -p "$dir"
-[ -f "$dir/g-f16.gguf" ] || "$ferrox" quantize "$src" "$dir/g-f16.gguf" f16 > /dev/null
-[ -f "$dir/g-q4_0.gguf" ] || "$ferrox" quantize "$src" "$dir/g-q4_0.gguf" q4_0 > /dev/null
+[ -f "$dir/g-f16.gguf" ] || "$ferrox" quantize --allow-requantize "$src" "$dir/g-f16.gguf" f16 > /dev/null
+[ -f "$dir/g-q4_0.gguf" ] || "$ferrox" quantize --allow-requantize "$src" "$dir/g-q4_0.gguf" q4_0 > /dev/null
 exec 9> /tmp/ferrox-cpu.lock
 flock 9
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
