@@ -8,12 +8,12 @@
 # /tmp/ferrox-cpu.lock. Appends lines to benchmarks/results/speculative.jsonl (set
 # "speculative"; RECORD=0: not; MACHINE labels it).
 #
-#   benchmarks/run_speculative.sh     (FERROX, LLAMA_BIN, REPS=5, N=128, DRAFT_MAX=6, DRAFT_VOCAB=65536)
+#   benchmarks/run_speculative.sh     (FERROX, LLAMA_BIN, REPS=7, N=128, DRAFT_MAX=4, DRAFT_VOCAB=65536)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reps=${REPS:-5}
+reps=${REPS:-7}
 n=${N:-128}
-dmax=${DRAFT_MAX:-6}
+dmax=${DRAFT_MAX:-4}
 dvocab=${DRAFT_VOCAB:-65536}
 llama=${LLAMA_BIN:-$HOME/.cache/ferrox/llama.cpp-build/bin}
 ferrox=${FERROX:-${CARGO_TARGET_DIR:-target}/release/ferrox}

@@ -225,7 +225,7 @@ TABLES = {
               ("llama-server", lambda l: f"{l['ref_figure']} {l['unit']}")]),
     "speculative": dict(
         kind="list", file="speculative.jsonl", where={"set": "speculative"}, key=lambda l: (l["what"], l["variant"]),
-        command="FERROX=target/release/ferrox REPS=5 benchmarks/run_speculative.sh",
+        command="FERROX=target/release/ferrox REPS=7 benchmarks/run_speculative.sh",
         cols=[("test", lambda l: l["what"], LEFT), ("case", lambda l: l["variant"], LEFT),
               ("ferrox plain t/s", lambda l: f"{l['plain']:.2f}"),
               ("ferrox speculative t/s", lambda l: f"{l['figure']:.2f} ± {l['sd']:.2f}"),
