@@ -80,8 +80,8 @@ pub enum SpecDrafter<B: DeviceBackend> {
     /// [`crate::speculative::check_vocab`]), drafting greedily; drafting
     /// stops at a token it gives less than `p_min` probability (0: never).
     Model {
-        /// The draft model.
-        model: Model<B>,
+        /// The draft model (boxed: the variants differ much in size).
+        model: Box<Model<B>>,
         /// llama.cpp's `--draft-p-min`.
         p_min: f32,
     },
@@ -408,7 +408,7 @@ impl Scheduler {
             .spawn(move || {
                 let drafter = match (&spec, draft_ctx) {
                     (Some(SpecConfig { drafter: SpecDrafter::Model { model: d, p_min }, .. }), Some(dctx)) => {
-                        Some(EngineDrafter::Model { model: d, ctx: dctx, p_min: *p_min })
+                        Some(EngineDrafter::Model { model: &**d, ctx: dctx, p_min: *p_min })
                     }
                     (Some(SpecConfig { drafter: SpecDrafter::Lookup(l), .. }), _) => Some(EngineDrafter::Lookup(*l)),
                     _ => None,
@@ -1587,6 +1587,9 @@ mod tests {
     /// One sequence of a speculative test: prompt, budget, per-request draft sizes.
     type Job = (Vec<u32>, usize, Option<DraftParams>);
 
+    /// Each sequence's tokens and summary, and the engine's (drafted, accepted).
+    type Ran = (Vec<(Vec<u32>, SeqSummary)>, (u64, u64));
+
     /// Sequences of different prompts and lengths, one of them asking for
     /// no speculation.
     fn spec_jobs() -> Vec<Job> {
@@ -1608,7 +1611,7 @@ mod tests {
         jobs: &[Job],
         sampling: &SamplingParams,
         constraint: &dyn Fn() -> Option<Box<dyn TokenConstraint>>,
-    ) -> (Vec<(Vec<u32>, SeqSummary)>, (u64, u64)) {
+    ) -> Ran {
         let (model, tok) = tiny("spec-target");
         let cfg = SchedulerConfig {
             n_slots: 3,
@@ -1653,9 +1656,9 @@ mod tests {
     fn drafters(params: DraftParams) -> Vec<(&'static str, SpecConfig<Cpu>)> {
         let model = |seed| tiny_seeded("spec-draft", seed).0;
         vec![
-            ("other model", SpecConfig { drafter: SpecDrafter::Model { model: model(8), p_min: 0.0 }, params }),
-            ("itself", SpecConfig { drafter: SpecDrafter::Model { model: model(7), p_min: 0.0 }, params }),
-            ("itself, p-min", SpecConfig { drafter: SpecDrafter::Model { model: model(7), p_min: 0.5 }, params }),
+            ("other model", SpecConfig { drafter: SpecDrafter::Model { model: Box::new(model(8)), p_min: 0.0 }, params }),
+            ("itself", SpecConfig { drafter: SpecDrafter::Model { model: Box::new(model(7)), p_min: 0.0 }, params }),
+            ("itself, p-min", SpecConfig { drafter: SpecDrafter::Model { model: Box::new(model(7)), p_min: 0.5 }, params }),
             ("lookup", SpecConfig { drafter: SpecDrafter::Lookup(Lookup { ngram_min: 1, ngram_max: 3 }), params }),
         ]
     }

@@ -64,7 +64,7 @@ impl TestServer {
     fn start_speculative(cfg: SchedulerConfig, draft_seed: u64, max: usize) -> TestServer {
         let draft = Model::open(tiny_seeded_path(draft_seed), Cpu::new(2)).unwrap();
         let spec = SpecConfig {
-            drafter: SpecDrafter::Model { model: draft, p_min: 0.0 },
+            drafter: SpecDrafter::Model { model: Box::new(draft), p_min: 0.0 },
             params: DraftParams { max, min: 0 },
         };
         TestServer::start_full(cfg, None, Duration::from_secs(5), Some(spec))

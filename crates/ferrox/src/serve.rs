@@ -135,7 +135,7 @@ fn serve<B: DeviceBackend + 'static>(
     let spec = match crate::speculative::load::<B>(&a.spec, &a.backend, (&tok, model.n_vocab()), false)? {
         None => None,
         Some(crate::speculative::LoadedDraft::Model(m)) => Some(SpecConfig {
-            drafter: SpecDrafter::Model { model: *m, p_min: a.spec.draft_p_min },
+            drafter: SpecDrafter::Model { model: m, p_min: a.spec.draft_p_min },
             params: a.spec.params()?,
         }),
         Some(crate::speculative::LoadedDraft::Lookup(l)) => Some(SpecConfig { drafter: SpecDrafter::Lookup(l), params: a.spec.params()? }),
