@@ -414,8 +414,10 @@ fn serve_takes_a_draft_model_and_refuses_one_of_another_vocabulary() {
     bytes[at + word.len() - 1] = b'k';
     let other = scratch("opt-serve-draft-other.gguf");
     std::fs::write(&other, bytes).unwrap();
-    let o = ferrox(&["serve", m, "--port", "0", "-md", other.to_str().unwrap()]);
-    assert_clean_error(&o, "speculative decoding needs one tokenizer");
-    let o = ferrox(&["serve", m, "--port", "0", "-md", d, "--draft-max", "7"]);
-    assert_clean_error(&o, "--draft-max 7 is outside");
+    // Through serve_startup, so a server that wrongly starts fails the test
+    // instead of serving forever.
+    let e = serve_startup(&[m, "-md", other.to_str().unwrap()]);
+    assert!(!e.contains("serving on") && e.contains("error") && e.contains("speculative decoding needs one tokenizer"), "{e}");
+    let e = serve_startup(&[m, "-md", d, "--draft-max", "7"]);
+    assert!(!e.contains("serving on") && e.contains("--draft-max 7 is outside"), "{e}");
 }
