@@ -19,6 +19,22 @@
 //! text handling (stop strings held back until they can no longer match,
 //! UTF-8 never split) is [`crate::generate::Session`]'s, so a batched
 //! sequence produces exactly what a lone session would.
+//!
+//! Speculative decoding ([`Scheduler::start_speculative`]) works per
+//! sequence inside the same step: each decoding sequence's drafter (a
+//! draft model, batched over the sequences in passes of its own, or prompt
+//! lookup) proposes up to [`DraftParams::max`] tokens, and the step's one
+//! target pass evaluates each sequence's pending token and its drafts, every
+//! row with logits. Each row is sampled with the sequence's own sampler,
+//! exactly as plain decoding would sample it, and the sampled token is
+//! compared with the draft ("sample and compare",
+//! `docs/decisions/0030-server-speculation-sample-and-compare.md`): equal,
+//! the draft is kept and the next row is sampled; different, the sampled
+//! token replaces the draft and the sequence's step ends. So a seeded
+//! request draws the very stream of random numbers plain decoding draws,
+//! and a constraint (JSON mode) masks every row as it masks a plain one.
+//! Rolling back is free: rows of rejected drafts lie past the slot's
+//! history and the next pass overwrites them (target and draft caches alike).
 
 use crate::generate::held_back;
 use std::collections::VecDeque;
@@ -31,6 +47,7 @@ use crate::backend::{Batch, DeviceBackend};
 use crate::generate::{FinishReason, GeneratedToken};
 use crate::model::{Context, Model, ModelError};
 use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
+use crate::speculative::{DraftParams, Drafter, Lookup, MAX_DRAFT};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
 /// How the engine is sized.
@@ -55,6 +72,29 @@ impl Default for SchedulerConfig {
             queue_capacity: 64,
         }
     }
+}
+
+/// What drafts for the engine's speculative decoding.
+pub enum SpecDrafter<B: DeviceBackend> {
+    /// A smaller model with the target's vocabulary (checked by the caller,
+    /// [`crate::speculative::check_vocab`]), drafting greedily; drafting
+    /// stops at a token it gives less than `p_min` probability (0: never).
+    Model {
+        /// The draft model (boxed: the variants differ much in size).
+        model: Box<Model<B>>,
+        /// llama.cpp's `--draft-p-min`.
+        p_min: f32,
+    },
+    /// Prompt lookup: no model.
+    Lookup(Lookup),
+}
+
+/// Speculative decoding for every sequence (see the module doc).
+pub struct SpecConfig<B: DeviceBackend> {
+    /// The drafter.
+    pub drafter: SpecDrafter<B>,
+    /// Draft sizes of a request that names none ([`SeqRequest::draft`]).
+    pub params: DraftParams,
 }
 
 /// Why the engine could not start.
@@ -109,6 +149,14 @@ pub enum SubmitError {
     /// Sampling parameters out of range.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    /// Draft sizes out of range.
+    #[error("draft sizes: at most {max} drafts (allowed 0..={MAX_DRAFT}) and at least {min} (allowed 0..=max)")]
+    Draft {
+        /// The most drafts asked for.
+        max: usize,
+        /// The fewest.
+        min: usize,
+    },
 }
 
 /// Restricts which tokens may come next (JSON mode, grammars). The engine
@@ -157,6 +205,10 @@ pub struct SeqSummary {
     pub time_to_first_token: Duration,
     /// From the first token to the end.
     pub decode_time: Duration,
+    /// Drafted tokens the target verified (0 without speculation).
+    pub n_drafted: usize,
+    /// Of those, tokens the target kept.
+    pub n_draft_accepted: usize,
 }
 
 /// Where a sequence's events go. Implemented by the transport (a channel to an
@@ -183,6 +235,9 @@ pub struct SeqRequest {
     pub ignore_eos: bool,
     /// Restricts the tokens sampled.
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// Draft sizes for this sequence (`None`: the engine's; `max` 0: no
+    /// speculation). Ignored by an engine started without a drafter.
+    pub draft: Option<DraftParams>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -222,6 +277,10 @@ pub struct SchedulerStats {
     pub waiting: AtomicU64,
     /// Time to first token histogram: counts at or below each bound of [`TTFT_BUCKETS_S`] (cumulative).
     pub ttft_buckets: [AtomicU64; TTFT_BUCKETS_S.len()],
+    /// Drafted tokens the target verified.
+    pub draft_tokens: AtomicU64,
+    /// Of those, tokens the target kept.
+    pub draft_tokens_accepted: AtomicU64,
 }
 
 /// Upper bounds (seconds) of the time-to-first-token histogram buckets.
@@ -258,6 +317,8 @@ struct QueueState {
 struct Shared {
     cfg: SchedulerConfig,
     n_vocab: usize,
+    /// Default draft sizes, when the engine speculates.
+    spec: Option<DraftParams>,
     queue: Mutex<QueueState>,
     wake: Condvar,
     stats: SchedulerStats,
@@ -284,6 +345,26 @@ impl Scheduler {
         tokenizer: Arc<Tokenizer>,
         cfg: SchedulerConfig,
     ) -> Result<(Scheduler, JoinHandle<()>), SchedulerError> {
+        Scheduler::start_speculative(model, tokenizer, cfg, None)
+    }
+
+    /// As [`Scheduler::start`], decoding every sequence speculatively with
+    /// `spec`'s drafter (none: plainly). A draft model gets a KV cache of its
+    /// own, as many slots of as many positions as the target's.
+    pub fn start_speculative<B: DeviceBackend + 'static>(
+        model: Model<B>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+        spec: Option<SpecConfig<B>>,
+    ) -> Result<(Scheduler, JoinHandle<()>), SchedulerError> {
+        if let Some(p) = spec.as_ref().map(|s| s.params) {
+            if p.max > MAX_DRAFT || p.min > p.max {
+                return Err(SchedulerError::Config(format!(
+                    "draft sizes: at most {} drafts (allowed 0..={MAX_DRAFT}) and at least {} (allowed 0..=max)",
+                    p.max, p.min
+                )));
+            }
+        }
         if cfg.n_slots == 0 || cfg.n_ctx < 2 || cfg.n_batch == 0 {
             return Err(SchedulerError::Config(format!(
                 "need at least 1 slot, 2 positions and a batch of 1 (got {} slots, {} positions, batch {})",
@@ -294,9 +375,25 @@ impl Scheduler {
         // rounding at every batch size keeps a seeded request reproducible.
         model.backend().prefer_exact_products();
         let ctx = model.new_context(cfg.n_ctx, cfg.n_slots)?;
+        let draft_ctx = match spec.as_ref().map(|s| &s.drafter) {
+            Some(SpecDrafter::Model { model: d, .. }) => {
+                if d.n_logits() > model.n_vocab() {
+                    return Err(SchedulerError::Config(format!(
+                        "the draft model has {} logits per token but the target's vocabulary {} tokens",
+                        d.n_logits(),
+                        model.n_vocab()
+                    )));
+                }
+                // Its passes are batched by load as well: keep its drafts reproducible.
+                d.backend().prefer_exact_products();
+                Some(d.new_context(cfg.n_ctx, cfg.n_slots)?)
+            }
+            _ => None,
+        };
         let shared = Arc::new(Shared {
             cfg,
             n_vocab: model.n_vocab(),
+            spec: spec.as_ref().map(|s| s.params),
             queue: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 draining: false,
@@ -308,13 +405,27 @@ impl Scheduler {
         let s2 = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("ferrox-engine".into())
-            .spawn(move || Engine::new(&model, &tokenizer, ctx, &s2).run())?;
+            .spawn(move || {
+                let drafter = match (&spec, draft_ctx) {
+                    (Some(SpecConfig { drafter: SpecDrafter::Model { model: d, p_min }, .. }), Some(dctx)) => {
+                        Some(EngineDrafter::Model { model: &**d, ctx: dctx, p_min: *p_min })
+                    }
+                    (Some(SpecConfig { drafter: SpecDrafter::Lookup(l), .. }), _) => Some(EngineDrafter::Lookup(*l)),
+                    _ => None,
+                };
+                Engine::new(&model, &tokenizer, ctx, &s2, drafter).run()
+            })?;
         Ok((Scheduler { shared }, handle))
     }
 
     /// The configuration in use.
     pub fn config(&self) -> SchedulerConfig {
         self.shared.cfg
+    }
+
+    /// The default draft sizes when the engine decodes speculatively.
+    pub fn speculative(&self) -> Option<DraftParams> {
+        self.shared.spec
     }
 
     /// The engine's counters.
@@ -352,6 +463,11 @@ impl Scheduler {
                     token,
                     n_vocab: self.shared.n_vocab,
                 });
+            }
+            if let Some(p) = req.draft {
+                if p.max > MAX_DRAFT || p.min > p.max {
+                    return Err(SubmitError::Draft { max: p.max, min: p.min });
+                }
             }
             let sampler = Sampler::new(req.sampling.clone(), self.shared.n_vocab)?;
             prepared.push(Queued {
@@ -422,22 +538,50 @@ struct Active<'t> {
     pending: Option<u32>,
     submitted: Instant,
     first_token: Option<Instant>,
+    /// Draft sizes in force (`max` 0: none).
+    draft: DraftParams,
+    /// Drafts verified, and kept.
+    n_drafted: usize,
+    n_draft_accepted: usize,
 }
 
-/// One row's sampling, done on the pool ([`Engine::step`]).
+/// What one logits row gave a sequence ([`Engine::step`]).
+enum Outcome {
+    /// A token, and whether the constraint (if any) is complete after it.
+    Token(Sampled, bool),
+    /// The slot's context is full: nothing was sampled.
+    Full,
+    /// Sampling failed.
+    Failed(SamplingError),
+}
+
+/// One sequence's sampling, done on the pool ([`Engine::step`]): its rows
+/// (the pending token's and one per draft), sampled in order until a draft
+/// is rejected.
 struct SampleJob<'s, 't> {
     slot_index: usize,
     slot: &'s mut Slot<'t>,
     logits: &'s mut [f32],
-    result: Option<Result<Sampled, SamplingError>>,
+    /// The drafts verified after the pending token.
+    drafts: &'s [u32],
+    outcomes: Vec<Outcome>,
+    accepted: usize,
 }
 
 struct Slot<'t> {
     /// Tokens whose keys and values the slot's cache holds, in order.
     history: Vec<u32>,
+    /// Tokens the draft model's cache holds for this slot, in order.
+    draft_history: Vec<u32>,
     seq: Option<Active<'t>>,
     /// When the slot was last given a sequence (prefill goes oldest first).
     started: u64,
+}
+
+/// The engine's drafter (the model borrowed from the engine thread).
+enum EngineDrafter<'a, B: DeviceBackend> {
+    Model { model: &'a Model<B>, ctx: Context<B>, p_min: f32 },
+    Lookup(Lookup),
 }
 
 struct Engine<'a, B: DeviceBackend> {
@@ -447,18 +591,21 @@ struct Engine<'a, B: DeviceBackend> {
     shared: &'a Shared,
     slots: Vec<Slot<'a>>,
     admitted: u64,
+    drafter: Option<EngineDrafter<'a, B>>,
 }
 
-/// Where a logits row goes after a forward pass.
+/// Where logits rows go after a forward pass: `rows` rows of one slot.
 struct RowOwner {
     slot: usize,
+    rows: usize,
 }
 
 impl<'a, B: DeviceBackend> Engine<'a, B> {
-    fn new(model: &'a Model<B>, tok: &'a Tokenizer, ctx: Context<B>, shared: &'a Shared) -> Self {
+    fn new(model: &'a Model<B>, tok: &'a Tokenizer, ctx: Context<B>, shared: &'a Shared, drafter: Option<EngineDrafter<'a, B>>) -> Self {
         let slots = (0..shared.cfg.n_slots)
             .map(|_| Slot {
                 history: Vec::new(),
+                draft_history: Vec::new(),
                 seq: None,
                 started: 0,
             })
@@ -470,6 +617,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             shared,
             slots,
             admitted: 0,
+            drafter,
         }
     }
 
@@ -498,6 +646,8 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                             n_generated: 0,
                             time_to_first_token: item.submitted.elapsed(),
                             decode_time: Duration::ZERO,
+                            n_drafted: 0,
+                            n_draft_accepted: 0,
                         };
                         item.req.sink.send(SeqEvent::Done(summary));
                     }
@@ -597,6 +747,10 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 submitted,
             } = item;
             req.sink.send(SeqEvent::Started { n_cached: start });
+            let draft = match self.shared.spec {
+                Some(default) => req.draft.unwrap_or(default),
+                None => DraftParams { max: 0, min: 0 },
+            };
             slot.seq = Some(Active {
                 req,
                 sampler,
@@ -609,23 +763,33 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 pending: None,
                 submitted,
                 first_token: None,
+                draft,
+                n_drafted: 0,
+                n_draft_accepted: 0,
             });
         }
     }
 
-    /// One forward pass over every active sequence, then one sample for each
-    /// sequence that got logits.
+    /// One forward pass over every active sequence, then the samples of each
+    /// sequence that got logits: one, or with drafts up to one per draft
+    /// kept plus the target's own next token.
     fn step(&mut self) {
         let t0 = Instant::now();
         let n_batch = self.shared.cfg.n_batch;
+        let drafts = self.draft_all();
         let mut batch = Batch::default();
         let mut owners: Vec<RowOwner> = Vec::new();
-        // Decode tokens first: one per decoding sequence, always.
+        // Decode tokens first: one per decoding sequence, always, each
+        // followed by its drafts (positions after it, every row with logits).
         for (i, slot) in self.slots.iter().enumerate() {
             if let Some(seq) = &slot.seq {
                 if let Some(t) = seq.pending {
-                    batch.push(t, slot.history.len() as u32, i as u32, true);
-                    owners.push(RowOwner { slot: i });
+                    let at = slot.history.len() as u32;
+                    batch.push(t, at, i as u32, true);
+                    for (k, &d) in drafts[i].iter().enumerate() {
+                        batch.push(d, at + 1 + k as u32, i as u32, true);
+                    }
+                    owners.push(RowOwner { slot: i, rows: 1 + drafts[i].len() });
                 }
             }
         }
@@ -657,7 +821,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 let last = from + k + 1 == seq.req.prompt.len();
                 batch.push(t, (slot.history.len() + k) as u32, i as u32, last);
                 if last {
-                    owners.push(RowOwner { slot: i });
+                    owners.push(RowOwner { slot: i, rows: 1 });
                 }
             }
             chunks.push((i, from, to));
@@ -685,11 +849,13 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 return;
             }
         };
-        // The cache now holds what the batch evaluated.
-        for slot in self.slots.iter_mut() {
+        // The cache now holds what the batch evaluated; the drafts are in
+        // the history until sampling cuts it back past the first rejected one.
+        for (slot, d) in self.slots.iter_mut().zip(&drafts) {
             if let Some(seq) = slot.seq.as_mut() {
                 if let Some(t) = seq.pending.take() {
                     slot.history.push(t);
+                    slot.history.extend_from_slice(d);
                 }
             }
         }
@@ -700,66 +866,185 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 seq.prefill_pos = to;
             }
         }
-        let n_vocab = self.model.n_vocab();
+        let n_vocab = self.model.n_vocab().max(1);
         let mut logits = logits;
-        // Sampling (a pass or two over 262144 logits per sequence) runs on
-        // the pool, one row per task: each touches only its own slot's
+        // Sampling (a pass or two over 262144 logits per row) runs on the
+        // pool, one sequence per task: each touches only its own slot's
         // sampler, constraint and logits. Streaming stays serial, in order.
         let n_ctx = self.shared.cfg.n_ctx;
         let mut by_slot: Vec<Option<&mut Slot<'_>>> = self.slots.iter_mut().map(Some).collect();
-        let work: Vec<Mutex<SampleJob<'_, '_>>> = owners
-            .iter()
-            .zip(logits.chunks_exact_mut(n_vocab.max(1)))
-            .filter_map(|(owner, l)| {
-                let slot = by_slot.get_mut(owner.slot).and_then(Option::take)?;
-                Some(Mutex::new(SampleJob { slot_index: owner.slot, slot, logits: l, result: None }))
-            })
-            .collect();
+        let mut rest: &mut [f32] = &mut logits;
+        let mut work: Vec<Mutex<SampleJob<'_, '_>>> = Vec::with_capacity(owners.len());
+        for owner in &owners {
+            let take = (owner.rows * n_vocab).min(rest.len());
+            let (l, r) = std::mem::take(&mut rest).split_at_mut(take);
+            rest = r;
+            if let Some(slot) = by_slot.get_mut(owner.slot).and_then(Option::take) {
+                work.push(Mutex::new(SampleJob {
+                    slot_index: owner.slot,
+                    slot,
+                    logits: l,
+                    drafts: &drafts[owner.slot][..owner.rows - 1],
+                    outcomes: Vec::new(),
+                    accepted: 0,
+                }));
+            }
+        }
         let task = |k: usize| {
             let mut job = work[k].lock().unwrap_or_else(|e| e.into_inner());
-            let SampleJob { slot, logits, result, .. } = &mut *job;
-            if slot.history.len() >= n_ctx {
-                return; // the context is full: finished below
-            }
-            if let Some(seq) = slot.seq.as_mut() {
-                if let Some(c) = seq.req.constraint.as_mut() {
-                    c.mask(logits);
+            let SampleJob { slot, logits, drafts, outcomes, accepted, .. } = &mut *job;
+            // The history before the pending token's successor: the rows
+            // sample at base, base + 1, ... (each seeing its own history).
+            let base = slot.history.len() - drafts.len();
+            let Some(seq) = slot.seq.as_mut() else { return };
+            for (r, row) in logits.chunks_exact_mut(n_vocab).enumerate() {
+                let len = base + r;
+                if len >= n_ctx {
+                    outcomes.push(Outcome::Full); // the context is full
+                    break;
                 }
-                *result = Some(seq.sampler.sample(logits, &slot.history));
+                if let Some(c) = seq.req.constraint.as_mut() {
+                    c.mask(row);
+                }
+                match seq.sampler.sample(row, &slot.history[..len]) {
+                    Err(e) => {
+                        outcomes.push(Outcome::Failed(e));
+                        break;
+                    }
+                    Ok(s) => {
+                        let id = s.token;
+                        let complete = seq.req.constraint.as_mut().is_some_and(|c| {
+                            c.accept(id);
+                            c.is_complete()
+                        });
+                        outcomes.push(Outcome::Token(s, complete));
+                        // Sample and compare: a draft equal to the target's
+                        // own sample is kept, and the next row is valid.
+                        if complete || drafts.get(r) != Some(&id) {
+                            break;
+                        }
+                        *accepted += 1;
+                    }
+                }
             }
+            slot.history.truncate(base + *accepted);
         };
         ferrox_quant::cpu::ThreadPool::global().run(self.model.backend().threads(), work.len(), &task);
-        let results: Vec<(usize, Option<Result<Sampled, SamplingError>>)> = work
+        let results: Vec<(usize, Vec<Outcome>, usize, usize)> = work
             .into_iter()
             .map(|m| {
                 let job = m.into_inner().unwrap_or_else(|e| e.into_inner());
-                (job.slot_index, job.result)
+                (job.slot_index, job.outcomes, job.drafts.len(), job.accepted)
             })
             .collect();
-        for (i, sampled) in results {
-            self.sample_one(i, sampled);
+        for (i, outcomes, drafted, accepted) in results {
+            if drafted > 0 {
+                stats.draft_tokens.fetch_add(drafted as u64, Ordering::Relaxed);
+                stats.draft_tokens_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+                if let Some(seq) = self.slots[i].seq.as_mut() {
+                    seq.n_drafted += drafted;
+                    seq.n_draft_accepted += accepted;
+                }
+            }
+            for o in outcomes {
+                if self.slots[i].seq.is_none() {
+                    break;
+                }
+                self.sample_one(i, o);
+            }
         }
         stats
             .busy_us
             .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Streams slot `i`'s sampled token (`None`: nothing was sampled, the
-    /// context being full or the slot empty), ending the sequence where it
-    /// must end.
-    fn sample_one(&mut self, i: usize, sampled: Option<Result<Sampled, SamplingError>>) {
-        let n_ctx = self.shared.cfg.n_ctx;
+    /// Drafts for every decoding sequence that speculates: per slot, the
+    /// tokens to verify after its pending token (empty: none). At most
+    /// `n_batch` minus the decode tokens in all, so the target pass keeps
+    /// its bound.
+    fn draft_all(&mut self) -> Vec<Vec<u32>> {
+        let n = self.slots.len();
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+        if self.drafter.is_none() {
+            return out;
+        }
+        let cfg = self.shared.cfg;
+        let n_decoding = self.slots.iter().filter(|s| s.seq.as_ref().is_some_and(|q| q.pending.is_some())).count();
+        let mut room = cfg.n_batch.saturating_sub(n_decoding);
+        // (slot, most drafts, fewest) for the sequences that may speculate.
+        let mut want: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(seq) = slot.seq.as_ref() else { continue };
+            if seq.pending.is_none() || seq.draft.max == 0 {
+                continue;
+            }
+            // Drafts sit at positions after the pending token's, inside the
+            // context, and no more are useful than the sequence may still
+            // emit after the pending token's successor.
+            let fits = cfg.n_ctx.saturating_sub(slot.history.len() + 1);
+            let left = seq.req.max_tokens.map_or(usize::MAX, |m| m.saturating_sub(seq.n_generated + 1));
+            let k = seq.draft.max.min(MAX_DRAFT).min(fits).min(left).min(room);
+            if k == 0 || k < seq.draft.min {
+                continue;
+            }
+            room -= k;
+            want.push((i, k, seq.draft.min));
+        }
+        if want.is_empty() {
+            return out;
+        }
+        let n_vocab = self.model.n_vocab();
+        match self.drafter.as_mut() {
+            None => {}
+            Some(EngineDrafter::Lookup(l)) => {
+                for &(i, k, _) in &want {
+                    let slot = &mut self.slots[i];
+                    let Some(t) = slot.seq.as_ref().and_then(|s| s.pending) else { continue };
+                    slot.history.push(t);
+                    // Lookup cannot fail; a failure would only mean no drafts.
+                    let _ = l.draft(&slot.history, k, &mut out[i]);
+                    slot.history.pop();
+                }
+            }
+            Some(EngineDrafter::Model { model, ctx, p_min }) => {
+                if let Err(e) = draft_with_model(model, ctx, *p_min, &mut self.slots, &want, cfg.n_batch, &mut out) {
+                    // Drafts only speed decoding up: without them the step is a
+                    // plain one. The draft cache may be half written: forget it.
+                    eprintln!("ferrox: warning: the draft model failed ({e}); this step decodes without drafts");
+                    for slot in &mut self.slots {
+                        slot.draft_history.clear();
+                    }
+                    out.iter_mut().for_each(Vec::clear);
+                }
+            }
+        }
+        for &(i, k, min) in &want {
+            let d = &mut out[i];
+            d.truncate(k);
+            // A token outside the target's vocabulary ends the draft.
+            if let Some(bad) = d.iter().position(|&t| t as usize >= n_vocab) {
+                d.truncate(bad);
+            }
+            if d.len() < min {
+                d.clear();
+            }
+        }
+        out
+    }
+
+    /// Streams what one row gave slot `i`'s sequence (the constraint has
+    /// already accepted the token), ending the sequence where it must end.
+    fn sample_one(&mut self, i: usize, outcome: Outcome) {
         let stats = &self.shared.stats;
         let slot = &mut self.slots[i];
         let Some(seq) = slot.seq.as_mut() else { return };
-        if slot.history.len() >= n_ctx {
-            self.finish(i, FinishReason::ContextFull);
-            return;
-        }
-        let sampled = match sampled {
-            Some(Ok(s)) => s,
-            None => return,
-            Some(Err(e)) => {
+        let (sampled, complete) = match outcome {
+            Outcome::Token(s, complete) => (s, complete),
+            Outcome::Full => {
+                self.finish(i, FinishReason::ContextFull);
+                return;
+            }
+            Outcome::Failed(e) => {
                 let msg = format!("sampling failed: {e}");
                 if let Some(mut seq) = slot.seq.take() {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -775,9 +1060,6 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             stats.record_ttft(now - seq.submitted);
         }
         let id = sampled.token;
-        if let Some(c) = seq.req.constraint.as_mut() {
-            c.accept(id);
-        }
         seq.n_generated += 1;
         stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let eog = self.tok.is_eog(id) && !seq.req.ignore_eos;
@@ -804,7 +1086,6 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         if let Some(at) = stop_at {
             seq.text.truncate(at);
         }
-        let complete = seq.req.constraint.as_ref().is_some_and(|c| c.is_complete());
         let hold = if stop_at.is_some() || eog {
             0
         } else {
@@ -838,6 +1119,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 seq.req.sink.send(SeqEvent::Failed(msg.to_string()));
             }
             slot.history.clear();
+            slot.draft_history.clear();
         }
     }
 
@@ -874,9 +1156,93 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             n_generated: seq.n_generated,
             time_to_first_token: ttft,
             decode_time: seq.first_token.map_or(Duration::ZERO, |t| now - t),
+            n_drafted: seq.n_drafted,
+            n_draft_accepted: seq.n_draft_accepted,
         };
         seq.req.sink.send(SeqEvent::Done(summary));
     }
+}
+
+/// The draft model's proposals for the slots of `want` (slot, most drafts,
+/// fewest), into `out`: one pass brings each slot's draft cache up to its
+/// sequence (the pending token included; at most `n_batch` tokens in all —
+/// a slot that does not fit catches up in part and drafts at a later step),
+/// then one pass per further draft over every slot still drafting. Greedy:
+/// each draft is the draft model's argmax, stopping below `p_min`.
+fn draft_with_model<B: DeviceBackend>(
+    model: &Model<B>,
+    ctx: &mut Context<B>,
+    p_min: f32,
+    slots: &mut [Slot<'_>],
+    want: &[(usize, usize, usize)],
+    n_batch: usize,
+    out: &mut [Vec<u32>],
+) -> Result<(), ModelError> {
+    let pass = |ctx: &mut Context<B>, b: &Batch| -> Result<Vec<(u32, f32)>, ModelError> {
+        if p_min > 0.0 {
+            let logits = model.forward(ctx, b)?;
+            Ok(logits.chunks_exact(model.n_logits().max(1)).map(crate::speculative::top_prob).collect())
+        } else {
+            Ok(model.forward_argmax(ctx, b)?.into_iter().map(|t| (t, 1.0)).collect())
+        }
+    };
+    let mut budget = n_batch;
+    let mut b = Batch::default();
+    // (slot, most drafts) of the slots whose last token has an output row.
+    let mut going: Vec<(usize, usize)> = Vec::new();
+    for &(i, k, _) in want {
+        let slot = &mut slots[i];
+        let Some(pending) = slot.seq.as_ref().and_then(|s| s.pending) else { continue };
+        let len = slot.history.len() + 1;
+        let at = |p: usize| if p < slot.history.len() { slot.history[p] } else { pending };
+        let common = (0..len.min(slot.draft_history.len())).take_while(|&p| slot.draft_history[p] == at(p)).count();
+        // The last token is always evaluated: its output is the first draft.
+        let from = common.min(len - 1);
+        let to = len.min(from + budget);
+        if to == from {
+            continue;
+        }
+        let toks: Vec<u32> = (from..to).map(at).collect();
+        for (j, &t) in toks.iter().enumerate() {
+            b.push(t, (from + j) as u32, i as u32, from + j + 1 == len);
+        }
+        slot.draft_history.truncate(from);
+        slot.draft_history.extend_from_slice(&toks);
+        budget -= to - from;
+        if to == len {
+            going.push((i, k));
+        }
+    }
+    if b.is_empty() {
+        return Ok(());
+    }
+    let mut next = pass(ctx, &b)?;
+    while !going.is_empty() {
+        if next.len() != going.len() {
+            return Err(ModelError::Batch("the draft pass returned the wrong number of tokens".into()));
+        }
+        let mut b = Batch::default();
+        let mut still = Vec::with_capacity(going.len());
+        for (&(i, k), &(t, p)) in going.iter().zip(&next) {
+            if p < p_min {
+                continue;
+            }
+            out[i].push(t);
+            // The last draft is never evaluated here: the target does that.
+            if out[i].len() < k {
+                let h = &mut slots[i].draft_history;
+                b.push(t, h.len() as u32, i as u32, true);
+                h.push(t);
+                still.push((i, k));
+            }
+        }
+        going = still;
+        if going.is_empty() {
+            break;
+        }
+        next = pass(ctx, &b)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -920,10 +1286,17 @@ mod tests {
     }
 
     fn tiny(name: &str) -> (Model<Cpu>, Arc<Tokenizer>) {
-        let dir = std::env::temp_dir().join(format!("ferrox-sched-{}-{name}", std::process::id()));
+        tiny_seeded(name, 7)
+    }
+
+    fn tiny_seeded(name: &str, seed: u64) -> (Model<Cpu>, Arc<Tokenizer>) {
+        // Tests run in parallel and may load the same model: each load its own file.
+        static LOADS: AtomicU64 = AtomicU64::new(0);
+        let n = LOADS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ferrox-sched-{}-{name}-{seed}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tiny.gguf");
-        crate::testing::tiny_arch_model(Arch::Gemma3, 7)
+        crate::testing::tiny_arch_model(Arch::Gemma3, seed)
             .unwrap()
             .write_to(&path)
             .unwrap();
@@ -946,6 +1319,7 @@ mod tests {
             sampling: SamplingParams::greedy(),
             ignore_eos: true,
             constraint: None,
+            draft: None,
             sink: Box::new(TestSink {
                 tx,
                 closed: Arc::clone(&closed),
@@ -1191,5 +1565,211 @@ mod tests {
         assert_eq!(collect(&rx2).1.finish, FinishReason::Cancelled);
         let (r3, _rx3, _) = request(vec![5], 1);
         assert!(matches!(sched.submit(r3), Err(SubmitError::ShuttingDown)));
+    }
+
+    /// Restricts output to even token ids and completes after `left` tokens.
+    struct EvenOnly {
+        left: usize,
+    }
+
+    impl TokenConstraint for EvenOnly {
+        fn mask(&mut self, logits: &mut [f32]) {
+            logits.iter_mut().skip(1).step_by(2).for_each(|l| *l = f32::NEG_INFINITY);
+        }
+        fn accept(&mut self, _token: u32) {
+            self.left = self.left.saturating_sub(1);
+        }
+        fn is_complete(&self) -> bool {
+            self.left == 0
+        }
+    }
+
+    /// One sequence of a speculative test: prompt, budget, per-request draft sizes.
+    type Job = (Vec<u32>, usize, Option<DraftParams>);
+
+    /// Each sequence's tokens and summary, and the engine's (drafted, accepted).
+    type Ran = (Vec<(Vec<u32>, SeqSummary)>, (u64, u64));
+
+    /// Sequences of different prompts and lengths, one of them asking for
+    /// no speculation.
+    fn spec_jobs() -> Vec<Job> {
+        let p = prompts();
+        vec![
+            (p[0].clone(), 14, None),
+            (p[1].clone(), 9, None),
+            (p[2].clone(), 20, Some(DraftParams { max: 0, min: 0 })),
+            (p[3].clone(), 17, None),
+        ]
+    }
+
+    /// Runs `jobs` together through an engine (3 slots, so one waits; a
+    /// batch of 7 tokens, below the GEMM's, as the plain batching test) and
+    /// returns each sequence's tokens and summary and the engine's
+    /// (drafted, accepted) counters.
+    fn run_jobs(
+        spec: Option<SpecConfig<Cpu>>,
+        jobs: &[Job],
+        sampling: &SamplingParams,
+        constraint: &dyn Fn() -> Option<Box<dyn TokenConstraint>>,
+    ) -> Ran {
+        let (model, tok) = tiny("spec-target");
+        let cfg = SchedulerConfig {
+            n_slots: 3,
+            n_ctx: 64,
+            n_batch: 7,
+            queue_capacity: 8,
+        };
+        let (sched, engine) = Scheduler::start_speculative(model, tok, cfg, spec).unwrap();
+        let mut rxs = Vec::new();
+        let reqs: Vec<SeqRequest> = jobs
+            .iter()
+            .map(|(p, max, draft)| {
+                let (mut r, rx, _) = request(p.clone(), *max);
+                r.sampling = sampling.clone();
+                r.constraint = constraint();
+                r.draft = *draft;
+                rxs.push(rx);
+                r
+            })
+            .collect();
+        sched.submit_all(reqs).unwrap();
+        let out = rxs
+            .iter()
+            .map(|rx| {
+                let (toks, summary, _) = collect(rx);
+                (toks, summary)
+            })
+            .collect();
+        let st = sched.stats();
+        let counts = (
+            st.draft_tokens.load(Ordering::Relaxed),
+            st.draft_tokens_accepted.load(Ordering::Relaxed),
+        );
+        sched.shutdown();
+        engine.join().unwrap();
+        (out, counts)
+    }
+
+    /// The drafters a speculative test runs: another model (mostly
+    /// rejected), the target's own weights (always right under greedy),
+    /// the same with a p-min, and prompt lookup.
+    fn drafters(params: DraftParams) -> Vec<(&'static str, SpecConfig<Cpu>)> {
+        let model = |seed| tiny_seeded("spec-draft", seed).0;
+        vec![
+            ("other model", SpecConfig { drafter: SpecDrafter::Model { model: Box::new(model(8)), p_min: 0.0 }, params }),
+            ("itself", SpecConfig { drafter: SpecDrafter::Model { model: Box::new(model(7)), p_min: 0.0 }, params }),
+            ("itself, p-min", SpecConfig { drafter: SpecDrafter::Model { model: Box::new(model(7)), p_min: 0.5 }, params }),
+            ("lookup", SpecConfig { drafter: SpecDrafter::Lookup(Lookup { ngram_min: 1, ngram_max: 3 }), params }),
+        ]
+    }
+
+    fn no_constraint() -> Option<Box<dyn TokenConstraint>> {
+        None
+    }
+
+    /// Greedy: several sequences of different lengths decoding together,
+    /// speculatively, give the tokens the plain engine gives, whatever the
+    /// drafter and the draft size; the counters add up, and a request
+    /// asking for no speculation gets none.
+    #[test]
+    fn speculative_batched_sequences_generate_exactly_what_plain_batching_generates() {
+        let jobs = spec_jobs();
+        let greedy = SamplingParams::greedy();
+        let (want, none) = run_jobs(None, &jobs, &greedy, &no_constraint);
+        assert_eq!(none, (0, 0), "a plain engine drafts nothing");
+        for max in [1, 3, MAX_DRAFT] {
+            for (name, spec) in drafters(DraftParams { max, min: 0 }) {
+                let (got, (drafted, accepted)) = run_jobs(Some(spec), &jobs, &greedy, &no_constraint);
+                for (i, ((g, gs), (w, ws))) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g, w, "{name}, draft-max {max}, sequence {i}");
+                    assert_eq!(gs.finish, ws.finish, "{name}, sequence {i}");
+                    assert_eq!(gs.n_generated, jobs[i].1, "{name}, sequence {i}");
+                    assert!(gs.n_draft_accepted <= gs.n_drafted);
+                }
+                assert_eq!(got[2].1.n_drafted, 0, "{name}: speculation was off for sequence 2");
+                let sum: usize = got.iter().map(|(_, s)| s.n_drafted).sum();
+                let sum_acc: usize = got.iter().map(|(_, s)| s.n_draft_accepted).sum();
+                assert_eq!((sum as u64, sum_acc as u64), (drafted, accepted), "{name}");
+                // (Lookup drafts only where the text repeats, p-min only where the draft is sure.)
+                if name == "itself" || name == "other model" {
+                    assert!(drafted > 0, "{name}, draft-max {max}: nothing was drafted");
+                }
+                match name {
+                    "itself" => assert_eq!(accepted, drafted, "draft-max {max}: the target drafting for itself is always right"),
+                    "other model" => assert!(accepted < drafted, "draft-max {max}: another model's drafts were all kept"),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Sampling: the speculative engine draws, for a seeded request, the
+    /// tokens the plain engine draws (sample and compare keeps the seeded
+    /// stream), with drafts both kept and rejected; and the draw is not
+    /// greedy decoding.
+    #[test]
+    fn a_seeded_sample_under_speculation_is_the_plain_engines() {
+        let jobs = spec_jobs();
+        let sampling = SamplingParams { temperature: 0.3, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(5), ..SamplingParams::default() };
+        let (want, _) = run_jobs(None, &jobs, &sampling, &no_constraint);
+        let params = DraftParams { max: 4, min: 0 };
+        for (name, spec) in drafters(params).into_iter().take(2) {
+            let (got, (drafted, accepted)) = run_jobs(Some(spec), &jobs, &sampling, &no_constraint);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.0, w.0, "{name}, sequence {i}");
+            }
+            assert!(accepted < drafted, "{name}: {accepted} of {drafted} drafts kept");
+            if name == "itself" {
+                assert!(accepted > 0, "the target's own greedy drafts were never drawn");
+            }
+        }
+        let (greedy, _) = run_jobs(None, &jobs, &SamplingParams::greedy(), &no_constraint);
+        assert!(greedy.iter().zip(&want).any(|(g, w)| g.0 != w.0), "the sampler did not draw");
+    }
+
+    /// A constrained sequence speculates under its constraint: every row is
+    /// masked as a plain one, so the tokens are the plain engine's, all
+    /// allowed, and it ends where the constraint completes.
+    #[test]
+    fn a_constrained_sequence_speculates_within_its_constraint() {
+        let jobs = spec_jobs();
+        let greedy = SamplingParams::greedy();
+        let even = || Some(Box::new(EvenOnly { left: 8 }) as Box<dyn TokenConstraint>);
+        let (want, _) = run_jobs(None, &jobs, &greedy, &even);
+        for (name, spec) in drafters(DraftParams { max: 4, min: 0 }).into_iter().take(2) {
+            let (got, (drafted, _)) = run_jobs(Some(spec), &jobs, &greedy, &even);
+            assert!(drafted > 0, "{name}: nothing was drafted");
+            for (i, ((g, gs), (w, _))) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{name}, sequence {i}");
+                assert!(g.iter().all(|t| t % 2 == 0), "{name}, sequence {i}: {g:?}");
+                let n = 8.min(jobs[i].1);
+                assert_eq!(g.len(), n, "{name}, sequence {i}");
+                let fin = if n == 8 { FinishReason::Stop } else { FinishReason::Length };
+                assert_eq!(gs.finish, fin, "{name}, sequence {i}");
+            }
+        }
+    }
+
+    /// Draft sizes out of range are refused at submission, and a speculative
+    /// engine refuses bad default sizes at start.
+    #[test]
+    fn draft_sizes_out_of_range_are_refused() {
+        let (model, tok) = tiny("draft-sizes");
+        let bad = SpecConfig::<Cpu> { drafter: SpecDrafter::Lookup(Lookup::default()), params: DraftParams { max: MAX_DRAFT + 1, min: 0 } };
+        assert!(matches!(
+            Scheduler::start_speculative(model, Arc::clone(&tok), SchedulerConfig::default(), Some(bad)),
+            Err(SchedulerError::Config(_))
+        ));
+        let (model, _) = tiny("draft-sizes");
+        let spec = SpecConfig::<Cpu> { drafter: SpecDrafter::Lookup(Lookup::default()), params: DraftParams { max: 2, min: 0 } };
+        let (sched, engine) = Scheduler::start_speculative(model, tok, SchedulerConfig::default(), Some(spec)).unwrap();
+        assert_eq!(sched.speculative(), Some(DraftParams { max: 2, min: 0 }));
+        for (max, min) in [(MAX_DRAFT + 1, 0), (2, 3)] {
+            let (mut r, _rx, _) = request(vec![5, 6], 4);
+            r.draft = Some(DraftParams { max, min });
+            assert!(matches!(sched.submit(r), Err(SubmitError::Draft { .. })), "max {max}, min {min}");
+        }
+        sched.shutdown();
+        engine.join().unwrap();
     }
 }

@@ -309,7 +309,7 @@ impl<'m, D: DeviceBackend> DraftModel<'m, D> {
 }
 
 /// The argmax (ties to the lowest id) and its softmax probability.
-fn top_prob(logits: &[f32]) -> (u32, f32) {
+pub(crate) fn top_prob(logits: &[f32]) -> (u32, f32) {
     let mut best = (0usize, f32::NEG_INFINITY);
     for (i, &l) in logits.iter().enumerate() {
         if l > best.1 {

@@ -36,6 +36,7 @@ use ferrox_core::scheduler::{
     EventSink, Scheduler, SchedulerStats, SeqEvent, SeqRequest, SeqSummary, SubmitError,
     TTFT_BUCKETS_S,
 };
+use ferrox_core::speculative::DraftParams;
 use ferrox_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -52,6 +53,9 @@ pub struct ServerOptions {
     pub api_key: Option<String>,
     /// After SIGTERM, how long running requests may finish before they are cancelled.
     pub shutdown_grace: Duration,
+    /// One line on stderr per finished request: tokens, times, and
+    /// speculative decoding's drafted and accepted tokens.
+    pub verbose: bool,
 }
 
 /// Per-endpoint request counters for `/metrics`.
@@ -396,6 +400,29 @@ fn render_metrics(st: &AppState) -> String {
             0.0
         },
     );
+    let (drafted, accepted) = (l(&s.draft_tokens), l(&s.draft_tokens_accepted));
+    metric(
+        "draft_tokens_total",
+        "counter",
+        "Drafted tokens the target verified (speculative decoding).",
+        drafted as f64,
+    );
+    metric(
+        "draft_tokens_accepted_total",
+        "counter",
+        "Drafted tokens the target kept.",
+        accepted as f64,
+    );
+    metric(
+        "draft_acceptance_ratio",
+        "gauge",
+        "Drafted tokens kept over drafted tokens verified, since start (0 before any).",
+        if drafted > 0 {
+            accepted as f64 / drafted as f64
+        } else {
+            0.0
+        },
+    );
     metric(
         "queue_depth",
         "gauge",
@@ -573,6 +600,8 @@ struct Job {
     logprobs: Option<usize>,
     schema: Option<Arc<Schema>>,
     echo: Option<String>,
+    /// Draft sizes the request asked for (`None`: the server's).
+    draft: Option<DraftParams>,
 }
 
 fn schema_of(rf: &Option<ResponseFormat>) -> Result<Option<Arc<Schema>>, ApiError> {
@@ -654,6 +683,7 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
             logprobs: top,
             schema: schema_of(&req.response_format)?,
             echo: None,
+            draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
     })();
     run_job(st, job).await
@@ -718,6 +748,7 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             logprobs,
             schema: schema_of(&req.response_format)?,
             echo,
+            draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
     })();
     run_job(st, job).await
@@ -738,6 +769,9 @@ fn submit_error(st: &AppState, e: SubmitError) -> ApiError {
             ApiError::invalid(Some("prompt".into()), e.to_string())
         }
         SubmitError::Sampling(_) => ApiError::invalid(None, e.to_string()),
+        SubmitError::Draft { .. } => {
+            ApiError::invalid(Some("speculative.n_max".into()), e.to_string())
+        }
     }
 }
 
@@ -769,6 +803,7 @@ async fn run_job(st: Arc<AppState>, job: Result<Job, ApiError>) -> Response {
             sampling,
             ignore_eos: job.v.ignore_eos,
             constraint,
+            draft: job.draft,
             sink: Box::new(ChannelSink {
                 index: i,
                 tx: tx.clone(),
@@ -901,6 +936,74 @@ impl Output {
         })
     }
 
+    /// llama-server's `timings` over the choices that ended: prompt tokens
+    /// evaluated (not cached) and the time to the first token, tokens
+    /// generated and the decode time (the slowest choice's times), and with
+    /// speculative decoding the tokens drafted and kept.
+    fn timings<'s>(&self, summaries: impl Iterator<Item = &'s SeqSummary>) -> Value {
+        let (mut cached, mut generated, mut drafted, mut accepted) = (0, 0, 0, 0);
+        let (mut ttft, mut decode) = (Duration::ZERO, Duration::ZERO);
+        for s in summaries {
+            cached = cached.max(s.n_cached);
+            generated += s.n_generated;
+            drafted += s.n_drafted;
+            accepted += s.n_draft_accepted;
+            ttft = ttft.max(s.time_to_first_token);
+            decode = decode.max(s.decode_time);
+        }
+        let prompt_n = self.job.prompt.len().saturating_sub(cached);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let per = |n: usize, d: Duration| if n > 0 { ms(d) / n as f64 } else { 0.0 };
+        let rate = |n: usize, d: Duration| {
+            if d > Duration::ZERO {
+                n as f64 / d.as_secs_f64()
+            } else {
+                0.0
+            }
+        };
+        let mut t = json!({
+            "prompt_n": prompt_n,
+            "prompt_ms": ms(ttft),
+            "prompt_per_token_ms": per(prompt_n, ttft),
+            "prompt_per_second": rate(prompt_n, ttft),
+            "predicted_n": generated,
+            "predicted_ms": ms(decode),
+            "predicted_per_token_ms": per(generated, decode),
+            "predicted_per_second": rate(generated, decode),
+        });
+        if self.st.sched.speculative().is_some() {
+            t["draft_n"] = json!(drafted);
+            t["draft_n_accepted"] = json!(accepted);
+        }
+        t
+    }
+
+    /// With `-v`: one line on stderr for the finished request.
+    fn log_done(&self, choices: &[Choice]) {
+        if !self.st.opts.verbose {
+            return;
+        }
+        let t = self.timings(choices.iter().filter_map(|c| c.summary.as_ref()));
+        let n = |k: &str| t[k].as_u64().unwrap_or(0);
+        let f = |k: &str| t[k].as_f64().unwrap_or(0.0);
+        let mut line = format!(
+            "ferrox: {}: prompt {} tokens ({} evaluated) in {:.1} ms; {} tokens generated in {:.1} ms ({:.2} t/s)",
+            self.id,
+            self.job.prompt.len(),
+            n("prompt_n"),
+            f("prompt_ms"),
+            n("predicted_n"),
+            f("predicted_ms"),
+            f("predicted_per_second"),
+        );
+        if t.get("draft_n").is_some() {
+            let (d, a) = (n("draft_n"), n("draft_n_accepted"));
+            let pct = if d > 0 { 100.0 * a as f64 / d as f64 } else { 0.0 };
+            line.push_str(&format!("; speculative: {d} drafted, {a} accepted ({pct:.1}%)"));
+        }
+        eprintln!("{line}");
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.job.api, chunk) {
             (Api::Chat, false) => "chat.completion",
@@ -975,6 +1078,7 @@ async fn whole_response(out: Output, mut rx: mpsc::UnboundedReceiver<Tagged>) ->
             }
         })
         .collect();
+    out.log_done(&choices);
     Json(json!({
         "id": out.id,
         "object": out.object(false),
@@ -983,6 +1087,7 @@ async fn whole_response(out: Output, mut rx: mpsc::UnboundedReceiver<Tagged>) ->
         "system_fingerprint": "ferrox",
         "choices": body_choices,
         "usage": out.usage(&choices),
+        "timings": out.timings(choices.iter().filter_map(|c| c.summary.as_ref())),
     }))
     .into_response()
 }
@@ -998,6 +1103,10 @@ struct StreamState {
 
 impl StreamState {
     fn chunk(&self, choices: Vec<Value>) -> String {
+        self.chunk_value(choices).to_string()
+    }
+
+    fn chunk_value(&self, choices: Vec<Value>) -> Value {
         json!({
             "id": self.out.id,
             "object": self.out.object(true),
@@ -1006,7 +1115,6 @@ impl StreamState {
             "system_fingerprint": "ferrox",
             "choices": choices,
         })
-        .to_string()
     }
 
     fn text_choice(
@@ -1077,8 +1185,10 @@ impl StreamState {
                     self.queued.push_back(line);
                 }
                 let c = self.text_choice(i, "", None, Some(finish_reason(&s)));
-                let line = self.chunk(vec![c]);
-                self.queued.push_back(line);
+                // The choice's last chunk carries its timings, as llama-server's does.
+                let mut line = self.chunk_value(vec![c]);
+                line["timings"] = self.out.timings(std::iter::once(&s));
+                self.queued.push_back(line.to_string());
                 self.choices[i].summary = Some(s);
             }
             SeqEvent::Failed(e) => {
@@ -1091,6 +1201,7 @@ impl StreamState {
     }
 
     fn finish(&mut self) {
+        self.out.log_done(&self.choices);
         if self.out.job.v.include_usage {
             let mut c = json!({
                 "id": self.out.id,

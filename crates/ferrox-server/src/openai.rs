@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use ferrox_core::sampling::{SamplingParams, MAX_TOP_LOGPROBS};
+use ferrox_core::speculative::{DraftParams, MAX_DRAFT};
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -126,6 +127,13 @@ pub struct Common {
     pub logit_bias: Option<BTreeMap<String, f64>>,
     /// Keep going past end-of-generation tokens (llama-server extension).
     pub ignore_eos: Option<bool>,
+    /// Most drafted tokens per step (llama-server's `speculative.n_max`;
+    /// 0: this request decodes plainly).
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Option<i64>,
+    /// Fewer drafts than this are not verified (llama-server's `speculative.n_min`).
+    #[serde(rename = "speculative.n_min")]
+    pub speculative_n_min: Option<i64>,
     /// Free-form end-user id (accepted, unused).
     pub user: Option<String>,
 }
@@ -374,6 +382,47 @@ pub fn validate_sampling(
             .unwrap_or(false),
         ignore_eos: c.ignore_eos.unwrap_or(false),
     })
+}
+
+/// A request's draft sizes over the server's `defaults` (`None` when the
+/// request names none, or the server does not speculate: the fields are
+/// then checked and otherwise ignored, as llama-server ignores them).
+pub fn validate_draft(
+    c: &Common,
+    defaults: Option<DraftParams>,
+) -> Result<Option<DraftParams>, ApiError> {
+    let field = |name: &str, v: Option<i64>| match v {
+        None => Ok(None),
+        Some(n) if (0..=MAX_DRAFT as i64).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => Err(ApiError::out_of_range(
+            name,
+            n,
+            &format!("0..={MAX_DRAFT} (a verify pass stays below the CPU GEMM's batch)"),
+        )),
+    };
+    let max = field("speculative.n_max", c.speculative_n_max)?;
+    let min = field("speculative.n_min", c.speculative_n_min)?;
+    if max.is_none() && min.is_none() {
+        return Ok(None);
+    }
+    let base = defaults.unwrap_or(DraftParams {
+        max: MAX_DRAFT,
+        min: 0,
+    });
+    let max = max.unwrap_or(base.max);
+    // The server's fewest, where the request lowers the most below it, follows.
+    let p = DraftParams {
+        max,
+        min: min.unwrap_or(base.min.min(max)),
+    };
+    if p.min > p.max {
+        return Err(ApiError::out_of_range(
+            "speculative.n_min",
+            p.min,
+            &format!("0..=speculative.n_max ({})", p.max),
+        ));
+    }
+    Ok(defaults.map(|_| p))
 }
 
 /// The text of a message's content.

@@ -16,21 +16,26 @@ use ferrox_core::chat_template::{ChatMessage, ChatTemplate};
 use ferrox_core::generate::{GenerateOptions, Session};
 use ferrox_core::model::Model;
 use ferrox_core::sampling::SamplingParams;
-use ferrox_core::scheduler::{Scheduler, SchedulerConfig};
+use ferrox_core::scheduler::{Scheduler, SchedulerConfig, SpecConfig, SpecDrafter};
+use ferrox_core::speculative::DraftParams;
 use ferrox_core::tokenizer::Tokenizer;
 use ferrox_server::{AppState, ServerOptions};
 use serde_json::{json, Value};
 
 fn tiny_path() -> PathBuf {
+    tiny_seeded_path(11)
+}
+
+fn tiny_seeded_path(seed: u64) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let path = dir.join(format!("serve-tiny-{}.gguf", std::process::id()));
+    let path = dir.join(format!("serve-tiny-{}-{seed}.gguf", std::process::id()));
     if !path.exists() {
         let tmp = dir.join(format!(
-            "serve-tiny-{}-{:?}.tmp",
+            "serve-tiny-{}-{seed}-{:?}.tmp",
             std::process::id(),
             std::thread::current().id()
         ));
-        ferrox_core::testing::tiny_arch_model(Arch::Gemma3, 11)
+        ferrox_core::testing::tiny_arch_model(Arch::Gemma3, seed)
             .unwrap()
             .write_to(&tmp)
             .unwrap();
@@ -51,15 +56,37 @@ impl TestServer {
     }
 
     fn start_with_grace(cfg: SchedulerConfig, api_key: Option<&str>, grace: Duration) -> TestServer {
+        TestServer::start_full(cfg, api_key, grace, None)
+    }
+
+    /// A server whose engine drafts with the tiny model of `draft_seed`
+    /// (the target's own weights at 11), up to `max` tokens a step.
+    fn start_speculative(cfg: SchedulerConfig, draft_seed: u64, max: usize) -> TestServer {
+        let draft = Model::open(tiny_seeded_path(draft_seed), Cpu::new(2)).unwrap();
+        let spec = SpecConfig {
+            drafter: SpecDrafter::Model { model: Box::new(draft), p_min: 0.0 },
+            params: DraftParams { max, min: 0 },
+        };
+        TestServer::start_full(cfg, None, Duration::from_secs(5), Some(spec))
+    }
+
+    fn start_full(
+        cfg: SchedulerConfig,
+        api_key: Option<&str>,
+        grace: Duration,
+        spec: Option<SpecConfig<Cpu>>,
+    ) -> TestServer {
         let model = Model::open(tiny_path(), Cpu::new(2)).unwrap();
         let tok = Arc::new(Tokenizer::from_gguf(model.file().metadata_file()).unwrap());
         let template =
             ChatTemplate::from_gguf(model.file().metadata_file()).map_err(|e| e.to_string());
-        let (sched, engine) = Scheduler::start(model, Arc::clone(&tok), cfg).unwrap();
+        let (sched, engine) =
+            Scheduler::start_speculative(model, Arc::clone(&tok), cfg, spec).unwrap();
         let opts = ServerOptions {
             model_name: "tiny".into(),
             api_key: api_key.map(String::from),
             shutdown_grace: grace,
+            verbose: true,
         };
         let state = AppState::new(sched, tok, template, opts);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -727,4 +754,128 @@ fn a_type_error_names_the_field_in_json_words() {
             assert!(!msg.contains(internal), "{body}: serde's words in {msg:?}");
         }
     }
+}
+
+/// A metric's value in a `/metrics` body.
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in {body}"))
+        .parse()
+        .unwrap()
+}
+
+/// Completions of several prompts of different lengths, sent together.
+fn concurrent_completions(addr: SocketAddr, extra: &Value) -> Vec<Value> {
+    let prompts = [("the quick brown fox", 24), ("hello", 9), ("one two three four five six", 17)];
+    let threads: Vec<_> = prompts
+        .iter()
+        .map(|&(p, max)| {
+            let mut body = json!({"prompt": p, "max_tokens": max, "temperature": 0, "ignore_eos": true});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            std::thread::spawn(move || {
+                let r = post(addr, "/v1/completions", &body);
+                assert_eq!(r.status, 200, "{}", r.body);
+                r.json()
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Greedy text is the same with and without a draft model, for requests
+/// decoding together: a draft of other weights (mostly rejected) and the
+/// target's own (always kept); the response's `timings` report the drafts
+/// only where the server speculates.
+#[test]
+fn greedy_text_is_identical_with_and_without_a_draft_model() {
+    let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    let small = SchedulerConfig { n_slots: 3, n_ctx: 256, n_batch: 7, queue_capacity: 8 };
+    let plain = TestServer::start(small, None);
+    let want = concurrent_completions(plain.addr, &json!({}));
+    for v in &want {
+        assert!(v["timings"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
+        assert!(v["timings"].get("draft_n").is_none(), "a plain server reports no drafts: {v}");
+    }
+    for (seed, all_kept) in [(12, false), (11, true)] {
+        let srv = TestServer::start_speculative(small, seed, 4);
+        let got = concurrent_completions(srv.addr, &json!({}));
+        let mut drafted = 0;
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(text(g), text(w), "draft seed {seed}");
+            let (d, a) = (g["timings"]["draft_n"].as_u64().unwrap(), g["timings"]["draft_n_accepted"].as_u64().unwrap());
+            assert!(a <= d);
+            if all_kept {
+                assert_eq!(a, d, "the target drafting for itself is always right");
+            }
+            drafted += d;
+        }
+        assert!(drafted > 0, "draft seed {seed}: nothing was drafted");
+    }
+}
+
+/// The draft counters on `/metrics` move with what the requests report,
+/// and the acceptance ratio is theirs; a request with `speculative.n_max`
+/// 0 drafts nothing.
+#[test]
+fn metrics_count_drafted_and_accepted_tokens() {
+    let srv = TestServer::start_speculative(cfg(2, 8), 11, 3);
+    let before = get(srv.addr, "/metrics", &[]).body;
+    assert_eq!(metric(&before, "ferrox_draft_tokens_total"), 0.0);
+    let mut body = greedy_chat(12);
+    let v = post(srv.addr, "/v1/chat/completions", &body).json();
+    let (d, a) = (v["timings"]["draft_n"].as_u64().unwrap(), v["timings"]["draft_n_accepted"].as_u64().unwrap());
+    assert!(d > 0 && a > 0, "{v}");
+    body["speculative.n_max"] = json!(0);
+    let off = post(srv.addr, "/v1/chat/completions", &body).json();
+    assert_eq!(off["timings"]["draft_n"], 0, "{off}");
+    assert_eq!(off["choices"][0]["message"]["content"], v["choices"][0]["message"]["content"]);
+    let m = get(srv.addr, "/metrics", &[]).body;
+    assert_eq!(metric(&m, "ferrox_draft_tokens_total"), d as f64);
+    assert_eq!(metric(&m, "ferrox_draft_tokens_accepted_total"), a as f64);
+    assert!((metric(&m, "ferrox_draft_acceptance_ratio") - a as f64 / d as f64).abs() < 1e-9);
+}
+
+/// JSON mode under speculation still gives JSON that follows the schema.
+#[test]
+fn json_schema_output_under_speculation_parses() {
+    let srv = TestServer::start_speculative(cfg(2, 8), 11, 4);
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}}, "required": ["color", "ok"]});
+    for (seed, temperature) in [(0, 0.0), (1, 1.0), (2, 1.0)] {
+        let body = json!({"messages": [{"role": "user", "content": "json please"}], "temperature": temperature, "seed": seed, "max_tokens": 300,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{content}");
+        let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+        assert!(out["color"] == "red" || out["color"] == "green", "{content}");
+        assert!(out["ok"].is_boolean(), "{content}");
+        assert!(v["timings"]["draft_n"].as_u64().unwrap() > 0, "{v}");
+    }
+}
+
+/// Bad `speculative.n_max` / `speculative.n_min` are 400s naming the field.
+#[test]
+fn bad_draft_sizes_are_400s_naming_the_field() {
+    let srv = TestServer::start_speculative(cfg(1, 4), 11, 3);
+    for (field, value, param) in [
+        ("speculative.n_max", json!(7), "speculative.n_max"),
+        ("speculative.n_max", json!(-1), "speculative.n_max"),
+        ("speculative.n_max", json!("four"), "speculative.n_max"),
+        ("speculative.n_min", json!(4), "speculative.n_min"),
+    ] {
+        let mut body = greedy_chat(4);
+        body[field] = value.clone();
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{field} = {value}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["param"], param, "{field} = {value}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+    let mut ok = greedy_chat(4);
+    ok["speculative.n_max"] = json!(2);
+    ok["speculative.n_min"] = json!(1);
+    assert_eq!(post(srv.addr, "/v1/chat/completions", &ok).status, 200);
 }

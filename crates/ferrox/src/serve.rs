@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use ferrox_core::backend::DeviceBackend;
 use ferrox_core::chat_template::ChatTemplate;
 use ferrox_core::model::Model;
-use ferrox_core::scheduler::{Scheduler, SchedulerConfig};
+use ferrox_core::scheduler::{Scheduler, SchedulerConfig, SpecConfig, SpecDrafter};
 use ferrox_core::tokenizer::Tokenizer;
 use ferrox_server::{AppState, ServerOptions};
 
@@ -55,8 +55,16 @@ pub struct Args {
     /// Seconds running requests may finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10)]
     shutdown_grace: u64,
+    /// One line on stderr per finished request: tokens, times, and with
+    /// speculative decoding the tokens drafted and accepted.
+    #[arg(long, short = 'v')]
+    verbose: bool,
     #[command(flatten)]
     llama: crate::compat::LlamaFlags,
+    /// Speculative decoding for every request (a request's
+    /// `speculative.n_max` / `speculative.n_min` override the sizes).
+    #[command(flatten)]
+    spec: crate::speculative::SpecArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -123,6 +131,22 @@ fn serve<B: DeviceBackend + 'static>(
         path.file_name()
             .map_or("model".into(), |f| f.to_string_lossy().into_owned())
     });
+    // The draft is loaded and its vocabulary checked before the engine starts.
+    let spec = match crate::speculative::load::<B>(&a.spec, &a.backend, (&tok, model.n_vocab()), false)? {
+        None => None,
+        Some(crate::speculative::LoadedDraft::Model(m)) => Some(SpecConfig {
+            drafter: SpecDrafter::Model { model: m, p_min: a.spec.draft_p_min },
+            params: a.spec.params()?,
+        }),
+        Some(crate::speculative::LoadedDraft::Lookup(l)) => Some(SpecConfig { drafter: SpecDrafter::Lookup(l), params: a.spec.params()? }),
+    };
+    let spec_line = spec.as_ref().map(|s| {
+        let what = match &s.drafter {
+            SpecDrafter::Model { .. } => format!("draft model {}", a.spec.model_draft.as_ref().map_or(String::new(), |p| p.display().to_string())),
+            SpecDrafter::Lookup(_) => "prompt lookup".to_string(),
+        };
+        format!(", speculative: {what}, {}..={} drafts", s.params.min, s.params.max)
+    });
     let tok = Arc::new(tok);
     let cfg = SchedulerConfig {
         n_slots: a.parallel,
@@ -130,12 +154,13 @@ fn serve<B: DeviceBackend + 'static>(
         n_batch: a.batch_size,
         queue_capacity: a.queue,
     };
-    let (sched, engine) =
-        Scheduler::start(model, Arc::clone(&tok), cfg).context("cannot start the engine")?;
+    let (sched, engine) = Scheduler::start_speculative(model, Arc::clone(&tok), cfg, spec)
+        .context("cannot start the engine")?;
     let opts = ServerOptions {
         model_name: name,
         api_key: a.api_key,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        verbose: a.verbose,
     };
     let state = AppState::new(sched, tok, template, opts);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -148,13 +173,14 @@ fn serve<B: DeviceBackend + 'static>(
         listener.set_nonblocking(true).context("cannot listen")?;
         let listener = tokio::net::TcpListener::from_std(listener).context("cannot listen")?;
         eprintln!(
-            "ferrox: serving on http://{} ({} slots x {n_ctx} positions per slot, batch {}, queue {})",
+            "ferrox: serving on http://{} ({} slots x {n_ctx} positions per slot, batch {}, queue {}{})",
             listener
                 .local_addr()
                 .map_or(addr.clone(), |a| a.to_string()),
             cfg.n_slots,
             cfg.n_batch,
-            cfg.queue_capacity
+            cfg.queue_capacity,
+            spec_line.as_deref().unwrap_or("")
         );
         ferrox_server::serve(listener, state, ferrox_server::termination_signal())
             .await

@@ -1,4 +1,4 @@
-//! Speculative decoding flags (`run`, `bench`): a draft model
+//! Speculative decoding flags (`run`, `bench`, `serve`): a draft model
 //! (llama.cpp's `-md`/`--model-draft`, `--draft-max`, `--draft-min`,
 //! `--draft-p-min`) or prompt lookup (`--lookup`), and the drafter they make.
 

@@ -394,3 +394,30 @@ fn a_load_on_a_terminal_draws_a_progress_bar() {
     assert!(all.contains("ferrox: loading opt-llama.gguf ") && all.contains(" B/"), "no bar drawn: {all:?}");
     assert!(all.contains("ferrox: loading ") && all.contains(" ... tiny random model"), "the plain line after the bar: {all:?}");
 }
+
+/// `serve -md` drafts with a model of the target's vocabulary (its startup
+/// line says so, and `--lookup` likewise), and refuses, before serving, a
+/// draft whose vocabulary differs (one token's text changed).
+#[test]
+fn serve_takes_a_draft_model_and_refuses_one_of_another_vocabulary() {
+    let model = tiny(Arch::Llama, "opt-serve.gguf");
+    let m = model.to_str().unwrap();
+    let draft = tiny(Arch::Gemma3, "opt-serve-draft.gguf");
+    let d = draft.to_str().unwrap();
+    let e = serve_startup(&[m, "-md", d, "--draft-max", "3"]);
+    assert!(e.contains("serving on") && e.contains("speculative: draft model") && e.contains("0..=3 drafts"), "{e}");
+    let e = serve_startup(&[m, "--lookup"]);
+    assert!(e.contains("speculative: prompt lookup"), "{e}");
+    let mut bytes = std::fs::read(&draft).unwrap();
+    let word = "\u{2581}which".as_bytes();
+    let at = bytes.windows(word.len()).position(|w| w == word).unwrap();
+    bytes[at + word.len() - 1] = b'k';
+    let other = scratch("opt-serve-draft-other.gguf");
+    std::fs::write(&other, bytes).unwrap();
+    // Through serve_startup, so a server that wrongly starts fails the test
+    // instead of serving forever.
+    let e = serve_startup(&[m, "-md", other.to_str().unwrap()]);
+    assert!(!e.contains("serving on") && e.contains("error") && e.contains("speculative decoding needs one tokenizer"), "{e}");
+    let e = serve_startup(&[m, "-md", d, "--draft-max", "7"]);
+    assert!(!e.contains("serving on") && e.contains("--draft-max 7 is outside"), "{e}");
+}
