@@ -357,13 +357,8 @@ impl Scheduler {
         cfg: SchedulerConfig,
         spec: Option<SpecConfig<B>>,
     ) -> Result<(Scheduler, JoinHandle<()>), SchedulerError> {
-        if let Some(p) = spec.as_ref().map(|s| s.params) {
-            if p.max > MAX_DRAFT || p.min > p.max {
-                return Err(SchedulerError::Config(format!(
-                    "draft sizes: at most {} drafts (allowed 0..={MAX_DRAFT}) and at least {} (allowed 0..=max)",
-                    p.max, p.min
-                )));
-            }
+        if let Some(p) = spec.as_ref().map(|s| s.params).filter(|p| !p.is_valid()) {
+            return Err(SchedulerError::Config(SubmitError::Draft { max: p.max, min: p.min }.to_string()));
         }
         if cfg.n_slots == 0 || cfg.n_ctx < 2 || cfg.n_batch == 0 {
             return Err(SchedulerError::Config(format!(
@@ -464,10 +459,8 @@ impl Scheduler {
                     n_vocab: self.shared.n_vocab,
                 });
             }
-            if let Some(p) = req.draft {
-                if p.max > MAX_DRAFT || p.min > p.max {
-                    return Err(SubmitError::Draft { max: p.max, min: p.min });
-                }
+            if let Some(p) = req.draft.filter(|p| !p.is_valid()) {
+                return Err(SubmitError::Draft { max: p.max, min: p.min });
             }
             let sampler = Sampler::new(req.sampling.clone(), self.shared.n_vocab)?;
             prepared.push(Queued {

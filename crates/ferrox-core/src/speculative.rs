@@ -59,6 +59,14 @@ pub struct DraftParams {
     pub min: usize,
 }
 
+impl DraftParams {
+    /// Whether the sizes can be served: at most [`MAX_DRAFT`] drafts, and
+    /// a fewest no larger than the most.
+    pub fn is_valid(&self) -> bool {
+        self.max <= MAX_DRAFT && self.min <= self.max
+    }
+}
+
 /// A drafter and how much to draft, for one generation.
 pub struct Speculation<'d> {
     /// The drafter.
