@@ -278,6 +278,7 @@ struct QueueState {
 struct Shared {
     cfg: SchedulerConfig,
     n_vocab: usize,
+    n_embd: usize,
     queue: Mutex<QueueState>,
     wake: Condvar,
     stats: SchedulerStats,
@@ -317,6 +318,7 @@ impl Scheduler {
         let shared = Arc::new(Shared {
             cfg,
             n_vocab: model.n_vocab(),
+            n_embd: model.config().n_embd,
             queue: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 draining: false,
@@ -335,6 +337,11 @@ impl Scheduler {
     /// The configuration in use.
     pub fn config(&self) -> SchedulerConfig {
         self.shared.cfg
+    }
+
+    /// The width of an embedding (the model's hidden size).
+    pub fn n_embd(&self) -> usize {
+        self.shared.n_embd
     }
 
     /// The engine's counters.
