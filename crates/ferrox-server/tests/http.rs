@@ -820,7 +820,6 @@ fn openai_embeddings_are_the_pooled_hidden_states_normalized() {
         let one = post(srv.addr, "/v1/embeddings", &json!({"input": texts[1]})).json();
         let ids = post(srv.addr, "/v1/embeddings", &json!({"input": encode(texts[1], true)})).json();
         let b64 = post(srv.addr, "/v1/embeddings", &json!({"input": [texts[1]], "encoding_format": "base64"})).json();
-        assert_eq!(b64["data"][0]["encoding_format"], Value::Null, "OpenAI's shape has no such field");
         let f = floats(&one["data"][0]["embedding"]);
         let bytes = {
             use base64::Engine as _;
