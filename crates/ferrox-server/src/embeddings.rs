@@ -87,8 +87,18 @@ async fn respond(st: &Arc<AppState>, headers: &HeaderMap, body: &Bytes, shape: S
         return Err(ApiError::out_of_range("dimensions", d, &format!("{n_embd} (this model's width; it cannot be changed)")));
     }
     let inputs = tokenize_inputs(st, input, param)?;
-    let vectors = run(st, &inputs, pooling).await?;
+    // One vector per token: the answer grows with the tokens, so a request
+    // holds at most one slot's worth.
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
+    let n_ctx = st.sched.config().n_ctx;
+    if pooling == Pooling::None && n_tokens > n_ctx {
+        return Err(ApiError::invalid(
+            Some(param.to_string()),
+            format!("with pooling none (one vector per token) a request's inputs may hold at most {n_ctx} tokens together; these hold {n_tokens}"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let vectors = run(st, &inputs, pooling).await?;
     match shape {
         Shape::OpenAi => {
             let data: Vec<Value> = vectors
@@ -144,11 +154,11 @@ fn tokenize_inputs(st: &AppState, input: EmbedInput, param: &str) -> Result<Vec<
         _ => Ok(()),
     };
     let (lists, single) = match input {
-        EmbedInput::Text(t) => (vec![encode(&t, param.to_string())?], true),
+        EmbedInput::Text(t) => (vec![encode(t.as_str(), param.to_string())?], true),
         EmbedInput::Tokens(ids) => (vec![ids], true),
         EmbedInput::Texts(ts) => {
             many(ts.len())?;
-            let lists = ts.iter().enumerate().map(|(i, t)| encode(t, format!("{param}[{i}]"))).collect::<Result<_, _>>()?;
+            let lists = ts.iter().enumerate().map(|(i, t)| encode(t.as_str(), format!("{param}[{i}]"))).collect::<Result<_, _>>()?;
             (lists, false)
         }
         EmbedInput::TokenLists(ls) => {

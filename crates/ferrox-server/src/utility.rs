@@ -40,12 +40,12 @@ pub(crate) async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap
         let n_vocab = st.tok.n_vocab();
         let ids = match req.content {
             None => Vec::new(),
-            Some(TokenizeContent::Text(t)) => encode(&t, add_special, "content".into())?,
+            Some(TokenizeContent::Text(t)) => encode(t.as_str(), add_special, "content".into())?,
             Some(TokenizeContent::Mixed(items)) => {
                 let mut ids = Vec::new();
                 for (i, item) in items.iter().enumerate() {
                     match item {
-                        TextOrToken::Text(t) => ids.extend(encode(t, add_special && i == 0, format!("content[{i}]"))?),
+                        TextOrToken::Text(t) => ids.extend(encode(t.as_str(), add_special && i == 0, format!("content[{i}]"))?),
                         TextOrToken::Token(id) if (*id as usize) < n_vocab => ids.push(*id),
                         TextOrToken::Token(id) => {
                             return Err(ApiError::out_of_range(&format!("content[{i}]"), id, &format!("a token id below {n_vocab}")))
