@@ -889,6 +889,10 @@ fn embeddings_need_the_flag_and_pooling_none_gives_a_vector_per_token() {
     last.iter_mut().for_each(|x| *x /= norm);
     let want = embedding_alone(&ids, Pooling::Last);
     assert!(last.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5));
+    // The answer grows with the tokens: at most one slot's worth (256) per request.
+    let r = post(srv.addr, "/embeddings", &json!({"content": vec!["one two three four"; 60]}));
+    assert_eq!(r.status, 400, "{}", &r.body[..r.body.len().min(300)]);
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
 }
 
 #[test]
