@@ -77,7 +77,7 @@ async fn respond(st: &Arc<AppState>, headers: &HeaderMap, body: &Bytes, shape: S
             return Err(ApiError::invalid(Some("content".into()), "`content` (or `input`) is required"))
         }
     };
-    let base64 = match req.encoding_format.as_deref() {
+    let as_base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
         Some(other) => return Err(ApiError::out_of_range("encoding_format", format!("{other:?}"), "\"float\" or \"base64\"")),
@@ -106,7 +106,7 @@ async fn respond(st: &Arc<AppState>, headers: &HeaderMap, body: &Bytes, shape: S
                 .enumerate()
                 .map(|(i, mut v)| {
                     l2_normalize(&mut v);
-                    let embedding = match base64 {
+                    let embedding = match as_base64 {
                         true => {
                             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                             json!(base64::engine::general_purpose::STANDARD.encode(bytes))
