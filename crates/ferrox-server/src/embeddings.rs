@@ -111,7 +111,7 @@ async fn respond(st: &Arc<AppState>, headers: &HeaderMap, body: &Bytes, shape: S
                             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                             json!(base64::engine::general_purpose::STANDARD.encode(bytes))
                         }
-                        false => json!(v),
+                        false => floats(&v),
                     };
                     json!({"object": "embedding", "index": i, "embedding": embedding})
                 })
@@ -128,11 +128,11 @@ async fn respond(st: &Arc<AppState>, headers: &HeaderMap, body: &Bytes, shape: S
                 .into_iter()
                 .enumerate()
                 .map(|(i, mut v)| {
-                    let rows: Vec<Vec<f32>> = match pooling {
-                        Pooling::None => v.chunks_exact(n_embd.max(1)).map(<[f32]>::to_vec).collect(),
+                    let rows: Vec<Value> = match pooling {
+                        Pooling::None => v.chunks_exact(n_embd.max(1)).map(floats).collect(),
                         Pooling::Mean | Pooling::Cls | Pooling::Last => {
                             l2_normalize(&mut v);
-                            vec![v]
+                            vec![floats(&v)]
                         }
                     };
                     json!({"index": i, "embedding": rows})
@@ -141,6 +141,13 @@ async fn respond(st: &Arc<AppState>, headers: &HeaderMap, body: &Bytes, shape: S
             Ok(Value::Array(data))
         }
     }
+}
+
+/// A JSON array of `f32` values, each written in the fewest digits that
+/// read back as that `f32` (a JSON number is an `f64`: written as one, an
+/// `f32` takes 17 digits instead of ~9).
+fn floats(v: &[f32]) -> Value {
+    Value::Array(v.iter().map(|x| json!(x.to_string().parse::<f64>().unwrap_or(f64::NAN))).collect())
 }
 
 /// The inputs as token lists, each checked against the engine's limits.
