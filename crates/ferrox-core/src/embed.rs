@@ -110,6 +110,28 @@ mod tests {
         assert_eq!(z, vec![0.0; 4]);
     }
 
+    /// `<arch>.pooling_type` in llama.cpp's numbering; absent, `none`
+    /// (llama.cpp's default for a generative model); a reranker's `rank`
+    /// is refused by name.
+    #[test]
+    fn the_models_pooling_is_read_from_its_metadata() {
+        use ferrox_gguf::{GgufFile, Value};
+        let with = |v: Option<u32>| {
+            let mut w = crate::testing::tiny_arch_model(crate::arch::Arch::Gemma3, 3).unwrap();
+            if let Some(v) = v {
+                w.set("gemma3.pooling_type", Value::U32(v)).unwrap();
+            }
+            let f = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+            Pooling::from_gguf(&f, "gemma3")
+        };
+        assert_eq!(with(None), Ok(Pooling::None));
+        assert_eq!(with(Some(1)), Ok(Pooling::Mean));
+        assert_eq!(with(Some(2)), Ok(Pooling::Cls));
+        assert_eq!(with(Some(3)), Ok(Pooling::Last));
+        assert!(with(Some(4)).unwrap_err().contains("rank"));
+        assert!(with(Some(9)).is_err());
+    }
+
     #[test]
     fn cls_reads_the_first_token_and_last_the_last() {
         let read = |p: Pooling| (0..4).filter(|&i| p.reads(i, 4)).collect::<Vec<_>>();
