@@ -813,6 +813,11 @@ fn openai_embeddings_are_the_pooled_hidden_states_normalized() {
             assert_eq!(d["object"], "embedding");
             assert_eq!(d["index"], i);
             let got = floats(&d["embedding"]);
+            // Each value written in the f32's fewest digits, not the f64's 17.
+            for x in d["embedding"].as_array().unwrap() {
+                let f = x.as_f64().unwrap();
+                assert_eq!(f, (f as f32).to_string().parse::<f64>().unwrap(), "{x} is not an f32's shortest form");
+            }
             let ids = encode(text, true);
             n_tokens += ids.len();
             let want = embedding_alone(&ids, pooling);
