@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod chat_template;
+pub mod embed;
 pub mod ftype;
 pub mod requantize;
 pub mod sampling;

@@ -35,6 +35,15 @@
 //! and a constraint (JSON mode) masks every row as it masks a plain one.
 //! Rolling back is free: rows of rejected drafts lie past the slot's
 //! history and the next pass overwrites them (target and draft caches alike).
+//!
+//! An embedding request ([`SeqRequest::embed`]) is a sequence that only
+//! prefills: it queues, takes a slot and is chunked within the same `n_batch`
+//! budget as any prompt, but its chunks go through a second forward pass of
+//! the step that returns the normed hidden states
+//! ([`Model::forward_hidden`]) instead of logits — the vocabulary-wide head
+//! would cost more than the rest of the model on a small one, and a mixed
+//! pass would run it for every pooled row. Pooled as its
+//! [`Pooling`] says, the vector goes out as [`SeqEvent::Embedding`].
 
 use crate::generate::held_back;
 use std::collections::VecDeque;
@@ -44,6 +53,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Batch, DeviceBackend};
+use crate::embed::Pooling;
 use crate::generate::{FinishReason, GeneratedToken};
 use crate::model::{Context, Model, ModelError};
 use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
@@ -128,7 +138,8 @@ pub enum SubmitError {
     /// An empty prompt.
     #[error("the prompt is empty")]
     EmptyPrompt,
-    /// The prompt leaves no room in a slot for even one generated token.
+    /// The prompt leaves no room in a slot for even one generated token (an
+    /// embedding's input: does not fit a slot).
     #[error("the prompt is {n_prompt} tokens, but a sequence holds at most {n_ctx} tokens (prompt and completion); shorten the prompt")]
     PromptTooLong {
         /// Prompt tokens.
@@ -182,6 +193,10 @@ pub enum SeqEvent {
     },
     /// A generated token with the text it released.
     Token(GeneratedToken),
+    /// An embedding request's vector, pooled but not normalized (with
+    /// [`Pooling::None`], one `n_embd` row per prompt token, in order);
+    /// `Done` follows.
+    Embedding(Vec<f32>),
     /// The sequence ended.
     Done(SeqSummary),
     /// The engine failed on this sequence (a backend error).
@@ -238,6 +253,11 @@ pub struct SeqRequest {
     /// Draft sizes for this sequence (`None`: the engine's; `max` 0: no
     /// speculation). Ignored by an engine started without a drafter.
     pub draft: Option<DraftParams>,
+    /// An embedding instead of a completion: the prompt is evaluated (it
+    /// may fill the slot), nothing is generated, and the final hidden
+    /// states pooled this way come back as [`SeqEvent::Embedding`]. The
+    /// generation fields are ignored.
+    pub embed: Option<Pooling>,
     /// Where the events go.
     pub sink: Box<dyn EventSink>,
 }
@@ -319,6 +339,7 @@ struct Shared {
     n_vocab: usize,
     /// Default draft sizes, when the engine speculates.
     spec: Option<DraftParams>,
+    n_embd: usize,
     queue: Mutex<QueueState>,
     wake: Condvar,
     stats: SchedulerStats,
@@ -389,6 +410,7 @@ impl Scheduler {
             cfg,
             n_vocab: model.n_vocab(),
             spec: spec.as_ref().map(|s| s.params),
+            n_embd: model.config().n_embd,
             queue: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 draining: false,
@@ -423,6 +445,11 @@ impl Scheduler {
         self.shared.spec
     }
 
+    /// The width of an embedding (the model's hidden size).
+    pub fn n_embd(&self) -> usize {
+        self.shared.n_embd
+    }
+
     /// The engine's counters.
     pub fn stats(&self) -> &SchedulerStats {
         &self.shared.stats
@@ -441,7 +468,9 @@ impl Scheduler {
             if req.prompt.is_empty() {
                 return Err(SubmitError::EmptyPrompt);
             }
-            if req.prompt.len() >= cfg.n_ctx {
+            // A completion needs room for one generated token; an embedding does not.
+            let room = usize::from(req.embed.is_none());
+            if req.prompt.len() + room > cfg.n_ctx {
                 return Err(SubmitError::PromptTooLong {
                     n_prompt: req.prompt.len(),
                     n_ctx: cfg.n_ctx,
@@ -536,6 +565,17 @@ struct Active<'t> {
     /// Drafts verified, and kept.
     n_drafted: usize,
     n_draft_accepted: usize,
+    /// An embedding's hidden states read so far.
+    embed: Option<EmbedAcc>,
+}
+
+/// What an embedding sequence has read of its hidden states.
+struct EmbedAcc {
+    pooling: Pooling,
+    /// The rows read (none, cls, last).
+    rows: Vec<f32>,
+    /// Their sum, for the mean.
+    sum: Vec<f64>,
 }
 
 /// What one logits row gave a sequence ([`Engine::step`]).
@@ -707,7 +747,13 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 return;
             };
             let prompt = &item.req.prompt;
-            let lcp = |h: &[u32]| h.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+            // Pooling other than the last token's needs the hidden state of
+            // every token the pooling reads from the start, which no cache holds.
+            let reuse = matches!(item.req.embed, None | Some(Pooling::Last));
+            let lcp = |h: &[u32]| match reuse {
+                true => h.iter().zip(prompt).take_while(|(a, b)| a == b).count(),
+                false => 0,
+            };
             // Ties go to the shortest history, leaving long cached ones for
             // requests that may share them.
             let best = free
@@ -724,6 +770,14 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             let common = lcp(&slot.history);
             // The last prompt token is always evaluated: its logits are needed.
             let start = common.min(prompt.len() - 1);
+            let embed = item.req.embed.map(|pooling| EmbedAcc {
+                pooling,
+                rows: Vec::new(),
+                sum: match pooling {
+                    Pooling::Mean => vec![0.0; self.model.config().n_embd],
+                    _ => Vec::new(),
+                },
+            });
             slot.history.truncate(start);
             self.admitted += 1;
             slot.started = self.admitted;
@@ -759,6 +813,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 draft,
                 n_drafted: 0,
                 n_draft_accepted: 0,
+                embed,
             });
         }
     }
@@ -797,8 +852,11 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             .collect();
         prefilling.sort_by_key(|&i| self.slots[i].started);
         let mut chunks: Vec<(usize, usize, usize)> = Vec::new();
+        // Embedding chunks: their own pass, which reads hidden states.
+        let mut ebatch = Batch::default();
+        let mut erows: Vec<usize> = Vec::new();
         for i in prefilling {
-            let budget = n_batch.saturating_sub(batch.len());
+            let budget = n_batch.saturating_sub(batch.len() + ebatch.len());
             if budget == 0 {
                 break;
             }
@@ -810,24 +868,42 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 seq.prefill_pos,
                 (seq.prefill_pos + budget).min(seq.req.prompt.len()),
             );
+            let len = seq.req.prompt.len();
             for (k, &t) in seq.req.prompt[from..to].iter().enumerate() {
-                let last = from + k + 1 == seq.req.prompt.len();
-                batch.push(t, (slot.history.len() + k) as u32, i as u32, last);
-                if last {
-                    owners.push(RowOwner { slot: i, rows: 1 });
+                let pos = (slot.history.len() + k) as u32;
+                match &seq.embed {
+                    Some(e) => {
+                        let read = e.pooling.reads(from + k, len);
+                        ebatch.push(t, pos, i as u32, read);
+                        if read {
+                            erows.push(i);
+                        }
+                    }
+                    None => {
+                        let last = from + k + 1 == len;
+                        batch.push(t, pos, i as u32, last);
+                        if last {
+                            owners.push(RowOwner { slot: i, rows: 1 });
+                        }
+                    }
                 }
             }
             chunks.push((i, from, to));
         }
-        if batch.is_empty() {
+        if batch.is_empty() && ebatch.is_empty() {
             return;
         }
         let stats = &self.shared.stats;
-        stats.steps.fetch_add(1, Ordering::Relaxed);
+        let passes = u64::from(!batch.is_empty()) + u64::from(!ebatch.is_empty());
+        stats.steps.fetch_add(passes, Ordering::Relaxed);
         stats
             .batch_tokens
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let logits = match self.model.forward(&mut self.ctx, &batch) {
+            .fetch_add((batch.len() + ebatch.len()) as u64, Ordering::Relaxed);
+        let forward = match batch.is_empty() {
+            true => Ok(Vec::new()),
+            false => self.model.forward(&mut self.ctx, &batch),
+        };
+        let logits = match forward {
             Ok(l) => l,
             Err(e) => {
                 let msg = format!("the forward pass failed: {e}");
@@ -841,6 +917,29 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 }
                 return;
             }
+        };
+        let hidden = match ebatch.is_empty() {
+            true => Vec::new(),
+            false => match self.model.forward_hidden(&mut self.ctx, &ebatch) {
+                Ok(h) => h,
+                Err(e) => {
+                    // Only the embeddings of this pass fail; their slots
+                    // forget what the pass may have half written.
+                    let msg = format!("the forward pass failed: {e}");
+                    let failed: Vec<usize> = ebatch.seq.iter().map(|&s| s as usize).collect();
+                    for &i in &failed {
+                        if let Some(mut seq) = self.slots[i].seq.take() {
+                            stats.failed.fetch_add(1, Ordering::Relaxed);
+                            stats.finished.fetch_add(1, Ordering::Relaxed);
+                            seq.req.sink.send(SeqEvent::Failed(msg.clone()));
+                            self.slots[i].history.clear();
+                        }
+                    }
+                    chunks.retain(|&(i, _, _)| !failed.contains(&i));
+                    erows.clear();
+                    Vec::new()
+                }
+            },
         };
         // The cache now holds what the batch evaluated; the drafts are in
         // the history until sampling cuts it back past the first rejected one.
@@ -859,6 +958,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 seq.prefill_pos = to;
             }
         }
+        self.take_hidden(&erows, &hidden, &chunks);
         let n_vocab = self.model.n_vocab().max(1);
         let mut logits = logits;
         // Sampling (a pass or two over 262144 logits per row) runs on the
@@ -1102,6 +1202,33 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         }
     }
 
+    /// Hands each embedding its rows of `hidden` (`erows[r]`: the slot of
+    /// row `r`) and ends those whose prompt is now evaluated.
+    fn take_hidden(&mut self, erows: &[usize], hidden: &[f32], chunks: &[(usize, usize, usize)]) {
+        let n_embd = self.model.config().n_embd;
+        for (&i, row) in erows.iter().zip(hidden.chunks_exact(n_embd.max(1))) {
+            let Some(e) = self.slots[i].seq.as_mut().and_then(|s| s.embed.as_mut()) else { continue };
+            match e.pooling {
+                Pooling::Mean => e.sum.iter_mut().zip(row).for_each(|(s, &x)| *s += f64::from(x)),
+                Pooling::None | Pooling::Cls | Pooling::Last => e.rows.extend_from_slice(row),
+            }
+        }
+        for &(i, _, to) in chunks {
+            let Some(seq) = self.slots[i].seq.as_mut() else { continue };
+            if to < seq.req.prompt.len() {
+                continue;
+            }
+            let n = seq.req.prompt.len();
+            let Some(e) = seq.embed.take() else { continue };
+            let v = match e.pooling {
+                Pooling::Mean => e.sum.iter().map(|&s| (s / n as f64) as f32).collect(),
+                Pooling::None | Pooling::Cls | Pooling::Last => e.rows,
+            };
+            let alive = seq.req.sink.send(SeqEvent::Embedding(v));
+            self.finish(i, if alive { FinishReason::Stop } else { FinishReason::Cancelled });
+        }
+    }
+
     /// Fails every active sequence and clears its slot's history.
     fn fail_all(&mut self, msg: &str) {
         let stats = &self.shared.stats;
@@ -1132,6 +1259,8 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         let now = Instant::now();
         let ttft = match seq.first_token {
             Some(t) => t - seq.submitted,
+            // An embedding has no first token: it stays out of the histogram.
+            None if seq.req.embed.is_some() => now - seq.submitted,
             None => {
                 stats.record_ttft(now - seq.submitted);
                 now - seq.submitted
@@ -1313,6 +1442,7 @@ mod tests {
             ignore_eos: true,
             constraint: None,
             draft: None,
+            embed: None,
             sink: Box::new(TestSink {
                 tx,
                 closed: Arc::clone(&closed),
@@ -1334,8 +1464,119 @@ mod tests {
                 SeqEvent::Token(t) => toks.push(t.sampled.token),
                 SeqEvent::Done(s) => return (toks, s, cached),
                 SeqEvent::Failed(e) => panic!("failed: {e}"),
+                SeqEvent::Embedding(_) => panic!("an embedding for a completion"),
             }
         }
+    }
+
+    /// An embedding request and its events.
+    fn embed_request(prompt: Vec<u32>, pooling: Pooling) -> (SeqRequest, mpsc::Receiver<SeqEvent>) {
+        let (mut r, rx, _) = request(prompt, 1);
+        r.embed = Some(pooling);
+        (r, rx)
+    }
+
+    /// An embedding's vector and summary.
+    fn collect_embedding(rx: &mpsc::Receiver<SeqEvent>) -> (Vec<f32>, SeqSummary) {
+        let mut v = None;
+        loop {
+            match rx.recv_timeout(Duration::from_secs(60)).expect("the embedding never ended") {
+                SeqEvent::Started { .. } => {}
+                SeqEvent::Embedding(e) => v = Some(e),
+                SeqEvent::Token(_) => panic!("an embedding generated a token"),
+                SeqEvent::Done(s) => return (v.expect("Done before the embedding"), s),
+                SeqEvent::Failed(e) => panic!("failed: {e}"),
+            }
+        }
+    }
+
+    /// The hidden states of every token of `prompt`, from one pass of a
+    /// fresh context, pooled by hand.
+    fn pooled_alone(model: &Model<Cpu>, prompt: &[u32], pooling: Pooling) -> Vec<f32> {
+        let mut ctx = model.new_context(64, 1).unwrap();
+        let mut b = Batch::default();
+        for (i, &t) in prompt.iter().enumerate() {
+            b.push(t, i as u32, 0, true);
+        }
+        let h = model.forward_hidden(&mut ctx, &b).unwrap();
+        let d = model.config().n_embd;
+        assert_eq!(h.len(), prompt.len() * d);
+        match pooling {
+            Pooling::None => h,
+            Pooling::Cls => h[..d].to_vec(),
+            Pooling::Last => h[h.len() - d..].to_vec(),
+            Pooling::Mean => (0..d)
+                .map(|j| h.chunks_exact(d).map(|r| r[j]).sum::<f32>() / prompt.len() as f32)
+                .collect(),
+        }
+    }
+
+    /// Embeddings chunked through the engine (a batch of 5 tokens), several
+    /// at once and beside a running completion, equal one whole-prompt pass
+    /// pooled by hand; the completion is unchanged by them.
+    #[test]
+    fn embeddings_through_the_engine_equal_one_whole_pass_pooled() {
+        let (model, tok) = tiny("embed");
+        let p = prompts();
+        let want: Vec<(Pooling, Vec<u32>, Vec<f32>)> = Pooling::ALL
+            .iter()
+            .zip(p.iter().cycle())
+            // Each mode on two prompts (one of them repeats a token, whose
+            // rows are all alike).
+            .chain(Pooling::ALL.iter().zip(p.iter().rev()))
+            .map(|(&pl, pr)| (pl, pr.clone(), pooled_alone(&model, pr, pl)))
+            .collect();
+        let lone: Vec<u32> = {
+            let mut s = Session::new(&model, &tok, 64).unwrap();
+            let opts = GenerateOptions {
+                max_tokens: Some(12),
+                sampling: SamplingParams::greedy(),
+                ignore_eos: true,
+                ..GenerateOptions::default()
+            };
+            s.generate(&p[0], &opts, &AtomicBool::new(false), &mut |_| {}).unwrap().tokens.iter().map(|t| t.sampled.token).collect()
+        };
+        let d = model.config().n_embd;
+        let cfg = SchedulerConfig { n_slots: 3, n_ctx: 64, n_batch: 5, queue_capacity: 16 };
+        let (sched, engine) = Scheduler::start(model, Arc::clone(&tok), cfg).unwrap();
+        let (r, gen_rx, _) = request(p[0].clone(), 12);
+        sched.submit(r).unwrap();
+        let mut rxs = Vec::new();
+        for (pl, pr, _) in &want {
+            let (r, rx) = embed_request(pr.clone(), *pl);
+            sched.submit(r).unwrap();
+            rxs.push(rx);
+        }
+        for ((pl, pr, w), rx) in want.iter().zip(&rxs) {
+            let (got, summary) = collect_embedding(rx);
+            let rows = if *pl == Pooling::None { pr.len() } else { 1 };
+            assert_eq!(got.len(), rows * d, "{pl:?}");
+            let diff = got.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-4, "{pl:?} over {} tokens: off by {diff}", pr.len());
+            assert_eq!(summary.finish, FinishReason::Stop);
+            assert_eq!((summary.n_prompt, summary.n_generated), (pr.len(), 0));
+        }
+        let (got, _, _) = collect(&gen_rx);
+        assert_eq!(got, lone, "the completion beside the embeddings");
+        assert_eq!(sched.stats().ttft_count.load(Ordering::Relaxed), 1, "embeddings have no first token");
+        sched.shutdown();
+        engine.join().unwrap();
+    }
+
+    /// An embedding may fill its slot (nothing is generated after it); one
+    /// token more is refused.
+    #[test]
+    fn an_embedding_may_fill_the_slot_but_not_more() {
+        let (model, tok) = tiny("embed-long");
+        let cfg = SchedulerConfig { n_slots: 1, n_ctx: 8, n_batch: 3, queue_capacity: 4 };
+        let (sched, engine) = Scheduler::start(model, tok, cfg).unwrap();
+        let (r, rx) = embed_request(vec![5; 8], Pooling::Last);
+        sched.submit(r).unwrap();
+        assert!(collect_embedding(&rx).0.iter().all(|x| x.is_finite()));
+        let (r, _rx) = embed_request(vec![5; 9], Pooling::Mean);
+        assert!(matches!(sched.submit(r), Err(SubmitError::PromptTooLong { n_prompt: 9, n_ctx: 8 })));
+        sched.shutdown();
+        engine.join().unwrap();
     }
 
     fn prompts() -> Vec<Vec<u32>> {

@@ -99,6 +99,19 @@ impl ApiError {
         }
     }
 
+    /// 501: a feature this server was not started with (llama-server's
+    /// `not_supported_error`).
+    pub fn not_supported(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_IMPLEMENTED,
+            kind: "not_supported_error",
+            message: message.into(),
+            param: None,
+            code: Some("not_supported"),
+            retry_after: None,
+        }
+    }
+
     /// 404 for an unknown path.
     pub fn not_found(path: &str) -> ApiError {
         ApiError {

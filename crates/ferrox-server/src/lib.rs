@@ -9,11 +9,18 @@
 //! into a JSON body or server-sent events. The channel *is* the cancellation:
 //! when a client disconnects, axum drops the response, the receiver goes with
 //! it, and the engine frees the slot at its next step.
+//!
+//! Embeddings (`--embeddings`) go through the same engine as sequences that
+//! only prefill; llama-server's utility endpoints (`/tokenize`,
+//! `/detokenize`, `/apply-template`, `/props`) answer from the tokenizer and
+//! chat template alone.
 
+mod embeddings;
 pub mod error;
 pub mod json_mode;
 pub mod openai;
 mod openapi;
+mod utility;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -31,6 +38,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ferrox_core::chat_template::{ChatMessage, ChatTemplate};
+use ferrox_core::embed::Pooling;
 use ferrox_core::generate::{FinishReason, GeneratedToken};
 use ferrox_core::scheduler::{
     EventSink, Scheduler, SchedulerStats, SeqEvent, SeqRequest, SeqSummary, SubmitError,
@@ -43,7 +51,9 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::json_mode::{JsonConstraint, Schema, TokenBytes};
-use crate::openai::{ChatRequest, CompletionRequest, Prompt, ResponseFormat, Validated};
+use crate::embeddings::{embeddings_llama, embeddings_oai};
+use crate::openai::{ChatRequest, CompletionRequest, Message, Prompt, ResponseFormat, Validated};
+use crate::utility::{apply_template, detokenize, props, tokenize};
 
 /// What the HTTP side needs besides the engine.
 pub struct ServerOptions {
@@ -56,6 +66,12 @@ pub struct ServerOptions {
     /// One line on stderr per finished request: tokens, times, and
     /// speculative decoding's drafted and accepted tokens.
     pub verbose: bool,
+    /// Serve `/v1/embeddings` and `/embeddings` (llama-server's `--embeddings`).
+    pub embeddings: bool,
+    /// How an embedding pools the hidden states (llama-server's `--pooling`).
+    pub pooling: Pooling,
+    /// The model file, as `/props` reports it.
+    pub model_path: String,
 }
 
 /// Per-endpoint request counters for `/metrics`.
@@ -63,6 +79,7 @@ pub struct ServerOptions {
 struct HttpMetrics {
     chat: AtomicU64,
     completions: AtomicU64,
+    embeddings: AtomicU64,
     errors_4xx: AtomicU64,
     errors_5xx: AtomicU64,
     rejected_busy: AtomicU64,
@@ -140,6 +157,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat).fallback(only("POST")))
         .route("/v1/completions", post(completions).fallback(only("POST")))
         .route("/v1/models", get(models).fallback(only("GET")))
+        .route("/v1/embeddings", post(embeddings_oai).fallback(only("POST")))
+        .route("/embeddings", post(embeddings_llama).fallback(only("POST")))
+        .route("/tokenize", post(tokenize).fallback(only("POST")))
+        .route("/detokenize", post(detokenize).fallback(only("POST")))
+        .route("/apply-template", post(apply_template).fallback(only("POST")))
+        .route("/props", get(props).fallback(only("GET")))
         .route("/metrics", get(metrics).fallback(only("GET")))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
@@ -310,6 +333,12 @@ fn render_metrics(st: &AppState) -> String {
         "counter",
         "Completion requests received.",
         l(&st.metrics.completions) as f64,
+    );
+    metric(
+        "requests_embeddings_total",
+        "counter",
+        "Embedding requests received.",
+        l(&st.metrics.embeddings) as f64,
     );
     metric(
         "requests_rejected_busy_total",
@@ -619,44 +648,49 @@ fn schema_of(rf: &Option<ResponseFormat>) -> Result<Option<Arc<Schema>>, ApiErro
     }
 }
 
+/// A conversation through the model's chat template, with the assistant's
+/// turn opened: the template and the text.
+fn render_chat<'s>(st: &'s AppState, messages: &[Message]) -> Result<(&'s ChatTemplate, String), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            Some("messages".into()),
+            "`messages` must not be empty",
+        ));
+    }
+    let mut msgs = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "developer" => "system",
+            r @ ("system" | "user" | "assistant" | "tool") => r,
+            other => {
+                return Err(ApiError::invalid(
+                    Some(format!("messages[{i}].role")),
+                    format!("unknown role {other:?} (system, developer, user, assistant, tool)"),
+                ))
+            }
+        };
+        msgs.push(ChatMessage::new(role, openai::content_text(m, i)?));
+    }
+    let template = st.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            Some("messages".into()),
+            format!(
+                "this model cannot chat: {}; use /v1/completions",
+                st.template_error.as_deref().unwrap_or("no template")
+            ),
+        )
+    })?;
+    let text = template
+        .render(&msgs, true)
+        .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
+    Ok((template, text))
+}
+
 async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     st.metrics.chat.fetch_add(1, Ordering::Relaxed);
     let job = (|| {
         let req: ChatRequest = parse_body(&headers, &body)?;
-        if req.messages.is_empty() {
-            return Err(ApiError::invalid(
-                Some("messages".into()),
-                "`messages` must not be empty",
-            ));
-        }
-        let mut msgs = Vec::with_capacity(req.messages.len());
-        for (i, m) in req.messages.iter().enumerate() {
-            let role = match m.role.as_str() {
-                "developer" => "system",
-                r @ ("system" | "user" | "assistant" | "tool") => r,
-                other => {
-                    return Err(ApiError::invalid(
-                        Some(format!("messages[{i}].role")),
-                        format!(
-                            "unknown role {other:?} (system, developer, user, assistant, tool)"
-                        ),
-                    ))
-                }
-            };
-            msgs.push(ChatMessage::new(role, openai::content_text(m, i)?));
-        }
-        let template = st.template.as_ref().ok_or_else(|| {
-            ApiError::invalid(
-                Some("messages".into()),
-                format!(
-                    "this model cannot chat: {}; use /v1/completions",
-                    st.template_error.as_deref().unwrap_or("no template")
-                ),
-            )
-        })?;
-        let text = template
-            .render(&msgs, true)
-            .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
+        let (template, text) = render_chat(&st, &req.messages)?;
         let with_bos = !template.starts_with_bos(&text);
         let prompt = st
             .tok
@@ -804,6 +838,7 @@ async fn run_job(st: Arc<AppState>, job: Result<Job, ApiError>) -> Response {
             ignore_eos: job.v.ignore_eos,
             constraint,
             draft: job.draft,
+            embed: None,
             sink: Box::new(ChannelSink {
                 index: i,
                 tx: tx.clone(),
@@ -1042,6 +1077,7 @@ async fn whole_response(out: Output, mut rx: mpsc::UnboundedReceiver<Tagged>) ->
                 c.summary = Some(s);
             }
             SeqEvent::Failed(e) => c.failed = Some(e),
+            SeqEvent::Embedding(_) => {}
         }
     }
     if let Some(e) = choices.iter().find_map(|c| c.failed.clone()) {
@@ -1191,6 +1227,7 @@ impl StreamState {
                 self.queued.push_back(line.to_string());
                 self.choices[i].summary = Some(s);
             }
+            SeqEvent::Embedding(_) => {}
             SeqEvent::Failed(e) => {
                 self.choices[i].failed = Some(e.clone());
                 let err = ApiError::internal(e);

@@ -447,3 +447,84 @@ pub fn content_text(m: &Message, index: usize) -> Result<String, ApiError> {
         }
     }
 }
+
+/// An embeddings `input`: text, token ids, or a list of either.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum EmbedInput {
+    /// One text.
+    Text(String),
+    /// One input as token ids.
+    Tokens(Vec<u32>),
+    /// Several texts.
+    Texts(Vec<String>),
+    /// Several inputs as token ids.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/embeddings` (and llama-server's `POST /embeddings`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct EmbeddingRequest {
+    /// What to embed (OpenAI's field).
+    pub input: Option<EmbedInput>,
+    /// What to embed (llama-server's field on `/embeddings`).
+    pub content: Option<EmbedInput>,
+    /// The model name (any value is accepted; echoed back).
+    pub model: Option<String>,
+    /// `float` (default) or `base64` (little-endian f32 bytes).
+    pub encoding_format: Option<String>,
+    /// Output width; only the model's own is possible.
+    pub dimensions: Option<i64>,
+    /// Free-form end-user id (accepted, unused).
+    pub user: Option<String>,
+}
+
+/// The most inputs one embeddings request may hold (OpenAI's limit).
+pub const MAX_EMBED_INPUTS: usize = 2048;
+
+/// One element of `/tokenize`'s `content` list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum TextOrToken {
+    /// A token id, taken as it is.
+    Token(u32),
+    /// Text to tokenize.
+    Text(String),
+}
+
+/// `/tokenize`'s `content`: a text, or texts and token ids mixed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum TokenizeContent {
+    /// A text.
+    Text(String),
+    /// Texts and ids, in order.
+    Mixed(Vec<TextOrToken>),
+}
+
+/// `POST /tokenize` (llama-server's).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    /// What to tokenize (absent: no tokens).
+    pub content: Option<TokenizeContent>,
+    /// Add BOS/EOS as the model asks (to the first text only); default false.
+    pub add_special: Option<bool>,
+    /// Read control tokens written in the text; default true.
+    pub parse_special: Option<bool>,
+    /// Answer `{id, piece}` objects instead of ids.
+    pub with_pieces: Option<bool>,
+}
+
+/// `POST /detokenize` (llama-server's).
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    /// Token ids (absent: empty text).
+    pub tokens: Option<Vec<u32>>,
+}
+
+/// `POST /apply-template` (llama-server's): a chat request's messages.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ApplyTemplateRequest {
+    /// The conversation.
+    pub messages: Vec<Message>,
+}

@@ -81,6 +81,44 @@ pub fn document() -> Value {
             "responses": responses,
         }})
     };
+    let err_ref = json!({"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}});
+    let utility = |props: Value, required: Value, summary: &str, answer: Value| {
+        json!({"post": {
+            "summary": summary,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": props, "required": required}}}},
+            "responses": {
+                "200": {"description": "The answer", "content": {"application/json": {"schema": answer}}},
+                "400": {"description": "Invalid request", "content": err_ref},
+                "401": {"description": "Missing or wrong API key", "content": err_ref},
+            },
+        }})
+    };
+    let embedding_input = json!({"oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2048},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}, "minItems": 1, "maxItems": 2048},
+    ]});
+    let embeddings = |props: Value, required: Value, summary: &str, answer: Value| {
+        let mut responses = error_responses();
+        responses["200"] = json!({"description": "The embeddings", "content": {"application/json": {"schema": answer}}});
+        responses["501"] = json!({"description": "The server was started without --embeddings", "content": err_ref});
+        json!({"post": {
+            "summary": summary,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": props, "required": required}}}},
+            "responses": responses,
+        }})
+    };
+    let embed_props = |field: &str| {
+        let mut p = json!({
+            "model": {"type": "string", "nullable": true},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"], "nullable": true},
+            "dimensions": {"type": "integer", "nullable": true, "description": "Only the model's own width"},
+            "user": {"type": "string", "nullable": true},
+        });
+        p[field] = embedding_input.clone();
+        p
+    };
     json!({
         "openapi": "3.0.3",
         "info": {"title": "ferrox serve", "version": env!("CARGO_PKG_VERSION"), "description": "OpenAI-compatible API of ferrox"},
@@ -94,6 +132,33 @@ pub fn document() -> Value {
             "/health": {"get": {"summary": "Liveness", "responses": {
                 "200": {"description": "Serving", "content": {"application/json": {"schema": {"type": "object"}}}},
                 "503": {"description": "Shutting down", "content": {"application/json": {"schema": {"type": "object"}}}},
+            }}},
+            "/v1/embeddings": embeddings(embed_props("input"), json!(["input"]), "Embeddings (OpenAI): one L2-normalized vector per input, pooled as --pooling says (not `none`)",
+                json!({"type": "object", "required": ["object", "data", "model", "usage"]})),
+            "/embeddings": embeddings({
+                    let mut p = embed_props("content");
+                    p["input"] = embedding_input.clone();
+                    p
+                }, json!([]), "Embeddings (llama-server): per input a list of vectors, one per token with --pooling none",
+                json!({"type": "array", "items": {"type": "object", "required": ["index", "embedding"]}})),
+            "/tokenize": utility(json!({
+                "content": {"nullable": true, "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]}},
+                ]},
+                "add_special": {"type": "boolean", "nullable": true},
+                "parse_special": {"type": "boolean", "nullable": true},
+                "with_pieces": {"type": "boolean", "nullable": true},
+            }), json!([]), "Token ids of a text (llama-server)", json!({"type": "object", "required": ["tokens"]})),
+            "/detokenize": utility(json!({
+                "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}, "nullable": true},
+            }), json!([]), "The text of token ids (llama-server)", json!({"type": "object", "required": ["content"]})),
+            "/apply-template": utility(json!({
+                "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Message"}},
+            }), json!(["messages"]), "A conversation through the chat template (llama-server)", json!({"type": "object", "required": ["prompt"]})),
+            "/props": {"get": {"summary": "Server and model properties (llama-server)", "responses": {
+                "200": {"description": "Properties", "content": {"application/json": {"schema": {"type": "object", "required": ["default_generation_settings", "total_slots", "model_path", "chat_template"]}}}},
+                "401": {"description": "Missing or wrong API key"},
             }}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
                 "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use ferrox_core::arch::Arch;
 use ferrox_core::backend::cpu::Cpu;
+use ferrox_core::backend::DeviceBackend;
 use ferrox_core::chat_template::{ChatMessage, ChatTemplate};
+use ferrox_core::embed::{cosine, Pooling};
 use ferrox_core::generate::{GenerateOptions, Session};
 use ferrox_core::model::Model;
 use ferrox_core::sampling::SamplingParams;
@@ -56,7 +58,7 @@ impl TestServer {
     }
 
     fn start_with_grace(cfg: SchedulerConfig, api_key: Option<&str>, grace: Duration) -> TestServer {
-        TestServer::start_full(cfg, api_key, grace, None)
+        TestServer::start_full(cfg, api_key, grace, None, None)
     }
 
     /// A server whose engine drafts with the tiny model of `draft_seed`
@@ -67,7 +69,12 @@ impl TestServer {
             drafter: SpecDrafter::Model { model: Box::new(draft), p_min: 0.0 },
             params: DraftParams { max, min: 0 },
         };
-        TestServer::start_full(cfg, None, Duration::from_secs(5), Some(spec))
+        TestServer::start_full(cfg, None, Duration::from_secs(5), Some(spec), None)
+    }
+
+    /// With `--embeddings --pooling P` when `embed` is given.
+    fn start_embedding(cfg: SchedulerConfig, api_key: Option<&str>, pooling: Pooling) -> TestServer {
+        TestServer::start_full(cfg, api_key, Duration::from_secs(5), None, Some(pooling))
     }
 
     fn start_full(
@@ -75,6 +82,7 @@ impl TestServer {
         api_key: Option<&str>,
         grace: Duration,
         spec: Option<SpecConfig<Cpu>>,
+        embed: Option<Pooling>,
     ) -> TestServer {
         let model = Model::open(tiny_path(), Cpu::new(2)).unwrap();
         let tok = Arc::new(Tokenizer::from_gguf(model.file().metadata_file()).unwrap());
@@ -87,6 +95,9 @@ impl TestServer {
             api_key: api_key.map(String::from),
             shutdown_grace: grace,
             verbose: true,
+            embeddings: embed.is_some(),
+            pooling: embed.unwrap_or(Pooling::None),
+            model_path: tiny_path().display().to_string(),
         };
         let state = AppState::new(sched, tok, template, opts);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -681,6 +692,12 @@ fn the_openapi_document_lists_every_endpoint() {
         "/v1/models",
         "/health",
         "/metrics",
+        "/v1/embeddings",
+        "/embeddings",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/props",
     ] {
         assert!(v["paths"][p].is_object(), "{p}");
     }
@@ -719,6 +736,9 @@ fn a_method_a_route_does_not_take_is_a_405_with_a_json_body() {
         ("GET", "/v1/completions", "POST"),
         ("POST", "/v1/models", "GET"),
         ("DELETE", "/health", "GET"),
+        ("GET", "/v1/embeddings", "POST"),
+        ("GET", "/tokenize", "POST"),
+        ("POST", "/props", "GET"),
     ] {
         let r = read_reply(send(srv.addr, method, path, &[("Content-Type", "application/json")], b"{}"));
         assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
@@ -878,4 +898,326 @@ fn bad_draft_sizes_are_400s_naming_the_field() {
     ok["speculative.n_max"] = json!(2);
     ok["speculative.n_min"] = json!(1);
     assert_eq!(post(srv.addr, "/v1/chat/completions", &ok).status, 200);
+}
+
+/// The tiny model's normed hidden states of `ids` (one pass of a fresh
+/// context), pooled by hand and L2-normalized: what an OpenAI embedding of
+/// them must be.
+fn embedding_alone(ids: &[u32], pooling: Pooling) -> Vec<f32> {
+    use ferrox_core::backend::Batch;
+    let model = Model::open(tiny_path(), Cpu::new(2)).unwrap();
+    let mut ctx = model.new_context(256, 1).unwrap();
+    let mut b = Batch::default();
+    for (i, &t) in ids.iter().enumerate() {
+        b.push(t, i as u32, 0, true);
+    }
+    // The server's engine rounds products the same at every batch size.
+    model.backend().prefer_exact_products();
+    let h = model.forward_hidden(&mut ctx, &b).unwrap();
+    let d = model.config().n_embd;
+    let mut v: Vec<f32> = match pooling {
+        Pooling::Mean => (0..d).map(|j| h.chunks_exact(d).map(|r| r[j]).sum::<f32>() / ids.len() as f32).collect(),
+        Pooling::Cls => h[..d].to_vec(),
+        Pooling::Last | Pooling::None => h[h.len() - d..].to_vec(),
+    };
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}
+
+/// Cosine above which two embeddings are the same vector: the tiny random
+/// model's hidden states move by ~1e-3 between batch shapes and thread
+/// counts (a server's passes hold other requests' tokens); a wrong row or
+/// pooling is far below.
+const SAME: f64 = 0.9999;
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap_or_else(|| panic!("not an array: {v}")).iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+fn encode(text: &str, add_special: bool) -> Vec<u32> {
+    let model = Model::open(tiny_path(), Cpu::new(1)).unwrap();
+    let tok = Tokenizer::from_gguf(model.file().metadata_file()).unwrap();
+    tok.encode(text.as_bytes(), add_special, true).unwrap()
+}
+
+/// `/v1/embeddings`: one unit vector per input, in order, equal to the
+/// model's hidden states pooled by hand; text, token ids and base64 agree;
+/// usage counts the tokens.
+#[test]
+fn openai_embeddings_are_the_pooled_hidden_states_normalized() {
+    for pooling in [Pooling::Mean, Pooling::Last, Pooling::Cls] {
+        let srv = TestServer::start_embedding(cfg(2, 8), None, pooling);
+        let texts = ["hello there", "the quick brown fox jumps over the lazy dog", "x"];
+        let r = post(srv.addr, "/v1/embeddings", &json!({"model": "m", "input": texts}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["object"], "list");
+        assert_eq!(v["model"], "m");
+        let data = v["data"].as_array().unwrap();
+        assert_eq!(data.len(), texts.len());
+        let mut n_tokens = 0;
+        for (i, (d, text)) in data.iter().zip(texts).enumerate() {
+            assert_eq!(d["object"], "embedding");
+            assert_eq!(d["index"], i);
+            let got = floats(&d["embedding"]);
+            // Each value written in the f32's fewest digits, not the f64's 17.
+            for x in d["embedding"].as_array().unwrap() {
+                let f = x.as_f64().unwrap();
+                assert_eq!(f, (f as f32).to_string().parse::<f64>().unwrap(), "{x} is not an f32's shortest form");
+            }
+            let ids = encode(text, true);
+            n_tokens += ids.len();
+            let want = embedding_alone(&ids, pooling);
+            assert_eq!(got.len(), want.len());
+            let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "{pooling:?} {text:?}: |v| = {norm}");
+            let c = cosine(&got, &want);
+            assert!(c > SAME, "{pooling:?} {text:?}: cosine {c}");
+        }
+        assert_eq!(v["usage"]["prompt_tokens"], n_tokens);
+        assert_eq!(v["usage"]["total_tokens"], n_tokens);
+        // One string, the same as token ids, the same as base64 (separate
+        // requests may reuse a cached prefix: equal to rounding).
+        let one = post(srv.addr, "/v1/embeddings", &json!({"input": texts[1]})).json();
+        let ids = post(srv.addr, "/v1/embeddings", &json!({"input": encode(texts[1], true)})).json();
+        let b64 = post(srv.addr, "/v1/embeddings", &json!({"input": [texts[1]], "encoding_format": "base64"})).json();
+        let f = floats(&one["data"][0]["embedding"]);
+        let bytes = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.decode(b64["data"][0]["embedding"].as_str().unwrap()).unwrap()
+        };
+        let decoded: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        for (what, other) in [
+            ("token ids", floats(&ids["data"][0]["embedding"])),
+            ("base64 (little-endian f32)", decoded),
+            ("the same input among others", floats(&data[1]["embedding"])),
+        ] {
+            assert_eq!(other.len(), f.len(), "{what}");
+            let c = cosine(&other, &f);
+            assert!(c > SAME, "{pooling:?}: {what}: cosine {c}");
+        }
+    }
+}
+
+/// More inputs than the queue holds still run (the request feeds them a
+/// slot at a time), and every one comes back in its place.
+#[test]
+fn an_embeddings_request_larger_than_the_queue_is_fed_through_it() {
+    let srv = TestServer::start_embedding(cfg(1, 2), None, Pooling::Last);
+    let texts: Vec<String> = (0..9).map(|i| format!("input number {i}")).collect();
+    let r = post(srv.addr, "/v1/embeddings", &json!({"input": texts}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let data = r.json()["data"].as_array().unwrap().clone();
+    assert_eq!(data.len(), 9);
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(data[i]["index"], i);
+        let want = embedding_alone(&encode(t, true), Pooling::Last);
+        let got = floats(&data[i]["embedding"]);
+        assert!(cosine(&got, &want) > SAME, "input {i}");
+    }
+}
+
+/// Without `--embeddings` both endpoints answer 501 (llama-server's
+/// `not_supported_error`); with pooling `none`, OpenAI's endpoint is a 400
+/// and llama-server's `/embeddings` gives one raw vector per token.
+#[test]
+fn embeddings_need_the_flag_and_pooling_none_gives_a_vector_per_token() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    for path in ["/v1/embeddings", "/embeddings"] {
+        let r = post(srv.addr, path, &json!({"input": "hi"}));
+        assert_eq!(r.status, 501, "{path}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "not_supported_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("--embeddings"));
+    }
+    drop(srv);
+    let srv = TestServer::start_embedding(cfg(1, 4), None, Pooling::None);
+    let r = post(srv.addr, "/v1/embeddings", &json!({"input": "hi"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("--pooling"), "{}", r.body);
+    let text = "the quick brown fox";
+    let r = post(srv.addr, "/embeddings", &json!({"content": text}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let ids = encode(text, true);
+    let rows = v[0]["embedding"].as_array().unwrap();
+    assert_eq!(v[0]["index"], 0);
+    assert_eq!(rows.len(), ids.len(), "one vector per token");
+    // The last token's row, raw: normalized, it is the last-token embedding.
+    let mut last = floats(rows.last().unwrap());
+    let norm = last.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() > 1e-3, "pooling none is not normalized (|v| = {norm})");
+    last.iter_mut().for_each(|x| *x /= norm);
+    let want = embedding_alone(&ids, Pooling::Last);
+    assert!(cosine(&last, &want) > SAME, "{}", cosine(&last, &want));
+    // The answer grows with the tokens: at most one slot's worth (256) per request.
+    let r = post(srv.addr, "/embeddings", &json!({"content": vec!["one two three four"; 60]}));
+    assert_eq!(r.status, 400, "{}", &r.body[..r.body.len().min(300)]);
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+}
+
+#[test]
+fn malformed_embedding_requests_are_400s_naming_the_field() {
+    let srv = TestServer::start_embedding(
+        SchedulerConfig { n_slots: 1, n_ctx: 32, n_batch: 16, queue_capacity: 4 },
+        None,
+        Pooling::Mean,
+    );
+    let long = "word ".repeat(200);
+    let cases: Vec<(Value, Option<&str>, Option<&str>)> = vec![
+        (json!({}), Some("input"), None),
+        (json!({"input": []}), Some("input"), None),
+        (json!({"input": [[]]}), Some("input[0]"), None),
+        (json!({"input": 5}), Some("input"), None),
+        (json!({"input": [1, "a"]}), Some("input"), None),
+        (json!({"input": [5, 999999999]}), Some("input"), None),
+        (json!({"input": "hi", "encoding_format": "hex"}), Some("encoding_format"), None),
+        (json!({"input": "hi", "dimensions": 7}), Some("dimensions"), None),
+        (json!({"input": ["ok", long]}), Some("input[1]"), Some("context_length_exceeded")),
+        (json!({"input": vec!["a"; 2049]}), Some("input"), None),
+    ];
+    for (body, param, code) in cases {
+        let r = post(srv.addr, "/v1/embeddings", &body);
+        let shown: String = body.to_string().chars().take(80).collect();
+        assert_eq!(r.status, 400, "{shown}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{shown}");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{shown}: {}", r.body);
+        }
+        if let Some(c) = code {
+            assert_eq!(v["error"]["code"], c, "{shown}: {}", r.body);
+        }
+    }
+    // An input that exactly fills the slot is fine (nothing is generated after it).
+    let ids: Vec<u32> = (0..32).map(|i| 5 + i).collect();
+    assert_eq!(post(srv.addr, "/v1/embeddings", &json!({"input": ids})).status, 200);
+}
+
+/// `/tokenize` and `/detokenize` as llama-server answers them.
+#[test]
+fn tokenize_and_detokenize_round_trip_as_llama_server_answers() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let text = "hello world, the quick brown fox";
+    let plain = post(srv.addr, "/tokenize", &json!({"content": text}));
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let ids: Vec<u32> = plain.json()["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    assert_eq!(ids, encode(text, false), "add_special defaults to false");
+    let with_bos = post(srv.addr, "/tokenize", &json!({"content": text, "add_special": true})).json();
+    let want = encode(text, true);
+    assert_eq!(with_bos["tokens"], json!(want));
+    assert_ne!(want, ids, "the tiny model adds BOS");
+    // Mixed content: only a first text gets BOS.
+    let mixed = post(srv.addr, "/tokenize", &json!({"content": [7, "hello", 9], "add_special": true})).json();
+    let mut m = vec![7];
+    m.extend(encode("hello", false));
+    m.push(9);
+    assert_eq!(mixed["tokens"], json!(m));
+    // Pieces: each token's text; together, the text.
+    let pieces = post(srv.addr, "/tokenize", &json!({"content": text, "with_pieces": true})).json();
+    // A piece that is not UTF-8 by itself comes as its bytes.
+    let mut joined = Vec::new();
+    for (p, &id) in pieces["tokens"].as_array().unwrap().iter().zip(&ids) {
+        assert_eq!(p["id"], id);
+        match &p["piece"] {
+            Value::String(s) => joined.extend_from_slice(s.as_bytes()),
+            Value::Array(b) => joined.extend(b.iter().map(|x| x.as_u64().unwrap() as u8)),
+            other => panic!("piece {other}"),
+        }
+    }
+    // The pieces are the tokenizer's (the tiny vocabulary's tokens are
+    // user-defined: their text as written, `▁` and all).
+    let model = Model::open(tiny_path(), Cpu::new(1)).unwrap();
+    let tok = Tokenizer::from_gguf(model.file().metadata_file()).unwrap();
+    let decoded = tok.decode(&ids, true).unwrap();
+    assert_eq!(joined, decoded);
+    assert_eq!(String::from_utf8_lossy(&decoded).replace('\u{2581}', " ").trim_start(), text);
+    let back = post(srv.addr, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!(back.status, 200, "{}", back.body);
+    assert_eq!(back.json()["content"].as_str().unwrap(), String::from_utf8_lossy(&decoded));
+    // Absent fields: llama-server's empty answers.
+    assert_eq!(post(srv.addr, "/tokenize", &json!({})).json(), json!({"tokens": []}));
+    assert_eq!(post(srv.addr, "/detokenize", &json!({})).json(), json!({"content": ""}));
+    for (path, body, param) in [
+        ("/detokenize", json!({"tokens": [5, 999999999]}), Some("tokens")),
+        ("/detokenize", json!({"tokens": "abc"}), Some("tokens")),
+        ("/detokenize", json!({"tokens": [-1]}), Some("tokens[0]")),
+        ("/tokenize", json!({"content": 5}), Some("content")),
+        ("/tokenize", json!({"content": [1, 999999999]}), Some("content[1]")),
+        ("/tokenize", json!({"content": "x", "with_pieces": "yes"}), Some("with_pieces")),
+    ] {
+        let r = post(srv.addr, path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], json!(param), "{path} {body}: {}", r.body);
+    }
+    let r = read_reply(send(srv.addr, "POST", "/tokenize", &[("Content-Type", "application/json")], b"{nope"));
+    assert_eq!(r.status, 400);
+}
+
+/// `/apply-template` renders what `/v1/chat/completions` tokenizes.
+#[test]
+fn apply_template_renders_the_messages_through_the_chat_template() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let msgs = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]);
+    let r = post(srv.addr, "/apply-template", &json!({"messages": msgs}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let model = Model::open(tiny_path(), Cpu::new(1)).unwrap();
+    let t = ChatTemplate::from_gguf(model.file().metadata_file()).unwrap();
+    let want = t.render(&[ChatMessage::new("system", "be brief"), ChatMessage::new("user", "hello there")], true).unwrap();
+    assert_eq!(r.json(), json!({"prompt": want}));
+    for (body, param) in [
+        (json!({"messages": []}), "messages"),
+        (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
+        (json!({}), "messages"),
+        (json!({"messages": "hi"}), "messages"),
+    ] {
+        let r = post(srv.addr, "/apply-template", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{body}: {}", r.body);
+    }
+}
+
+/// `/props` carries llama-server's fields with this server's values.
+#[test]
+fn props_reports_the_slots_context_model_and_template() {
+    let srv = TestServer::start(cfg(3, 4), None);
+    let r = get(srv.addr, "/props", &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["total_slots"], 3);
+    assert_eq!(v["default_generation_settings"]["n_ctx"], 256);
+    assert_eq!(v["default_generation_settings"]["params"]["temperature"].as_f64().unwrap() as f32, 0.8);
+    assert_eq!(v["default_generation_settings"]["params"]["top_k"], 40);
+    assert_eq!(v["model_path"], tiny_path().display().to_string());
+    let model = Model::open(tiny_path(), Cpu::new(1)).unwrap();
+    let t = ChatTemplate::from_gguf(model.file().metadata_file()).unwrap();
+    assert_eq!(v["chat_template"], t.source());
+    assert!(v["build_info"].as_str().unwrap().starts_with("ferrox "));
+    assert_eq!(v["embeddings"], false);
+    assert_eq!(v["modalities"]["vision"], false);
+}
+
+/// The new endpoints sit behind the API key like the rest.
+#[test]
+fn the_utility_and_embedding_endpoints_need_the_api_key() {
+    let srv = TestServer::start_embedding(cfg(1, 4), Some("sekrit"), Pooling::Mean);
+    let auth = [("Content-Type", "application/json"), ("Authorization", "Bearer sekrit")];
+    for (path, body) in [
+        ("/v1/embeddings", json!({"input": "hi"})),
+        ("/embeddings", json!({"content": "hi"})),
+        ("/tokenize", json!({"content": "hi"})),
+        ("/detokenize", json!({"tokens": [5]})),
+        ("/apply-template", json!({"messages": [{"role": "user", "content": "hi"}]})),
+    ] {
+        let r = post(srv.addr, path, &body);
+        assert_eq!(r.status, 401, "{path}: {}", r.body);
+        let ok = read_reply(send(srv.addr, "POST", path, &auth, body.to_string().as_bytes()));
+        assert_eq!(ok.status, 200, "{path}: {}", ok.body);
+    }
+    assert_eq!(get(srv.addr, "/props", &[]).status, 401);
+    assert_eq!(get(srv.addr, "/props", &[("Authorization", "Bearer sekrit")]).status, 200);
 }

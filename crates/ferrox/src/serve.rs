@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ferrox_core::backend::DeviceBackend;
 use ferrox_core::chat_template::ChatTemplate;
+use ferrox_core::embed::Pooling;
 use ferrox_core::model::Model;
 use ferrox_core::scheduler::{Scheduler, SchedulerConfig, SpecConfig, SpecDrafter};
 use ferrox_core::tokenizer::Tokenizer;
@@ -59,6 +60,14 @@ pub struct Args {
     /// speculative decoding the tokens drafted and accepted.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// Serve embeddings: /v1/embeddings (OpenAI) and /embeddings (llama-server's).
+    #[arg(long = "embeddings", visible_alias = "embedding")]
+    embeddings: bool,
+    /// How an embedding pools the final hidden states: none (one vector per
+    /// token; /embeddings only), mean, cls (first token), last. Default: the
+    /// model's `<arch>.pooling_type`, else none (as llama-server).
+    #[arg(long, value_parser = ["none", "mean", "cls", "last"])]
+    pooling: Option<String>,
     #[command(flatten)]
     llama: crate::compat::LlamaFlags,
     /// Speculative decoding for every request (a request's
@@ -127,6 +136,21 @@ fn serve<B: DeviceBackend + 'static>(
     if let Err(e) = &template {
         eprintln!("ferrox: warning: {e}; /v1/chat/completions will refuse requests");
     }
+    let pooling = match a.pooling.as_deref().and_then(Pooling::from_name) {
+        Some(p) => p,
+        None => {
+            let meta = model.file().metadata_file();
+            let arch = meta.get_str("general.architecture").unwrap_or_default();
+            match Pooling::from_gguf(meta, arch) {
+                Ok(p) => p,
+                Err(e) if a.embeddings => anyhow::bail!("{e}; pass --pooling mean, cls or last"),
+                Err(_) => Pooling::None,
+            }
+        }
+    };
+    if a.embeddings && pooling == Pooling::None {
+        eprintln!("ferrox: note: pooling is none: /v1/embeddings refuses requests, /embeddings answers one vector per token; pass --pooling mean, cls or last for OpenAI's shape");
+    }
     let name = a.alias.unwrap_or_else(|| {
         path.file_name()
             .map_or("model".into(), |f| f.to_string_lossy().into_owned())
@@ -161,6 +185,9 @@ fn serve<B: DeviceBackend + 'static>(
         api_key: a.api_key,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         verbose: a.verbose,
+        embeddings: a.embeddings,
+        pooling,
+        model_path: path.display().to_string(),
     };
     let state = AppState::new(sched, tok, template, opts);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -168,12 +168,13 @@ struct Acts<B: DeviceBackend> {
     qkv: Option<B::Buf>,
 }
 
-/// The output head's input and logits for `rows` tokens.
+/// The output head's input (the normed hidden states) and logits for
+/// `rows` tokens; no logits when the pass wants the hidden states only.
 struct Head<Buf> {
     rows: usize,
     id: u64,
     xo: Buf,
-    logits: Buf,
+    logits: Option<Buf>,
 }
 
 /// Takes the entry of `v` that `matches`, or makes one; [`keep`] puts it back.
@@ -628,7 +629,7 @@ impl<B: DeviceBackend> Model<B> {
     /// a caller that decodes token after token keeps one buffer instead of
     /// allocating (and faulting in) a fresh vocabulary-wide one each step.
     pub fn forward_into(&self, ctx: &mut Context<B>, batch: &Batch, out: &mut Vec<f32>) -> Result<(), ModelError> {
-        let rows = self.forward_with(ctx, batch, |be, logits, rows| {
+        let rows = self.forward_with(ctx, batch, true, |be, logits, rows| {
             out.resize(rows * self.n_logits(), 0.0);
             be.read(logits, out)?;
             Ok(rows)
@@ -643,10 +644,24 @@ impl<B: DeviceBackend> Model<B> {
     /// of the logits, ties to the lowest id) of each flagged token: on a
     /// device backend the logits never leave the device.
     pub fn forward_argmax(&self, ctx: &mut Context<B>, batch: &Batch) -> Result<Vec<u32>, ModelError> {
-        let out = self.forward_with(ctx, batch, |be, logits, rows| {
+        let out = self.forward_with(ctx, batch, true, |be, logits, rows| {
             let mut ids = vec![0u32; rows];
             be.argmax_rows(logits, self.n_logits(), &mut ids)?;
             Ok(ids)
+        })?;
+        Ok(out.unwrap_or_default())
+    }
+
+    /// As [`Model::forward`], but returns the hidden states of the flagged
+    /// tokens after the output norm (`n_flagged x n_embd`), the input the
+    /// head would read — what an embedding is made of (llama.cpp's
+    /// `t_embd`). The head itself does not run.
+    pub fn forward_hidden(&self, ctx: &mut Context<B>, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        let n_embd = self.config.n_embd;
+        let out = self.forward_with(ctx, batch, false, |be, xo, rows| {
+            let mut out = vec![0f32; rows * n_embd];
+            be.read(xo, &mut out)?;
+            Ok(out)
         })?;
         Ok(out.unwrap_or_default())
     }
@@ -680,11 +695,13 @@ impl<B: DeviceBackend> Model<B> {
     }
 
     /// The forward pass; `head` turns the logits buffer of the flagged rows
-    /// into what the caller asked for. `None` when no row is flagged.
+    /// (with `logits`; else their normed hidden states) into what the caller
+    /// asked for. `None` when no row is flagged.
     fn forward_with<R>(
         &self,
         ctx: &mut Context<B>,
         batch: &Batch,
+        logits: bool,
         head: impl FnOnce(&B, &B::Buf, usize) -> Result<R, BackendError>,
     ) -> Result<Option<R>, ModelError> {
         let n = batch.len();
@@ -706,26 +723,31 @@ impl<B: DeviceBackend> Model<B> {
         // A decode step over buffers that already exist can be recorded once
         // and replayed (a CUDA graph): its index lists are staged into the
         // same device buffer every step, outside the recording.
-        let reused = ctx.acts.iter().any(|a| a.n == n) && ctx.heads.iter().any(|h| h.rows == rows.len());
+        let fits = |h: &Head<B::Buf>| h.rows == rows.len() && h.logits.is_some() == logits;
+        let reused = ctx.acts.iter().any(|a| a.n == n) && ctx.heads.iter().any(fits);
         let mut a = take(&mut ctx.acts, |a| a.n == n, || self.new_acts(n))?;
         be.stage(&mut a.idx, Staged::of(batch, &rows, &()))?;
         let mut hd = match rows.len() {
             0 => None,
-            r => Some(take(&mut ctx.heads, |hd| hd.rows == r, || -> Result<_, ModelError> {
-                Ok(Head { rows: r, id: next_id(), xo: be.alloc(r * self.config.n_embd)?, logits: be.alloc(r * self.n_logits())? })
+            r => Some(take(&mut ctx.heads, fits, || -> Result<_, ModelError> {
+                let logits = match logits {
+                    true => Some(be.alloc(r * self.n_logits())?),
+                    false => None,
+                };
+                Ok(Head { rows: r, id: next_id(), xo: be.alloc(r * self.config.n_embd)?, logits })
             })?),
         };
         let n_ctx = ctx.n_ctx;
         let kv = &mut ctx.kv;
         match &hd {
-            Some(h) if n == 1 => {
+            Some(h) if n == 1 && logits => {
                 let key = crate::backend::RecordKey { context: ctx.id, acts: a.id, head: h.id };
                 be.run_recorded(key, reused, || self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut()))?
             }
             _ => self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut())?,
         }
         let out = match &hd {
-            Some(h) => Some(head(be, &h.logits, rows.len())?),
+            Some(h) => Some(head(be, h.logits.as_ref().unwrap_or(&h.xo), rows.len())?),
             None => None,
         };
         keep(&mut ctx.acts, a);
@@ -736,7 +758,8 @@ impl<B: DeviceBackend> Model<B> {
     }
 
     /// Enqueues the ops of one forward pass on the backend: the blocks, then
-    /// (when `hd` is given) the output norm and head into `hd.logits`.
+    /// (when `hd` is given) the output norm into `hd.xo` and, when it has
+    /// logits, the head into them.
     fn enqueue(
         &self,
         kv: &mut B::Kv,
@@ -839,13 +862,14 @@ impl<B: DeviceBackend> Model<B> {
             be.gather_rows(s.x, b, c.n_embd, &mut hd.xo)?;
             be.rms_norm(&mut hd.xo, &self.output_norm, c.rms_eps)?;
         }
+        let Some(logits) = hd.logits.as_mut() else { return Ok(()) };
         let head = match &self.head_prefix {
             Some((w, _)) => w,
             None => self.output.as_ref().unwrap_or(&self.embd),
         };
-        be.matmul(head, &hd.xo, &mut hd.logits, rows.len())?;
+        be.matmul(head, &hd.xo, logits, rows.len())?;
         if let Some(cap) = c.final_softcap {
-            be.softcap(&mut hd.logits, cap)?;
+            be.softcap(logits, cap)?;
         }
         Ok(())
     }
