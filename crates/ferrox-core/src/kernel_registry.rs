@@ -260,6 +260,12 @@ pub(crate) fn placement(
                         };
                         p.fallback = k.is_none().then(|| format!("no {caps_name} kernel for {kind}: the model cannot load on {backend}"));
                         p.decode = k.unwrap_or_else(|| "none".to_string());
+                        // A router runs its matvec at every batch size:
+                        // routing is a choice, and a GEMM's f16 rounding
+                        // would move its near ties.
+                        if role.map(Role::feeds) == Some(Feeds::Router) {
+                            p.prefill = p.decode.clone();
+                        }
                     }
                     Some(Feeds::Embedding) => {
                         p.decode = format!("{caps_name} get_rows ({kind})");

@@ -28,6 +28,45 @@ pub struct Buf {
     id: u64,
 }
 
+/// A mixture of experts' sizes for [`Device::moe`].
+#[derive(Debug, Clone, Copy)]
+pub struct MoeShape {
+    /// Tokens.
+    pub n: usize,
+    /// Model width.
+    pub n_embd: usize,
+    /// One expert's hidden width.
+    pub ff: usize,
+    /// Experts in the stacks.
+    pub n_expert: usize,
+    /// Experts each token is routed to.
+    pub n_used: usize,
+    /// Whether the chosen experts' weights are divided by their sum.
+    pub norm_weights: bool,
+    /// A factor on every weight.
+    pub scale: f32,
+    /// The experts' gated activation.
+    pub act: Activation,
+}
+
+/// The scratch [`Device::moe`] writes (each at least the size it names).
+pub struct MoeBufs<'a> {
+    /// The route table: `2 * n * n_used` floats.
+    pub route: &'a mut Buf,
+    /// Gate products, then the down products: `n * n_used * max(ff, n_embd)`.
+    pub gate: &'a mut Buf,
+    /// Up products: `n * n_used * ff`.
+    pub up: &'a mut Buf,
+    /// The GLU: `n * n_used * ff`.
+    pub h: &'a mut Buf,
+}
+
+/// The most experts `moe_route` takes (its shared-memory row).
+pub const MOE_MAX_EXPERTS: usize = 1024;
+
+/// Rows a unit-decoder matvec block computes (`MATVEC_ROWS` in `kernels.cu`).
+const MATVEC_ROWS: usize = 4;
+
 fn next_buf_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -186,6 +225,8 @@ struct KindFns {
     mmvq_glu: Option<CudaFunction>,
     get_rows: CudaFunction,
     dequant: CudaFunction,
+    /// The routed experts' matvec (`matvec_id_<kind>`).
+    matvec_id: CudaFunction,
 }
 
 /// The activations as the mmvq kernels see them: quantized per 32 elements
@@ -227,6 +268,8 @@ struct Fns {
     scale: CudaFunction,
     softcap: CudaFunction,
     copy_cols: CudaFunction,
+    moe_route: CudaFunction,
+    moe_sum: CudaFunction,
 }
 
 #[derive(Default)]
@@ -711,6 +754,7 @@ impl Device {
                         mmvq_glu,
                         get_rows: f(&names.get_rows)?,
                         dequant: f(&names.dequant_f16)?,
+                        matvec_id: f(&names.matvec_id)?,
                     },
                 );
             }
@@ -739,6 +783,8 @@ impl Device {
             scale: f("scale")?,
             softcap: f("softcap")?,
             copy_cols: f("copy_cols")?,
+            moe_route: f("moe_route")?,
+            moe_sum: f("moe_sum")?,
         };
         // Up to the device's opt-in shared memory for the staged decode
         // attention (more than the default 48 KiB).
@@ -2410,6 +2456,90 @@ impl Device {
                 slot: 0,
             }));
         }
+        Ok(())
+    }
+
+    /// A mixture of experts over the `m.n` normed rows `x` (`[n, n_embd]`):
+    /// the router's logits (`[n, n_expert]`, into `b.gate`; on the f32
+    /// matvec at every batch size, since f16 GEMM rounding would move
+    /// routing's near ties), routed on the device into `b.route` (per token
+    /// the chosen experts' ids, then their weights), each routed expert's gate and up rows
+    /// (`b.gate`, `b.up`: `[n * n_used, ff]`), the GLU (`b.h`), its down rows
+    /// (back into `b.gate`: `[n * n_used, n_embd]`), and their weighted sum
+    /// into `out` (`[n, n_embd]`). No host round trip: a decode step with
+    /// experts stays one recorded graph.
+    pub fn moe(&self, m: &MoeShape, w: [&Matrix; 4], x: &Buf, b: MoeBufs<'_>, out: &mut Buf) -> Result<(), CudaError> {
+        let [router, gate, up, down] = w;
+        let (n, e, ff, ne, k) = (m.n, m.n_embd, m.ff, m.n_expert, m.n_used);
+        if ne == 0 || ne > MOE_MAX_EXPERTS || k == 0 || k > ne || k > 32 {
+            return Err(shape("moe", format!("{k} of {ne} experts a token (the kernels take 1 to 32 of at most {MOE_MAX_EXPERTS})")));
+        }
+        for (mat, rows, cols) in [(router, 1, e), (gate, ff, e), (up, ff, e), (down, e, ff)] {
+            if mat.rows != ne * rows || mat.cols != cols {
+                return Err(shape("moe", format!("an expert stack of {}x{} where {ne} experts of {rows}x{cols} are expected", mat.rows, mat.cols)));
+            }
+        }
+        let pairs = n * k;
+        let need = [
+            ("input", x.len, n * e),
+            ("route", b.route.len, 2 * pairs),
+            ("gate", b.gate.len, (n * ne).max(pairs * ff.max(e))),
+            ("up", b.up.len, pairs * ff),
+            ("hidden", b.h.len, pairs * ff),
+            ("output", out.len, n * e),
+        ];
+        if let Some((what, have, want)) = need.iter().find(|(_, have, want)| have < want) {
+            return Err(shape("moe", format!("{what} buffer of {have} floats where {want} are needed")));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if pairs > 65535 {
+            return Err(shape("moe", format!("{n} tokens of {k} experts in one launch")));
+        }
+        let (ki, ni, pi) = (int("moe", k)?, int("moe", n)?, int("moe", pairs)?);
+        self.matmul_with(MatmulPath::Matvec, router, x, b.gate, n)?;
+        let route = self.ptr(&b.route.s);
+        self.launch(
+            &self.fns.moe_route,
+            LaunchConfig { grid_dim: (ni as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 },
+            "moe_route",
+            &[&self.ptr(&b.gate.s), &route, &int("moe", ne)?, &ki, &i32::from(m.norm_weights), &m.scale],
+        )?;
+        let matvec_id = |mat: &Matrix, xp: u64, per_pair: bool, y: u64| -> Result<(), CudaError> {
+            let f = &self.kind_fns(mat.kind, "moe")?.matvec_id;
+            let rows = mat.rows / ne;
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(MATVEC_ROWS) as u32, pi as u32, 1),
+                block_dim: (32 * MATVEC_ROWS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let args: [&dyn Arg; 9] = [
+                &self.ptr(&mat.data),
+                &xp,
+                &y,
+                &route,
+                &int("moe", rows)?,
+                &int("moe", mat.cols)?,
+                &(mat.row_bytes as i64),
+                &ki,
+                &i32::from(per_pair),
+            ];
+            self.launch(f, cfg, "matvec_id", &args)
+        };
+        let (g, u, h) = (self.ptr(&b.gate.s), self.ptr(&b.up.s), self.ptr(&b.h.s));
+        matvec_id(gate, self.ptr(&x.s), false, g)?;
+        matvec_id(up, self.ptr(&x.s), false, u)?;
+        let (len, ffi) = ((pairs * ff) as i64, int("moe", ff)?);
+        self.launch(
+            &self.fns.glu,
+            grid(pairs * ff, 256),
+            "glu",
+            &[&g, &u, &h, &len, &ffi, &ffi, &act_code(m.act), &0u64, &0u64],
+        )?;
+        matvec_id(down, h, true, g)?;
+        let total = (n * e) as i64;
+        self.launch(&self.fns.moe_sum, grid(n * e, 256), "moe_sum", &[&g, &route, &self.ptr(&out.s), &ki, &int("moe", e)?, &total])?;
         Ok(())
     }
 

@@ -726,14 +726,8 @@ __device__ float block_max(float v, float* red) {
 #define MATVEC_ROWS 4
 
 #define DEFINE_KIND(NAME)                                                                          \
-    extern "C" __global__ void matvec_##NAME(const u8* w, const float* x, float* y, int rows,    \
-                                             int cols, long long row_bytes) { PDL_ENTER();                    \
-        int r = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);                                    \
-        int lane = threadIdx.x & 31;                                                              \
-        int t = blockIdx.y;                                                                       \
-        if (r >= rows) return;                                                                    \
-        const u8* row = w + (size_t)r * row_bytes;                                                \
-        const float* xt = x + (size_t)t * cols;                                                   \
+    __device__ __forceinline__ float row_dot_##NAME(const u8* row, const float* xt, int cols,     \
+                                                    int lane) {                                   \
         int n_units = (cols + 31) >> 5;                                                           \
         float acc = 0.0f;                                                                         \
         float v[32];                                                                              \
@@ -749,8 +743,32 @@ __device__ float block_max(float v, float* red) {
                 _Pragma("unroll") for (int i = 0; i < 32; i++) if (u * 32 + i < cols) acc += v[i] * xu[i]; \
             }                                                                                     \
         }                                                                                         \
-        acc = warp_sum(acc);                                                                      \
+        return warp_sum(acc);                                                                     \
+    }                                                                                             \
+    extern "C" __global__ void matvec_##NAME(const u8* w, const float* x, float* y, int rows,    \
+                                             int cols, long long row_bytes) { PDL_ENTER();                    \
+        int r = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);                                    \
+        int lane = threadIdx.x & 31;                                                              \
+        int t = blockIdx.y;                                                                       \
+        if (r >= rows) return;                                                                    \
+        float acc = row_dot_##NAME(w + (size_t)r * row_bytes, x + (size_t)t * cols, cols, lane);  \
         if (lane == 0) y[(size_t)t * rows + r] = acc;                                             \
+    }                                                                                             \
+    /* The routed experts' matvec: `w` stacks the experts' `rows`-row        */                   \
+    /* matrices; pair p = t * n_used + j reads expert route[t][j]'s rows     */                   \
+    /* (the table `moe_route` writes) against x[t] (x[p] with x_per_pair).   */                   \
+    extern "C" __global__ void matvec_id_##NAME(const u8* w, const float* x, float* y,             \
+                                                const float* route, int rows, int cols,           \
+                                                long long row_bytes, int n_used, int x_per_pair) { \
+        PDL_ENTER();                                                                              \
+        int r = blockIdx.x * MATVEC_ROWS + (threadIdx.x >> 5);                                    \
+        int lane = threadIdx.x & 31;                                                              \
+        int p = blockIdx.y, t = p / n_used, j = p - t * n_used;                                   \
+        if (r >= rows) return;                                                                    \
+        size_t e = (size_t)route[(size_t)t * 2 * n_used + j];                                     \
+        const float* xt = x + (size_t)(x_per_pair ? p : t) * cols;                                \
+        float acc = row_dot_##NAME(w + (e * rows + r) * row_bytes, xt, cols, lane);               \
+        if (lane == 0) y[(size_t)p * rows + r] = acc;                                             \
     }                                                                                             \
     extern "C" __global__ void get_rows_##NAME(const u8* w, const u32* ids, float* out, int cols, \
                                                long long row_bytes) { PDL_ENTER();                            \
@@ -2548,6 +2566,94 @@ extern "C" __global__ void __launch_bounds__(128) attention_mma(
         }
     }
 #endif
+}
+
+// ---- mixture of experts. The route table of a batch holds, per token t,
+// 2 * n_used floats: the chosen experts' ids (exact as floats) then their
+// weights.
+
+#define MOE_MAX_EXPERTS 1024
+
+// The larger of two (value, index) pairs: ties go to the lower index, as
+// the host's routing sorts them.
+__device__ __forceinline__ void arg_better(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+
+// One token a block (256 threads): the softmax of its router logits over the
+// n_expert experts, the n_used most probable (ties: the lower index), their
+// probabilities divided by their sum where `norm` (the sum clamped at f16's
+// smallest normal) and times `scale`.
+extern "C" __global__ void __launch_bounds__(256) moe_route(const float* logits, float* route,
+                                                            int n_expert, int n_used, int norm,
+                                                            float scale) { PDL_ENTER();
+    __shared__ float p[MOE_MAX_EXPERTS];
+    __shared__ float red[32];
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    __shared__ float chosen_sum;
+    int t = blockIdx.x;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    const float* l = logits + (size_t)t * n_expert;
+    float m = -INF_F;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) m = fmaxf(m, l[i]);
+    m = block_max(m, red);
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
+        float e = expf(l[i] - m);
+        p[i] = e;
+        s += e;
+    }
+    float z = block_sum(s, red);
+    float* out = route + (size_t)t * 2 * n_used;
+    if (threadIdx.x == 0) chosen_sum = 0.0f;
+    for (int j = 0; j < n_used; j++) {
+        __syncthreads();
+        float v = -INF_F;
+        int idx = 0x7fffffff;
+        for (int i = threadIdx.x; i < n_expert; i += blockDim.x) arg_better(v, idx, p[i], i);
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+            arg_better(v, idx, v2, i2);
+        }
+        if (lane == 0) {
+            bv[warp] = v;
+            bi[warp] = idx;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float bestv = bv[0];
+            int best = bi[0];
+            for (int w = 1; w < nw; w++) arg_better(bestv, best, bv[w], bi[w]);
+            float prob = bestv / z;
+            out[j] = (float)best;
+            out[n_used + j] = prob;
+            chosen_sum += prob;
+            p[best] = -INF_F;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < n_used) {
+        float div = norm ? fmaxf(chosen_sum, 6.1035156e-5f) : 1.0f;
+        out[n_used + threadIdx.x] = out[n_used + threadIdx.x] / div * scale;
+    }
+}
+
+// out[t] = sum over j of weight[t][j] * d[t * n_used + j]: each token's
+// routed experts' outputs (`width` wide) by their routing weights.
+extern "C" __global__ void moe_sum(const float* d, const float* route, float* out, int n_used,
+                                   int width, long long n) { PDL_ENTER();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long t = i / width, c = i - t * width;
+    const float* wt = route + t * 2 * n_used + n_used;
+    float acc = 0.0f;
+    for (int j = 0; j < n_used; j++) acc += wt[j] * d[(t * n_used + j) * width + c];
+    out[i] = acc;
 }
 
 // act: 0 = SiLU, 1 = GELU (tanh form). `stride`/`up_off` let one kernel

@@ -87,6 +87,9 @@ pub struct KindKernels {
     pub get_rows: String,
     /// Weights dequantized to f16 for the cuBLAS GEMM (prefill).
     pub dequant_f16: String,
+    /// The routed experts' matvec over a stack of experts (decode and
+    /// prefill of a mixture of experts).
+    pub matvec_id: String,
     /// The int8-activation streaming matvec and gate/up GLU, for the
     /// [`int8_kind`]s.
     pub int8: Option<(String, String)>,
@@ -99,6 +102,7 @@ pub fn kind_kernels(kind: QuantKind) -> Option<KindKernels> {
         matvec: format!("matvec_{s}"),
         get_rows: format!("get_rows_{s}"),
         dequant_f16: format!("dequant_f16_{s}"),
+        matvec_id: format!("matvec_id_{s}"),
         int8: int8_kind(kind).then(|| (format!("mmvq_stream_{s}"), format!("mmvq_glu_{s}"))),
     })
 }

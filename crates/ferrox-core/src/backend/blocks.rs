@@ -251,11 +251,11 @@ mod plan_tests {
     use crate::kernel_registry::Backend;
 
     /// A mixture of experts in the plan: a token reads its experts' share
-    /// of each expert stack (2 of 8 here), on the CPU; an accelerator
-    /// without expert kernels refuses the model before a weight is read,
-    /// once, naming the way to run it.
+    /// of each expert stack (2 of 8 here), on the CPU and on an accelerator
+    /// with expert kernels; one without refuses the model before a weight
+    /// is read, once, naming the way to run it.
     #[test]
-    fn a_mixture_of_experts_plan_reads_the_routed_share_and_is_refused_without_kernels() {
+    fn a_mixture_of_experts_plan_reads_the_routed_share_or_is_refused_without_kernels() {
         let path = std::env::temp_dir().join(format!("ferrox-moe-plan-{}.gguf", std::process::id()));
         crate::testing::tiny_arch_model(Arch::Qwen3Moe, 3).unwrap().write_to(&path).unwrap();
         let file = ferrox_gguf::GgufModel::open(&path).unwrap();
@@ -270,8 +270,29 @@ mod plan_tests {
         assert!(p.refused.is_empty(), "{:?}", p.refused);
         for &b in Backend::ALL.iter().filter(|b| b.is_accelerator()) {
             let p = crate::model::plan(&file, b, None, b.name().into()).unwrap();
-            assert_eq!(p.refused.len(), 1, "{b}: {:?}", p.refused);
-            assert!(p.refused[0].contains("mixture-of-experts") && p.refused[0].contains("--backend cpu"), "{}", p.refused[0]);
+            let stacks: Vec<_> = p.tensors.iter().filter(|t| t.name.contains("_exps.")).collect();
+            match stacks.iter().all(|t| t.decode != "none") {
+                // Expert kernels: the routed share, on the device.
+                true => {
+                    assert!(p.refused.is_empty(), "{b}: {:?}", p.refused);
+                    for t in &stacks {
+                        assert_eq!((t.backend, t.bytes_per_token), (b, t.bytes * used as u64 / ne as u64), "{b} {}", t.name);
+                    }
+                }
+                false => {
+                    assert_eq!(p.refused.len(), 1, "{b}: {:?}", p.refused);
+                    assert!(p.refused[0].contains("mixture-of-experts") && p.refused[0].contains("--backend cpu"), "{}", p.refused[0]);
+                }
+            }
+        }
+        // CUDA runs the tiny model's Q8_0 stacks on its routed-experts
+        // matvec, and its router on the f32 matvec at any batch size.
+        let p = crate::model::plan(&file, Backend::Cuda, None, "cuda".into()).unwrap();
+        for t in p.tensors.iter().filter(|t| t.name.contains("_exps.")) {
+            assert!(t.decode.contains("matvec_id_q8_0") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
+        }
+        for t in p.tensors.iter().filter(|t| t.name.contains("ffn_gate_inp")) {
+            assert!(t.decode.contains("matvec_f32") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
         }
     }
 }

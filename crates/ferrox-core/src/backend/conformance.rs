@@ -615,6 +615,79 @@ pub(crate) fn blocks_match_the_cpu<B: DeviceBackend>(be: &B) {
     eprintln!("{name} blocks vs the CPU, largest relative error per kind: {}", worst.join(", "));
 }
 
+/// A mixture-of-experts block as a backend runs it against the CPU's (the
+/// router read back, routes chosen on the host, each expert's rows
+/// multiplied): per claimed kind among those a model's experts come in, a
+/// prompt and single tokens, routing weights normalized or scaled, with and
+/// without a post-norm. The experts are 8 of 256 x 256, 3 per token.
+pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl Fn(QuantKind) -> bool) {
+    use super::MoeBlock;
+    let name = be.id().to_string();
+    if be.id() == Backend::Cpu {
+        eprintln!("the CPU is the reference of the mixture-of-experts block");
+        return;
+    }
+    let cpu = super::cpu::Cpu::new(2);
+    let mut r = rng(0x5eed_0007);
+    let (e, ff, ne, k) = (256usize, 256usize, 8usize, 3usize);
+    let mut worst = Vec::new();
+    let kinds = [QuantKind::F16, QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q5_0, QuantKind::Q4K, QuantKind::Q5K, QuantKind::Q6K, QuantKind::IQ4XS];
+    for kind in kinds.into_iter().filter(|&k| claims(k)) {
+        let mut t: BlockTensors = Vec::new();
+        t.push(("router".into(), QuantKind::F32, ne, e, matrix(&mut r, QuantKind::F32, ne, e).0));
+        for (n, rows, cols) in [("gate", ff, e), ("up", ff, e), ("down", e, ff)] {
+            t.push((n.into(), kind, ne * rows, cols, matrix(&mut r, kind, ne * rows, cols).0));
+        }
+        let w = Weights::new(&t);
+        let (norm, pn) = (rand_vec(&mut r, e, 1.0), rand_vec(&mut r, e, 1.0));
+        let mut worst_kind = 0.0f64;
+        for (case, (norm_weights, scale, post)) in [(true, 1.0f32, false), (false, 2.5, true)].into_iter().enumerate() {
+            let experts = crate::model::Experts { n_expert: ne, n_used: k, n_ff: ff, norm_weights, scale };
+            for n in [5usize, 1, 13] {
+                let x = rand_vec(&mut r, n * e, 1.0);
+                macro_rules! run {
+                    ($be:expr) => {{
+                        let be = $be;
+                        let m = |n: &str| w.place(be, n);
+                        let (router, gate, up, down) = (m("router"), m("gate"), m("up"), m("down"));
+                        let (nv, pnv) = (vector(be, &norm), vector(be, &pn));
+                        let wide = ne.max(k * ff).max(k * e);
+                        let sizes = [e, e, 2 * k, 1, 1, 1, e, wide, k * ff, k * ff];
+                        let mut bufs = Bufs { all: sizes.iter().map(|&s| be.upload(&vec![f32::NAN; n * s]).unwrap()).collect(), qkv: None };
+                        bufs.all[0] = be.upload(&x).unwrap();
+                        let mb = MoeBlock {
+                            eps: 1e-6,
+                            act: Activation::SiluGated,
+                            norm: &nv,
+                            router: &router,
+                            gate: &gate,
+                            up: &up,
+                            down: &down,
+                            post_norm: post.then_some(&pnv),
+                            n_embd: e,
+                            experts,
+                        };
+                        let mut s = bufs.scratch(false);
+                        be.moe_block(n, &mb, &mut s).unwrap();
+                        (s.pending, read(be, s.x, n * e), if s.pending { read(be, s.o, n * e) } else { Vec::new() })
+                    }};
+                }
+                let got = run!(be);
+                let want = run!(&cpu);
+                let what = format!("experts block, {kind}, case {case}, {n} tokens");
+                assert_eq!(got.0, want.0, "{name} {what}: output pending {} where the CPU's is {}", got.0, want.0);
+                let tol = if kind == QuantKind::F16 { 1e-2 } else { 4e-2 };
+                check(&name, &format!("{what}: residual"), &got.1, &want.1, tol);
+                check(&name, &format!("{what}: pending output"), &got.2, &want.2, tol);
+                worst_kind = worst_kind.max(rel(&got.1, &want.1)).max(rel(&got.2, &want.2));
+            }
+        }
+        worst.push(format!("{kind} {worst_kind:.1e}"));
+    }
+    assert!(!worst.is_empty(), "{name}: no kind of the experts test is claimed");
+    eprintln!("{name} experts block vs the CPU, largest relative error per kind: {}", worst.join(", "));
+}
+
 /// The tiny random-weight model of `arch`, written to a scratch file.
 fn tiny(case: crate::testing::TinyCase, tag: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("ferrox-conf-{tag}-{}-{}.gguf", case.label, std::process::id()));
@@ -925,6 +998,13 @@ macro_rules! conformance_suite {
             fn blocks_match_the_cpu() {
                 if let Some(be) = dev("attention and feed-forward blocks as the backend runs them vs the CPU's composition") {
                     c::blocks_match_the_cpu(be);
+                }
+            }
+
+            #[test]
+            fn moe_block_matches_the_cpu() {
+                if let Some(be) = dev("the mixture-of-experts block as the backend runs it vs the CPU's") {
+                    c::moe_block_matches_the_cpu(be, $claims);
                 }
             }
 

@@ -62,6 +62,14 @@ impl BackendCaps for Cuda {
         })
     }
 
+    /// The routed experts' matvec for every kind of the table, at decode
+    /// and prefill alike (routing, the experts and their weighted sum stay
+    /// on the device: `moe_route`, `matvec_id_<kind>`, `moe_sum`).
+    fn experts_kernel(kind: QuantKind) -> Option<String> {
+        let k = cuda_ops::kind_kernels(kind)?;
+        Some(format!("cuda {} (the routed experts' rows, routed on the device)", k.matvec_id))
+    }
+
     /// The fused launches `ferrox_cuda::Device` takes at decode, by the same
     /// rules (`ferrox_ops::cuda`): Q, K and V in one launch (with RoPE and
     /// the cache store in its epilogue, and for F16 the norm, where those
@@ -135,7 +143,7 @@ mod dispatch {
     use crate::arch::Activation;
     use crate::backend::blocks::{self, Input, Projection};
     use crate::backend::{
-        AttnBlock, AttnParams, BackendError, BackendLaunch, DeviceBackend, FfnBlock, HostTensor, QkvWeights, RopeParams, Scratch, Staged,
+        AttnBlock, AttnParams, BackendError, BackendLaunch, DeviceBackend, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, Staged,
     };
     use crate::kernel_registry::Backend;
 
@@ -362,7 +370,7 @@ mod dispatch {
                 return defined().contains(&format!("matvec_{}", kind.name().to_ascii_lowercase()));
             };
             let int8 = k.int8.iter().flat_map(|(a, b)| [a, b]);
-            let all = [&k.matvec, &k.get_rows].into_iter().chain(int8).all(|n| defined().contains(n));
+            let all = [&k.matvec, &k.get_rows, &k.matvec_id].into_iter().chain(int8).all(|n| defined().contains(n));
             all
         }
 
@@ -561,6 +569,37 @@ mod dispatch {
                 None => blocks::ffn_hidden(self, n, w, s)?,
             }
             self.project(&w.projection(), n, s, Input::Hidden)
+        }
+
+        /// The router, routing, the routed experts and their weighted sum
+        /// on the device ([`ferrox_cuda::Device::moe`]), so the
+        /// block never waits on the host. The route table borrows `q`
+        /// (attention's, free between attention blocks).
+        fn moe_block(&self, n: usize, w: &MoeBlock<'_, Cuda>, s: &mut Scratch<'_, Buf>) -> Result<(), BackendError> {
+            let add = s.pending.then_some(&*s.o);
+            self.add_rms_norm(s.x, add, w.norm, w.eps, s.cur)?;
+            s.pending = false;
+            let x = &w.experts;
+            let shape = ferrox_cuda::MoeShape {
+                n,
+                n_embd: w.n_embd,
+                ff: x.n_ff,
+                n_expert: x.n_expert,
+                n_used: x.n_used,
+                norm_weights: x.norm_weights,
+                scale: x.scale,
+                act: w.act,
+            };
+            let bufs = ferrox_cuda::MoeBufs { route: s.q, gate: s.gate, up: s.up, h: s.h };
+            self.dev.moe(&shape, [w.router, w.gate, w.up, w.down], s.cur, bufs, s.o).map_err(be)?;
+            match w.post_norm {
+                Some(pn) => {
+                    self.rms_norm(s.o, pn, w.eps)?;
+                    s.pending = true;
+                }
+                None => self.add(s.x, s.o)?,
+            }
+            Ok(())
         }
 
         fn argmax_rows(&self, x: &Buf, width: usize, out: &mut [u32]) -> Result<(), BackendError> {

@@ -671,8 +671,12 @@ impl<B: DeviceBackend> Model<B> {
         let be = &self.backend;
         let (qd, kd, vd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
         let ff_width = if c.ffn == FfnLayout::FusedGateUp { 2 * c.n_ff } else { c.n_ff };
-        // A mixture of experts' router logits go in `gate`.
-        let hidden = c.n_ff.max(c.experts.n_expert);
+        // A mixture of experts' router logits go in `gate`; a device that
+        // runs the routed experts in place holds each token's `n_used`
+        // expert rows there too (gate and up products, the GLU, and the
+        // down products, `n_embd` wide, back in `gate`).
+        let routed = c.experts.n_used * c.experts.n_ff;
+        let hidden = c.n_ff.max(c.experts.n_expert).max(routed).max(c.experts.n_used * c.n_embd);
         Ok(Acts {
             n,
             id: next_id(),
@@ -685,8 +689,8 @@ impl<B: DeviceBackend> Model<B> {
             attn: be.alloc(n * c.n_head * c.head_dim_v)?,
             o: be.alloc(n * c.n_embd)?,
             gate: be.alloc(n * hidden)?,
-            up: be.alloc(n * ff_width)?,
-            h: be.alloc(n * c.n_ff)?,
+            up: be.alloc(n * ff_width.max(routed))?,
+            h: be.alloc(n * c.n_ff.max(routed))?,
             qkv: match self.layers.iter().any(|l| l.qkv.is_some()) {
                 true => Some(be.alloc(n * (qd + kd + vd))?),
                 false => None,

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One device-tool call on the H200: the CUDA tests (the conformance suite's
+# mixture-of-experts block and every architecture's tiny model, qwen3moe and
+# a Llama with experts among them), then mixtures of experts end to end:
+# synthetic qwen3moe-tiny and an 8-layer cut of qwen3moe-30b (Qwen3-30B-A3B's
+# shapes: 128 experts of 768, 8 a token; ~11 GB in F16), in F16 and Q4_K_M
+# (`ferrox quantize`), greedy text on the CPU and on CUDA, `ferrox bench`
+# tg128/pp512 on CUDA, and the bytes a decoded token reads (`ferrox kernels`).
+# Built here and carried in $D (an ignored folder):
+#   $D/ferrox                  cargo build --release -p ferrox --features cuda
+#   $D/tests/ferrox_core       the ferrox-core test binary built with the cuda feature
+#   $D/gguf/, $D/make_synthetic_gguf.py   llama.cpp's gguf-py/gguf and ../shared/tools/make_synthetic_gguf.py
+# SHAPES picks the models (default both), SKIP_TESTS=1 skips the tests.
+# Results: $OUT/moe.jsonl (one line per figure), logs in $OUT/logs.tgz.
+set -u
+D=${D:-target/devmoe}
+OUT=${OUT:-/tmp/ferrox-out}
+mkdir -p "$OUT" /tmp/logs
+export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root} FERROX_REQUIRE_GPU=1
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout 400 $D/tests/ferrox_core backend:: --test-threads=1 --nocapture >/tmp/logs/tests.log 2>&1
+  echo "$(el) tests rc=$?: $(grep -E '^test result' /tmp/logs/tests.log | tail -1)"
+  grep -E "NOT CHECKED|panicked|FAILED|experts block vs" /tmp/logs/tests.log | head -12
+fi
+
+M=/tmp/models
+mkdir -p $M
+export PYTHONPATH=$PWD/$D
+cat >$M/synth.py <<'EOF'
+import sys
+import make_synthetic_gguf as m
+m.SHAPES["qwen3moe-30b-l8"] = dict(m.SHAPES["qwen3moe-30b"], layers=8)
+sys.exit(m.main())
+EOF
+for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
+  python3 $M/synth.py --shape $shape --out $M/$shape-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth-$shape.log 2>&1
+  echo "$(el) synthetic $shape F16 rc=$? ($(du -h $M/$shape-F16.gguf | cut -f1))"
+  $D/ferrox quantize $M/$shape-F16.gguf $M/$shape-Q4_K_M.gguf Q4_K_M -f >/tmp/logs/quantize-$shape.log 2>&1
+  echo "$(el) quantize $shape Q4_K_M rc=$?"
+done
+
+prompt="The quick brown fox jumps over the lazy dog and then"
+for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
+  for k in F16 Q4_K_M; do
+    f=$M/$shape-$k.gguf
+    bytes=$($D/ferrox kernels "$f" --backend cuda 2>/dev/null | grep -i "per decoded token" | head -1)
+    echo "$shape $k: $bytes"
+    for be in cpu cuda; do
+      $D/ferrox run --backend $be "$f" -p "$prompt" -n 24 --temp 0 --no-echo >/tmp/logs/run-$shape-$k-$be.out 2>/tmp/logs/run-$shape-$k-$be.err
+      echo "  $be rc=$?: $(head -c 120 /tmp/logs/run-$shape-$k-$be.out | tr '\n' ' ')"
+    done
+    cmp -s /tmp/logs/run-$shape-$k-cpu.out /tmp/logs/run-$shape-$k-cuda.out && echo "  greedy: CPU and CUDA identical" || echo "  greedy: CPU and CUDA differ"
+    $D/ferrox bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-$shape-$k.jsonl 2>/tmp/logs/bench-$shape-$k.err
+    echo "  bench rc=$?"
+    python3 - "$shape" "$k" "$bytes" </tmp/logs/bench-$shape-$k.jsonl >>"$OUT/moe.jsonl" <<'PY'
+import json, sys
+shape, kind, bytes_line = sys.argv[1], sys.argv[2], sys.argv[3]
+for line in sys.stdin:
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    d = json.loads(line)
+    d["model"] = f"{shape} (synthetic, seed 0)"
+    d["kind"] = kind
+    d["bytes_per_token"] = bytes_line
+    print(json.dumps(d))
+PY
+  done
+done
+cat "$OUT/moe.jsonl" | cut -c1-400
+echo "$(el) done"
+mv "$OUT"/*.log /tmp/logs/ 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp/logs .
