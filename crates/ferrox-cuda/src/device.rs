@@ -1587,7 +1587,7 @@ impl Device {
         factors: Option<&Buf>,
     ) -> Result<bool, CudaError> {
         let n = seq.len;
-        let (hd, hdv, cols) = (a.head_dim, a.head_dim_v, ws[0].cols);
+        let (hd, hdv, cols) = (a.params.head_dim, a.params.head_dim_v, ws[0].cols);
         let uniform = ws.iter().all(|w| f16_fits(w) && w.cols == cols)
             || (norm.is_none() && ws.iter().all(|w| mmvq_fits(w) && w.kind == ws[0].kind && w.cols == cols));
         let fits = self.knobs.qkv_rope
@@ -1595,19 +1595,19 @@ impl Device {
             && uniform
             // One launch, adjacent pairs, whole-head rotation
             // (`ferrox_ops::cuda::qkv_rope_epilogue`, what the plan reports).
-            && cuda_ops::qkv_rope_epilogue([mat(ws[0]), mat(ws[1]), mat(ws[2])], r.halves, r.n_rot, hd)
-            && (r.n_heads, r.head_dim) == (a.n_head, hd)
+            && cuda_ops::qkv_rope_epilogue([mat(ws[0]), mat(ws[1]), mat(ws[2])], r.halves(), r.params.n_rot, hd)
+            && (r.n_heads, r.head_dim) == (a.params.n_head, hd)
             && n > 0
             && pos.len == n
             && self.stream_path(n)
-            && [a.n_head * hd, a.n_head_kv * hd, a.n_head_kv * hdv] == [ws[0].rows, ws[1].rows, ws[2].rows]
+            && [a.params.n_head * hd, a.params.n_head_kv * hd, a.params.n_head_kv * hdv] == [ws[0].rows, ws[1].rows, ws[2].rows]
             && kv.k_dims.get(layer) == Some(&ws[1].rows)
             && kv.v_dims.get(layer) == Some(&ws[2].rows)
             && norm.is_none_or(|(w, _)| self.norm_fits(w, cols));
         if !fits {
             return Ok(false);
         }
-        rope_check(n, [(qkv[0].len, a.n_head), (qkv[1].len, a.n_head_kv)].into_iter(), r, factors)?;
+        rope_check(n, [(qkv[0].len, a.params.n_head), (qkv[1].len, a.params.n_head_kv)].into_iter(), r, factors)?;
         for (w, y) in ws.iter().zip(&qkv) {
             matmul_shape(w, x, y, n)?;
         }
@@ -1619,11 +1619,11 @@ impl Device {
             kc: self.ptr(&kv.k[layer]),
             vc: self.ptr(&kv.v[layer]),
             hd: int("qkv_rope", hd)?,
-            n_rot: int("qkv_rope", r.n_rot)?,
+            n_rot: int("qkv_rope", r.params.n_rot)?,
             n_ctx: int("qkv_rope", kv.n_ctx)?,
-            base: r.base,
-            freq_scale: r.freq_scale,
-            attn_factor: r.attn_factor,
+            base: r.params.base,
+            freq_scale: r.params.freq_scale,
+            attn_factor: r.params.attn_factor,
         });
         match f16_fits(ws[0]) {
             true => self.matvec_f16(&mats, x, n, epi, norm)?,
@@ -2117,7 +2117,7 @@ impl Device {
             factors,
         )?;
         let heads2 = second.as_ref().map_or(0, |(_, h)| *h);
-        let total = n_tok * r.n_heads.max(heads2) * (r.n_rot / 2);
+        let total = n_tok * r.n_heads.max(heads2) * (r.params.n_rot / 2);
         if total == 0 {
             return Ok(());
         }
@@ -2135,11 +2135,11 @@ impl Device {
                 &int("rope", n_tok)?,
                 &int("rope", r.n_heads)?,
                 &int("rope", r.head_dim)?,
-                &int("rope", r.n_rot)?,
-                &i32::from(r.halves),
-                &r.base,
-                &r.freq_scale,
-                &r.attn_factor,
+                &int("rope", r.params.n_rot)?,
+                &i32::from(r.halves()),
+                &r.params.base,
+                &r.params.freq_scale,
+                &r.params.attn_factor,
                 &fp,
                 &x2,
                 &int("rope", heads2)?,
@@ -2167,7 +2167,7 @@ impl Device {
     }
 
     /// RoPE on `q` and `k` (as [`Device::rope_qk`], `r.n_heads` query heads,
-    /// `a.n_head_kv` key heads), then [`Device::attention`]: the rotation
+    /// `a.params.n_head_kv` key heads), then [`Device::attention`]: the rotation
     /// and the cache store are one launch (`rope_kv`), so a layer's
     /// attention is two launches, not three.
     #[allow(clippy::too_many_arguments)]
@@ -2187,16 +2187,16 @@ impl Device {
     ) -> Result<(), CudaError> {
         rope_check(
             pos.len,
-            [(q.len, r.n_heads), (k.len, a.n_head_kv)].into_iter(),
+            [(q.len, r.n_heads), (k.len, a.params.n_head_kv)].into_iter(),
             r,
             factors,
         )?;
-        if r.n_heads != a.n_head || r.head_dim != a.head_dim || !r.head_dim.is_multiple_of(2) {
+        if r.n_heads != a.params.n_head || r.head_dim != a.params.head_dim || !r.head_dim.is_multiple_of(2) {
             return Err(shape(
                 "rope_attention",
                 format!(
                     "RoPE over {}x{} but attention over {}x{}",
-                    r.n_heads, r.head_dim, a.n_head, a.head_dim
+                    r.n_heads, r.head_dim, a.params.n_head, a.params.head_dim
                 ),
             ));
         }
@@ -2218,12 +2218,12 @@ impl Device {
         store: KvStore<'_>,
     ) -> Result<(), CudaError> {
         let n = seq.len;
-        let (hd, hdv) = (a.head_dim, a.head_dim_v);
-        let (kd, vd) = (a.n_head_kv * hd, a.n_head_kv * hdv);
-        if a.n_head_kv == 0 || !a.n_head.is_multiple_of(a.n_head_kv) {
+        let (hd, hdv) = (a.params.head_dim, a.params.head_dim_v);
+        let (kd, vd) = (a.params.n_head_kv * hd, a.params.n_head_kv * hdv);
+        if a.params.n_head_kv == 0 || !a.params.n_head.is_multiple_of(a.params.n_head_kv) {
             return Err(shape(
                 "attention",
-                format!("{} heads cannot share {} KV heads", a.n_head, a.n_head_kv),
+                format!("{} heads cannot share {} KV heads", a.params.n_head, a.params.n_head_kv),
             ));
         }
         if hd > 256 || hdv > 256 || hd == 0 || hdv == 0 {
@@ -2238,10 +2238,10 @@ impl Device {
                 format!("layer {layer}: KV cache not shaped for {kd}/{vd}"),
             ));
         }
-        if q.len != n * a.n_head * hd
+        if q.len != n * a.params.n_head * hd
             || k.len != n * kd
             || v.len != n * vd
-            || out.len != n * a.n_head * hdv
+            || out.len != n * a.params.n_head * hdv
         {
             return Err(shape(
                 "attention",
@@ -2266,8 +2266,8 @@ impl Device {
             return Err(shape("kv_store", format!("{n} tokens in one launch")));
         }
         if let KvStore::Rope(r, factors) = store {
-            let most = (n * a.n_head * (r.n_rot / 2))
-                .max(n * a.n_head_kv * (hd / 2))
+            let most = (n * a.params.n_head * (r.params.n_rot / 2))
+                .max(n * a.params.n_head_kv * (hd / 2))
                 .max(n * vd);
             let mut cfg = grid(most, 256);
             cfg.grid_dim.1 = 3;
@@ -2283,14 +2283,14 @@ impl Device {
                         &sp,
                         &pp,
                         &int("rope_kv", n)?,
-                        &int("rope_kv", a.n_head)?,
-                        &int("rope_kv", a.n_head_kv)?,
+                        &int("rope_kv", a.params.n_head)?,
+                        &int("rope_kv", a.params.n_head_kv)?,
                         &int("rope_kv", hd)?,
-                        &int("rope_kv", r.n_rot)?,
-                        &i32::from(r.halves),
-                        &r.base,
-                        &r.freq_scale,
-                        &r.attn_factor,
+                        &int("rope_kv", r.params.n_rot)?,
+                        &i32::from(r.halves()),
+                        &r.params.base,
+                        &r.params.freq_scale,
+                        &r.params.attn_factor,
                         &factors.map_or(0u64, |f| self.ptr(&f.s)),
                         &self.ptr(&kv.k[layer]),
                         &self.ptr(&kv.v[layer]),
@@ -2324,7 +2324,7 @@ impl Device {
         }
         // The grouped kernel (a block per token and KV head) where its
         // limits allow; the per-head one otherwise.
-        let g = a.n_head / a.n_head_kv;
+        let g = a.params.n_head / a.params.n_head_kv;
         // (`gqa_min`: a knob for measuring the two at small batches.)
         let gqa = n >= self.knobs.gqa_min
             && hd.is_multiple_of(8)
@@ -2374,27 +2374,27 @@ impl Device {
             (&self.fns.attention_mma, n.div_ceil(64), 128, (64 * (hd + 8) + hdv * (64 + 8)) * 2)
         } else if let Some(c) = dec_chunk {
             // (a token's blocks: its runs of gss heads, or its gs-head blocks)
-            let per_token = (a.n_head / gss * nsplit).max(a.n_head / gs);
+            let per_token = (a.params.n_head / gss * nsplit).max(a.params.n_head / gs);
             (&self.fns.attention_dec, n * per_token, 256, dec_smem_bytes(c, gss, hd, hdv))
         } else if gqa {
             (
                 &self.fns.attention_gqa,
-                n * a.n_head_kv,
+                n * a.params.n_head_kv,
                 256,
                 // Queries, a chunk's scores, and (the fast value path,
                 // `GA_FAST` in kernels.cu) 8 warps' partial sums.
                 (g * hd + g * 256 + if ga_fast { 8 * g * hdv } else { 0 }) * 4,
             )
         } else {
-            (&self.fns.attention, n * a.n_head, 128, 0)
+            (&self.fns.attention, n * a.params.n_head, 128, 0)
         };
         // The grouped kernel's fast value path also quantizes its output
         // into the q8 scratch for the output projection (decode).
-        let q8 = !mma && gqa && ga_fast && self.wants_q8(n, a.n_head * hdv);
-        let (qs, ds) = if q8 { self.q8_scratch(n * a.n_head * hdv)? } else { (0, 0) };
+        let q8 = !mma && gqa && ga_fast && self.wants_q8(n, a.params.n_head * hdv);
+        let (qs, ds) = if q8 { self.q8_scratch(n * a.params.n_head * hdv)? } else { (0, 0) };
         let cfg = LaunchConfig {
             // (the tensor-core kernel: a block per 64 queries and head)
-            grid_dim: (int("attention", blocks)? as u32, if mma { a.n_head as u32 } else { 1 }, 1),
+            grid_dim: (int("attention", blocks)? as u32, if mma { a.params.n_head as u32 } else { 1 }, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
@@ -2404,10 +2404,10 @@ impl Device {
             self.ptr(&kv.v[layer]),
             self.ptr(&out.s),
         );
-        let (nh, nkv) = (int("attention", a.n_head)?, int("attention", a.n_head_kv)?);
+        let (nh, nkv) = (int("attention", a.params.n_head)?, int("attention", a.params.n_head_kv)?);
         let (hd_, hdv_) = (int("attention", hd)?, int("attention", hdv)?);
-        let softcap = a.softcap.unwrap_or(0.0);
-        let window = a.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32;
+        let softcap = a.params.softcap.unwrap_or(0.0);
+        let window = a.params.window.map_or(0, |w| w.min(i32::MAX as u32)) as i32;
         if self.knobs.skip.attn {
             // (measuring only: see `Skip`)
         } else if mma {
@@ -2417,13 +2417,13 @@ impl Device {
                 cfg,
                 "attention",
                 &[
-                    &qp, &kp, &vp, &op, &sp, &pp, &nt, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
+                    &qp, &kp, &vp, &op, &sp, &pp, &nt, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.params.scale,
                     &softcap, &window,
                 ],
             )?;
         } else if let Some(c) = dec_chunk {
             let (runs, cnt) = if nsplit > 1 {
-                self.split_scratch(n * a.n_head * nsplit * (hdv + 2), n * a.n_head / gss)?
+                self.split_scratch(n * a.params.n_head * nsplit * (hdv + 2), n * a.params.n_head / gss)?
             } else {
                 (0, 0)
             };
@@ -2433,7 +2433,7 @@ impl Device {
                 cfg,
                 "attention",
                 &[
-                    &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
+                    &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.params.scale,
                     &softcap, &window, &c, &qs, &ds, &gs, &ns, &span, &runs, &cnt, &gss,
                 ],
             )?;
@@ -2443,7 +2443,7 @@ impl Device {
                 cfg,
                 "attention",
                 &[
-                    &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.scale,
+                    &qp, &kp, &vp, &op, &sp, &pp, &nh, &nkv, &hd_, &hdv_, &n_ctx, &a.params.scale,
                     &softcap, &window, &qs, &ds,
                 ],
             )?;
@@ -2451,8 +2451,8 @@ impl Device {
         if q8 {
             self.set_q8_tag(Some(Q8Tag {
                 buf: out.id,
-                elems: n * a.n_head * hdv,
-                width: a.n_head * hdv,
+                elems: n * a.params.n_head * hdv,
+                width: a.params.n_head * hdv,
                 slot: 0,
             }));
         }
@@ -3108,17 +3108,17 @@ fn rope_check(
             ));
         }
     }
-    if r.n_rot > r.head_dim || !r.n_rot.is_multiple_of(2) {
+    if r.params.n_rot > r.head_dim || !r.params.n_rot.is_multiple_of(2) {
         return Err(shape(
             "rope",
-            format!("n_rot {} does not fit head size {}", r.n_rot, r.head_dim),
+            format!("n_rot {} does not fit head size {}", r.params.n_rot, r.head_dim),
         ));
     }
     if let Some(f) = factors {
-        if f.len < r.n_rot / 2 {
+        if f.len < r.params.n_rot / 2 {
             return Err(shape(
                 "rope",
-                format!("{} frequency factors for {} pairs", f.len, r.n_rot / 2),
+                format!("{} frequency factors for {} pairs", f.len, r.params.n_rot / 2),
             ));
         }
     }

@@ -57,37 +57,26 @@ pub struct AttnParams {
 }
 
 /// One RoPE launch: a layer's [`RopeParams`] over `n_heads` heads of
-/// `head_dim` (what a kernel takes as flat arguments).
+/// `head_dim`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeShape {
     /// Heads per token.
     pub n_heads: usize,
     /// Head size.
     pub head_dim: usize,
-    /// Rotated dimensions.
-    pub n_rot: usize,
-    /// NeoX pairing (`i` with `i + n_rot/2`) rather than adjacent pairs.
-    pub halves: bool,
-    /// Frequency base.
-    pub base: f32,
-    /// Linear position scale.
-    pub freq_scale: f32,
-    /// Magnitude scale of cos/sin.
-    pub attn_factor: f32,
+    /// The rotation.
+    pub params: RopeParams,
 }
 
 impl RopeShape {
     /// `p` over `n_heads` heads of `head_dim`.
     pub fn new(n_heads: usize, head_dim: usize, p: &RopeParams) -> RopeShape {
-        RopeShape {
-            n_heads,
-            head_dim,
-            n_rot: p.n_rot,
-            halves: p.style == RopeStyle::Halves,
-            base: p.base,
-            freq_scale: p.freq_scale,
-            attn_factor: p.attn_factor,
-        }
+        RopeShape { n_heads, head_dim, params: *p }
+    }
+
+    /// NeoX pairing (`i` with `i + n_rot/2`) rather than adjacent pairs.
+    pub fn halves(&self) -> bool {
+        self.params.style == RopeStyle::Halves
     }
 }
 
@@ -96,20 +85,8 @@ impl RopeShape {
 /// each staged key tile among a block's queries then).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnShape {
-    /// Query heads.
-    pub n_head: usize,
-    /// KV heads.
-    pub n_head_kv: usize,
-    /// Key/query head size.
-    pub head_dim: usize,
-    /// Value head size.
-    pub head_dim_v: usize,
-    /// Multiplier of `q·k`.
-    pub scale: f32,
-    /// Softcap of the scaled logits.
-    pub softcap: Option<f32>,
-    /// Sliding window.
-    pub window: Option<u32>,
+    /// The layer's attention.
+    pub params: AttnParams,
     /// Every token of the call is in one cache slot.
     pub one_slot: bool,
 }
@@ -117,15 +94,6 @@ pub struct AttnShape {
 impl AttnShape {
     /// `p` for a call whose tokens are in the cache slots `seq`.
     pub fn new(p: &AttnParams, seq: &[u32]) -> AttnShape {
-        AttnShape {
-            n_head: p.n_head,
-            n_head_kv: p.n_head_kv,
-            head_dim: p.head_dim,
-            head_dim_v: p.head_dim_v,
-            scale: p.scale,
-            softcap: p.softcap,
-            window: p.window,
-            one_slot: seq.iter().all(|&s| Some(&s) == seq.first()),
-        }
+        AttnShape { params: *p, one_slot: seq.iter().all(|&s| Some(&s) == seq.first()) }
     }
 }

@@ -1333,8 +1333,8 @@ mod tests {
             for (hd, n_rot, factors) in [(64usize, 64usize, false), (64, 64, true), (64, 32, true)] {
                 let (n_head, n_head_kv) = (3usize, 1usize);
                 let (qd, kd, cols) = (n_head * hd, n_head_kv * hd, 512usize);
-                let a = ferrox_ops::AttnShape { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None, one_slot: false };
-                let rs = ferrox_ops::RopeShape { n_heads: n_head, head_dim: hd, n_rot, halves: false, base: 10000.0, freq_scale: 0.5, attn_factor: 1.0 };
+                let a = ferrox_ops::AttnShape { params: ferrox_ops::AttnParams { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 0.125, softcap: None, window: None }, one_slot: false };
+                let rs = ferrox_ops::RopeShape { n_heads: n_head, head_dim: hd, params: ferrox_ops::RopeParams { style: ferrox_ops::RopeStyle::Interleaved, n_rot, base: 10000.0, freq_scale: 0.5, attn_factor: 1.0 } };
                 let ws: Vec<ferrox_cuda::Matrix> = [qd, kd, kd]
                     .iter()
                     .map(|&rows| {
