@@ -1221,3 +1221,336 @@ fn the_utility_and_embedding_endpoints_need_the_api_key() {
     assert_eq!(get(srv.addr, "/props", &[]).status, 401);
     assert_eq!(get(srv.addr, "/props", &[("Authorization", "Bearer sekrit")]).status, 200);
 }
+
+// ---- The Ollama API (/api/*) ----
+
+/// A streamed reply's body as its chunks (HTTP/1.1 chunked encoding), each
+/// chunk as it was sent: the status, the Content-Type, the chunks.
+fn read_chunks(s: TcpStream) -> (u16, String, Vec<String>) {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (mut ct, mut chunked) = (String::new(), false);
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        if k.eq_ignore_ascii_case("content-type") {
+            ct = v.trim().to_string();
+        }
+        if k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked") {
+            chunked = true;
+        }
+    }
+    assert!(chunked, "a stream is sent chunked, as it is produced");
+    let mut chunks = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let n = usize::from_str_radix(line.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        let mut chunk = vec![0; n + 2];
+        r.read_exact(&mut chunk).unwrap();
+        chunks.push(String::from_utf8(chunk[..n].to_vec()).unwrap());
+    }
+    (status, ct, chunks)
+}
+
+/// An NDJSON stream's objects, each checked to be one whole line sent as
+/// its own chunk (a client reading line by line gets each as it comes).
+fn ndjson_objects(chunks: &[String]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for c in chunks {
+        for line in c.split_inclusive('\n') {
+            assert!(line.ends_with('\n'), "an NDJSON object ends its line: {line:?}");
+            out.push(serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line:?}")));
+        }
+    }
+    out
+}
+
+fn is_rfc3339_utc(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 20 && b[4] == b'-' && b[7] == b'-' && b[10] == b'T' && b[13] == b':' && b[16] == b':' && s.ends_with('Z')
+        && s[..4].parse::<u32>().is_ok_and(|y| y >= 2024)
+}
+
+/// The durations and counts ollama's last object carries, in nanoseconds.
+fn assert_final_stats(v: &Value) {
+    for k in ["total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"] {
+        assert!(v[k].is_u64(), "{k} is a non-negative integer: {v}");
+    }
+    assert!(v["total_duration"].as_u64().unwrap() >= v["prompt_eval_duration"].as_u64().unwrap(), "{v}");
+    assert!(v["total_duration"].as_u64().unwrap() > 0, "{v}");
+}
+
+fn ollama_chat_body(stream: bool, num_predict: u64) -> Value {
+    json!({"model": "tiny", "stream": stream,
+           "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+           "options": {"temperature": 0, "num_predict": num_predict, "repeat_penalty": 1.0}})
+}
+
+/// `/api/chat` answers what `/v1/chat/completions` answers for the same
+/// conversation and greedy settings: the same text, the prompt and reply
+/// counted alike; `num_predict` bounds `eval_count`; the stream (ollama's
+/// default) is NDJSON whose pieces concatenate to the whole reply.
+#[test]
+fn ollama_chat_matches_the_openai_reply_and_streams_ndjson() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let oai = post(srv.addr, "/v1/chat/completions", &json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+        "temperature": 0, "max_tokens": 6})).json();
+    let want = oai["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let r = post(srv.addr, "/api/chat", &ollama_chat_body(false, 6));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], "tiny");
+    assert!(is_rfc3339_utc(v["created_at"].as_str().unwrap()), "{v}");
+    assert_eq!(v["message"]["role"], "assistant");
+    assert_eq!(v["message"]["content"], want.as_str());
+    assert_eq!(v["done"], true);
+    assert_eq!(v["done_reason"], if oai["choices"][0]["finish_reason"] == "length" { "length" } else { "stop" });
+    assert_final_stats(&v);
+    assert_eq!(v["eval_count"], oai["usage"]["completion_tokens"]);
+    assert!(v["eval_count"].as_u64().unwrap() <= 6, "num_predict bounds eval_count: {v}");
+    assert_eq!(v["prompt_eval_count"], oai["usage"]["prompt_tokens"]);
+    assert!(v.get("context").is_none(), "chat replies carry no context: {v}");
+
+    // The stream: no `stream` field means streaming, as in ollama.
+    let mut body = ollama_chat_body(true, 6);
+    body.as_object_mut().unwrap().remove("stream");
+    let (status, ct, chunks) = read_chunks(send(srv.addr, "POST", "/api/chat", &[], body.to_string().as_bytes()));
+    assert_eq!(status, 200);
+    assert_eq!(ct, "application/x-ndjson");
+    let objs = ndjson_objects(&chunks);
+    assert_eq!(objs.len(), chunks.len(), "one object per chunk");
+    let (last, pieces) = objs.split_last().unwrap();
+    assert!(!pieces.is_empty(), "the reply comes in pieces before the last object");
+    let mut text = String::new();
+    for p in pieces {
+        assert_eq!(p["done"], false, "{p}");
+        assert_eq!(p["message"]["role"], "assistant");
+        assert!(is_rfc3339_utc(p["created_at"].as_str().unwrap()), "{p}");
+        assert!(p.get("eval_count").is_none(), "{p}");
+        text.push_str(p["message"]["content"].as_str().unwrap());
+    }
+    assert_eq!(last["done"], true);
+    assert_final_stats(last);
+    text.push_str(last["message"]["content"].as_str().unwrap());
+    assert_eq!(text, want);
+    assert_eq!(last["eval_count"], v["eval_count"]);
+}
+
+/// `/api/generate`: templated by default, the prompt as it is with `raw`
+/// (then equal to `/v1/completions`), and `context` is the prompt's tokens
+/// then the reply's.
+#[test]
+fn ollama_generate_raw_equals_a_completion_and_returns_the_context() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let prompt = "the quick brown fox";
+    let oai = post(srv.addr, "/v1/completions", &json!({"prompt": prompt, "temperature": 0, "max_tokens": 5})).json();
+    let r = post(srv.addr, "/api/generate", &json!({"model": "tiny", "prompt": prompt, "raw": true, "stream": false,
+        "options": {"temperature": 0, "num_predict": 5, "repeat_penalty": 1}}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["response"], oai["choices"][0]["text"]);
+    assert_eq!(v["done"], true);
+    assert_final_stats(&v);
+    assert_eq!(v["eval_count"], oai["usage"]["completion_tokens"]);
+    let ctx: Vec<u32> = v["context"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let ids = encode(prompt, true);
+    assert_eq!(v["prompt_eval_count"], ids.len());
+    assert_eq!(&ctx[..ids.len()], &ids[..], "context starts with the prompt's tokens");
+    assert_eq!(ctx.len(), ids.len() + v["eval_count"].as_u64().unwrap() as usize);
+
+    // Templated: the prompt as a user turn after the system message, as
+    // /v1/chat/completions renders it; streamed by default.
+    let chat = post(srv.addr, "/v1/chat/completions", &json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": prompt}],
+        "temperature": 0, "max_tokens": 4})).json();
+    let body = json!({"model": "tiny", "prompt": prompt, "system": "be brief", "options": {"temperature": 0, "num_predict": 4, "repeat_penalty": 1}});
+    let (status, ct, chunks) = read_chunks(send(srv.addr, "POST", "/api/generate", &[], body.to_string().as_bytes()));
+    assert_eq!((status, ct.as_str()), (200, "application/x-ndjson"));
+    let objs = ndjson_objects(&chunks);
+    let text: String = objs.iter().map(|o| o["response"].as_str().unwrap()).collect();
+    assert_eq!(text, chat["choices"][0]["message"]["content"].as_str().unwrap());
+    let last = objs.last().unwrap();
+    assert_eq!(last["done"], true);
+    assert_eq!(last["prompt_eval_count"], chat["usage"]["prompt_tokens"]);
+    assert!(objs[..objs.len() - 1].iter().all(|o| o["done"] == false));
+
+    // An empty prompt loads the model and generates nothing.
+    let load = post(srv.addr, "/api/generate", &json!({"model": "tiny"}));
+    assert_eq!(load.status, 200, "{}", load.body);
+    assert_eq!(load.json()["done_reason"], "load");
+    assert_eq!(load.json()["response"], "");
+}
+
+/// `format: "json"` and a schema go through the JSON-mode constraint.
+#[test]
+fn ollama_format_constrains_the_reply_to_json() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}}, "required": ["color", "ok"]});
+    for seed in 0..2 {
+        let r = post(srv.addr, "/api/chat", &json!({"model": "tiny", "stream": false, "format": schema,
+            "messages": [{"role": "user", "content": "json please"}], "options": {"temperature": 1.0, "seed": seed, "num_predict": 300}}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let content = v["message"]["content"].as_str().unwrap();
+        assert_eq!(v["done_reason"], "stop", "{content}");
+        let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+        assert!(out["color"] == "red" || out["color"] == "green", "{content}");
+        assert!(out["ok"].is_boolean(), "{content}");
+    }
+    // `"json"`: any object. The random model may write one endless string,
+    // so only a finished reply must parse; every reply opens an object.
+    for seed in 0..3 {
+        let v = post(srv.addr, "/api/generate", &json!({"model": "tiny", "stream": false, "format": "json", "prompt": "json please",
+            "options": {"temperature": 1.0, "seed": seed, "num_predict": 40}})).json();
+        let content = v["response"].as_str().unwrap();
+        assert!(content.trim_start().starts_with('{'), "{content:?}");
+        if v["done_reason"] == "stop" {
+            let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+            assert!(out.is_object(), "{content}");
+        }
+    }
+}
+
+/// Errors as ollama answers them: a status and `{"error": "<text>"}`.
+#[test]
+fn ollama_errors_are_an_error_string_with_a_status() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (path, body, status, needle) in [
+        ("/api/chat", json!({"messages": msgs}), 400, "model is required"),
+        ("/api/generate", json!({"prompt": "hi"}), 400, "model is required"),
+        ("/api/embed", json!({"input": "hi"}), 400, "model is required"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "options": {"temperature": "hot"}}), 400, "options.temperature"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "options": {"temperature": 7}}), 400, "temperature"),
+        ("/api/generate", json!({"model": "m", "prompt": "hi", "options": {"num_predict": 0}}), 400, "num_predict"),
+        ("/api/generate", json!({"model": "m", "prompt": "hi", "format": "xml"}), 400, "invalid format"),
+        ("/api/generate", json!({"model": "m", "prompt": "hi", "images": ["AAAA"]}), 400, "images"),
+        ("/api/chat", json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}), 400, "wizard"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "think": true}), 400, "thinking"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "tools": [{"type": "function"}]}), 400, "tools"),
+        ("/api/embed", json!({"model": "m", "input": ["x".repeat(2000)], "truncate": false}), 400, "context length"),
+    ] {
+        let r = post(srv.addr, path, &body);
+        assert_eq!(r.status, status, "{path} {body}: {}", r.body);
+        let v = r.json();
+        let e = v["error"].as_str().unwrap_or_else(|| panic!("{path} {body}: the error is a string: {v}"));
+        assert!(e.contains(needle), "{path} {body}: {e:?} should mention {needle:?}");
+    }
+    let r = read_reply(send(srv.addr, "POST", "/api/chat", &[], b""));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json(), json!({"error": "missing request body"}));
+    let r = read_reply(send(srv.addr, "POST", "/api/chat", &[], b"{nope"));
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"].is_string(), "{}", r.body);
+}
+
+/// `/api/embed` serves without `--embeddings` (as ollama embeds with any
+/// model): unit vectors of the mean-pooled hidden states, in order;
+/// `dimensions` cuts and renormalizes; `/api/embeddings` is the older shape.
+#[test]
+fn ollama_embed_gives_normalized_mean_pooled_vectors_without_the_flag() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let texts = ["hello there", "the quick brown fox jumps over the lazy dog"];
+    let r = post(srv.addr, "/api/embed", &json!({"model": "tiny", "input": texts}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], "tiny");
+    let embs = v["embeddings"].as_array().unwrap();
+    assert_eq!(embs.len(), 2);
+    let mut n_tokens = 0;
+    for (e, text) in embs.iter().zip(texts) {
+        let got = floats(e);
+        let ids = encode(text, true);
+        n_tokens += ids.len();
+        let want = embedding_alone(&ids, Pooling::Mean);
+        assert_eq!(got.len(), want.len());
+        let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{text:?}: |v| = {norm}");
+        let c = cosine(&got, &want);
+        assert!(c > SAME, "{text:?}: cosine {c}");
+    }
+    assert_eq!(v["prompt_eval_count"], n_tokens);
+    assert!(v["total_duration"].is_u64());
+    let one = post(srv.addr, "/api/embed", &json!({"model": "tiny", "input": texts[0], "dimensions": 8})).json();
+    let cut = floats(&one["embeddings"][0]);
+    assert_eq!(cut.len(), 8);
+    let full = floats(&embs[0]);
+    let norm: f32 = cut.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "renormalized: |v| = {norm}");
+    let c = cosine(&cut, &full[..8]);
+    assert!(c > SAME, "the first 8 values: cosine {c}: {cut:?} vs {:?}", &full[..8]);
+    let empty = post(srv.addr, "/api/embed", &json!({"model": "tiny", "input": []})).json();
+    assert_eq!(empty["embeddings"], json!([]));
+    let old = post(srv.addr, "/api/embeddings", &json!({"model": "tiny", "prompt": texts[0]}));
+    assert_eq!(old.status, 200, "{}", old.body);
+    let c = cosine(&floats(&old.json()["embedding"]), &full);
+    assert!(c > SAME, "/api/embeddings: cosine {c}");
+}
+
+/// `/api/tags`, `/api/ps`, `/api/show`, `/api/version`: ollama's shapes with
+/// this model's facts, read from its file independently here.
+#[test]
+fn ollama_tags_show_ps_and_version_describe_the_model() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let file = ferrox_gguf::GgufFile::open(tiny_path()).unwrap();
+    let size = std::fs::metadata(tiny_path()).unwrap().len();
+    let tags = get(srv.addr, "/api/tags", &[]);
+    assert_eq!(tags.status, 200, "{}", tags.body);
+    let t = tags.json();
+    let m = &t["models"][0];
+    assert_eq!(t["models"].as_array().unwrap().len(), 1);
+    assert_eq!(m["name"], "tiny");
+    assert_eq!(m["model"], "tiny");
+    assert_eq!(m["size"], size);
+    assert!(is_rfc3339_utc(m["modified_at"].as_str().unwrap()), "{m}");
+    assert_eq!(m["details"]["format"], "gguf");
+    assert_eq!(m["details"]["family"], file.get_str("general.architecture").unwrap());
+    assert_eq!(m["details"]["families"], json!([file.get_str("general.architecture").unwrap()]));
+    let n: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    assert!(m["details"]["parameter_size"].as_str().unwrap().len() > 1, "{m}");
+    let ps = get(srv.addr, "/api/ps", &[]).json();
+    assert_eq!(ps["models"][0]["name"], "tiny");
+    assert!(ps["models"][0]["expires_at"].is_string());
+    let show = post(srv.addr, "/api/show", &json!({"model": "tiny"}));
+    assert_eq!(show.status, 200, "{}", show.body);
+    let s = show.json();
+    let model = Model::open(tiny_path(), Cpu::new(1)).unwrap();
+    let t = ChatTemplate::from_gguf(model.file().metadata_file()).unwrap();
+    assert_eq!(s["template"], t.source());
+    assert_eq!(s["details"], m["details"]);
+    assert_eq!(s["model_info"]["general.architecture"], file.get_str("general.architecture").unwrap());
+    assert_eq!(s["model_info"]["general.parameter_count"], n);
+    assert_eq!(s["model_info"]["tokenizer.ggml.tokens"], json!([]), "arrays are empty unless verbose");
+    let verbose = post(srv.addr, "/api/show", &json!({"model": "tiny", "verbose": true})).json();
+    let n_vocab = file.get_array("tokenizer.ggml.tokens").unwrap().len();
+    assert_eq!(verbose["model_info"]["tokenizer.ggml.tokens"].as_array().unwrap().len(), n_vocab);
+    assert!(s["capabilities"].as_array().unwrap().contains(&json!("completion")));
+    let ver = get(srv.addr, "/api/version", &[]);
+    assert_eq!(ver.status, 200);
+    assert!(ver.json()["version"].as_str().unwrap().split('.').all(|p| p.parse::<u32>().is_ok()), "{}", ver.body);
+    assert_eq!(post(srv.addr, "/api/show", &json!({})).json()["error"], "model is required");
+}
+
+/// With `--api-key`, `/api/*` needs it too, and says so in ollama's shape.
+#[test]
+fn ollama_endpoints_need_the_api_key() {
+    let srv = TestServer::start(cfg(1, 4), Some("sekrit"));
+    let r = get(srv.addr, "/api/tags", &[]);
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.json()["error"].as_str().unwrap().contains("API key"), "{}", r.body);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": {"num_predict": 2}});
+    assert_eq!(post(srv.addr, "/api/chat", &body).status, 401);
+    let ok = read_reply(send(srv.addr, "POST", "/api/chat", &[("Authorization", "Bearer sekrit")], body.to_string().as_bytes()));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(get(srv.addr, "/api/tags", &[("Authorization", "Bearer sekrit")]).status, 200);
+}
