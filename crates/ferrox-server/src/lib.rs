@@ -21,6 +21,7 @@ pub mod json_mode;
 pub mod ollama;
 pub mod openai;
 mod openapi;
+mod page;
 mod utility;
 
 use std::collections::VecDeque;
@@ -154,8 +155,8 @@ impl AppState {
     }
 }
 
-/// The routes. `/health` and `/openapi.json` are open; the rest require the
-/// API key when one is set.
+/// The routes. `/health`, `/openapi.json` and the chat page at `/` are
+/// open; the rest require the API key when one is set.
 pub fn router(state: Arc<AppState>) -> Router {
     let protected = Router::new()
         .route("/v1/chat/completions", post(chat).fallback(only("POST")))
@@ -180,6 +181,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health).fallback(only("GET")))
         .route("/openapi.json", get(openapi_doc).fallback(only("GET")))
+        .route("/", get(page::index).fallback(only("GET")))
         .merge(protected)
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
         .layer(middleware::from_fn(log_request))
