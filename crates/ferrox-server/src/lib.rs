@@ -183,7 +183,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi_doc).fallback(only("GET")))
         .route("/", get(page::index).fallback(only("GET")))
         .merge(protected)
-        .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .fallback(|req: Request| async move {
+            match req.uri().path() {
+                p if p.starts_with("/api/") => ollama::not_found(p),
+                p => ApiError::not_found(p).into_response(),
+            }
+        })
         .layer(middleware::from_fn(log_request))
         .with_state(state)
 }

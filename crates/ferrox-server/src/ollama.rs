@@ -797,6 +797,13 @@ pub(crate) async fn version() -> Response {
     Json(json!({"version": OLLAMA_VERSION})).into_response()
 }
 
+/// An `/api/*` path not served here (model management: pull, create, copy,
+/// delete, …), in ollama's error shape.
+pub(crate) fn not_found(path: &str) -> Response {
+    let msg = format!("{path} is not served: ferrox runs the one model it was started with (no pull, create, copy or delete)");
+    (StatusCode::NOT_FOUND, Json(json!({"error": msg}))).into_response()
+}
+
 /// A missing or wrong API key on `/api/*`, in ollama's error shape.
 pub(crate) fn unauthorized() -> Response {
     (StatusCode::UNAUTHORIZED, Json(json!({"error": ApiError::unauthorized().message}))).into_response()

@@ -1455,6 +1455,9 @@ fn ollama_errors_are_an_error_string_with_a_status() {
         let e = v["error"].as_str().unwrap_or_else(|| panic!("{path} {body}: the error is a string: {v}"));
         assert!(e.contains(needle), "{path} {body}: {e:?} should mention {needle:?}");
     }
+    let r = post(srv.addr, "/api/pull", &json!({"model": "llama3"}));
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.json()["error"].as_str().unwrap().contains("/api/pull"), "{}", r.body);
     let r = read_reply(send(srv.addr, "POST", "/api/chat", &[], b""));
     assert_eq!(r.status, 400);
     assert_eq!(r.json(), json!({"error": "missing request body"}));
@@ -1739,8 +1742,40 @@ fn the_chat_page_streams_a_reply_in_headless_chromium() {
     }
     assert!(!html.contains("<img") && !html.contains("href=\"javascript"), "{html}");
 
-    // A second turn, then Stop: the send button comes back and the turn
-    // ends stopped or done (the tiny model may finish first).
+    // Stop, deterministically: a reply that never ends (fetch replaced by
+    // a stream that sends one chunk and then waits) is cut by the button,
+    // keeping the text so far.
+    browser.script(r#"window.realFetch = window.fetch; window.fetch = (url, opts) => Promise.resolve(new Response(new ReadableStream({start(c) {
+        c.enqueue(new TextEncoder().encode('data: {"choices":[{"index":0,"delta":{"content":"partial"},"finish_reason":null}]}\n\n'));
+        opts.signal.addEventListener('abort', () => c.error(new DOMException('aborted', 'AbortError')));
+    }}), {status: 200, headers: {'Content-Type': 'text/event-stream'}})); return true"#);
+    browser.type_into("#prompt", "never ending");
+    browser.click("#send");
+    let t0 = Instant::now();
+    while browser.script("const m = document.querySelectorAll('#messages .msg.assistant'); return m.length == 2 && m[1].dataset.raw == 'partial'") != true {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the first chunk of the endless reply never showed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(browser.script("return document.getElementById('send').disabled"), true, "send is disabled while a reply streams");
+    browser.click("#stop");
+    let t0 = Instant::now();
+    loop {
+        let s = browser.script("const m = document.querySelectorAll('#messages .msg.assistant')[1]; return [m.dataset.state, m.dataset.raw, document.getElementById('send').disabled]");
+        if s[0] != "streaming" {
+            assert_eq!(s, json!(["stopped", "partial", false]), "Stop ends the reply, keeps its text and gives Send back");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "Stop did not end the reply: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    browser.script("window.fetch = window.realFetch; return true");
+    // New chat: the transcript and the conversation sent are emptied (the
+    // tiny model's 256-token context would not hold another turn).
+    browser.click("#clear");
+    assert_eq!(browser.script("return document.querySelectorAll('#messages .msg').length"), 0);
+
+    // A real turn after it, then Stop: the send button comes back and the
+    // turn ends stopped or done (the tiny model may finish first).
     browser.type_into("#max_tokens", "200");
     browser.type_into("#prompt", "and again");
     browser.click("#send");
@@ -1749,7 +1784,7 @@ fn the_chat_page_streams_a_reply_in_headless_chromium() {
     loop {
         let s = browser.script("const m = document.querySelectorAll('#messages .msg.assistant'); return [m.length, m[m.length - 1].dataset.state, document.getElementById('send').disabled]");
         if s[1] != "streaming" {
-            assert_eq!(s[0], 2, "{s}");
+            assert_eq!(s[0], 1, "{s}: {}", browser.script("return document.getElementById('messages').innerText"));
             assert!(s[1] == "stopped" || s[1] == "done", "{s}");
             assert_eq!(s[2], false, "send is enabled again: {s}");
             break;
