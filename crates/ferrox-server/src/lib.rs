@@ -212,7 +212,7 @@ async fn log_request(req: Request, next: Next) -> Response {
     let stream = r
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream") || v.as_bytes().starts_with(b"application/x-ndjson"));
     eprintln!(
         "ferrox: {method} {path} {} in {:.3}s{}",
         r.status().as_u16(),

@@ -457,6 +457,23 @@ impl Shaper {
         o
     }
 
+    /// With `-v`: one line on stderr for the finished request, as the
+    /// OpenAI endpoints write.
+    fn log_done(&self, st: &AppState, s: &SeqSummary) {
+        if st.opts.verbose {
+            let path = if self.kind == Kind::Chat { "/api/chat" } else { "/api/generate" };
+            let rate = if s.decode_time > Duration::ZERO { s.n_generated as f64 / s.decode_time.as_secs_f64() } else { 0.0 };
+            eprintln!(
+                "ferrox: {path}: prompt {} tokens ({} cached) in {:.1} ms; {} tokens generated in {:.1} ms ({rate:.2} t/s)",
+                self.prompt.len(),
+                s.n_cached,
+                s.time_to_first_token.as_secs_f64() * 1e3,
+                s.n_generated,
+                s.decode_time.as_secs_f64() * 1e3,
+            );
+        }
+    }
+
     /// The answer to an empty prompt: the model is loaded, nothing is generated.
     fn loaded(&self) -> Value {
         let mut o = self.object("", true);
@@ -497,6 +514,7 @@ async fn whole(st: Arc<AppState>, mut sh: Shaper, mut rx: mpsc::UnboundedReceive
             }
             SeqEvent::Done(s) => {
                 text.push_str(&s.tail);
+                sh.log_done(&st, &s);
                 return Json(sh.last(&text, &s)).into_response();
             }
             SeqEvent::Failed(e) => return error(&st, ApiError::internal(e)),
@@ -527,6 +545,7 @@ fn ndjson(st: Arc<AppState>, sh: Shaper, rx: mpsc::UnboundedReceiver<Tagged>, op
                 Some((_, SeqEvent::Done(s))) => {
                     // Text held back for a stop string that never came goes
                     // in the last object, whose text is otherwise empty.
+                    sh.log_done(&st, &s);
                     return Some((line(sh.last(&s.tail, &s)), None));
                 }
                 Some((_, SeqEvent::Failed(e))) => {
