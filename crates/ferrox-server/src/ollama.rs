@@ -45,7 +45,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::openai::{self, Common, Content, JsonSchemaFormat, Message, ResponseFormat, Stop};
+use crate::openai::{self, Common, JsonSchemaFormat, Message, ResponseFormat, Stop};
 use crate::{count_error, parse_body, render_chat, schema_of, submit_job, Api, AppState, Job, OpenGuard, Tagged};
 
 /// The Ollama API version whose shapes these endpoints answer (`/api/version`;
@@ -279,6 +279,13 @@ fn validate_options(st: &AppState, o: &Options, stream: bool) -> Result<openai::
     Ok(v)
 }
 
+/// An OpenAI-path message of `role` and text, built through serde so that
+/// fields the OpenAI side adds to [`Message`] take their defaults here.
+fn message(role: String, content: Option<String>) -> Result<Message, ApiError> {
+    serde_json::from_value(json!({"role": role, "content": content}))
+        .map_err(|e| ApiError::internal(format!("a message could not be built: {e}")))
+}
+
 fn job(api: Api, prompt: Vec<u32>, v: openai::Validated, format: &Option<Value>) -> Result<Job, ApiError> {
     let schema = schema_of(&format_of(format)?).map_err(|e| ApiError { param: Some("format".into()), ..e })?;
     Ok(Job { api, prompt, v, logprobs: None, schema, echo: None, draft: None })
@@ -320,9 +327,9 @@ pub(crate) async fn generate(State(st): State<Arc<AppState>>, body: Bytes) -> Re
         } else {
             let mut msgs = Vec::new();
             if let Some(s) = req.system.filter(|s| !s.is_empty()) {
-                msgs.push(Message { role: "system".into(), content: Some(Content::Text(s)) });
+                msgs.push(message("system".into(), Some(s))?);
             }
-            msgs.push(Message { role: "user".into(), content: Some(Content::Text(prompt)) });
+            msgs.push(message("user".into(), Some(prompt))?);
             let (template, text) = render_chat(&st, &msgs).map_err(|e| ApiError { param: Some("prompt".into()), ..e })?;
             if template.starts_with_bos(&text) && context.is_empty() {
                 ids.extend(st.tok.encode(text.as_bytes(), false, true).map_err(|e| ApiError::invalid(Some("prompt".into()), e.to_string()))?);
@@ -360,7 +367,7 @@ pub(crate) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             if m.images.as_ref().is_some_and(|im| !im.is_empty()) {
                 return Err(ApiError::invalid(Some(format!("messages[{i}].images")), format!("\"{model}\" does not support images")));
             }
-            msgs.push(Message { role: m.role, content: m.content.map(Content::Text) });
+            msgs.push(message(m.role, m.content)?);
         }
         let v = validate_options(&st, &req.options.unwrap_or_default(), stream)?;
         let (template, text) = render_chat(&st, &msgs)?;
