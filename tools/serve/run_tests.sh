@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Starts `ferrox serve` on the real model and runs every client-side check:
-# curl SSE, the openai-client checks, schemathesis against /openapi.json (if
+# curl SSE, the openai-client checks, the ollama-client checks, schemathesis against /openapi.json (if
 # installed), a 32-client streaming load test, then SIGTERM during a stream
 # (the stream must finish and the server exit 0).
 #
 # Usage: tools/serve/run_tests.sh [MODEL]
 #   FERROX_BIN   the ferrox binary (default target/release/ferrox)
-#   PY           a python with `openai` (and optionally `schemathesis`)
+#   PY           a python with `openai` (and optionally `ollama`, `schemathesis`)
 #   LOAD_SECONDS load-test duration (default 60)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +25,11 @@ base=http://127.0.0.1:$port
 
 "$here/curl_sse.sh" "$base"
 FERROX_URL=$base/v1 "$py" "$here/test_openai.py"
+if "$py" -c 'import ollama' 2>/dev/null; then
+  FERROX_HOST=$base "$py" "$here/test_ollama.py"
+else
+  echo "SKIPPED the ollama-client checks: \`ollama\` is not installed for $py (NOT CHECKED)"
+fi
 
 if "$py" -c 'import schemathesis' 2>/dev/null; then
   # A server with 96 positions per slot, so any generated request (max_tokens

@@ -146,7 +146,7 @@ async fn respond(st: &Arc<AppState>, headers: &HeaderMap, body: &Bytes, shape: S
 /// A JSON array of `f32` values, each written in the fewest digits that
 /// read back as that `f32` (a JSON number is an `f64`: written as one, an
 /// `f32` takes 17 digits instead of ~9).
-fn floats(v: &[f32]) -> Value {
+pub(crate) fn floats(v: &[f32]) -> Value {
     Value::Array(v.iter().map(|x| json!(x.to_string().parse::<f64>().unwrap_or(f64::NAN))).collect())
 }
 
@@ -199,7 +199,7 @@ fn tokenize_inputs(st: &AppState, input: EmbedInput, param: &str) -> Result<Vec<
 
 /// Runs `inputs` through the engine, at most one per slot at a time, and
 /// returns their pooled (not normalized) vectors in order.
-async fn run(st: &Arc<AppState>, inputs: &[Vec<u32>], pooling: Pooling) -> Result<Vec<Vec<f32>>, ApiError> {
+pub(crate) async fn run(st: &Arc<AppState>, inputs: &[Vec<u32>], pooling: Pooling) -> Result<Vec<Vec<f32>>, ApiError> {
     if st.shutting_down.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down".into()));
     }

@@ -18,8 +18,10 @@
 mod embeddings;
 pub mod error;
 pub mod json_mode;
+pub mod ollama;
 pub mod openai;
 mod openapi;
+mod page;
 mod utility;
 
 use std::collections::VecDeque;
@@ -99,6 +101,8 @@ pub struct AppState {
     open_responses: AtomicUsize,
     created: u64,
     next_id: AtomicU64,
+    /// What the Ollama endpoints say of the model file, read at first use.
+    ollama_facts: std::sync::OnceLock<ollama::ModelFacts>,
 }
 
 impl AppState {
@@ -130,6 +134,7 @@ impl AppState {
             open_responses: AtomicUsize::new(0),
             created,
             next_id: AtomicU64::new(0),
+            ollama_facts: std::sync::OnceLock::new(),
         })
     }
 
@@ -150,8 +155,8 @@ impl AppState {
     }
 }
 
-/// The routes. `/health` and `/openapi.json` are open; the rest require the
-/// API key when one is set.
+/// The routes. `/health`, `/openapi.json` and the chat page at `/` are
+/// open; the rest require the API key when one is set.
 pub fn router(state: Arc<AppState>) -> Router {
     let protected = Router::new()
         .route("/v1/chat/completions", post(chat).fallback(only("POST")))
@@ -164,12 +169,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(apply_template).fallback(only("POST")))
         .route("/props", get(props).fallback(only("GET")))
         .route("/metrics", get(metrics).fallback(only("GET")))
+        .route("/api/generate", post(ollama::generate).fallback(only("POST")))
+        .route("/api/chat", post(ollama::chat).fallback(only("POST")))
+        .route("/api/embed", post(ollama::embed).fallback(only("POST")))
+        .route("/api/embeddings", post(ollama::embeddings).fallback(only("POST")))
+        .route("/api/tags", get(ollama::tags).fallback(only("GET")))
+        .route("/api/show", post(ollama::show).fallback(only("POST")))
+        .route("/api/ps", get(ollama::ps).fallback(only("GET")))
+        .route("/api/version", get(ollama::version).fallback(only("GET")))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
         .route("/health", get(health).fallback(only("GET")))
         .route("/openapi.json", get(openapi_doc).fallback(only("GET")))
+        .route("/", get(page::index).fallback(only("GET")))
         .merge(protected)
-        .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .fallback(|req: Request| async move {
+            match req.uri().path() {
+                p if p.starts_with("/api/") => ollama::not_found(p),
+                p => ApiError::not_found(p).into_response(),
+            }
+        })
         .layer(middleware::from_fn(log_request))
         .with_state(state)
 }
@@ -193,7 +212,7 @@ async fn log_request(req: Request, next: Next) -> Response {
     let stream = r
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream") || v.as_bytes().starts_with(b"application/x-ndjson"));
     eprintln!(
         "ferrox: {method} {path} {} in {:.3}s{}",
         r.status().as_u16(),
@@ -270,6 +289,9 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
             .and_then(|v| v.strip_prefix("Bearer "));
         if given.map(str::trim) != Some(key.as_str()) {
             st.metrics.errors_4xx.fetch_add(1, Ordering::Relaxed);
+            if req.uri().path().starts_with("/api/") {
+                return ollama::unauthorized();
+            }
             return ApiError::unauthorized().into_response();
         }
     }
@@ -814,12 +836,35 @@ async fn run_job(st: Arc<AppState>, job: Result<Job, ApiError>) -> Response {
         Ok(j) => j,
         Err(e) => return count_error(&st, e).into_response(),
     };
+    let rx = match submit_job(&st, &job) {
+        Ok(rx) => rx,
+        Err(e) => return count_error(&st, e).into_response(),
+    };
+    let id = st.new_id(if job.api == Api::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    });
+    let out = Output {
+        st: Arc::clone(&st),
+        job,
+        id,
+        created: st.now(),
+        _open: OpenGuard::new(&st),
+    };
+    if out.job.v.stream {
+        stream_response(out, rx).into_response()
+    } else {
+        whole_response(out, rx).await
+    }
+}
+
+/// Hands a job's sequences (one per choice) to the engine; their events come
+/// back on the receiver, tagged with the choice index. Shared by the OpenAI
+/// and the Ollama endpoints, which differ only in how they shape the events.
+fn submit_job(st: &Arc<AppState>, job: &Job) -> Result<mpsc::UnboundedReceiver<Tagged>, ApiError> {
     if st.shutting_down.load(Ordering::Relaxed) {
-        return count_error(
-            &st,
-            ApiError::unavailable("the server is shutting down".into()),
-        )
-        .into_response();
+        return Err(ApiError::unavailable("the server is shutting down".into()));
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let mut reqs = Vec::with_capacity(job.v.n);
@@ -846,27 +891,8 @@ async fn run_job(st: Arc<AppState>, job: Result<Job, ApiError>) -> Response {
         });
     }
     drop(tx);
-    if let Err(e) = st.sched.submit_all(reqs) {
-        let e = submit_error(&st, e);
-        return count_error(&st, e).into_response();
-    }
-    let id = st.new_id(if job.api == Api::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    });
-    let out = Output {
-        st: Arc::clone(&st),
-        job,
-        id,
-        created: st.now(),
-        _open: OpenGuard::new(&st),
-    };
-    if out.job.v.stream {
-        stream_response(out, rx).into_response()
-    } else {
-        whole_response(out, rx).await
-    }
+    st.sched.submit_all(reqs).map_err(|e| submit_error(st, e))?;
+    Ok(rx)
 }
 
 fn count_error(st: &AppState, e: ApiError) -> ApiError {

@@ -216,6 +216,15 @@ fn read_reply(s: TcpStream) -> Reply {
             r.read_exact(&mut chunk).unwrap();
             body.extend_from_slice(&chunk[..n]);
         }
+    } else if let Some(n) = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+    {
+        // A server that keeps the connection open (chromedriver) ends the
+        // body by its length, not by closing.
+        body.resize(n, 0);
+        r.read_exact(&mut body).unwrap();
     } else {
         r.read_to_end(&mut body).unwrap();
     }
@@ -1220,4 +1229,567 @@ fn the_utility_and_embedding_endpoints_need_the_api_key() {
     }
     assert_eq!(get(srv.addr, "/props", &[]).status, 401);
     assert_eq!(get(srv.addr, "/props", &[("Authorization", "Bearer sekrit")]).status, 200);
+}
+
+// ---- The Ollama API (/api/*) ----
+
+/// A streamed reply's body as its chunks (HTTP/1.1 chunked encoding), each
+/// chunk as it was sent: the status, the Content-Type, the chunks.
+fn read_chunks(s: TcpStream) -> (u16, String, Vec<String>) {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (mut ct, mut chunked) = (String::new(), false);
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        if k.eq_ignore_ascii_case("content-type") {
+            ct = v.trim().to_string();
+        }
+        if k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked") {
+            chunked = true;
+        }
+    }
+    assert!(chunked, "a stream is sent chunked, as it is produced");
+    let mut chunks = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let n = usize::from_str_radix(line.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        let mut chunk = vec![0; n + 2];
+        r.read_exact(&mut chunk).unwrap();
+        chunks.push(String::from_utf8(chunk[..n].to_vec()).unwrap());
+    }
+    (status, ct, chunks)
+}
+
+/// An NDJSON stream's objects, each checked to be one whole line sent as
+/// its own chunk (a client reading line by line gets each as it comes).
+fn ndjson_objects(chunks: &[String]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for c in chunks {
+        for line in c.split_inclusive('\n') {
+            assert!(line.ends_with('\n'), "an NDJSON object ends its line: {line:?}");
+            out.push(serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line:?}")));
+        }
+    }
+    out
+}
+
+fn is_rfc3339_utc(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 20 && b[4] == b'-' && b[7] == b'-' && b[10] == b'T' && b[13] == b':' && b[16] == b':' && s.ends_with('Z')
+        && s[..4].parse::<u32>().is_ok_and(|y| y >= 2024)
+}
+
+/// The durations and counts ollama's last object carries, in nanoseconds.
+fn assert_final_stats(v: &Value) {
+    for k in ["total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"] {
+        assert!(v[k].is_u64(), "{k} is a non-negative integer: {v}");
+    }
+    assert!(v["total_duration"].as_u64().unwrap() >= v["prompt_eval_duration"].as_u64().unwrap(), "{v}");
+    assert!(v["total_duration"].as_u64().unwrap() > 0, "{v}");
+}
+
+fn ollama_chat_body(stream: bool, num_predict: u64) -> Value {
+    json!({"model": "tiny", "stream": stream,
+           "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+           "options": {"temperature": 0, "num_predict": num_predict, "repeat_penalty": 1.0}})
+}
+
+/// `/api/chat` answers what `/v1/chat/completions` answers for the same
+/// conversation and greedy settings: the same text, the prompt and reply
+/// counted alike; `num_predict` bounds `eval_count`; the stream (ollama's
+/// default) is NDJSON whose pieces concatenate to the whole reply.
+#[test]
+fn ollama_chat_matches_the_openai_reply_and_streams_ndjson() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let oai = post(srv.addr, "/v1/chat/completions", &json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+        "temperature": 0, "max_tokens": 6})).json();
+    let want = oai["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let r = post(srv.addr, "/api/chat", &ollama_chat_body(false, 6));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], "tiny");
+    assert!(is_rfc3339_utc(v["created_at"].as_str().unwrap()), "{v}");
+    assert_eq!(v["message"]["role"], "assistant");
+    assert_eq!(v["message"]["content"], want.as_str());
+    assert_eq!(v["done"], true);
+    assert_eq!(v["done_reason"], if oai["choices"][0]["finish_reason"] == "length" { "length" } else { "stop" });
+    assert_final_stats(&v);
+    assert_eq!(v["eval_count"], oai["usage"]["completion_tokens"]);
+    assert!(v["eval_count"].as_u64().unwrap() <= 6, "num_predict bounds eval_count: {v}");
+    assert_eq!(v["prompt_eval_count"], oai["usage"]["prompt_tokens"]);
+    assert!(v.get("context").is_none(), "chat replies carry no context: {v}");
+
+    // The stream: no `stream` field means streaming, as in ollama.
+    let mut body = ollama_chat_body(true, 6);
+    body.as_object_mut().unwrap().remove("stream");
+    let (status, ct, chunks) = read_chunks(send(srv.addr, "POST", "/api/chat", &[], body.to_string().as_bytes()));
+    assert_eq!(status, 200);
+    assert_eq!(ct, "application/x-ndjson");
+    let objs = ndjson_objects(&chunks);
+    assert_eq!(objs.len(), chunks.len(), "one object per chunk");
+    let (last, pieces) = objs.split_last().unwrap();
+    assert!(!pieces.is_empty(), "the reply comes in pieces before the last object");
+    let mut text = String::new();
+    for p in pieces {
+        assert_eq!(p["done"], false, "{p}");
+        assert_eq!(p["message"]["role"], "assistant");
+        assert!(is_rfc3339_utc(p["created_at"].as_str().unwrap()), "{p}");
+        assert!(p.get("eval_count").is_none(), "{p}");
+        text.push_str(p["message"]["content"].as_str().unwrap());
+    }
+    assert_eq!(last["done"], true);
+    assert_final_stats(last);
+    text.push_str(last["message"]["content"].as_str().unwrap());
+    assert_eq!(text, want);
+    assert_eq!(last["eval_count"], v["eval_count"]);
+}
+
+/// `/api/generate`: templated by default, the prompt as it is with `raw`
+/// (then equal to `/v1/completions`), and `context` is the prompt's tokens
+/// then the reply's.
+#[test]
+fn ollama_generate_raw_equals_a_completion_and_returns_the_context() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let prompt = "the quick brown fox";
+    let oai = post(srv.addr, "/v1/completions", &json!({"prompt": prompt, "temperature": 0, "max_tokens": 5})).json();
+    let r = post(srv.addr, "/api/generate", &json!({"model": "tiny", "prompt": prompt, "raw": true, "stream": false,
+        "options": {"temperature": 0, "num_predict": 5, "repeat_penalty": 1}}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["response"], oai["choices"][0]["text"]);
+    assert_eq!(v["done"], true);
+    assert_final_stats(&v);
+    assert_eq!(v["eval_count"], oai["usage"]["completion_tokens"]);
+    let ctx: Vec<u32> = v["context"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let ids = encode(prompt, true);
+    assert_eq!(v["prompt_eval_count"], ids.len());
+    assert_eq!(&ctx[..ids.len()], &ids[..], "context starts with the prompt's tokens");
+    assert_eq!(ctx.len(), ids.len() + v["eval_count"].as_u64().unwrap() as usize);
+
+    // Templated: the prompt as a user turn after the system message, as
+    // /v1/chat/completions renders it; streamed by default.
+    let chat = post(srv.addr, "/v1/chat/completions", &json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": prompt}],
+        "temperature": 0, "max_tokens": 4})).json();
+    let body = json!({"model": "tiny", "prompt": prompt, "system": "be brief", "options": {"temperature": 0, "num_predict": 4, "repeat_penalty": 1}});
+    let (status, ct, chunks) = read_chunks(send(srv.addr, "POST", "/api/generate", &[], body.to_string().as_bytes()));
+    assert_eq!((status, ct.as_str()), (200, "application/x-ndjson"));
+    let objs = ndjson_objects(&chunks);
+    let text: String = objs.iter().map(|o| o["response"].as_str().unwrap()).collect();
+    assert_eq!(text, chat["choices"][0]["message"]["content"].as_str().unwrap());
+    let last = objs.last().unwrap();
+    assert_eq!(last["done"], true);
+    assert_eq!(last["prompt_eval_count"], chat["usage"]["prompt_tokens"]);
+    assert!(objs[..objs.len() - 1].iter().all(|o| o["done"] == false));
+
+    // An empty prompt loads the model and generates nothing.
+    let load = post(srv.addr, "/api/generate", &json!({"model": "tiny"}));
+    assert_eq!(load.status, 200, "{}", load.body);
+    assert_eq!(load.json()["done_reason"], "load");
+    assert_eq!(load.json()["response"], "");
+}
+
+/// `format: "json"` and a schema go through the JSON-mode constraint.
+#[test]
+fn ollama_format_constrains_the_reply_to_json() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "ok": {"type": "boolean"}}, "required": ["color", "ok"]});
+    for seed in 0..2 {
+        let r = post(srv.addr, "/api/chat", &json!({"model": "tiny", "stream": false, "format": schema,
+            "messages": [{"role": "user", "content": "json please"}], "options": {"temperature": 1.0, "seed": seed, "num_predict": 300}}));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let content = v["message"]["content"].as_str().unwrap();
+        assert_eq!(v["done_reason"], "stop", "{content}");
+        let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+        assert!(out["color"] == "red" || out["color"] == "green", "{content}");
+        assert!(out["ok"].is_boolean(), "{content}");
+    }
+    // `"json"`: any object. The random model may write one endless string,
+    // so only a finished reply must parse; every reply opens an object.
+    for seed in 0..3 {
+        let v = post(srv.addr, "/api/generate", &json!({"model": "tiny", "stream": false, "format": "json", "prompt": "json please",
+            "options": {"temperature": 1.0, "seed": seed, "num_predict": 40}})).json();
+        let content = v["response"].as_str().unwrap();
+        assert!(content.trim_start().starts_with('{'), "{content:?}");
+        if v["done_reason"] == "stop" {
+            let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+            assert!(out.is_object(), "{content}");
+        }
+    }
+}
+
+/// Errors as ollama answers them: a status and `{"error": "<text>"}`.
+#[test]
+fn ollama_errors_are_an_error_string_with_a_status() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (path, body, status, needle) in [
+        ("/api/chat", json!({"messages": msgs}), 400, "model is required"),
+        ("/api/generate", json!({"prompt": "hi"}), 400, "model is required"),
+        ("/api/embed", json!({"input": "hi"}), 400, "model is required"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "options": {"temperature": "hot"}}), 400, "options.temperature"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "options": {"temperature": 7}}), 400, "temperature"),
+        ("/api/generate", json!({"model": "m", "prompt": "hi", "options": {"num_predict": 0}}), 400, "num_predict"),
+        ("/api/generate", json!({"model": "m", "prompt": "hi", "format": "xml"}), 400, "invalid format"),
+        ("/api/generate", json!({"model": "m", "prompt": "hi", "images": ["AAAA"]}), 400, "images"),
+        ("/api/chat", json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}), 400, "wizard"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "think": true}), 400, "thinking"),
+        ("/api/chat", json!({"model": "m", "messages": msgs, "tools": [{"type": "function"}]}), 400, "tools"),
+        ("/api/embed", json!({"model": "m", "input": ["x".repeat(2000)], "truncate": false}), 400, "context length"),
+    ] {
+        let r = post(srv.addr, path, &body);
+        assert_eq!(r.status, status, "{path} {body}: {}", r.body);
+        let v = r.json();
+        let e = v["error"].as_str().unwrap_or_else(|| panic!("{path} {body}: the error is a string: {v}"));
+        assert!(e.contains(needle), "{path} {body}: {e:?} should mention {needle:?}");
+    }
+    let r = post(srv.addr, "/api/pull", &json!({"model": "llama3"}));
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.json()["error"].as_str().unwrap().contains("/api/pull"), "{}", r.body);
+    let r = read_reply(send(srv.addr, "POST", "/api/chat", &[], b""));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json(), json!({"error": "missing request body"}));
+    let r = read_reply(send(srv.addr, "POST", "/api/chat", &[], b"{nope"));
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"].is_string(), "{}", r.body);
+}
+
+/// `/api/embed` serves without `--embeddings` (as ollama embeds with any
+/// model): unit vectors of the mean-pooled hidden states, in order;
+/// `dimensions` cuts and renormalizes; `/api/embeddings` is the older shape.
+#[test]
+fn ollama_embed_gives_normalized_mean_pooled_vectors_without_the_flag() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let texts = ["hello there", "the quick brown fox jumps over the lazy dog"];
+    let r = post(srv.addr, "/api/embed", &json!({"model": "tiny", "input": texts}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], "tiny");
+    let embs = v["embeddings"].as_array().unwrap();
+    assert_eq!(embs.len(), 2);
+    let mut n_tokens = 0;
+    for (e, text) in embs.iter().zip(texts) {
+        let got = floats(e);
+        let ids = encode(text, true);
+        n_tokens += ids.len();
+        let want = embedding_alone(&ids, Pooling::Mean);
+        assert_eq!(got.len(), want.len());
+        let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{text:?}: |v| = {norm}");
+        let c = cosine(&got, &want);
+        assert!(c > SAME, "{text:?}: cosine {c}");
+    }
+    assert_eq!(v["prompt_eval_count"], n_tokens);
+    assert!(v["total_duration"].is_u64());
+    let one = post(srv.addr, "/api/embed", &json!({"model": "tiny", "input": texts[0], "dimensions": 8})).json();
+    let cut = floats(&one["embeddings"][0]);
+    assert_eq!(cut.len(), 8);
+    let full = floats(&embs[0]);
+    let norm: f32 = cut.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "renormalized: |v| = {norm}");
+    let c = cosine(&cut, &full[..8]);
+    assert!(c > SAME, "the first 8 values: cosine {c}: {cut:?} vs {:?}", &full[..8]);
+    let empty = post(srv.addr, "/api/embed", &json!({"model": "tiny", "input": []})).json();
+    assert_eq!(empty["embeddings"], json!([]));
+    let old = post(srv.addr, "/api/embeddings", &json!({"model": "tiny", "prompt": texts[0]}));
+    assert_eq!(old.status, 200, "{}", old.body);
+    let c = cosine(&floats(&old.json()["embedding"]), &full);
+    assert!(c > SAME, "/api/embeddings: cosine {c}");
+}
+
+/// `/api/tags`, `/api/ps`, `/api/show`, `/api/version`: ollama's shapes with
+/// this model's facts, read from its file independently here.
+#[test]
+fn ollama_tags_show_ps_and_version_describe_the_model() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let file = ferrox_gguf::GgufFile::open(tiny_path()).unwrap();
+    let size = std::fs::metadata(tiny_path()).unwrap().len();
+    let tags = get(srv.addr, "/api/tags", &[]);
+    assert_eq!(tags.status, 200, "{}", tags.body);
+    let t = tags.json();
+    let m = &t["models"][0];
+    assert_eq!(t["models"].as_array().unwrap().len(), 1);
+    assert_eq!(m["name"], "tiny");
+    assert_eq!(m["model"], "tiny");
+    assert_eq!(m["size"], size);
+    assert!(is_rfc3339_utc(m["modified_at"].as_str().unwrap()), "{m}");
+    assert_eq!(m["details"]["format"], "gguf");
+    assert_eq!(m["details"]["family"], file.get_str("general.architecture").unwrap());
+    assert_eq!(m["details"]["families"], json!([file.get_str("general.architecture").unwrap()]));
+    let n: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    assert!(m["details"]["parameter_size"].as_str().unwrap().len() > 1, "{m}");
+    let ps = get(srv.addr, "/api/ps", &[]).json();
+    assert_eq!(ps["models"][0]["name"], "tiny");
+    assert!(ps["models"][0]["expires_at"].is_string());
+    let show = post(srv.addr, "/api/show", &json!({"model": "tiny"}));
+    assert_eq!(show.status, 200, "{}", show.body);
+    let s = show.json();
+    let model = Model::open(tiny_path(), Cpu::new(1)).unwrap();
+    let t = ChatTemplate::from_gguf(model.file().metadata_file()).unwrap();
+    assert_eq!(s["template"], t.source());
+    assert_eq!(s["details"], m["details"]);
+    assert_eq!(s["model_info"]["general.architecture"], file.get_str("general.architecture").unwrap());
+    assert_eq!(s["model_info"]["general.parameter_count"], n);
+    assert_eq!(s["model_info"]["tokenizer.ggml.tokens"], json!([]), "arrays are empty unless verbose");
+    let verbose = post(srv.addr, "/api/show", &json!({"model": "tiny", "verbose": true})).json();
+    let n_vocab = file.get_array("tokenizer.ggml.tokens").unwrap().len();
+    assert_eq!(verbose["model_info"]["tokenizer.ggml.tokens"].as_array().unwrap().len(), n_vocab);
+    assert!(s["capabilities"].as_array().unwrap().contains(&json!("completion")));
+    let ver = get(srv.addr, "/api/version", &[]);
+    assert_eq!(ver.status, 200);
+    assert!(ver.json()["version"].as_str().unwrap().split('.').all(|p| p.parse::<u32>().is_ok()), "{}", ver.body);
+    assert_eq!(post(srv.addr, "/api/show", &json!({})).json()["error"], "model is required");
+}
+
+/// With `--api-key`, `/api/*` needs it too, and says so in ollama's shape.
+#[test]
+fn ollama_endpoints_need_the_api_key() {
+    let srv = TestServer::start(cfg(1, 4), Some("sekrit"));
+    let r = get(srv.addr, "/api/tags", &[]);
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.json()["error"].as_str().unwrap().contains("API key"), "{}", r.body);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": {"num_predict": 2}});
+    assert_eq!(post(srv.addr, "/api/chat", &body).status, 401);
+    let ok = read_reply(send(srv.addr, "POST", "/api/chat", &[("Authorization", "Bearer sekrit")], body.to_string().as_bytes()));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(get(srv.addr, "/api/tags", &[("Authorization", "Bearer sekrit")]).status, 200);
+}
+
+// ---- The chat page at `/`, in a real browser ----
+
+/// The chat page is served without the key, as one self-contained HTML file.
+#[test]
+fn the_chat_page_is_served_without_the_key_and_loads_nothing_from_elsewhere() {
+    let srv = TestServer::start(cfg(1, 4), Some("sekrit"));
+    let r = get(srv.addr, "/", &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.header("content-type").unwrap().starts_with("text/html"));
+    assert!(r.header("content-security-policy").unwrap().contains("connect-src 'self'"));
+    assert!(r.body.contains("/v1/chat/completions"), "the page talks to the chat endpoint");
+    for outside in ["http://", "https://", "<script src", "<link ", "@import", "url("] {
+        assert!(!r.body.contains(outside), "{outside} in the page: it loads nothing from elsewhere");
+    }
+    assert_eq!(get(srv.addr, "/v1/models", &[]).status, 401, "the API itself still needs the key");
+}
+
+/// A WebDriver session over chromedriver: a few JSON calls over HTTP.
+struct Browser {
+    driver: std::process::Child,
+    port: u16,
+    session: String,
+}
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+impl Browser {
+    /// chromedriver driving headless Chromium, or why not.
+    fn start() -> Result<Browser, String> {
+        let driver_bin = ["chromedriver", "/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+            .into_iter()
+            .find(|b| std::process::Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
+            .ok_or("chromedriver is not installed (Debian: apt-get install chromium chromium-driver)")?;
+        let chromium = ["/usr/bin/chromium", "/usr/lib/chromium/chromium", "/usr/bin/chromium-browser"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .ok_or("chromium is not installed (Debian: apt-get install chromium chromium-driver)")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let driver = std::process::Command::new(driver_bin)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{driver_bin} did not start: {e}"))?;
+        let mut b = Browser { driver, port, session: String::new() };
+        let t0 = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                return Err("chromedriver did not listen within 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1100,800"]}}}});
+        let v = b.call("POST", "/session", Some(caps));
+        b.session = v["sessionId"].as_str().ok_or_else(|| format!("no WebDriver session: {v}"))?.to_string();
+        Ok(b)
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let r = read_reply(self.send(method, path, &body));
+        let v = r.json();
+        assert!(r.status == 200, "WebDriver {method} {path}: {} {}", r.status, r.body);
+        v["value"].clone()
+    }
+
+    /// chromedriver takes only requests whose Host is localhost.
+    fn send(&self, method: &str, path: &str, body: &str) -> TcpStream {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost:{}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.port,
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        s
+    }
+
+    fn s(&self, rest: &str) -> String {
+        format!("/session/{}{rest}", self.session)
+    }
+
+    fn find(&self, css: &str) -> String {
+        let v = self.call("POST", &self.s("/element"), Some(json!({"using": "css selector", "value": css})));
+        v[ELEMENT].as_str().unwrap_or_else(|| panic!("no element {css}: {v}")).to_string()
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        let e = self.find(css);
+        self.call("POST", &self.s(&format!("/element/{e}/clear")), Some(json!({})));
+        self.call("POST", &self.s(&format!("/element/{e}/value")), Some(json!({"text": text})));
+    }
+
+    fn click(&self, css: &str) {
+        let e = self.find(css);
+        self.call("POST", &self.s(&format!("/element/{e}/click")), Some(json!({})));
+    }
+
+    fn script(&self, js: &str) -> Value {
+        self.call("POST", &self.s("/execute/sync"), Some(json!({"script": js, "args": []})))
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let path = format!("/session/{}", self.session);
+            let _ = std::panic::catch_unwind(|| read_reply(self.send("DELETE", &path, "")));
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// Headless Chromium loads the page from a server started with an API key,
+/// is given the key and greedy settings, sends a prompt, and the streamed
+/// reply in the DOM is the text the API gives for the same request; the
+/// page's markdown renderer escapes HTML. A screenshot is kept under the
+/// target directory.
+#[test]
+fn the_chat_page_streams_a_reply_in_headless_chromium() {
+    let browser = match Browser::start() {
+        Ok(b) => b,
+        Err(why) => {
+            eprintln!("SKIPPED the_chat_page_streams_a_reply_in_headless_chromium: {why}. NOT CHECKED: the chat page in a real browser (streaming into the DOM, the API key field, the markdown renderer).");
+            return;
+        }
+    };
+    let srv = TestServer::start(cfg(2, 8), Some("sekrit"));
+    let want = read_reply(send(srv.addr, "POST", "/v1/chat/completions", &[("Content-Type", "application/json"), ("Authorization", "Bearer sekrit")],
+        json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}], "temperature": 0, "max_tokens": 12}).to_string().as_bytes())).json();
+    let want = want["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    browser.call("POST", &browser.s("/url"), Some(json!({"url": format!("http://{}/", srv.addr)})));
+    assert_eq!(browser.script("return document.title"), "ferrox");
+    browser.type_into("#apikey", "sekrit");
+    browser.type_into("#system", "be brief");
+    browser.type_into("#temperature", "0");
+    browser.type_into("#max_tokens", "12");
+    browser.type_into("#prompt", "hello there");
+    browser.click("#send");
+    let t0 = Instant::now();
+    let state = loop {
+        let s = browser.script("const m = document.querySelector('#messages .msg.assistant, #messages .msg.error'); return m ? [m.dataset.state, m.dataset.raw || '', m.dataset.chunks || '0', m.textContent] : null");
+        if s[0] != "streaming" && !s.is_null() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no reply within 60 s: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let shot = browser.call("GET", &browser.s("/screenshot"), None);
+    let png = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.decode(shot.as_str().unwrap()).unwrap()
+    };
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chat-page.png");
+    std::fs::write(&path, &png).unwrap();
+    eprintln!("chat page screenshot (CI artifact): {}", path.display());
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    assert_eq!(state[0], "done", "the reply finished: {state}");
+    assert_eq!(state[1], want.as_str(), "the streamed reply in the DOM is the API's text");
+    assert!(state[2].as_str().unwrap().parse::<u32>().unwrap() > 1, "the reply came in several chunks: {state}");
+    assert!(!state[3].as_str().unwrap().is_empty());
+
+    // The renderer: markdown to tags, any HTML in the text escaped.
+    let html = browser.script(r#"return renderMarkdown("**bold** and `<b>code</b>`\n\n```rust\nlet x = 1 < 2;\n```\n- <img src=x onerror=alert(1)>\n[ok](https://example.com) [bad](javascript:alert(1))")"#);
+    let html = html.as_str().unwrap();
+    for want in ["<strong>bold</strong>", "<code>&lt;b&gt;code&lt;/b&gt;</code>", "<pre><code class=\"language-rust\">let x = 1 &lt; 2;</code></pre>",
+                 "<li>&lt;img src=x onerror=alert(1)&gt;</li>", "<a href=\"https://example.com\""] {
+        assert!(html.contains(want), "{want} in {html}");
+    }
+    assert!(!html.contains("<img") && !html.contains("href=\"javascript"), "{html}");
+
+    // Stop, deterministically: a reply that never ends (fetch replaced by
+    // a stream that sends one chunk and then waits) is cut by the button,
+    // keeping the text so far.
+    browser.script(r#"window.realFetch = window.fetch; window.fetch = (url, opts) => Promise.resolve(new Response(new ReadableStream({start(c) {
+        c.enqueue(new TextEncoder().encode('data: {"choices":[{"index":0,"delta":{"content":"partial"},"finish_reason":null}]}\n\n'));
+        opts.signal.addEventListener('abort', () => c.error(new DOMException('aborted', 'AbortError')));
+    }}), {status: 200, headers: {'Content-Type': 'text/event-stream'}})); return true"#);
+    browser.type_into("#prompt", "never ending");
+    browser.click("#send");
+    let t0 = Instant::now();
+    while browser.script("const m = document.querySelectorAll('#messages .msg.assistant'); return m.length == 2 && m[1].dataset.raw == 'partial'") != true {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the first chunk of the endless reply never showed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(browser.script("return document.getElementById('send').disabled"), true, "send is disabled while a reply streams");
+    browser.click("#stop");
+    let t0 = Instant::now();
+    loop {
+        let s = browser.script("const m = document.querySelectorAll('#messages .msg.assistant')[1]; return [m.dataset.state, m.dataset.raw, document.getElementById('send').disabled]");
+        if s[0] != "streaming" {
+            assert_eq!(s, json!(["stopped", "partial", false]), "Stop ends the reply, keeps its text and gives Send back");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "Stop did not end the reply: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    browser.script("window.fetch = window.realFetch; return true");
+    // New chat: the transcript and the conversation sent are emptied (the
+    // tiny model's 256-token context would not hold another turn).
+    browser.click("#clear");
+    assert_eq!(browser.script("return document.querySelectorAll('#messages .msg').length"), 0);
+
+    // A real turn after it, then Stop: the send button comes back and the
+    // turn ends stopped or done (the tiny model may finish first).
+    browser.type_into("#max_tokens", "200");
+    browser.type_into("#prompt", "and again");
+    browser.click("#send");
+    browser.click("#stop");
+    let t0 = Instant::now();
+    loop {
+        let s = browser.script("const m = document.querySelectorAll('#messages .msg.assistant'); return [m.length, m[m.length - 1].dataset.state, document.getElementById('send').disabled]");
+        if s[1] != "streaming" {
+            assert_eq!(s[0], 1, "{s}: {}", browser.script("return document.getElementById('messages').innerText"));
+            assert!(s[1] == "stopped" || s[1] == "done", "{s}");
+            assert_eq!(s[2], false, "send is enabled again: {s}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the second turn did not end: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
