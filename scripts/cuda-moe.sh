@@ -24,6 +24,13 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 400 $D/tests/ferrox_core backend:: --test-threads=1 --nocapture >/tmp/logs/tests.log 2>&1
   echo "$(el) tests rc=$?: $(grep -E '^test result' /tmp/logs/tests.log | tail -1)"
   grep -E "NOT CHECKED|panicked|FAILED|experts block vs" /tmp/logs/tests.log | head -12
+  # SABOTAGE=1: the experts block test again on a build whose moe_route
+  # drops the routing weights' scale; it must fail.
+  if [ "${SABOTAGE:-0}" = 1 ] && [ -x $D/tests-sabotaged/ferrox_core ]; then
+    timeout 200 $D/tests-sabotaged/ferrox_core backend::conformance::Cuda::suite::moe_block --test-threads=1 >/tmp/logs/tests-sabotaged.log 2>&1
+    echo "$(el) SABOTAGED experts test rc=$?: $(grep -E '^test result' /tmp/logs/tests-sabotaged.log | tail -1)"
+    grep -E "panicked" -A1 /tmp/logs/tests-sabotaged.log | head -3
+  fi
 fi
 
 M=/tmp/models
