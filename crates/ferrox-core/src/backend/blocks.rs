@@ -183,6 +183,12 @@ pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scra
     be.read(s.gate, &mut logits)?;
     let routes = route(&logits, &w.experts);
     be.moe_experts(w, s.cur, &routes, s.o)?;
+    moe_out(be, w, s)
+}
+
+/// A mixture-of-experts block's output (in `s.o`) into the residual
+/// stream: post-normed and left pending, or added into `x`.
+pub fn moe_out<B: DeviceBackend>(be: &B, w: &MoeBlock<'_, B>, s: &mut Scratch<'_, B::Buf>) -> Result<(), BackendError> {
     match w.post_norm {
         Some(pn) => {
             be.rms_norm(s.o, pn, w.eps)?;

@@ -592,14 +592,7 @@ mod dispatch {
             };
             let bufs = ferrox_cuda::MoeBufs { route: s.q, gate: s.gate, up: s.up, h: s.h };
             self.dev.moe(&shape, [w.router, w.gate, w.up, w.down], s.cur, bufs, s.o).map_err(be)?;
-            match w.post_norm {
-                Some(pn) => {
-                    self.rms_norm(s.o, pn, w.eps)?;
-                    s.pending = true;
-                }
-                None => self.add(s.x, s.o)?,
-            }
-            Ok(())
+            blocks::moe_out(self, w, s)
         }
 
         fn argmax_rows(&self, x: &Buf, width: usize, out: &mut [u32]) -> Result<(), BackendError> {
