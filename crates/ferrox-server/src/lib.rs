@@ -17,7 +17,7 @@
 
 mod embeddings;
 pub mod error;
-pub mod json_mode;
+pub mod constrain;
 pub mod openai;
 mod openapi;
 mod utility;
@@ -50,9 +50,9 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::json_mode::{JsonConstraint, Schema, TokenBytes};
+use crate::constrain::{Grammar, Grammars, Spec};
 use crate::embeddings::{embeddings_llama, embeddings_oai};
-use crate::openai::{ChatRequest, CompletionRequest, Message, Prompt, ResponseFormat, Validated};
+use crate::openai::{ChatRequest, Common, CompletionRequest, Message, Prompt, ResponseFormat, Validated};
 use crate::utility::{apply_template, detokenize, props, tokenize};
 
 /// What the HTTP side needs besides the engine.
@@ -91,7 +91,9 @@ pub struct AppState {
     tok: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     template_error: Option<String>,
-    vocab: Arc<TokenBytes>,
+    /// The vocabulary's token trie for constrained decoding, or why it
+    /// could not be built.
+    grammars: Result<Grammars, String>,
     opts: ServerOptions,
     metrics: HttpMetrics,
     shutting_down: AtomicBool,
@@ -110,7 +112,7 @@ impl AppState {
         template: Result<ChatTemplate, String>,
         opts: ServerOptions,
     ) -> Arc<AppState> {
-        let vocab = Arc::new(TokenBytes::new(&tok));
+        let grammars = Grammars::new(Arc::clone(&tok)).map_err(|e| e.to_string());
         let (template, template_error) = match template {
             Ok(t) => (Some(t), None),
             Err(e) => (None, Some(e)),
@@ -123,7 +125,7 @@ impl AppState {
             tok,
             template,
             template_error,
-            vocab,
+            grammars,
             opts,
             metrics: HttpMetrics::default(),
             shutting_down: AtomicBool::new(false),
@@ -627,25 +629,58 @@ struct Job {
     v: Validated,
     /// `top_logprobs` (chat) / `logprobs` (completions); `None`: no logprobs.
     logprobs: Option<usize>,
-    schema: Option<Arc<Schema>>,
+    /// The output's constraint (`response_format`, `grammar`, ...).
+    grammar: Option<Grammar>,
     echo: Option<String>,
     /// Draft sizes the request asked for (`None`: the server's).
     draft: Option<DraftParams>,
 }
 
-fn schema_of(rf: &Option<ResponseFormat>) -> Result<Option<Arc<Schema>>, ApiError> {
+/// The request's output constraint compiled: at most one of
+/// `response_format` (JSON), `json_schema`, `grammar` and `regex`; a spec
+/// llguidance cannot compile is a 400 on its field.
+fn grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common) -> Result<Option<Grammar>, ApiError> {
+    let mut specs: Vec<(&str, Spec)> = Vec::new();
     match rf {
-        None | Some(ResponseFormat::Text) => Ok(None),
-        Some(ResponseFormat::JsonObject) => Ok(Some(Arc::new(Schema::any_object()))),
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
-            let s = match &json_schema.schema {
-                Some(s) => Schema::compile(s),
-                None => Ok(Schema::any_object()),
-            };
-            s.map(|s| Some(Arc::new(s)))
-                .map_err(|e| ApiError::invalid(Some("response_format".into()), e.to_string()))
-        }
+        None | Some(ResponseFormat::Text) => {}
+        Some(ResponseFormat::JsonObject) => specs.push(("response_format", Spec::JsonObject)),
+        Some(ResponseFormat::JsonSchema { json_schema }) => specs.push((
+            "response_format",
+            json_schema.schema.clone().map_or(Spec::JsonObject, Spec::JsonSchema),
+        )),
     }
+    if let Some(s) = &c.json_schema {
+        specs.push(("json_schema", Spec::JsonSchema(s.clone())));
+    }
+    if let Some(g) = c.grammar.as_ref().filter(|g| !g.trim().is_empty()) {
+        specs.push(("grammar", Spec::Gbnf(g.clone())));
+    }
+    if let Some(r) = &c.regex {
+        specs.push(("regex", Spec::Regex(r.clone())));
+    }
+    compile_one(st, specs)
+}
+
+/// The one spec of `specs` compiled (none: no constraint; several: a 400).
+fn compile_one(st: &AppState, mut specs: Vec<(&str, Spec)>) -> Result<Option<Grammar>, ApiError> {
+    if specs.len() > 1 {
+        let names: Vec<&str> = specs.iter().map(|(n, _)| *n).collect();
+        return Err(ApiError::invalid(
+            Some(names[1].into()),
+            format!("one output constraint per request, got {}", names.join(" and ")),
+        ));
+    }
+    let Some((param, spec)) = specs.pop() else {
+        return Ok(None);
+    };
+    let grammars = st
+        .grammars
+        .as_ref()
+        .map_err(|e| ApiError::invalid(Some(param.into()), format!("constrained decoding is unavailable for this model: {e}")))?;
+    grammars
+        .compile(&spec)
+        .map(Some)
+        .map_err(|e| ApiError::invalid(Some(param.into()), format!("{param}: {e}")))
 }
 
 /// A conversation through the model's chat template, with the assistant's
@@ -715,7 +750,7 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
             prompt,
             v,
             logprobs: top,
-            schema: schema_of(&req.response_format)?,
+            grammar: grammar_of(&st, &req.response_format, &req.common)?,
             echo: None,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -780,7 +815,7 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             prompt,
             v,
             logprobs,
-            schema: schema_of(&req.response_format)?,
+            grammar: grammar_of(&st, &req.response_format, &req.common)?,
             echo,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -826,10 +861,7 @@ async fn run_job(st: Arc<AppState>, job: Result<Job, ApiError>) -> Response {
     for i in 0..job.v.n {
         let mut sampling = job.v.sampling.clone();
         sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-        let constraint = job
-            .schema
-            .as_ref()
-            .map(|s| Box::new(JsonConstraint::new(Arc::clone(s), Arc::clone(&st.vocab))) as _);
+        let constraint = job.grammar.as_ref().map(Grammar::constraint);
         reqs.push(SeqRequest {
             prompt: job.prompt.clone(),
             max_tokens: job.v.max_tokens,

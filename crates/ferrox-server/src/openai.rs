@@ -136,6 +136,10 @@ pub struct Common {
     pub speculative_n_min: Option<i64>,
     /// Free-form end-user id (accepted, unused).
     pub user: Option<String>,
+    pub grammar: Option<String>,
+    pub json_schema: Option<serde_json::Value>,
+    #[serde(alias = "guided_regex")]
+    pub regex: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.

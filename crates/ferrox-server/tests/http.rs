@@ -405,7 +405,7 @@ fn malformed_and_out_of_range_requests_get_openai_error_bodies() {
         (json!({"messages": msgs, "logit_bias": {"abc": 1}}).to_string().into_bytes(), Some("logit_bias")),
         (json!({"messages": msgs, "logit_bias": {"999999999": 1}}).to_string().into_bytes(), Some("logit_bias")),
         (json!({"messages": msgs, "stream_options": {"include_usage": "yes"}}).to_string().into_bytes(), None),
-        (json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"anyOf": []}}}}).to_string().into_bytes(), Some("response_format")),
+        (json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}).to_string().into_bytes(), Some("response_format")),
         (json!({"messages": msgs, "response_format": {"type": "yaml"}}).to_string().into_bytes(), None),
     ];
     for (body, param) in cases {
@@ -1220,4 +1220,114 @@ fn the_utility_and_embedding_endpoints_need_the_api_key() {
     }
     assert_eq!(get(srv.addr, "/props", &[]).status, 401);
     assert_eq!(get(srv.addr, "/props", &[("Authorization", "Bearer sekrit")]).status, 200);
+}
+
+/// `anyOf`, `oneOf`, `$ref`/`$defs`, `pattern`, string lengths, numeric
+/// bounds and `additionalProperties: false` all hold in sampled output
+/// (the tiny model's weights are random: only the mask makes it valid).
+#[test]
+fn full_json_schema_output_follows_anyof_ref_pattern_and_bounds() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let schema = json!({
+        "type": "object",
+        "$defs": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}},
+        "properties": {
+            "id": {"$ref": "#/$defs/code"},
+            "value": {"anyOf": [
+                {"type": "integer", "minimum": 10, "maximum": 99},
+                {"type": "string", "minLength": 2, "maxLength": 4, "pattern": "^[a-z]+$"}
+            ]},
+            "kind": {"oneOf": [{"const": "a"}, {"const": "b"}]}
+        },
+        "required": ["id", "value", "kind"],
+        "additionalProperties": false
+    });
+    let mut seen_int = false;
+    let mut seen_str = false;
+    for seed in 0..6 {
+        let body = json!({"messages": [{"role": "user", "content": "json please"}], "temperature": 1.0, "seed": seed, "max_tokens": 120,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{content}");
+        let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+        let o = out.as_object().unwrap();
+        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["id", "kind", "value"], "{content}");
+        let id: Vec<char> = out["id"].as_str().unwrap().chars().collect();
+        assert!(
+            id.len() == 6
+                && id[..2].iter().all(char::is_ascii_uppercase)
+                && id[2] == '-'
+                && id[3..].iter().all(char::is_ascii_digit),
+            "{content}"
+        );
+        match &out["value"] {
+            Value::Number(n) => {
+                seen_int = true;
+                let n = n.as_i64().unwrap_or_else(|| panic!("an integer: {content}"));
+                assert!((10..=99).contains(&n), "{content}");
+            }
+            Value::String(s) => {
+                seen_str = true;
+                assert!((2..=4).contains(&s.len()) && s.chars().all(|c| c.is_ascii_lowercase()), "{content}");
+            }
+            other => panic!("value {other}: {content}"),
+        }
+        assert!(out["kind"] == "a" || out["kind"] == "b", "{content}");
+    }
+    assert!(seen_int || seen_str);
+}
+
+/// llama.cpp's `grammar` (GBNF) and a `regex` shape the output exactly.
+#[test]
+fn gbnf_grammar_and_regex_shape_the_output() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let grammar = "root ::= \"answer: \" item (\", \" item){1,3}\nitem ::= [a-c] [0-9]\n";
+    for seed in 0..4 {
+        let body = json!({"messages": [{"role": "user", "content": "answer"}], "temperature": 1.0, "seed": seed, "max_tokens": 60, "grammar": grammar});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{content}");
+        let items = content.strip_prefix("answer: ").unwrap_or_else(|| panic!("{content:?}"));
+        let items: Vec<&str> = items.split(", ").collect();
+        assert!((2..=4).contains(&items.len()), "{content:?}");
+        for it in items {
+            let b = it.as_bytes();
+            assert!(b.len() == 2 && (b'a'..=b'c').contains(&b[0]) && b[1].is_ascii_digit(), "{content:?}");
+        }
+    }
+    for seed in 0..3 {
+        let body = json!({"prompt": "code:", "temperature": 1.0, "seed": seed, "max_tokens": 30, "regex": "[0-9]{3}-[xyz]{2}"});
+        let v = post(srv.addr, "/v1/completions", &body).json();
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let b = text.as_bytes();
+        assert!(
+            b.len() == 6 && b[..3].iter().all(u8::is_ascii_digit) && b[3] == b'-' && b[4..].iter().all(|c| b"xyz".contains(c)),
+            "{text:?}"
+        );
+    }
+}
+
+/// What the engine cannot enforce is refused, naming the field and the keyword.
+#[test]
+fn unenforceable_constraints_are_400s_naming_the_field() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    for (body, param, words) in [
+        (json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}}), "response_format", "not"),
+        (json!({"messages": msgs, "json_schema": {"type": "string", "dependentSchemas": {}}}), "json_schema", "dependentSchemas"),
+        (json!({"messages": msgs, "grammar": "root ::= missing-rule"}), "grammar", "missing"),
+        (json!({"messages": msgs, "grammar": "root ::= [z-a]"}), "grammar", "reversed"),
+        (json!({"messages": msgs, "regex": "(unclosed"}), "regex", "regex"),
+        (json!({"messages": msgs, "grammar": "root ::= \"x\"", "regex": "y"}), "regex", "one output constraint"),
+    ] {
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["param"], param, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(words), "{msg:?} names {words:?}");
+    }
 }
