@@ -18,6 +18,7 @@
 mod embeddings;
 pub mod error;
 pub mod constrain;
+pub mod tools;
 pub mod openai;
 mod openapi;
 mod utility;
@@ -51,6 +52,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::constrain::{Grammar, Grammars, Spec};
+use crate::tools::{Family, ToolSet};
 use crate::embeddings::{embeddings_llama, embeddings_oai};
 use crate::openai::{ChatRequest, Common, CompletionRequest, Message, Prompt, ResponseFormat, Validated};
 use crate::utility::{apply_template, detokenize, props, tokenize};
@@ -631,6 +633,8 @@ struct Job {
     logprobs: Option<usize>,
     /// The output's constraint (`response_format`, `grammar`, ...).
     grammar: Option<Grammar>,
+    /// The functions the reply may call (chat only).
+    tools: Option<ToolSet>,
     echo: Option<String>,
     /// Draft sizes the request asked for (`None`: the server's).
     draft: Option<DraftParams>,
@@ -686,6 +690,17 @@ fn compile_one(st: &AppState, mut specs: Vec<(&str, Spec)>) -> Result<Option<Gra
 /// A conversation through the model's chat template, with the assistant's
 /// turn opened: the template and the text.
 fn render_chat<'s>(st: &'s AppState, messages: &[Message]) -> Result<(&'s ChatTemplate, String), ApiError> {
+    render_chat_tools(st, messages, None)
+}
+
+/// [`render_chat`] with the request's tools: the template sees them as
+/// `tools` (a template without tool support gets them described in the
+/// system turn), and assistant `tool_calls` and `tool` turns as sent.
+fn render_chat_tools<'s>(
+    st: &'s AppState,
+    messages: &[Message],
+    tools: Option<&ToolSet>,
+) -> Result<(&'s ChatTemplate, String), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             Some("messages".into()),
@@ -706,6 +721,7 @@ fn render_chat<'s>(st: &'s AppState, messages: &[Message]) -> Result<(&'s ChatTe
         };
         msgs.push(ChatMessage::new(role, openai::content_text(m, i)?));
     }
+    let with_calls = messages.iter().any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some());
     let template = st.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             Some("messages".into()),
@@ -715,9 +731,39 @@ fn render_chat<'s>(st: &'s AppState, messages: &[Message]) -> Result<(&'s ChatTe
             ),
         )
     })?;
-    let text = template
-        .render(&msgs, true)
-        .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
+    let text = if tools.is_none() && !with_calls {
+        template.render(&msgs, true)
+    } else {
+        let mut values: Vec<Value> = msgs
+            .iter()
+            .zip(messages)
+            .map(|(m, src)| {
+                let mut v = json!({"role": m.role, "content": m.content});
+                if let Some(calls) = &src.tool_calls {
+                    v["tool_calls"] = Value::Array(calls.iter().map(tools::calls_for_template).collect());
+                }
+                if let Some(id) = &src.tool_call_id {
+                    v["tool_call_id"] = json!(id);
+                }
+                if let Some(n) = &src.name {
+                    v["name"] = json!(n);
+                }
+                v
+            })
+            .collect();
+        if let Some(t) = tools.filter(|t| t.family == Family::Generic) {
+            match values.first_mut().filter(|v| v["role"] == "system") {
+                Some(sys) => {
+                    let s = format!("{}\n\n{}", sys["content"].as_str().unwrap_or_default(), t.generic_prompt());
+                    sys["content"] = json!(s);
+                }
+                None => values.insert(0, json!({"role": "system", "content": t.generic_prompt()})),
+            }
+        }
+        let size = values.iter().map(|v| v.to_string().len()).sum();
+        template.render_with_tools(&values, tools.map(ToolSet::template_tools).as_ref(), size, true)
+    }
+    .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
     Ok((template, text))
 }
 
@@ -725,7 +771,9 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
     st.metrics.chat.fetch_add(1, Ordering::Relaxed);
     let job = (|| {
         let req: ChatRequest = parse_body(&headers, &body)?;
-        let (template, text) = render_chat(&st, &req.messages)?;
+        let family = st.template.as_ref().map_or(Family::Generic, |t| Family::detect(t.source()));
+        let tools = tools::validate(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls, family)?;
+        let (template, text) = render_chat_tools(&st, &req.messages, tools.as_ref())?;
         let with_bos = !template.starts_with_bos(&text);
         let prompt = st
             .tok
@@ -750,7 +798,19 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
             prompt,
             v,
             logprobs: top,
-            grammar: grammar_of(&st, &req.response_format, &req.common)?,
+            grammar: match tools.as_ref().and_then(|t| t.forced(&st.tok)) {
+                None => grammar_of(&st, &req.response_format, &req.common)?,
+                Some(forced) => {
+                    if grammar_of(&st, &req.response_format, &req.common)?.is_some() {
+                        return Err(ApiError::invalid(
+                            Some("tool_choice".into()),
+                            "a required tool call cannot be combined with response_format, json_schema, grammar or regex",
+                        ));
+                    }
+                    compile_one(&st, vec![("tool_choice", forced)])?
+                }
+            },
+            tools,
             echo: None,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -816,6 +876,7 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             v,
             logprobs,
             grammar: grammar_of(&st, &req.response_format, &req.common)?,
+            tools: None,
             echo,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -1071,6 +1132,29 @@ impl Output {
         eprintln!("{line}");
     }
 
+    /// A reply under `tools`: the assistant message (its calls parsed out of
+    /// the text) and the finish reason (`tool_calls` when it calls).
+    fn tool_message(&self, choice: usize, text: &str, fin: &'static str) -> (Value, &'static str) {
+        let Some(set) = &self.job.tools else {
+            return (json!({"role": "assistant", "content": text, "refusal": null}), fin);
+        };
+        let (content, calls) = set.parse(text);
+        if calls.is_empty() {
+            return (json!({"role": "assistant", "content": text, "refusal": null}), fin);
+        }
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                json!({"id": format!("call_{}_{choice}_{k}", self.id), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        let content = if content.is_empty() { Value::Null } else { json!(content) };
+        let fin = if fin == "stop" { "tool_calls" } else { fin };
+        (json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": calls}), fin)
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.job.api, chunk) {
             (Api::Chat, false) => "chat.completion",
@@ -1128,6 +1212,15 @@ async fn whole_response(out: Output, mut rx: mpsc::UnboundedReceiver<Tagged>) ->
         .map(|(i, c)| {
             let fin = c.summary.as_ref().map_or("stop", finish_reason);
             match out.job.api {
+                Api::Chat if out.job.tools.is_some() => {
+                    let (message, fin) = out.tool_message(i, &c.text, fin);
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "logprobs": out.job.logprobs.map(|_| json!({"content": c.tokens.iter().map(|t| out.chat_logprob(t)).collect::<Vec<_>>(), "refusal": null})),
+                        "finish_reason": fin,
+                    })
+                }
                 Api::Chat => json!({
                     "index": i,
                     "message": {"role": "assistant", "content": c.text, "refusal": null},
@@ -1237,6 +1330,43 @@ impl StreamState {
                     let s = self.chunk(vec![c]);
                     self.queued.push_back(s);
                 }
+            }
+            SeqEvent::Token(t) if self.out.job.tools.is_some() => {
+                // A reply that may call tools is parsed whole: its text
+                // waits for the end.
+                self.choices[i].text.push_str(&t.text);
+                self.choices[i].tokens.push(t);
+            }
+            SeqEvent::Done(s) if self.out.job.tools.is_some() => {
+                let mut text = std::mem::take(&mut self.choices[i].text);
+                text.push_str(&s.tail);
+                let (message, fin) = self.out.tool_message(i, &text, finish_reason(&s));
+                let mut delta = json!({});
+                if !message["content"].is_null() {
+                    delta["content"] = message["content"].clone();
+                }
+                if let Some(calls) = message["tool_calls"].as_array() {
+                    let calls: Vec<Value> = calls
+                        .iter()
+                        .enumerate()
+                        .map(|(k, c)| {
+                            let mut c = c.clone();
+                            c["index"] = json!(k);
+                            c
+                        })
+                        .collect();
+                    delta["tool_calls"] = Value::Array(calls);
+                }
+                if delta != json!({}) {
+                    let c = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
+                    let line = self.chunk(vec![c]);
+                    self.queued.push_back(line);
+                }
+                let c = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": fin});
+                let mut line = self.chunk_value(vec![c]);
+                line["timings"] = self.out.timings(std::iter::once(&s));
+                self.queued.push_back(line.to_string());
+                self.choices[i].summary = Some(s);
             }
             SeqEvent::Token(t) => {
                 if !t.text.is_empty() || self.out.job.logprobs.is_some() {
