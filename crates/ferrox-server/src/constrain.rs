@@ -58,19 +58,48 @@ fn json_options() -> Value {
     })
 }
 
-/// A JSON Schema with ferrox's layout options, unless it carries its own
-/// `x-guidance`.
+/// A JSON Schema with ferrox's layout options (unless it carries its own
+/// `x-guidance`), and objects closed where they list `properties` without
+/// saying `additionalProperties` — llama-server's default, which keeps a
+/// model from inventing keys forever.
 pub fn with_json_options(mut schema: Value) -> Value {
+    close_objects(&mut schema, 0);
     if let Value::Object(o) = &mut schema {
         o.entry("x-guidance").or_insert_with(json_options);
     }
     schema
 }
 
+/// Adds `additionalProperties: false` to every (sub)schema with
+/// `properties` and neither `additionalProperties` nor `patternProperties`.
+fn close_objects(schema: &mut Value, depth: usize) {
+    let Value::Object(o) = schema else { return };
+    if depth > 64 {
+        return;
+    }
+    if o.get("properties").is_some_and(Value::is_object)
+        && !o.contains_key("additionalProperties")
+        && !o.contains_key("patternProperties")
+    {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, v) in o.iter_mut() {
+        match (k.as_str(), v) {
+            ("properties" | "$defs" | "definitions", Value::Object(m)) => {
+                m.values_mut().for_each(|s| close_objects(s, depth + 1));
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(a)) => {
+                a.iter_mut().for_each(|s| close_objects(s, depth + 1));
+            }
+            ("items" | "additionalProperties" | "additionalItems", s) => close_objects(s, depth + 1),
+            _ => {}
+        }
+    }
+}
+
 /// The model's vocabulary as llguidance sees it.
 struct Env {
     trie: TokTrie,
-    tok: Arc<Tokenizer>,
 }
 
 impl TokenizerEnv for Env {
@@ -79,12 +108,10 @@ impl TokenizerEnv for Env {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        // Grammar literals are tokenized as plain text (no special tokens,
-        // no BOS); bytes the tokenizer refuses fall back to the trie's
-        // greedy split.
-        self.tok
-            .encode(s, false, false)
-            .unwrap_or_else(|_| self.trie.greedy_tokenize(s))
+        // Bytes the grammar forces, split greedily over the trie: the
+        // model's own tokenizer may add a prefix space (SPM's `▁`), which
+        // would force bytes the grammar never asked for.
+        self.trie.greedy_tokenize(s)
     }
 }
 
@@ -119,7 +146,7 @@ impl Grammars {
         if !eogs.is_empty() {
             trie = trie.with_eos_tokens(&eogs);
         }
-        let env: TokEnv = Arc::new(Env { trie, tok });
+        let env: TokEnv = Arc::new(Env { trie });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| SpecError(e.to_string()))?;
         factory.quiet();
         Ok(Grammars { factory })
