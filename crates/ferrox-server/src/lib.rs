@@ -751,6 +751,9 @@ fn render_chat_tools<'s>(
                 v
             })
             .collect();
+        if Family::detect(template.source()) == Family::Generic {
+            values = tools::generic_turns(values);
+        }
         if let Some(t) = tools.filter(|t| t.family == Family::Generic) {
             match values.first_mut().filter(|v| v["role"] == "system") {
                 Some(sys) => {

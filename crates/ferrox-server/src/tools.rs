@@ -192,7 +192,7 @@ impl ToolSet {
             .collect();
         let mut s = format!(
             "You can call these tools:\n{}\n\nTo call tools, reply with only this JSON: {{\"tool_calls\": [{{\"name\": \"<tool name>\", \"arguments\": {{...}}}}]}}",
-            serde_json::to_string_pretty(&list).unwrap_or_default()
+            Value::Array(list)
         );
         if self.mode == Mode::Auto {
             s.push_str("\nOtherwise reply in plain text.");
@@ -354,6 +354,36 @@ pub fn calls_for_template(call: &Value) -> Value {
         }
     }
     c
+}
+
+/// For a template that knows no tools (llama.cpp's polyfill): an
+/// assistant's calls become its text in the generic reply form, a `tool`
+/// turn becomes a user turn carrying `{"tool_response": ..}`, and turns of
+/// one role in a row merge (such templates insist roles alternate).
+pub fn generic_turns(values: Vec<Value>) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(values.len());
+    for mut v in values {
+        if let Some(Value::Array(calls)) = v.get("tool_calls").cloned() {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| json!({"name": c.pointer("/function/name"), "arguments": c.pointer("/function/arguments")}))
+                .collect();
+            let text = v["content"].as_str().unwrap_or_default().to_string();
+            let json = json!({"tool_calls": calls}).to_string();
+            v = json!({"role": "assistant", "content": if text.is_empty() { json } else { format!("{text}\n{json}") }});
+        } else if v["role"] == "tool" {
+            let resp = json!({"tool_response": {"tool_call_id": v.get("tool_call_id"), "name": v.get("name"), "content": v["content"]}});
+            v = json!({"role": "user", "content": resp.to_string()});
+        }
+        match out.last_mut() {
+            Some(last) if last["role"] == v["role"] && v["role"] != "system" => {
+                let merged = format!("{}\n{}", last["content"].as_str().unwrap_or_default(), v["content"].as_str().unwrap_or_default());
+                last["content"] = json!(merged);
+            }
+            _ => out.push(v),
+        }
+    }
+    out
 }
 
 /// `text` in a Lark grammar: a control token by id (`<[id]>`), else a string.

@@ -1331,3 +1331,141 @@ fn unenforceable_constraints_are_400s_naming_the_field() {
         assert!(msg.contains(words), "{msg:?} names {words:?}");
     }
 }
+
+/// The tools' description makes long prompts in the tiny model's vocabulary.
+fn tool_cfg() -> SchedulerConfig {
+    SchedulerConfig { n_ctx: 2048, ..cfg(2, 8) }
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "weather for a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["c", "f"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "unit"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"]}}}
+    ])
+}
+
+/// Checks one call's arguments against its function's schema by hand.
+fn assert_valid_call(call: &Value, ctx: &str) {
+    assert_eq!(call["type"], "function", "{ctx}");
+    assert!(call["id"].as_str().is_some_and(|s| !s.is_empty()), "{ctx}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("arguments not JSON ({e}): {ctx}"));
+    let o = args.as_object().unwrap_or_else(|| panic!("arguments an object: {ctx}"));
+    match call["function"]["name"].as_str().unwrap() {
+        "get_weather" => {
+            assert!(o.keys().all(|k| ["city", "unit", "days"].contains(&k.as_str())), "{ctx}");
+            assert!(o["city"].as_str().is_some_and(|c| c.chars().count() <= 12), "{ctx}");
+            assert!(o["unit"] == "c" || o["unit"] == "f", "{ctx}");
+            if let Some(d) = o.get("days") {
+                assert!(d.as_i64().is_some_and(|d| (1..=7).contains(&d)), "{ctx}");
+            }
+        }
+        "get_time" => {
+            assert!(o.keys().all(|k| k == "zone"), "{ctx}");
+            assert!(o["zone"].as_str().is_some_and(|z| z.chars().count() <= 8), "{ctx}");
+        }
+        other => panic!("unknown function {other}: {ctx}"),
+    }
+}
+
+/// `tool_choice: "required"` makes even random weights produce calls whose
+/// arguments follow the function's schema; a named function is the one
+/// called; `parallel_tool_calls: false` gives one call.
+#[test]
+fn required_and_named_tool_choice_yield_schema_valid_calls() {
+    let srv = TestServer::start(tool_cfg(), None);
+    for (seed, choice, parallel) in [
+        (0, json!("required"), true),
+        (1, json!("required"), false),
+        (2, json!("required"), true),
+        (3, json!({"type": "function", "function": {"name": "get_time"}}), true),
+        (4, json!({"type": "function", "function": {"name": "get_weather"}}), false),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "weather in Oslo?"}], "temperature": 1.0, "seed": seed, "max_tokens": 600,
+                          "tools": weather_tools(), "tool_choice": choice, "parallel_tool_calls": parallel});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let ctx = v.to_string();
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{ctx}");
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("{ctx}"));
+        assert!(!calls.is_empty(), "{ctx}");
+        if !parallel {
+            assert_eq!(calls.len(), 1, "{ctx}");
+        }
+        for c in calls {
+            assert_valid_call(c, &ctx);
+            if let Some(name) = choice["function"]["name"].as_str() {
+                assert_eq!(c["function"]["name"], name, "{ctx}");
+            }
+        }
+    }
+}
+
+/// Streamed, a forced call arrives as `tool_calls` deltas and the
+/// `tool_calls` finish reason; a conversation with an assistant call and
+/// its `tool` result renders.
+#[test]
+fn streamed_tool_calls_and_tool_turns() {
+    let srv = TestServer::start(tool_cfg(), None);
+    let body = json!({"messages": [{"role": "user", "content": "weather?"}], "temperature": 1.0, "seed": 7, "max_tokens": 600,
+                      "tools": weather_tools(), "tool_choice": "required", "stream": true});
+    let r = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut calls = Vec::new();
+    let mut finish = Value::Null;
+    for e in sse_events(&r.body) {
+        if e == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&e).unwrap();
+        let ch = &v["choices"][0];
+        if let Some(tc) = ch["delta"]["tool_calls"].as_array() {
+            calls.extend(tc.iter().cloned());
+        }
+        if !ch["finish_reason"].is_null() {
+            finish = ch["finish_reason"].clone();
+        }
+    }
+    assert_eq!(finish, "tool_calls", "{}", r.body);
+    assert!(!calls.is_empty(), "{}", r.body);
+    for (k, c) in calls.iter().enumerate() {
+        assert_eq!(c["index"], k, "{}", r.body);
+        assert_valid_call(c, &r.body);
+    }
+    let convo = json!({"messages": [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "-3 and snowing"}],
+        "tools": weather_tools(), "tool_choice": "none", "max_tokens": 2, "temperature": 0});
+    let v = post(srv.addr, "/v1/chat/completions", &convo).json();
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "tool_choice none: {v}");
+    // The tiny model's template (Gemma's) knows no tools: the call and the
+    // result are rendered as text of alternating turns.
+    let p = post(srv.addr, "/apply-template", &convo).json();
+    let prompt = p["prompt"].as_str().unwrap_or_else(|| panic!("{p}"));
+    assert!(prompt.contains("-3 and snowing") && prompt.contains("\"tool_response\""), "{prompt}");
+    assert!(prompt.contains("\"name\":\"get_weather\""), "{prompt}");
+}
+
+/// Bad tool requests are 400s naming the field.
+#[test]
+fn bad_tool_requests_are_400s_naming_the_field() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    for (body, param) in [
+        (json!({"messages": msgs, "tools": weather_tools(), "tool_choice": "always"}), "tool_choice"),
+        (json!({"messages": msgs, "tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+        (json!({"messages": msgs, "tool_choice": "required"}), "tool_choice"),
+        (json!({"messages": msgs, "tools": [{"type": "retrieval"}]}), "tools[0]"),
+        (json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}], "tool_choice": "required"}), "tool_choice"),
+        (json!({"messages": msgs, "tools": weather_tools(), "tool_choice": "required", "response_format": {"type": "json_object"}}), "tool_choice"),
+    ] {
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{body}: {}", r.body);
+    }
+}

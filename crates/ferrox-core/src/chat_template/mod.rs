@@ -54,7 +54,7 @@ fn json_value(v: &serde_json::Value) -> Value {
         },
         J::String(s) => Value::from(s.as_str()),
         J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
-        J::Object(o) => o.iter().map(|(k, v)| (k.as_str(), json_value(v))).collect(),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
     }
 }
 
