@@ -28,6 +28,18 @@ PROMPTS = [
     "Describe a busy market in the morning.",
 ]
 
+# A schema with long free strings, so constrained replies run as long as plain ones.
+STORY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 60},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "body": {"type": "string"},
+    },
+    "required": ["title", "year", "tags", "body"],
+}
+
 
 def one_request(host, port, i, args):
     body = {
@@ -41,6 +53,8 @@ def one_request(host, port, i, args):
     }
     if args.ignore_eos:
         body["ignore_eos"] = True
+    if args.json_schema:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "story", "schema": STORY_SCHEMA}}
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=600)
     headers = {"Content-Type": "application/json"}
@@ -100,6 +114,7 @@ def main():
     ap.add_argument("--requests", type=int, default=0, help="stop each client after this many (0: time only)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--json-schema", action="store_true", help="constrain every reply to a JSON Schema (the mask's cost)")
     ap.add_argument("--api-key", default=None)
     args = ap.parse_args()
     u = urlparse(args.url)

@@ -141,6 +141,140 @@ def json_object_mode_returns_an_object():
 
 
 @check
+def a_full_json_schema_holds_anyof_ref_and_pattern():
+    schema = {
+        "type": "object",
+        "$defs": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}},
+        "properties": {
+            "code": {"$ref": "#/$defs/code"},
+            "size": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 9}, {"enum": ["small", "large"]}]},
+            "note": {"type": "string", "maxLength": 20},
+        },
+        "required": ["code", "size", "note"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "A product as JSON."}],
+        max_tokens=120,
+        seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}},
+    )
+    v = json.loads(r.choices[0].message.content)
+    c = v["code"]
+    assert len(c) == 5 and c[:3].isupper() and c[:3].isalpha() and c[3:].isdigit(), v
+    assert v["size"] in ("small", "large") or (isinstance(v["size"], int) and 1 <= v["size"] <= 9), v
+    assert isinstance(v["note"], str) and len(v["note"]) <= 20 and set(v) == {"code", "size", "note"}, v
+
+
+@check
+def an_unsupported_schema_keyword_is_a_bad_request_naming_it():
+    try:
+        client.chat.completions.create(
+            model="m", messages=MSG, max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "string"}}}},
+        )
+    except openai.BadRequestError as e:
+        assert "not" in e.body.get("message", ""), e.body
+    else:
+        raise AssertionError("an unsupported keyword was accepted")
+
+
+@check
+def a_gbnf_grammar_shapes_the_reply():
+    grammar = 'root ::= "Answer: " ("yes" | "no") "."'
+    r = client.chat.completions.create(model="m", messages=MSG, max_tokens=10, extra_body={"grammar": grammar})
+    assert r.choices[0].message.content in ("Answer: yes.", "Answer: no."), r.choices[0].message.content
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"],
+            },
+        },
+    }
+]
+
+
+def check_weather_call(call):
+    assert call.type == "function" and call.id and call.function.name == "get_weather", call
+    args = json.loads(call.function.arguments)
+    assert isinstance(args["city"], str) and len(args["city"]) <= 30 and args["unit"] in ("celsius", "fahrenheit"), args
+    assert set(args) <= {"city", "unit"}, args
+
+
+@check
+def tool_choice_required_yields_a_valid_call():
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=WEATHER,
+        tool_choice="required",
+        max_tokens=120,
+        temperature=0,
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", (c.finish_reason, c.message)
+    assert c.message.tool_calls, c.message
+    for call in c.message.tool_calls:
+        check_weather_call(call)
+
+
+@check
+def a_named_tool_choice_streams_tool_call_deltas():
+    stream = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Weather in Oslo, please."}],
+        tools=WEATHER,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    )
+    calls, finish = {}, None
+    for chunk in stream:
+        ch = chunk.choices[0]
+        for d in ch.delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            c["id"] = d.id or c["id"]
+            if d.function:
+                c["name"] += d.function.name or ""
+                c["arguments"] += d.function.arguments or ""
+        finish = ch.finish_reason or finish
+    assert finish == "tool_calls" and len(calls) == 1, (finish, calls)
+    c = calls[0]
+    assert c["name"] == "get_weather" and c["id"], c
+    args = json.loads(c["arguments"])
+    assert args["unit"] in ("celsius", "fahrenheit") and isinstance(args["city"], str), args
+
+
+@check
+def a_tool_result_continues_the_conversation():
+    r = client.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"},
+        ],
+        tools=WEATHER,
+        tool_choice="none",
+        max_tokens=24,
+        temperature=0,
+    )
+    c = r.choices[0]
+    assert c.message.tool_calls is None and isinstance(c.message.content, str) and c.message.content, c.message
+
+
+@check
 def bad_parameters_raise_bad_request_with_a_message():
     for kwargs in ({"temperature": 5}, {"max_tokens": -3}, {"n": 99}, {"top_p": 2}, {"presence_penalty": 9}):
         try:

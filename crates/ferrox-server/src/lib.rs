@@ -17,8 +17,9 @@
 
 mod embeddings;
 pub mod error;
-pub mod json_mode;
+pub mod constrain;
 pub mod ollama;
+pub mod tools;
 pub mod openai;
 mod openapi;
 mod page;
@@ -52,9 +53,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::json_mode::{JsonConstraint, Schema, TokenBytes};
+use crate::constrain::{Grammar, Grammars, Spec};
+use crate::tools::{Family, ToolSet};
 use crate::embeddings::{embeddings_llama, embeddings_oai};
-use crate::openai::{ChatRequest, CompletionRequest, Message, Prompt, ResponseFormat, Validated};
+use crate::openai::{ChatRequest, Common, CompletionRequest, Message, Prompt, ResponseFormat, Validated};
 use crate::utility::{apply_template, detokenize, props, tokenize};
 
 /// What the HTTP side needs besides the engine.
@@ -93,7 +95,9 @@ pub struct AppState {
     tok: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     template_error: Option<String>,
-    vocab: Arc<TokenBytes>,
+    /// The vocabulary's token trie for constrained decoding, or why it
+    /// could not be built.
+    grammars: Result<Grammars, String>,
     opts: ServerOptions,
     metrics: HttpMetrics,
     shutting_down: AtomicBool,
@@ -114,7 +118,7 @@ impl AppState {
         template: Result<ChatTemplate, String>,
         opts: ServerOptions,
     ) -> Arc<AppState> {
-        let vocab = Arc::new(TokenBytes::new(&tok));
+        let grammars = Grammars::new(Arc::clone(&tok)).map_err(|e| e.to_string());
         let (template, template_error) = match template {
             Ok(t) => (Some(t), None),
             Err(e) => (None, Some(e)),
@@ -127,7 +131,7 @@ impl AppState {
             tok,
             template,
             template_error,
-            vocab,
+            grammars,
             opts,
             metrics: HttpMetrics::default(),
             shutting_down: AtomicBool::new(false),
@@ -649,30 +653,76 @@ struct Job {
     v: Validated,
     /// `top_logprobs` (chat) / `logprobs` (completions); `None`: no logprobs.
     logprobs: Option<usize>,
-    schema: Option<Arc<Schema>>,
+    /// The output's constraint (`response_format`, `grammar`, ...).
+    grammar: Option<Grammar>,
+    /// The functions the reply may call (chat only).
+    tools: Option<ToolSet>,
     echo: Option<String>,
     /// Draft sizes the request asked for (`None`: the server's).
     draft: Option<DraftParams>,
 }
 
-fn schema_of(rf: &Option<ResponseFormat>) -> Result<Option<Arc<Schema>>, ApiError> {
+/// The request's output constraint compiled: at most one of
+/// `response_format` (JSON), `json_schema`, `grammar` and `regex`; a spec
+/// llguidance cannot compile is a 400 on its field.
+fn grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common) -> Result<Option<Grammar>, ApiError> {
+    let mut specs: Vec<(&str, Spec)> = Vec::new();
     match rf {
-        None | Some(ResponseFormat::Text) => Ok(None),
-        Some(ResponseFormat::JsonObject) => Ok(Some(Arc::new(Schema::any_object()))),
-        Some(ResponseFormat::JsonSchema { json_schema }) => {
-            let s = match &json_schema.schema {
-                Some(s) => Schema::compile(s),
-                None => Ok(Schema::any_object()),
-            };
-            s.map(|s| Some(Arc::new(s)))
-                .map_err(|e| ApiError::invalid(Some("response_format".into()), e.to_string()))
-        }
+        None | Some(ResponseFormat::Text) => {}
+        Some(ResponseFormat::JsonObject) => specs.push(("response_format", Spec::JsonObject)),
+        Some(ResponseFormat::JsonSchema { json_schema }) => specs.push((
+            "response_format",
+            json_schema.schema.clone().map_or(Spec::JsonObject, Spec::JsonSchema),
+        )),
     }
+    if let Some(s) = &c.json_schema {
+        specs.push(("json_schema", Spec::JsonSchema(s.clone())));
+    }
+    if let Some(g) = c.grammar.as_ref().filter(|g| !g.trim().is_empty()) {
+        specs.push(("grammar", Spec::Gbnf(g.clone())));
+    }
+    if let Some(r) = &c.regex {
+        specs.push(("regex", Spec::Regex(r.clone())));
+    }
+    compile_one(st, specs)
+}
+
+/// The one spec of `specs` compiled (none: no constraint; several: a 400).
+fn compile_one(st: &AppState, mut specs: Vec<(&str, Spec)>) -> Result<Option<Grammar>, ApiError> {
+    if specs.len() > 1 {
+        let names: Vec<&str> = specs.iter().map(|(n, _)| *n).collect();
+        return Err(ApiError::invalid(
+            Some(names[1].into()),
+            format!("one output constraint per request, got {}", names.join(" and ")),
+        ));
+    }
+    let Some((param, spec)) = specs.pop() else {
+        return Ok(None);
+    };
+    let grammars = st
+        .grammars
+        .as_ref()
+        .map_err(|e| ApiError::invalid(Some(param.into()), format!("constrained decoding is unavailable for this model: {e}")))?;
+    grammars
+        .compile(&spec)
+        .map(Some)
+        .map_err(|e| ApiError::invalid(Some(param.into()), format!("{param}: {e}")))
 }
 
 /// A conversation through the model's chat template, with the assistant's
 /// turn opened: the template and the text.
 fn render_chat<'s>(st: &'s AppState, messages: &[Message]) -> Result<(&'s ChatTemplate, String), ApiError> {
+    render_chat_tools(st, messages, None)
+}
+
+/// [`render_chat`] with the request's tools: the template sees them as
+/// `tools` (a template without tool support gets them described in the
+/// system turn), and assistant `tool_calls` and `tool` turns as sent.
+fn render_chat_tools<'s>(
+    st: &'s AppState,
+    messages: &[Message],
+    tools: Option<&ToolSet>,
+) -> Result<(&'s ChatTemplate, String), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             Some("messages".into()),
@@ -693,6 +743,7 @@ fn render_chat<'s>(st: &'s AppState, messages: &[Message]) -> Result<(&'s ChatTe
         };
         msgs.push(ChatMessage::new(role, openai::content_text(m, i)?));
     }
+    let with_calls = messages.iter().any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some());
     let template = st.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             Some("messages".into()),
@@ -702,9 +753,42 @@ fn render_chat<'s>(st: &'s AppState, messages: &[Message]) -> Result<(&'s ChatTe
             ),
         )
     })?;
-    let text = template
-        .render(&msgs, true)
-        .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
+    let text = if tools.is_none() && !with_calls {
+        template.render(&msgs, true)
+    } else {
+        let mut values: Vec<Value> = msgs
+            .iter()
+            .zip(messages)
+            .map(|(m, src)| {
+                let mut v = json!({"role": m.role, "content": m.content});
+                if let Some(calls) = &src.tool_calls {
+                    v["tool_calls"] = Value::Array(calls.iter().map(tools::calls_for_template).collect());
+                }
+                if let Some(id) = &src.tool_call_id {
+                    v["tool_call_id"] = json!(id);
+                }
+                if let Some(n) = &src.name {
+                    v["name"] = json!(n);
+                }
+                v
+            })
+            .collect();
+        if Family::detect(template.source()) == Family::Generic {
+            values = tools::generic_turns(values);
+        }
+        if let Some(t) = tools.filter(|t| t.family == Family::Generic) {
+            match values.first_mut().filter(|v| v["role"] == "system") {
+                Some(sys) => {
+                    let s = format!("{}\n\n{}", sys["content"].as_str().unwrap_or_default(), t.generic_prompt());
+                    sys["content"] = json!(s);
+                }
+                None => values.insert(0, json!({"role": "system", "content": t.generic_prompt()})),
+            }
+        }
+        let size = values.iter().map(|v| v.to_string().len()).sum();
+        template.render_with_tools(&values, tools.map(ToolSet::template_tools).as_ref(), size, true)
+    }
+    .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
     Ok((template, text))
 }
 
@@ -712,7 +796,9 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
     st.metrics.chat.fetch_add(1, Ordering::Relaxed);
     let job = (|| {
         let req: ChatRequest = parse_body(&headers, &body)?;
-        let (template, text) = render_chat(&st, &req.messages)?;
+        let family = st.template.as_ref().map_or(Family::Generic, |t| Family::detect(t.source()));
+        let tools = tools::validate(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls, family)?;
+        let (template, text) = render_chat_tools(&st, &req.messages, tools.as_ref())?;
         let with_bos = !template.starts_with_bos(&text);
         let prompt = st
             .tok
@@ -737,7 +823,19 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
             prompt,
             v,
             logprobs: top,
-            schema: schema_of(&req.response_format)?,
+            grammar: match tools.as_ref().and_then(|t| t.forced(&st.tok)) {
+                None => grammar_of(&st, &req.response_format, &req.common)?,
+                Some(forced) => {
+                    if grammar_of(&st, &req.response_format, &req.common)?.is_some() {
+                        return Err(ApiError::invalid(
+                            Some("tool_choice".into()),
+                            "a required tool call cannot be combined with response_format, json_schema, grammar or regex",
+                        ));
+                    }
+                    compile_one(&st, vec![("tool_choice", forced)])?
+                }
+            },
+            tools,
             echo: None,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -802,7 +900,8 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             prompt,
             v,
             logprobs,
-            schema: schema_of(&req.response_format)?,
+            grammar: grammar_of(&st, &req.response_format, &req.common)?,
+            tools: None,
             echo,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -871,10 +970,7 @@ fn submit_job(st: &Arc<AppState>, job: &Job) -> Result<mpsc::UnboundedReceiver<T
     for i in 0..job.v.n {
         let mut sampling = job.v.sampling.clone();
         sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-        let constraint = job
-            .schema
-            .as_ref()
-            .map(|s| Box::new(JsonConstraint::new(Arc::clone(s), Arc::clone(&st.vocab))) as _);
+        let constraint = job.grammar.as_ref().map(Grammar::constraint);
         reqs.push(SeqRequest {
             prompt: job.prompt.clone(),
             max_tokens: job.v.max_tokens,
@@ -1065,6 +1161,29 @@ impl Output {
         eprintln!("{line}");
     }
 
+    /// A reply under `tools`: the assistant message (its calls parsed out of
+    /// the text) and the finish reason (`tool_calls` when it calls).
+    fn tool_message(&self, choice: usize, text: &str, fin: &'static str) -> (Value, &'static str) {
+        let Some(set) = &self.job.tools else {
+            return (json!({"role": "assistant", "content": text, "refusal": null}), fin);
+        };
+        let (content, calls) = set.parse(text);
+        if calls.is_empty() {
+            return (json!({"role": "assistant", "content": text, "refusal": null}), fin);
+        }
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                json!({"id": format!("call_{}_{choice}_{k}", self.id), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        let content = if content.is_empty() { Value::Null } else { json!(content) };
+        let fin = if fin == "stop" { "tool_calls" } else { fin };
+        (json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": calls}), fin)
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.job.api, chunk) {
             (Api::Chat, false) => "chat.completion",
@@ -1122,6 +1241,15 @@ async fn whole_response(out: Output, mut rx: mpsc::UnboundedReceiver<Tagged>) ->
         .map(|(i, c)| {
             let fin = c.summary.as_ref().map_or("stop", finish_reason);
             match out.job.api {
+                Api::Chat if out.job.tools.is_some() => {
+                    let (message, fin) = out.tool_message(i, &c.text, fin);
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "logprobs": out.job.logprobs.map(|_| json!({"content": c.tokens.iter().map(|t| out.chat_logprob(t)).collect::<Vec<_>>(), "refusal": null})),
+                        "finish_reason": fin,
+                    })
+                }
                 Api::Chat => json!({
                     "index": i,
                     "message": {"role": "assistant", "content": c.text, "refusal": null},
@@ -1231,6 +1359,43 @@ impl StreamState {
                     let s = self.chunk(vec![c]);
                     self.queued.push_back(s);
                 }
+            }
+            SeqEvent::Token(t) if self.out.job.tools.is_some() => {
+                // A reply that may call tools is parsed whole: its text
+                // waits for the end.
+                self.choices[i].text.push_str(&t.text);
+                self.choices[i].tokens.push(t);
+            }
+            SeqEvent::Done(s) if self.out.job.tools.is_some() => {
+                let mut text = std::mem::take(&mut self.choices[i].text);
+                text.push_str(&s.tail);
+                let (message, fin) = self.out.tool_message(i, &text, finish_reason(&s));
+                let mut delta = json!({});
+                if !message["content"].is_null() {
+                    delta["content"] = message["content"].clone();
+                }
+                if let Some(calls) = message["tool_calls"].as_array() {
+                    let calls: Vec<Value> = calls
+                        .iter()
+                        .enumerate()
+                        .map(|(k, c)| {
+                            let mut c = c.clone();
+                            c["index"] = json!(k);
+                            c
+                        })
+                        .collect();
+                    delta["tool_calls"] = Value::Array(calls);
+                }
+                if delta != json!({}) {
+                    let c = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
+                    let line = self.chunk(vec![c]);
+                    self.queued.push_back(line);
+                }
+                let c = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": fin});
+                let mut line = self.chunk_value(vec![c]);
+                line["timings"] = self.out.timings(std::iter::once(&s));
+                self.queued.push_back(line.to_string());
+                self.choices[i].summary = Some(s);
             }
             SeqEvent::Token(t) => {
                 if !t.text.is_empty() || self.out.job.logprobs.is_some() {

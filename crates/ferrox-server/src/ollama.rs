@@ -46,7 +46,7 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::openai::{self, Common, JsonSchemaFormat, Message, ResponseFormat, Stop};
-use crate::{count_error, parse_body, render_chat, schema_of, submit_job, Api, AppState, Job, OpenGuard, Tagged};
+use crate::{count_error, grammar_of, parse_body, render_chat, submit_job, Api, AppState, Job, OpenGuard, Tagged};
 
 /// The Ollama API version whose shapes these endpoints answer (`/api/version`;
 /// clients compare it before using newer fields such as `format` schemas).
@@ -286,9 +286,9 @@ fn message(role: String, content: Option<String>) -> Result<Message, ApiError> {
         .map_err(|e| ApiError::internal(format!("a message could not be built: {e}")))
 }
 
-fn job(api: Api, prompt: Vec<u32>, v: openai::Validated, format: &Option<Value>) -> Result<Job, ApiError> {
-    let schema = schema_of(&format_of(format)?).map_err(|e| ApiError { param: Some("format".into()), ..e })?;
-    Ok(Job { api, prompt, v, logprobs: None, schema, echo: None, draft: None })
+fn job(st: &AppState, api: Api, prompt: Vec<u32>, v: openai::Validated, format: &Option<Value>) -> Result<Job, ApiError> {
+    let grammar = grammar_of(st, &format_of(format)?, &Common::default()).map_err(|e| ApiError { param: Some("format".into()), ..e })?;
+    Ok(Job { api, prompt, v, logprobs: None, grammar, tools: None, echo: None, draft: None })
 }
 
 pub(crate) async fn generate(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -333,7 +333,7 @@ pub(crate) async fn generate(State(st): State<Arc<AppState>>, body: Bytes) -> Re
             let (template, text) = render_chat(&st, &msgs).map_err(|e| ApiError { param: Some("prompt".into()), ..e })?;
             if template.starts_with_bos(&text) && context.is_empty() {
                 ids.extend(st.tok.encode(text.as_bytes(), false, true).map_err(|e| ApiError::invalid(Some("prompt".into()), e.to_string()))?);
-                return Ok((model, Some(job(Api::Completion, ids, v, &req.format)?), stream));
+                return Ok((model, Some(job(&st, Api::Completion, ids, v, &req.format)?), stream));
             }
             text
         };
@@ -342,7 +342,7 @@ pub(crate) async fn generate(State(st): State<Arc<AppState>>, body: Bytes) -> Re
                 .encode(text.as_bytes(), context.is_empty(), true)
                 .map_err(|e| ApiError::invalid(Some("prompt".into()), e.to_string()))?,
         );
-        Ok((model, Some(job(Api::Completion, ids, v, &req.format)?), stream))
+        Ok((model, Some(job(&st, Api::Completion, ids, v, &req.format)?), stream))
     })();
     respond(st, r, Kind::Generate, t0).await
 }
@@ -376,7 +376,7 @@ pub(crate) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             .tok
             .encode(text.as_bytes(), with_bos, true)
             .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
-        Ok((model, Some(job(Api::Chat, ids, v, &req.format)?), stream))
+        Ok((model, Some(job(&st, Api::Chat, ids, v, &req.format)?), stream))
     })();
     respond(st, r, Kind::Chat, t0).await
 }

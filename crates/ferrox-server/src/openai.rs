@@ -55,6 +55,58 @@ pub struct Message {
     pub role: String,
     /// The text (may be null for an assistant turn with tool calls).
     pub content: Option<Content>,
+    /// An assistant turn's calls, as OpenAI returned them.
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool turn: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A tool turn: the function's name.
+    pub name: Option<String>,
+}
+
+/// A function a tool offers.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionDef {
+    /// Its name, unique among `tools`.
+    pub name: String,
+    /// What it does (shown to the model).
+    pub description: Option<String>,
+    /// Its arguments' JSON Schema (default: any object).
+    pub parameters: Option<serde_json::Value>,
+    /// OpenAI's strict mode (forced calls always follow the schema).
+    pub strict: Option<bool>,
+}
+
+/// One of `tools`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Tool {
+    /// `function` (the only kind).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function.
+    pub function: Option<FunctionDef>,
+}
+
+/// `tool_choice.function`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NamedFunction {
+    /// The function to call.
+    pub name: String,
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, or one named function.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `none`, `auto` or `required`.
+    Mode(String),
+    /// `{"type": "function", "function": {"name": ..}}`.
+    Named {
+        /// `function`.
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        /// The function.
+        function: NamedFunction,
+    },
 }
 
 /// `stream_options`.
@@ -136,6 +188,13 @@ pub struct Common {
     pub speculative_n_min: Option<i64>,
     /// Free-form end-user id (accepted, unused).
     pub user: Option<String>,
+    /// llama.cpp's GBNF grammar for the output (Lark when it starts with `%llguidance`).
+    pub grammar: Option<String>,
+    /// llama-server's JSON Schema for the output.
+    pub json_schema: Option<serde_json::Value>,
+    /// A regular expression the whole output matches (vLLM's `guided_regex`).
+    #[serde(alias = "guided_regex")]
+    pub regex: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -149,6 +208,12 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     /// Output format.
     pub response_format: Option<ResponseFormat>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<Tool>>,
+    /// Whether and which function the model must call.
+    pub tool_choice: Option<ToolChoice>,
+    /// Several calls in one reply (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// The shared fields.
     #[serde(flatten)]
     pub common: Common,

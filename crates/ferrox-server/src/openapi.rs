@@ -38,6 +38,9 @@ fn common_props() -> Value {
         "speculative.n_min": {"type": "integer", "minimum": 0, "maximum": ferrox_core::speculative::MAX_DRAFT, "description": "Fewer drafts than this are not verified; at most speculative.n_max."},
         "user": {"type": "string"},
         "response_format": {"$ref": "#/components/schemas/ResponseFormat"},
+        "json_schema": {"type": "object", "description": "llama-server's: the output is a value of this JSON Schema."},
+        "grammar": {"type": "string", "description": "llama.cpp's GBNF grammar for the output (Lark when it starts with %llguidance)."},
+        "regex": {"type": "string", "description": "A regular expression the whole output matches (alias guided_regex). At most one of response_format, json_schema, grammar, regex."},
     })
 }
 
@@ -48,6 +51,17 @@ pub fn document() -> Value {
         json!({"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Message"}});
     chat_props["logprobs"] = json!({"type": "boolean"});
     chat_props["top_logprobs"] = json!({"type": "integer", "minimum": 0, "maximum": 20});
+    chat_props["tools"] = json!({"type": "array", "items": {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "minLength": 1}, "description": {"type": "string"},
+            "parameters": {"type": "object"}, "strict": {"type": "boolean"}}},
+    }}});
+    chat_props["tool_choice"] = json!({"oneOf": [
+        {"type": "string", "enum": ["none", "auto", "required"]},
+        {"type": "object", "required": ["function"], "properties": {"type": {"type": "string", "enum": ["function"]}, "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}},
+    ]});
+    chat_props["parallel_tool_calls"] = json!({"type": "boolean"});
     let mut cmpl_props = common_props();
     cmpl_props["prompt"] = json!({"oneOf": [
         {"type": "string"},
@@ -175,6 +189,11 @@ pub fn document() -> Value {
                     {"type": "string"},
                     {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}},
                 ]},
+                "tool_calls": {"type": "array", "items": {"type": "object", "properties": {
+                    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+                    "function": {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}},
+                "tool_call_id": {"type": "string"},
+                "name": {"type": "string"},
             }},
             "ResponseFormat": {"oneOf": [
                 {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},

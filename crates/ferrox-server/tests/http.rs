@@ -414,7 +414,7 @@ fn malformed_and_out_of_range_requests_get_openai_error_bodies() {
         (json!({"messages": msgs, "logit_bias": {"abc": 1}}).to_string().into_bytes(), Some("logit_bias")),
         (json!({"messages": msgs, "logit_bias": {"999999999": 1}}).to_string().into_bytes(), Some("logit_bias")),
         (json!({"messages": msgs, "stream_options": {"include_usage": "yes"}}).to_string().into_bytes(), None),
-        (json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"anyOf": []}}}}).to_string().into_bytes(), Some("response_format")),
+        (json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}).to_string().into_bytes(), Some("response_format")),
         (json!({"messages": msgs, "response_format": {"type": "yaml"}}).to_string().into_bytes(), None),
     ];
     for (body, param) in cases {
@@ -1791,5 +1791,253 @@ fn the_chat_page_streams_a_reply_in_headless_chromium() {
         }
         assert!(t0.elapsed() < Duration::from_secs(60), "the second turn did not end: {s}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `anyOf`, `oneOf`, `$ref`/`$defs`, `pattern`, string lengths, numeric
+/// bounds and `additionalProperties: false` all hold in sampled output
+/// (the tiny model's weights are random: only the mask makes it valid).
+#[test]
+fn full_json_schema_output_follows_anyof_ref_pattern_and_bounds() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let schema = json!({
+        "type": "object",
+        "$defs": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}},
+        "properties": {
+            "id": {"$ref": "#/$defs/code"},
+            "value": {"anyOf": [
+                {"type": "integer", "minimum": 10, "maximum": 99},
+                {"type": "string", "minLength": 2, "maxLength": 4, "pattern": "^[a-z]+$"}
+            ]},
+            "kind": {"oneOf": [{"const": "a"}, {"const": "b"}]}
+        },
+        "required": ["id", "value", "kind"],
+        "additionalProperties": false
+    });
+    let mut seen_int = false;
+    let mut seen_str = false;
+    for seed in 0..6 {
+        let body = json!({"messages": [{"role": "user", "content": "json please"}], "temperature": 1.0, "seed": seed, "max_tokens": 120,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{content}");
+        let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+        let o = out.as_object().unwrap();
+        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["id", "kind", "value"], "{content}");
+        let id: Vec<char> = out["id"].as_str().unwrap().chars().collect();
+        assert!(
+            id.len() == 6
+                && id[..2].iter().all(char::is_ascii_uppercase)
+                && id[2] == '-'
+                && id[3..].iter().all(char::is_ascii_digit),
+            "{content}"
+        );
+        match &out["value"] {
+            Value::Number(n) => {
+                seen_int = true;
+                let n = n.as_i64().unwrap_or_else(|| panic!("an integer: {content}"));
+                assert!((10..=99).contains(&n), "{content}");
+            }
+            Value::String(s) => {
+                seen_str = true;
+                assert!((2..=4).contains(&s.len()) && s.chars().all(|c| c.is_ascii_lowercase()), "{content}");
+            }
+            other => panic!("value {other}: {content}"),
+        }
+        assert!(out["kind"] == "a" || out["kind"] == "b", "{content}");
+    }
+    assert!(seen_int || seen_str);
+}
+
+/// llama.cpp's `grammar` (GBNF) and a `regex` shape the output exactly.
+#[test]
+fn gbnf_grammar_and_regex_shape_the_output() {
+    let srv = TestServer::start(cfg(2, 8), None);
+    let grammar = "root ::= \"answer: \" item (\", \" item){1,3}\nitem ::= [a-c] [0-9]\n";
+    for seed in 0..4 {
+        let body = json!({"messages": [{"role": "user", "content": "answer"}], "temperature": 1.0, "seed": seed, "max_tokens": 60, "grammar": grammar});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{content}");
+        let items = content.strip_prefix("answer: ").unwrap_or_else(|| panic!("{content:?}"));
+        let items: Vec<&str> = items.split(", ").collect();
+        assert!((2..=4).contains(&items.len()), "{content:?}");
+        for it in items {
+            let b = it.as_bytes();
+            assert!(b.len() == 2 && (b'a'..=b'c').contains(&b[0]) && b[1].is_ascii_digit(), "{content:?}");
+        }
+    }
+    for seed in 0..3 {
+        let body = json!({"prompt": "code:", "temperature": 1.0, "seed": seed, "max_tokens": 30, "regex": "[0-9]{3}-[xyz]{2}"});
+        let v = post(srv.addr, "/v1/completions", &body).json();
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let b = text.as_bytes();
+        assert!(
+            b.len() == 6 && b[..3].iter().all(u8::is_ascii_digit) && b[3] == b'-' && b[4..].iter().all(|c| b"xyz".contains(c)),
+            "{text:?}"
+        );
+    }
+}
+
+/// What the engine cannot enforce is refused, naming the field and the keyword.
+#[test]
+fn unenforceable_constraints_are_400s_naming_the_field() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    for (body, param, words) in [
+        (json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}}), "response_format", "not"),
+        (json!({"messages": msgs, "json_schema": {"type": "string", "dependentSchemas": {}}}), "json_schema", "dependentSchemas"),
+        (json!({"messages": msgs, "grammar": "root ::= missing-rule"}), "grammar", "missing"),
+        (json!({"messages": msgs, "grammar": "root ::= [z-a]"}), "grammar", "reversed"),
+        (json!({"messages": msgs, "regex": "(unclosed"}), "regex", "regex"),
+        (json!({"messages": msgs, "grammar": "root ::= \"x\"", "regex": "y"}), "regex", "one output constraint"),
+    ] {
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["param"], param, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(words), "{msg:?} names {words:?}");
+    }
+}
+
+/// The tools' description makes long prompts in the tiny model's vocabulary.
+fn tool_cfg() -> SchedulerConfig {
+    SchedulerConfig { n_ctx: 2048, ..cfg(2, 8) }
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "weather for a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["c", "f"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "unit"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"]}}}
+    ])
+}
+
+/// Checks one call's arguments against its function's schema by hand.
+fn assert_valid_call(call: &Value, ctx: &str) {
+    assert_eq!(call["type"], "function", "{ctx}");
+    assert!(call["id"].as_str().is_some_and(|s| !s.is_empty()), "{ctx}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("arguments not JSON ({e}): {ctx}"));
+    let o = args.as_object().unwrap_or_else(|| panic!("arguments an object: {ctx}"));
+    match call["function"]["name"].as_str().unwrap() {
+        "get_weather" => {
+            assert!(o.keys().all(|k| ["city", "unit", "days"].contains(&k.as_str())), "{ctx}");
+            assert!(o["city"].as_str().is_some_and(|c| c.chars().count() <= 12), "{ctx}");
+            assert!(o["unit"] == "c" || o["unit"] == "f", "{ctx}");
+            if let Some(d) = o.get("days") {
+                assert!(d.as_i64().is_some_and(|d| (1..=7).contains(&d)), "{ctx}");
+            }
+        }
+        "get_time" => {
+            assert!(o.keys().all(|k| k == "zone"), "{ctx}");
+            assert!(o["zone"].as_str().is_some_and(|z| z.chars().count() <= 8), "{ctx}");
+        }
+        other => panic!("unknown function {other}: {ctx}"),
+    }
+}
+
+/// `tool_choice: "required"` makes even random weights produce calls whose
+/// arguments follow the function's schema; a named function is the one
+/// called; `parallel_tool_calls: false` gives one call.
+#[test]
+fn required_and_named_tool_choice_yield_schema_valid_calls() {
+    let srv = TestServer::start(tool_cfg(), None);
+    for (seed, choice, parallel) in [
+        (0, json!("required"), true),
+        (1, json!("required"), false),
+        (2, json!("required"), true),
+        (3, json!({"type": "function", "function": {"name": "get_time"}}), true),
+        (4, json!({"type": "function", "function": {"name": "get_weather"}}), false),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "weather in Oslo?"}], "temperature": 1.0, "seed": seed, "max_tokens": 600,
+                          "tools": weather_tools(), "tool_choice": choice, "parallel_tool_calls": parallel});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let ctx = v.to_string();
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{ctx}");
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("{ctx}"));
+        assert!(!calls.is_empty(), "{ctx}");
+        if !parallel {
+            assert_eq!(calls.len(), 1, "{ctx}");
+        }
+        for c in calls {
+            assert_valid_call(c, &ctx);
+            if let Some(name) = choice["function"]["name"].as_str() {
+                assert_eq!(c["function"]["name"], name, "{ctx}");
+            }
+        }
+    }
+}
+
+/// Streamed, a forced call arrives as `tool_calls` deltas and the
+/// `tool_calls` finish reason; a conversation with an assistant call and
+/// its `tool` result renders.
+#[test]
+fn streamed_tool_calls_and_tool_turns() {
+    let srv = TestServer::start(tool_cfg(), None);
+    let body = json!({"messages": [{"role": "user", "content": "weather?"}], "temperature": 1.0, "seed": 7, "max_tokens": 600,
+                      "tools": weather_tools(), "tool_choice": "required", "stream": true});
+    let r = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut calls = Vec::new();
+    let mut finish = Value::Null;
+    for e in sse_events(&r.body) {
+        if e == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&e).unwrap();
+        let ch = &v["choices"][0];
+        if let Some(tc) = ch["delta"]["tool_calls"].as_array() {
+            calls.extend(tc.iter().cloned());
+        }
+        if !ch["finish_reason"].is_null() {
+            finish = ch["finish_reason"].clone();
+        }
+    }
+    assert_eq!(finish, "tool_calls", "{}", r.body);
+    assert!(!calls.is_empty(), "{}", r.body);
+    for (k, c) in calls.iter().enumerate() {
+        assert_eq!(c["index"], k, "{}", r.body);
+        assert_valid_call(c, &r.body);
+    }
+    let convo = json!({"messages": [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "-3 and snowing"}],
+        "tools": weather_tools(), "tool_choice": "none", "max_tokens": 2, "temperature": 0});
+    let v = post(srv.addr, "/v1/chat/completions", &convo).json();
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "tool_choice none: {v}");
+    // The tiny model's template (Gemma's) knows no tools: the call and the
+    // result are rendered as text of alternating turns.
+    let p = post(srv.addr, "/apply-template", &convo).json();
+    let prompt = p["prompt"].as_str().unwrap_or_else(|| panic!("{p}"));
+    assert!(prompt.contains("-3 and snowing") && prompt.contains("\"tool_response\""), "{prompt}");
+    assert!(prompt.contains("\"name\":\"get_weather\""), "{prompt}");
+}
+
+/// Bad tool requests are 400s naming the field.
+#[test]
+fn bad_tool_requests_are_400s_naming_the_field() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    for (body, param) in [
+        (json!({"messages": msgs, "tools": weather_tools(), "tool_choice": "always"}), "tool_choice"),
+        (json!({"messages": msgs, "tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+        (json!({"messages": msgs, "tool_choice": "required"}), "tool_choice"),
+        (json!({"messages": msgs, "tools": [{"type": "retrieval"}]}), "tools[0]"),
+        (json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}], "tool_choice": "required"}), "tool_choice"),
+        (json!({"messages": msgs, "tools": weather_tools(), "tool_choice": "required", "response_format": {"type": "json_object"}}), "tool_choice"),
+    ] {
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{body}: {}", r.body);
     }
 }

@@ -41,6 +41,23 @@ const K_EOS: &str = "tokenizer.ggml.eos_token_id";
 const K_MODEL: &str = "tokenizer.ggml.model";
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// A JSON value as a template value (objects keep their key order).
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(0.0)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
+    }
+}
+
 /// One turn of a conversation.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ChatMessage {
@@ -369,10 +386,6 @@ impl ChatTemplate {
             .iter()
             .map(|m| m.role.len() + m.content.len())
             .sum();
-        let cap = self
-            .limits
-            .max_output_bytes
-            .saturating_add(message_bytes.saturating_mul(2));
         let msgs: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -382,13 +395,43 @@ impl ChatTemplate {
                 ])
             })
             .collect();
+        self.render_values(msgs, Value::from(()), message_bytes, add_generation_prompt)
+    }
+
+    /// Renders messages of any serializable shape (assistant `tool_calls`,
+    /// `tool` turns with `tool_call_id`) with `tools` in the template's
+    /// context, as HF's `apply_chat_template(tools=...)` does.
+    /// `input_bytes` (the request's size) scales the output cap.
+    pub fn render_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        input_bytes: usize,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let msgs: Vec<Value> = messages.iter().map(json_value).collect();
+        let tools = tools.map_or(Value::from(()), json_value);
+        self.render_values(msgs, tools, input_bytes, add_generation_prompt)
+    }
+
+    fn render_values(
+        &self,
+        msgs: Vec<Value>,
+        tools: Value,
+        message_bytes: usize,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let cap = self
+            .limits
+            .max_output_bytes
+            .saturating_add(message_bytes.saturating_mul(2));
         let now = self.pinned_time;
         let ctx = Value::from_pairs([
             ("messages", Value::from(msgs)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.bos.as_str())),
             ("eos_token", Value::from(self.eos.as_str())),
-            ("tools", Value::from(())),
+            ("tools", tools),
             ("raise_exception", Value::from_function(raise_exception)),
             (
                 "strftime_now",
