@@ -27,7 +27,7 @@ fn main() {
         messages: glslang::ShaderMessage::DEFAULT,
     };
     let mut jobs: Vec<(String, String)> = Vec::new();
-    let head = format!("#version 460\n#define TILE {}\n", ferrox_ops::vulkan::MATMUL_TILE);
+    let head = format!("#version 460\n#define TILE {}\n#define ROWS {}u\n", ferrox_ops::vulkan::MATMUL_TILE, ferrox_ops::vulkan::MATMUL_ROWS);
     for name in PLAIN {
         jobs.push((name.to_string(), format!("{head}{common}\n{}", read(&format!("{name}.comp")))));
     }

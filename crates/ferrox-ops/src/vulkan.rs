@@ -29,8 +29,8 @@ pub fn suffix(kind: QuantKind) -> Option<&'static str> {
     KINDS.iter().find(|&&(k, _)| k == kind).map(|&(_, s)| s)
 }
 
-/// The product shader of `kind` (decode and prefill alike: a workgroup per
-/// output row, up to [`MATMUL_TILE`] tokens per pass over the row).
+/// The product shader of `kind` (decode and prefill alike: [`MATMUL_ROWS`]
+/// output rows per workgroup, up to [`MATMUL_TILE`] tokens per pass over them).
 pub fn matmul_shader(kind: QuantKind) -> Option<String> {
     suffix(kind).map(|s| format!("matmul_{s}"))
 }
@@ -41,8 +41,12 @@ pub fn get_rows_shader(kind: QuantKind) -> Option<String> {
 }
 
 /// Tokens one workgroup of a product shader multiplies per read of its
-/// weight row.
+/// weight rows.
 pub const MATMUL_TILE: usize = 8;
+
+/// Output rows per workgroup of a product shader (of 64 threads: 8 on a
+/// row, so a narrow row such as Gemma 3 270M's 640 columns keeps them busy).
+pub const MATMUL_ROWS: usize = 8;
 
 /// The largest head size the attention shader holds (four values per
 /// thread of its 64).

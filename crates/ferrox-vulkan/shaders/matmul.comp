@@ -1,6 +1,7 @@
-// y[t][row] = sum_i W[row][i] x[t][i]: a workgroup per output row and up to
-// TILE tokens, each thread a 32-element chunk of the row at a time,
-// dequantized once for every token of the tile.
+// y[t][row] = sum_i W[row][i] x[t][i]: ROWS output rows per workgroup,
+// 64 / ROWS threads on each, up to TILE tokens per pass over the rows; each
+// thread takes a 32-element chunk of its row at a time, dequantized once
+// for every token of the tile.
 layout(push_constant, std430) uniform P {
     F32 x;
     F32 y;
@@ -10,19 +11,20 @@ layout(push_constant, std430) uniform P {
     uint n;
     uint row_bytes;
 } p;
+const uint LANES = 64u / ROWS;
 shared float red[TILE][64];
 
 void main() {
-    uint row = group_index();
-    if (row >= p.rows) return;
-    uint tid = gl_LocalInvocationID.x;
+    uint tid = gl_LocalInvocationID.x, lane = tid % LANES;
+    uint row = group_index() * ROWS + tid / LANES;
+    bool live = row < p.rows;
     uint t0 = gl_WorkGroupID.z * TILE;
     uint nt = min(uint(TILE), p.n - t0);
     float acc[TILE];
     for (uint t = 0u; t < TILE; t++) acc[t] = 0.0;
-    uint chunks = (p.cols + 31u) / 32u;
+    uint chunks = live ? (p.cols + 31u) / 32u : 0u;
     uint base = row * p.row_bytes;
-    for (uint c = tid; c < chunks; c += 64u) {
+    for (uint c = lane; c < chunks; c += LANES) {
         float v[32];
         uint lim = min(32u, p.cols - c * 32u);
         deq32(p.w, base, c, lim, v);
@@ -33,13 +35,15 @@ void main() {
             acc[t] += s;
         }
     }
-    for (uint t = 0u; t < TILE; t++) red[t][tid] = acc[t];
+    for (uint t = 0u; t < nt; t++) red[t][tid] = acc[t];
     barrier();
-    for (uint s = 32u; s > 0u; s >>= 1) {
-        if (tid < s) {
-            for (uint t = 0u; t < TILE; t++) red[t][tid] += red[t][tid + s];
+    for (uint s = LANES / 2u; s > 0u; s >>= 1) {
+        if (lane < s) {
+            for (uint t = 0u; t < nt; t++) red[t][tid] += red[t][tid + s];
         }
         barrier();
     }
-    if (tid < nt) p.y.v[(t0 + tid) * p.rows + row] = red[tid][0];
+    if (live && lane == 0u) {
+        for (uint t = 0u; t < nt; t++) p.y.v[(t0 + t) * p.rows + row] = red[t][tid];
+    }
 }

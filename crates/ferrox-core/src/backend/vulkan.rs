@@ -340,7 +340,7 @@ mod dispatch {
                 .u32(w.cols as u32)
                 .u32(n as u32)
                 .u32(w.row_bytes as u32);
-            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows, n.div_ceil(vk_ops::MATMUL_TILE)).map_err(be)
+            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), n.div_ceil(vk_ops::MATMUL_TILE)).map_err(be)
         }
 
         fn add_bias(&self, y: &mut Buf, b: &Buf, n: usize) -> Result<(), BackendError> {
