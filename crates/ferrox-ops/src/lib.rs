@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod cuda;
+pub mod vulkan;
 mod op;
 
 pub use op::{Activation, AttnParams, AttnShape, RopeParams, RopeShape, RopeStyle};

@@ -33,6 +33,8 @@ Environment (a value a variable does not take is an error, never a default):
   FERROX_AMX_GEMM     int8: 8-bit activations in every AMX product; bf16 (default): batches of 64+ in bf16
   FERROX_CUDA         (--features cuda) 0, off or cpu: never open the GPU; 1, on or cuda; auto (default)
   FERROX_CUDA_CACHE   (--features cuda) where compiled kernels are cached (default ~/.cache/ferrox/cuda)
+  FERROX_VULKAN       (--features vulkan) 0, off or cpu: never open a Vulkan device; 1, on or vulkan; auto (default)
+  FERROX_VULKAN_DEVICE (--features vulkan) the Vulkan device whose name contains this (lavapipe: llvmpipe; a CPU device only so)
 See docs/dev/configuration.md.";
 
 #[derive(Parser)]

@@ -15,7 +15,9 @@
 //!
 //! A backend's suite runs where its device opens; elsewhere each test says
 //! loudly what it did not check, and with `FERROX_REQUIRE_GPU=1` (the GPU
-//! machine's scripts set it) a device that does not open fails instead.
+//! machine's scripts set it) a device that does not open fails instead;
+//! `FERROX_REQUIRE_<BACKEND>=1` does the same for one backend (CI's
+//! `FERROX_REQUIRE_VULKAN=1` beside lavapipe).
 //!
 //! [`gpu_backend_table!`]: crate::backend::gpu_backend_table
 
@@ -40,11 +42,21 @@ pub(crate) fn open<B: DeviceBackend>(id: Backend, gpu_layers: Option<usize>, wha
         Err(e) if id.is_accelerator() && std::env::var_os("FERROX_REQUIRE_GPU").is_some_and(|v| v == "1") => {
             panic!("{id} did not open (FERROX_REQUIRE_GPU=1): {e}")
         }
+        Err(e) if std::env::var_os(require_var(id)).is_some_and(|v| v == "1") => {
+            panic!("{id} did not open ({}=1): {e}", require_var(id))
+        }
         Err(e) => {
             eprintln!("NOT CHECKED on {id} ({e}): {what}");
             None
         }
     }
+}
+
+/// `FERROX_REQUIRE_<BACKEND>`: set to 1 where that one backend's device is
+/// meant to be (CI sets `FERROX_REQUIRE_VULKAN=1` beside lavapipe), so its
+/// suite fails rather than skips when the device does not open.
+pub(crate) fn require_var(id: Backend) -> String {
+    format!("FERROX_REQUIRE_{}", id.name().to_ascii_uppercase())
 }
 
 /// A generator with a fixed seed, printed so a failure can be replayed.

@@ -17,8 +17,8 @@
 //! pass, and only token ids go in and logits come out. The CPU is the first
 //! `DeviceBackend` and the reference every other one is tested against.
 //!
-//! Only backends that exist are in the table; CUDA is the first accelerator,
-//! Vulkan and Metal join it with their crates.
+//! Only backends that exist are in the table: CUDA, then Vulkan; Metal
+//! joins them with its crate.
 
 #[cfg(test)]
 mod conformance;
@@ -26,7 +26,9 @@ pub mod blocks;
 pub mod cpu;
 pub mod cuda;
 pub mod split;
+pub mod vulkan;
 pub use cuda::Cuda;
+pub use vulkan::Vulkan;
 
 use ferrox_quant::QuantKind;
 
@@ -113,6 +115,7 @@ macro_rules! gpu_backend_table {
         $mac! {
             [$($extra),*]
             (Cuda, "cuda", Cuda),
+            (Vulkan, "vulkan", Vulkan),
         }
     };
 }
@@ -216,6 +219,8 @@ pub fn check_env() -> Result<(), BadValue> {
     cuda::Cuda::env_setting()?;
     #[cfg(feature = "cuda")]
     cuda::Cuda::graphs_setting()?;
+    #[cfg(feature = "vulkan")]
+    vulkan::Vulkan::env_setting()?;
     Ok(())
 }
 

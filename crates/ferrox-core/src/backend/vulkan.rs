@@ -1,0 +1,522 @@
+//! The Vulkan backend at the seam: its capability table (compiled on every
+//! build, from `ferrox_ops::vulkan`) and, with the `vulkan` feature, the
+//! [`DeviceBackend`](super::DeviceBackend) over `ferrox-vulkan`'s device.
+//!
+//! The decision (`docs/decisions/0033-vulkan-backend.md`): the whole model
+//! is resident in the file's block formats, activations and the f16 KV
+//! cache stay on the device, launches are recorded into one command buffer
+//! and submitted when the host reads (logits) or writes (a pass's index
+//! lists). Every op is one shader launch; the blocks are the seam's
+//! composition of them ([`super::blocks`]): no fusions yet.
+
+use ferrox_ops::vulkan as vk_ops;
+use ferrox_quant::QuantKind;
+
+use super::BackendCaps;
+use crate::kernel_registry::Backend;
+
+/// The Vulkan backend (`ferrox-vulkan`). Without the `vulkan` feature it is
+/// only a capability table.
+pub struct Vulkan {
+    #[cfg(feature = "vulkan")]
+    dev: ferrox_vulkan::Device,
+}
+
+impl BackendCaps for Vulkan {
+    const ID: Backend = Backend::Vulkan;
+    const NAME: &'static str = "Vulkan";
+    const GEMM_FALLBACK: &'static str = "none (every claimed kind has its batched product)";
+
+    /// The product shader of each kind of `ferrox_ops::vulkan::KINDS`;
+    /// `every_kind_a_compiled_backend_claims_can_actually_be_launched` ties
+    /// it to the shaders the build compiled.
+    fn matvec_kernel(kind: QuantKind) -> Option<String> {
+        vk_ops::matmul_shader(kind).map(|s| format!("vulkan {s}"))
+    }
+
+    /// The same shader takes batches ([`vk_ops::MATMUL_TILE`] tokens per read of a row).
+    fn gemm_supported(kind: QuantKind) -> bool {
+        vk_ops::suffix(kind).is_some()
+    }
+
+    /// The attention shader holds a head in 64 threads of 4 values.
+    fn max_head_dim() -> Option<usize> {
+        Some(vk_ops::MAX_HEAD_DIM)
+    }
+
+    fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
+        let _ = cols;
+        match vk_ops::matmul_shader(kind) {
+            Some(s) => format!("vulkan {s} ({} tokens per read of a weight row)", vk_ops::MATMUL_TILE),
+            None => "none".into(),
+        }
+    }
+}
+
+#[cfg(feature = "vulkan")]
+mod dispatch {
+    use ferrox_ops::vulkan as vk_ops;
+    use ferrox_quant::QuantKind;
+    use ferrox_vulkan::{Device, Push};
+
+    use super::Vulkan;
+    use crate::arch::{Activation, RopeStyle};
+    use crate::backend::{AttnParams, BackendError, BackendLaunch, DeviceBackend, HostTensor, RopeParams, Staged};
+    use crate::kernel_registry::Backend;
+
+    fn be(e: ferrox_vulkan::VulkanError) -> BackendError {
+        BackendError::new(e)
+    }
+
+    fn shape(what: &str, expected: usize, got: usize) -> BackendError {
+        BackendError(format!("{what}: expected {expected} values, got {got}"))
+    }
+
+    fn exact(what: &str, b: &Buf, expected: usize) -> Result<(), BackendError> {
+        if b.len != expected {
+            return Err(shape(what, expected, b.len));
+        }
+        Ok(())
+    }
+
+    /// Workgroups of 64 invocations for `n` invocations.
+    fn groups(n: usize) -> usize {
+        n.div_ceil(64)
+    }
+
+    /// A shader index must fit its 32-bit `uint`.
+    fn fits(what: &str, n: usize) -> Result<u32, BackendError> {
+        u32::try_from(n).map_err(|_| BackendError(format!("{what} {n} is past a shader's 32-bit index")))
+    }
+
+    /// An f32 buffer of `len` values.
+    pub struct Buf {
+        b: ferrox_vulkan::Buf,
+        len: usize,
+    }
+
+    impl Buf {
+        fn at(&self) -> u64 {
+            self.b.addr(0)
+        }
+    }
+
+    /// A weight matrix in its file's block format.
+    pub struct Matrix {
+        b: ferrox_vulkan::Buf,
+        suffix: &'static str,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+    }
+
+    /// The f16 KV cache: per layer, `n_slots * n_ctx` positions of keys and values.
+    pub struct Kv {
+        k: Vec<ferrox_vulkan::Buf>,
+        v: Vec<ferrox_vulkan::Buf>,
+        k_dims: Vec<usize>,
+        v_dims: Vec<usize>,
+        n_slots: usize,
+        n_ctx: usize,
+    }
+
+    /// A pass's index lists (token ids, slots, positions, output rows) at
+    /// fixed offsets of one buffer, for passes of up to `cap` tokens.
+    pub struct VulkanIndices {
+        b: ferrox_vulkan::Buf,
+        cap: usize,
+    }
+
+    impl VulkanIndices {
+        /// The address of list `slot` (0 tokens, 1 slots, 2 positions, 3 rows) of a pass of `len`.
+        fn list(&self, slot: usize, len: usize) -> Result<u64, BackendError> {
+            if len > self.cap {
+                return Err(BackendError(format!("{len} indices staged into room for {}", self.cap)));
+            }
+            Ok(self.b.addr(slot * self.cap * 4))
+        }
+    }
+
+    impl Vulkan {
+        /// `FERROX_VULKAN` read and checked, `probe` asked when it is `auto` or unset.
+        fn env_value(probe: impl FnOnce() -> bool) -> Result<bool, crate::backend::BadValue> {
+            let v = ferrox_quant::knob::raw("FERROX_VULKAN")?;
+            crate::backend::env_or_probe("FERROX_VULKAN", v.as_deref(), "vulkan", probe)
+        }
+
+        /// Checks `FERROX_VULKAN` without probing for a device.
+        pub(crate) fn env_setting() -> Result<(), crate::backend::BadValue> {
+            Vulkan::env_value(|| false).map(drop)
+        }
+
+        /// Opens Vulkan device `ordinal` (or the one `FERROX_VULKAN_DEVICE`
+        /// names), unless `FERROX_VULKAN` turned Vulkan off.
+        pub fn open_device(ordinal: usize) -> Result<Vulkan, BackendError> {
+            crate::backend::check_env().map_err(BackendError::new)?;
+            if !Vulkan::env_value(|| true).map_err(BackendError::new)? {
+                return Err(BackendError("cannot open Vulkan: it is off (FERROX_VULKAN=0)".into()));
+            }
+            let dev = Device::open(ordinal).map_err(|e| BackendError(format!("cannot open a Vulkan device: {e}")))?;
+            Ok(Vulkan { dev })
+        }
+
+        /// The opened device.
+        pub fn device(&self) -> &Device {
+            &self.dev
+        }
+
+        fn buf(&self, len: usize) -> Result<Buf, BackendError> {
+            let bytes = len.checked_mul(4).ok_or_else(|| BackendError(format!("a buffer of {len} floats")))?;
+            Ok(Buf { b: self.dev.alloc(bytes).map_err(be)?, len })
+        }
+
+        /// One launch of the element-wise shader (`unary.comp`'s `op`).
+        fn unary(&self, dst: &Buf, a: Option<&Buf>, op: u32, width: usize, s: f32) -> Result<(), BackendError> {
+            let len = fits("length", dst.len)?;
+            let push = Push::default().ptr(dst.at()).ptr(a.unwrap_or(dst).at()).u32(len).u32(op).u32(width as u32).f32(s);
+            self.dev.launch("unary", &push, groups(dst.len), 1).map_err(be)
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn glu_launch(&self, act: Activation, gate: u64, up: u64, out: &Buf, n: usize, width: usize, stride: usize) -> Result<(), BackendError> {
+            let act = match act {
+                Activation::SiluGated => 0,
+                Activation::GeluGated => 1,
+            };
+            let push = Push::default()
+                .ptr(gate)
+                .ptr(up)
+                .ptr(out.at())
+                .u32(fits("rows", n)?)
+                .u32(fits("width", width)?)
+                .u32(stride as u32)
+                .u32(stride as u32)
+                .u32(act);
+            self.dev.launch("glu", &push, groups(n * width), 1).map_err(be)
+        }
+    }
+
+    impl BackendLaunch for Vulkan {
+        fn has_launch(kind: QuantKind) -> bool {
+            let s = kind.name().to_ascii_lowercase();
+            ferrox_vulkan::has_shader(&format!("matmul_{s}")) && ferrox_vulkan::has_shader(&format!("get_rows_{s}"))
+        }
+
+        fn has_gemm(kind: QuantKind) -> bool {
+            // The product shader takes any batch: GEMM and matvec are one launch.
+            Vulkan::has_launch(kind)
+        }
+    }
+
+    impl DeviceBackend for Vulkan {
+        type Matrix = Matrix;
+        type Vector = Buf;
+        type Buf = Buf;
+        type Kv = Kv;
+        type Indices = VulkanIndices;
+
+        fn id(&self) -> Backend {
+            Backend::Vulkan
+        }
+
+        fn open(opts: &crate::backend::DeviceOptions) -> Result<Vulkan, BackendError> {
+            Vulkan::open_device(opts.device)
+        }
+
+        fn threads(&self) -> usize {
+            1
+        }
+
+        fn describe(&self) -> String {
+            format!("vulkan ({})", self.dev.name())
+        }
+
+        fn place_matrix(&self, t: &HostTensor<'_>) -> Result<Matrix, BackendError> {
+            let Some(suffix) = vk_ops::suffix(t.kind) else {
+                return Err(BackendError(format!("{}: no Vulkan shader for {} matrices", t.name, t.kind)));
+            };
+            let row_bytes = ferrox_quant::row_bytes(t.kind, t.cols).map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+            let want = row_bytes.checked_mul(t.rows).ok_or_else(|| BackendError(format!("{}: size overflows", t.name)))?;
+            if t.bytes.len() != want {
+                return Err(BackendError(format!("{}: {} bytes for a {}x{} {} matrix of {want}", t.name, t.bytes.len(), t.rows, t.cols, t.kind)));
+            }
+            fits(&format!("{}: bytes", t.name), want)?;
+            let b = self.dev.upload(t.bytes).map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
+            Ok(Matrix { b, suffix, rows: t.rows, cols: t.cols, row_bytes })
+        }
+
+        fn place_vector(&self, t: &HostTensor<'_>) -> Result<Buf, BackendError> {
+            self.upload(&crate::backend::vector_values(t)?)
+        }
+
+        fn alloc(&self, len: usize) -> Result<Buf, BackendError> {
+            self.buf(len)
+        }
+
+        fn upload(&self, src: &[f32]) -> Result<Buf, BackendError> {
+            let bytes: &[u8] = bytemuck::cast_slice(src);
+            Ok(Buf { b: self.dev.upload(bytes).map_err(be)?, len: src.len() })
+        }
+
+        fn read(&self, src: &Buf, dst: &mut [f32]) -> Result<(), BackendError> {
+            if dst.len() > src.len {
+                return Err(shape("read", src.len, dst.len()));
+            }
+            self.dev.read(&src.b, 0, bytemuck::cast_slice_mut(dst)).map_err(be)
+        }
+
+        fn kv_cache(&self, n_slots: usize, n_ctx: usize, k_dims: &[usize], v_dims: &[usize]) -> Result<Kv, BackendError> {
+            if k_dims.len() != v_dims.len() {
+                return Err(BackendError("key and value widths for different layer counts".into()));
+            }
+            let mut kv = Kv { k: Vec::new(), v: Vec::new(), k_dims: k_dims.to_vec(), v_dims: v_dims.to_vec(), n_slots, n_ctx };
+            for (&kd, &vd) in k_dims.iter().zip(v_dims) {
+                if kd % 2 != 0 || vd % 2 != 0 {
+                    return Err(BackendError(format!("KV widths {kd}/{vd}: the f16 cache stores pairs")));
+                }
+                let bytes = |d: usize| n_slots.checked_mul(n_ctx).and_then(|p| p.checked_mul(d * 2));
+                let (kb, vb) = (bytes(kd), bytes(vd));
+                let (Some(kb), Some(vb)) = (kb, vb) else {
+                    return Err(BackendError(format!("a KV cache of {n_slots} x {n_ctx} x {kd}")));
+                };
+                fits("KV cache bytes", kb)?;
+                fits("KV cache bytes", vb)?;
+                kv.k.push(self.dev.alloc(kb).map_err(be)?);
+                kv.v.push(self.dev.alloc(vb).map_err(be)?);
+            }
+            Ok(kv)
+        }
+
+        fn indices(&self, n: usize) -> Result<VulkanIndices, BackendError> {
+            let cap = n.max(1);
+            Ok(VulkanIndices { b: self.dev.alloc(4 * cap * 4).map_err(be)?, cap })
+        }
+
+        fn stage(&self, dev: &mut VulkanIndices, lists: Staged<'_, ()>) -> Result<(), BackendError> {
+            let cap = dev.cap;
+            let mut all = vec![0u32; 4 * cap];
+            for (i, l) in [lists.tokens, lists.seq, lists.pos, lists.rows].into_iter().enumerate() {
+                if l.len() > cap {
+                    return Err(BackendError(format!("{} indices staged into room for {cap}", l.len())));
+                }
+                all[i * cap..i * cap + l.len()].copy_from_slice(l);
+            }
+            self.dev.write(&dev.b, 0, bytemuck::cast_slice(&all)).map_err(be)
+        }
+
+        fn get_rows(&self, m: &Matrix, b: Staged<'_, VulkanIndices>, out: &mut Buf) -> Result<(), BackendError> {
+            if let Some(&id) = b.tokens.iter().find(|&&id| id as usize >= m.rows) {
+                return Err(BackendError(format!("token id {id} outside the embedding table ({} rows)", m.rows)));
+            }
+            let n = b.len();
+            if out.len < n * m.cols {
+                return Err(shape("get_rows output", n * m.cols, out.len));
+            }
+            let push = Push::default()
+                .ptr(m.b.addr(0))
+                .ptr(out.at())
+                .ptr(b.dev.list(0, n)?)
+                .u32(m.cols as u32)
+                .u32(fits("tokens", n)?)
+                .u32(m.row_bytes as u32);
+            let chunks = m.cols.div_ceil(32);
+            self.dev.launch(&format!("get_rows_{}", m.suffix), &push, groups(n * chunks), 1).map_err(be)
+        }
+
+        fn matmul(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), BackendError> {
+            if x.len < n * w.cols {
+                return Err(shape("matmul input", n * w.cols, x.len));
+            }
+            if y.len < n * w.rows {
+                return Err(shape("matmul output", n * w.rows, y.len));
+            }
+            fits("matmul input", n * w.cols)?;
+            fits("matmul output", n * w.rows)?;
+            let push = Push::default()
+                .ptr(x.at())
+                .ptr(y.at())
+                .ptr(w.b.addr(0))
+                .u32(w.rows as u32)
+                .u32(w.cols as u32)
+                .u32(n as u32)
+                .u32(w.row_bytes as u32);
+            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), n.div_ceil(vk_ops::MATMUL_TILE)).map_err(be)
+        }
+
+        fn add_bias(&self, y: &mut Buf, b: &Buf, n: usize) -> Result<(), BackendError> {
+            exact("bias input", y, n * b.len)?;
+            self.unary(y, Some(b), 4, b.len.max(1), 0.0)
+        }
+
+        fn rms_norm(&self, x: &mut Buf, w: &Buf, eps: f32) -> Result<(), BackendError> {
+            if w.len == 0 || x.len % w.len != 0 {
+                return Err(shape("rms_norm width", w.len, x.len));
+            }
+            let rows = x.len / w.len;
+            let push = Push::default().ptr(x.at()).ptr(x.at()).ptr(w.at()).u32(fits("rows", rows)?).u32(w.len as u32).f32(eps);
+            self.dev.launch("rms_norm", &push, rows, 1).map_err(be)
+        }
+
+        fn rope(&self, x: &mut Buf, b: Staged<'_, VulkanIndices>, n_heads: usize, head_dim: usize, p: &RopeParams, factors: Option<&Buf>) -> Result<(), BackendError> {
+            let n = b.len();
+            exact("rope input", x, n * n_heads * head_dim)?;
+            if p.n_rot > head_dim || p.n_rot % 2 != 0 {
+                return Err(BackendError(format!("n_rot {} does not fit head size {head_dim}", p.n_rot)));
+            }
+            if let Some(f) = factors {
+                if f.len < p.n_rot / 2 {
+                    return Err(shape("rope factors", p.n_rot / 2, f.len));
+                }
+            }
+            let push = Push::default()
+                .ptr(x.at())
+                .ptr(b.dev.list(2, n)?)
+                .ptr(factors.unwrap_or(x).at())
+                .u32(fits("tokens", n)?)
+                .u32(n_heads as u32)
+                .u32(head_dim as u32)
+                .u32(p.n_rot as u32)
+                .u32(u32::from(p.style == RopeStyle::Halves))
+                .u32(u32::from(factors.is_some()))
+                .f32(p.base)
+                .f32(p.freq_scale)
+                .f32(p.attn_factor);
+            self.dev.launch("rope", &push, groups(n * n_heads * (p.n_rot / 2)), 1).map_err(be)
+        }
+
+        fn attention(&self, kv: &mut Kv, layer: usize, b: Staged<'_, VulkanIndices>, [q, k, v]: [&Buf; 3], out: &mut Buf, p: &AttnParams) -> Result<(), BackendError> {
+            let n = b.len();
+            if b.seq.len() != n || b.pos.len() != n {
+                return Err(BackendError("batch columns of different lengths".into()));
+            }
+            let (hd, hdv) = (p.head_dim, p.head_dim_v);
+            let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
+            if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+                return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
+            }
+            if hd > vk_ops::MAX_HEAD_DIM || hdv > vk_ops::MAX_HEAD_DIM || hd % 2 != 0 || hdv % 2 != 0 {
+                return Err(BackendError(format!("head sizes {hd}/{hdv}: the attention shader takes even sizes up to {}", vk_ops::MAX_HEAD_DIM)));
+            }
+            if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
+                return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
+            }
+            exact("attention q", q, n * p.n_head * hd)?;
+            exact("attention k", k, n * kd)?;
+            exact("attention v", v, n * vd)?;
+            exact("attention out", out, n * p.n_head * hdv)?;
+            for t in 0..n {
+                let (s, pos) = (b.seq[t] as usize, b.pos[t] as usize);
+                if s >= kv.n_slots || pos >= kv.n_ctx {
+                    return Err(BackendError(format!(
+                        "token {t}: slot {s} position {pos} outside the KV cache ({} slots x {})",
+                        kv.n_slots, kv.n_ctx
+                    )));
+                }
+            }
+            let (seq, pos) = (b.dev.list(1, n)?, b.dev.list(2, n)?);
+            let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+            let store = Push::default()
+                .ptr(k.at())
+                .ptr(v.at())
+                .ptr(kc.addr(0))
+                .ptr(vc.addr(0))
+                .ptr(seq)
+                .ptr(pos)
+                .u32(n as u32)
+                .u32(kd as u32)
+                .u32(vd as u32)
+                .u32(kv.n_ctx as u32);
+            self.dev.launch("kv_store", &store, groups(n * (kd + vd) / 2), 1).map_err(be)?;
+            let attend = Push::default()
+                .ptr(q.at())
+                .ptr(kc.addr(0))
+                .ptr(vc.addr(0))
+                .ptr(out.at())
+                .ptr(seq)
+                .ptr(pos)
+                .u32(n as u32)
+                .u32(p.n_head as u32)
+                .u32(p.n_head_kv as u32)
+                .u32(hd as u32)
+                .u32(hdv as u32)
+                .u32(kv.n_ctx as u32)
+                .u32(p.window.unwrap_or(0))
+                .f32(p.scale)
+                .f32(p.softcap.unwrap_or(0.0));
+            self.dev.launch("attention", &attend, n * p.n_head, 1).map_err(be)
+        }
+
+        fn glu(&self, act: Activation, gate: &Buf, up: &Buf, out: &mut Buf) -> Result<(), BackendError> {
+            exact("glu up", up, gate.len)?;
+            exact("glu out", out, gate.len)?;
+            fits("glu length", gate.len)?;
+            self.glu_launch(act, gate.at(), up.at(), out, 1, gate.len, 0)
+        }
+
+        fn glu_fused(&self, act: Activation, fused: &Buf, out: &mut Buf, width: usize) -> Result<(), BackendError> {
+            if width == 0 || fused.len % (2 * width) != 0 {
+                return Err(shape("fused glu width", 2 * width, fused.len));
+            }
+            let n = fused.len / (2 * width);
+            exact("fused glu out", out, n * width)?;
+            self.glu_launch(act, fused.at(), fused.b.addr(width * 4), out, n, width, 2 * width)
+        }
+
+        fn copy(&self, src: &Buf, dst: &mut Buf) -> Result<(), BackendError> {
+            exact("copy", src, dst.len)?;
+            self.unary(dst, Some(src), 0, 1, 0.0)
+        }
+
+        fn add(&self, a: &mut Buf, b: &Buf) -> Result<(), BackendError> {
+            exact("add", b, a.len)?;
+            self.unary(a, Some(b), 1, 1, 0.0)
+        }
+
+        fn scale(&self, x: &mut Buf, s: f32) -> Result<(), BackendError> {
+            self.unary(x, None, 2, 1, s)
+        }
+
+        fn softcap(&self, x: &mut Buf, cap: f32) -> Result<(), BackendError> {
+            if cap.is_nan() || cap <= 0.0 {
+                return Err(BackendError(format!("softcap {cap}")));
+            }
+            self.unary(x, None, 3, 1, cap)
+        }
+
+        fn gather_rows(&self, src: &Buf, b: Staged<'_, VulkanIndices>, width: usize, dst: &mut Buf) -> Result<(), BackendError> {
+            let n = b.rows.len();
+            exact("gather output", dst, n * width)?;
+            if let Some(&r) = b.rows.iter().find(|&&r| (r as usize + 1) * width > src.len) {
+                return Err(shape("gather row", r as usize, src.len / width.max(1)));
+            }
+            let push = Push::default()
+                .ptr(src.at())
+                .ptr(dst.at())
+                .ptr(b.dev.list(3, n)?)
+                .u32(fits("rows", n)?)
+                .u32(width as u32)
+                .u32(width as u32)
+                .u32(0)
+                .u32(1);
+            self.dev.launch("select", &push, groups(n * width), 1).map_err(be)
+        }
+
+        fn split_cols(&self, src: &Buf, src_width: usize, c0: usize, dst: &mut Buf, dst_width: usize) -> Result<(), BackendError> {
+            if c0 + dst_width > src_width || src_width == 0 || src.len % src_width != 0 {
+                return Err(shape("split columns", src_width, c0 + dst_width));
+            }
+            let n = src.len / src_width;
+            exact("split output", dst, n * dst_width)?;
+            let push = Push::default()
+                .ptr(src.at())
+                .ptr(dst.at())
+                .ptr(src.at())
+                .u32(fits("rows", n)?)
+                .u32(dst_width as u32)
+                .u32(src_width as u32)
+                .u32(c0 as u32)
+                .u32(0);
+            self.dev.launch("select", &push, groups(n * dst_width), 1).map_err(be)
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! ferrox's Vulkan device: the loader opened at run time (`ash`'s `loaded`
+//! entry, so every build builds and a machine without Vulkan says so), one
+//! compute device and queue, buffers reached by device address, a compute
+//! pipeline per shader (created on first use), and one command buffer that
+//! records launches until something on the host needs their results.
+//!
+//! The decisions (`docs/decisions/0033-vulkan-backend.md`): shaders are GLSL
+//! compiled to SPIR-V at build time (`build.rs`, the vendored glslang);
+//! every buffer is passed to a shader as a 64-bit device address in its
+//! push constants, so there are no descriptor sets and no per-binding size
+//! limit (lavapipe's 128 MiB `maxStorageBufferRange` does not apply to a
+//! tensor read through its address; the bound is `maxMemoryAllocationSize`).
+//! Memory is host-visible (device-local too where the device offers both),
+//! mapped for its lifetime: uploads and read-backs are copies.
+//!
+//! A CPU-type device (Mesa's lavapipe, `llvmpipe`) is used only when
+//! `FERROX_VULKAN_DEVICE` names it: a machine whose only Vulkan device is a
+//! software rasterizer has no Vulkan GPU.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+
+/// The compiled shaders (`build.rs`).
+pub mod shaders {
+    include!(concat!(env!("OUT_DIR"), "/shaders.rs"));
+}
+
+/// Whether a shader named `name` was compiled into this build.
+pub fn has_shader(name: &str) -> bool {
+    shaders::SHADERS.iter().any(|&(n, _)| n == name)
+}
+
+/// A Vulkan failure, with what was being done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VulkanError {
+    /// No loader, or no device that qualifies.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A Vulkan call failed.
+    #[error("{what}: {result}")]
+    Call {
+        /// What was being done.
+        what: &'static str,
+        /// The driver's answer.
+        result: String,
+    },
+    /// A request the device cannot serve (too large, unknown shader).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// This crate's results.
+pub type Result<T> = std::result::Result<T, VulkanError>;
+
+fn call(what: &'static str) -> impl FnOnce(vk::Result) -> VulkanError {
+    move |r| VulkanError::Call { what, result: format!("{r:?}") }
+}
+
+/// The variable that names a device (any part of its name, case-insensitive;
+/// `lavapipe` is taken for Mesa's `llvmpipe`).
+pub const DEVICE_VAR: &str = "FERROX_VULKAN_DEVICE";
+
+/// Largest workgroup count a launch puts in x (the spec's guaranteed
+/// minimum); more wrap into y, and the shaders fold them back.
+const MAX_GROUPS_X: u32 = 65535;
+
+/// Bytes of push constants every pipeline takes (the spec's guaranteed minimum).
+const PUSH_BYTES: u32 = 128;
+
+struct Recording {
+    pool: vk::CommandPool,
+    cmd: vk::CommandBuffer,
+    fence: vk::Fence,
+    /// Commands are recorded and not yet submitted.
+    open: bool,
+    /// Buffers dropped while recorded commands may still use them.
+    retired: Vec<(vk::Buffer, vk::DeviceMemory)>,
+}
+
+struct Inner {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    queue: vk::Queue,
+    mem_props: vk::PhysicalDeviceMemoryProperties,
+    name: String,
+    max_alloc: u64,
+    layout: vk::PipelineLayout,
+    pipelines: Mutex<HashMap<&'static str, vk::Pipeline>>,
+    rec: Mutex<Recording>,
+}
+
+/// An opened Vulkan device.
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+/// A buffer on the device, mapped on the host, with its device address.
+pub struct Buf {
+    inner: Arc<Inner>,
+    buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    addr: u64,
+    bytes: usize,
+    ptr: *mut u8,
+}
+
+// The mapping is owned by the buffer and only touched through `Device`,
+// which serializes host access against the device's work.
+unsafe impl Send for Buf {}
+unsafe impl Sync for Buf {}
+
+impl Buf {
+    /// The device address of byte `offset`.
+    pub fn addr(&self, offset: usize) -> u64 {
+        self.addr + offset as u64
+    }
+
+    /// Bytes asked for.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.open {
+            rec.retired.push((self.buffer, self.memory));
+        } else {
+            unsafe {
+                self.inner.device.destroy_buffer(self.buffer, None);
+                self.inner.device.free_memory(self.memory, None);
+            }
+        }
+    }
+}
+
+/// A shader's push constants, written in its block's order: the buffer
+/// addresses first (8 bytes each), then 4-byte scalars.
+#[derive(Default)]
+pub struct Push(Vec<u8>);
+
+impl Push {
+    /// A buffer address.
+    pub fn ptr(mut self, addr: u64) -> Push {
+        debug_assert!(self.0.len() % 8 == 0, "addresses come before scalars");
+        self.0.extend_from_slice(&addr.to_le_bytes());
+        self
+    }
+
+    /// A `uint`.
+    pub fn u32(mut self, v: u32) -> Push {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    /// A `float`.
+    pub fn f32(mut self, v: f32) -> Push {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+}
+
+/// What one physical device is, for choosing.
+struct Candidate {
+    pdev: vk::PhysicalDevice,
+    name: String,
+    cpu: bool,
+}
+
+fn wants(name: &str, asked: &str) -> bool {
+    let (name, asked) = (name.to_ascii_lowercase(), asked.trim().to_ascii_lowercase());
+    let asked = if asked == "lavapipe" { "llvmpipe".to_string() } else { asked };
+    !asked.is_empty() && name.contains(&asked)
+}
+
+impl Device {
+    /// Whether a device would open (`FERROX_VULKAN_DEVICE` as [`Device::open`] reads it).
+    pub fn probe() -> bool {
+        Device::open(0).is_ok()
+    }
+
+    /// Opens the device `FERROX_VULKAN_DEVICE` names, else the `ordinal`-th
+    /// Vulkan device that is not a CPU.
+    pub fn open(ordinal: usize) -> Result<Device> {
+        let asked = std::env::var(DEVICE_VAR).ok().filter(|v| !v.trim().is_empty());
+        unsafe { Device::open_inner(ordinal, asked.as_deref()) }
+    }
+
+    unsafe fn open_inner(ordinal: usize, asked: Option<&str>) -> Result<Device> {
+        let entry = ash::Entry::load().map_err(|e| VulkanError::Unavailable(format!("no Vulkan loader (libvulkan.so.1): {e}")))?;
+        let version = entry.try_enumerate_instance_version().ok().flatten().unwrap_or(vk::API_VERSION_1_0);
+        if version < vk::API_VERSION_1_2 {
+            return Err(VulkanError::Unavailable(format!(
+                "the Vulkan loader offers {}.{}; 1.2 is needed",
+                vk::api_version_major(version),
+                vk::api_version_minor(version)
+            )));
+        }
+        let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+        let instance = entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None).map_err(call("vkCreateInstance"))?;
+        let done = Device::choose(&entry, &instance, ordinal, asked);
+        match done {
+            Ok((pdev, name)) => match Device::on(entry, instance.clone(), pdev, name) {
+                Ok(d) => Ok(d),
+                Err(e) => {
+                    instance.destroy_instance(None);
+                    Err(e)
+                }
+            },
+            Err(e) => {
+                instance.destroy_instance(None);
+                Err(e)
+            }
+        }
+    }
+
+    unsafe fn choose(_entry: &ash::Entry, instance: &ash::Instance, ordinal: usize, asked: Option<&str>) -> Result<(vk::PhysicalDevice, String)> {
+        let pdevs = instance.enumerate_physical_devices().map_err(call("vkEnumeratePhysicalDevices"))?;
+        let all: Vec<Candidate> = pdevs
+            .into_iter()
+            .map(|pdev| {
+                let p = instance.get_physical_device_properties(pdev);
+                let name = p.device_name_as_c_str().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+                Candidate { pdev, name, cpu: p.device_type == vk::PhysicalDeviceType::CPU }
+            })
+            .collect();
+        let names = || all.iter().map(|c| format!("{}{}", c.name, if c.cpu { " (CPU)" } else { "" })).collect::<Vec<_>>().join(", ");
+        let pick = match asked {
+            Some(a) => all.iter().find(|c| wants(&c.name, a)).ok_or_else(|| {
+                VulkanError::Unavailable(format!("{DEVICE_VAR}={a} names no Vulkan device (found: {})", if all.is_empty() { "none".into() } else { names() }))
+            })?,
+            None => all.iter().filter(|c| !c.cpu).nth(ordinal).ok_or_else(|| {
+                VulkanError::Unavailable(format!(
+                    "no Vulkan GPU {ordinal} (found: {}; a CPU device such as lavapipe is used only when {DEVICE_VAR} names it)",
+                    if all.is_empty() { "none".into() } else { names() }
+                ))
+            })?,
+        };
+        Ok((pick.pdev, pick.name.clone()))
+    }
+
+    unsafe fn on(entry: ash::Entry, instance: ash::Instance, pdev: vk::PhysicalDevice, name: String) -> Result<Device> {
+        let props = instance.get_physical_device_properties(pdev);
+        if props.api_version < vk::API_VERSION_1_2 {
+            return Err(VulkanError::Unavailable(format!("{name}: Vulkan 1.2 is needed")));
+        }
+        let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut v12);
+        instance.get_physical_device_features2(pdev, &mut f2);
+        let (bda, s8, i8) = (v12.buffer_device_address, v12.storage_buffer8_bit_access, v12.shader_int8);
+        if bda == 0 || s8 == 0 || i8 == 0 {
+            return Err(VulkanError::Unavailable(format!(
+                "{name}: lacks buffer device addresses ({bda}), 8-bit storage ({s8}) or 8-bit integers ({i8})"
+            )));
+        }
+        let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut m3);
+        instance.get_physical_device_properties2(pdev, &mut p2);
+        let max_alloc = m3.max_memory_allocation_size;
+        let family = instance
+            .get_physical_device_queue_family_properties(pdev)
+            .iter()
+            .position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            .ok_or_else(|| VulkanError::Unavailable(format!("{name}: no compute queue")))? as u32;
+        let prio = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&prio)];
+        let mut want12 = vk::PhysicalDeviceVulkan12Features::default().buffer_device_address(true).storage_buffer8_bit_access(true).shader_int8(true);
+        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).push_next(&mut want12);
+        let device = instance.create_device(pdev, &info, None).map_err(call("vkCreateDevice"))?;
+        let queue = device.get_device_queue(family, 0);
+        let ranges = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).size(PUSH_BYTES)];
+        let layout = device.create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().push_constant_ranges(&ranges), None).map_err(call("vkCreatePipelineLayout"))?;
+        let pool = device
+            .create_command_pool(&vk::CommandPoolCreateInfo::default().queue_family_index(family).flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER), None)
+            .map_err(call("vkCreateCommandPool"))?;
+        let cmd = device
+            .allocate_command_buffers(&vk::CommandBufferAllocateInfo::default().command_pool(pool).level(vk::CommandBufferLevel::PRIMARY).command_buffer_count(1))
+            .map_err(call("vkAllocateCommandBuffers"))?[0];
+        let fence = device.create_fence(&vk::FenceCreateInfo::default(), None).map_err(call("vkCreateFence"))?;
+        let mem_props = instance.get_physical_device_memory_properties(pdev);
+        Ok(Device {
+            inner: Arc::new(Inner {
+                _entry: entry,
+                instance,
+                device,
+                queue,
+                mem_props,
+                name,
+                max_alloc,
+                layout,
+                pipelines: Mutex::new(HashMap::new()),
+                rec: Mutex::new(Recording { pool, cmd, fence, open: false, retired: Vec::new() }),
+            }),
+        })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The largest single buffer the device allocates.
+    pub fn max_buffer_bytes(&self) -> u64 {
+        self.inner.max_alloc
+    }
+
+    /// A zeroed buffer of `bytes`.
+    pub fn alloc(&self, bytes: usize) -> Result<Buf> {
+        let size = (bytes.max(4).div_ceil(16) * 16) as u64;
+        if size > self.inner.max_alloc {
+            return Err(VulkanError::Refused(format!(
+                "a buffer of {bytes} bytes is past {}'s largest allocation ({} bytes)",
+                self.inner.name, self.inner.max_alloc
+            )));
+        }
+        let d = &self.inner.device;
+        unsafe {
+            let usage = vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS;
+            let buffer = d.create_buffer(&vk::BufferCreateInfo::default().size(size).usage(usage), None).map_err(call("vkCreateBuffer"))?;
+            let req = d.get_buffer_memory_requirements(buffer);
+            let Some(ty) = self.memory_type(req.memory_type_bits) else {
+                d.destroy_buffer(buffer, None);
+                return Err(VulkanError::Refused(format!("{}: no host-visible, coherent memory for a buffer", self.inner.name)));
+            };
+            let mut flags = vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
+            let info = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(ty).push_next(&mut flags);
+            let memory = match d.allocate_memory(&info, None) {
+                Ok(m) => m,
+                Err(e) => {
+                    d.destroy_buffer(buffer, None);
+                    return Err(call("vkAllocateMemory")(e));
+                }
+            };
+            let bound = d.bind_buffer_memory(buffer, memory, 0).map_err(call("vkBindBufferMemory"));
+            let mapped = bound.and_then(|_| d.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()).map_err(call("vkMapMemory")));
+            let ptr = match mapped {
+                Ok(p) => p as *mut u8,
+                Err(e) => {
+                    d.destroy_buffer(buffer, None);
+                    d.free_memory(memory, None);
+                    return Err(e);
+                }
+            };
+            std::ptr::write_bytes(ptr, 0, size as usize);
+            let addr = d.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(buffer));
+            Ok(Buf { inner: self.inner.clone(), buffer, memory, addr, bytes, ptr })
+        }
+    }
+
+    /// Host-visible and coherent memory, device-local too where offered.
+    fn memory_type(&self, bits: u32) -> Option<u32> {
+        let p = &self.inner.mem_props;
+        let want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let ok = |i: u32| bits & (1 << i) != 0 && p.memory_types[i as usize].property_flags.contains(want);
+        let n = p.memory_type_count;
+        (0..n)
+            .find(|&i| ok(i) && p.memory_types[i as usize].property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL))
+            .or_else(|| (0..n).find(|&i| ok(i)))
+    }
+
+    /// A buffer holding `src`.
+    pub fn upload(&self, src: &[u8]) -> Result<Buf> {
+        let b = self.alloc(src.len())?;
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.ptr, src.len()) };
+        Ok(b)
+    }
+
+    /// Writes `src` into `dst` at byte `offset`, after every recorded
+    /// launch has run (one may read what is overwritten).
+    pub fn write(&self, dst: &Buf, offset: usize, src: &[u8]) -> Result<()> {
+        if offset.checked_add(src.len()).is_none_or(|end| end > dst.bytes) {
+            return Err(VulkanError::Refused(format!("a write of {} bytes at {offset} into a buffer of {}", src.len(), dst.bytes)));
+        }
+        self.flush()?;
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from `src` at byte `offset`, after every
+    /// recorded launch has run.
+    pub fn read(&self, src: &Buf, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if offset.checked_add(dst.len()).is_none_or(|end| end > src.bytes) {
+            return Err(VulkanError::Refused(format!("a read of {} bytes at {offset} from a buffer of {}", dst.len(), src.bytes)));
+        }
+        self.flush()?;
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn pipeline(&self, name: &str) -> Result<vk::Pipeline> {
+        let mut map = self.inner.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&p) = map.get(name) {
+            return Ok(p);
+        }
+        let &(name, spv) =
+            shaders::SHADERS.iter().find(|&&(n, _)| n == name).ok_or_else(|| VulkanError::Refused(format!("no shader {name} in this build")))?;
+        let words = ash::util::read_spv(&mut std::io::Cursor::new(spv)).map_err(|e| VulkanError::Refused(format!("shader {name}: {e}")))?;
+        let d = &self.inner.device;
+        unsafe {
+            let module = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).map_err(call("vkCreateShaderModule"))?;
+            let stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
+            let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.inner.layout)];
+            let made = d.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            d.destroy_shader_module(module, None);
+            let p = made.map_err(|(_, e)| call("vkCreateComputePipelines")(e))?[0];
+            map.insert(name, p);
+            Ok(p)
+        }
+    }
+
+    /// Records one launch of `shader` over `groups` workgroups (wrapped
+    /// past 65535 into y) and `z` in z, with `push` as its constants; a
+    /// barrier after it orders it before the next launch.
+    pub fn launch(&self, shader: &str, push: &Push, groups: usize, z: usize) -> Result<()> {
+        if groups == 0 || z == 0 {
+            return Ok(());
+        }
+        if push.0.len() > PUSH_BYTES as usize {
+            return Err(VulkanError::Refused(format!("{shader}: {} bytes of push constants", push.0.len())));
+        }
+        let gy = groups.div_ceil(MAX_GROUPS_X as usize);
+        let gx = groups.min(MAX_GROUPS_X as usize);
+        if gy > MAX_GROUPS_X as usize || z > MAX_GROUPS_X as usize {
+            return Err(VulkanError::Refused(format!("{shader}: {groups} x {z} workgroups")));
+        }
+        let pipeline = self.pipeline(shader)?;
+        let d = &self.inner.device;
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        unsafe {
+            if !rec.open {
+                d.begin_command_buffer(rec.cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
+                    .map_err(call("vkBeginCommandBuffer"))?;
+                rec.open = true;
+            }
+            d.cmd_bind_pipeline(rec.cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+            d.cmd_push_constants(rec.cmd, self.inner.layout, vk::ShaderStageFlags::COMPUTE, 0, &push.0);
+            d.cmd_dispatch(rec.cmd, gx as u32, gy as u32, z as u32);
+            let barrier = [vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::HOST_READ)];
+            d.cmd_pipeline_barrier(
+                rec.cmd,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &barrier,
+                &[],
+                &[],
+            );
+        }
+        Ok(())
+    }
+
+    /// Submits what is recorded and waits for it.
+    pub fn flush(&self) -> Result<()> {
+        let d = &self.inner.device;
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if !rec.open {
+            return Ok(());
+        }
+        rec.open = false;
+        let run = unsafe {
+            d.end_command_buffer(rec.cmd).map_err(call("vkEndCommandBuffer")).and_then(|_| {
+                let cmds = [rec.cmd];
+                let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+                d.queue_submit(self.inner.queue, &submit, rec.fence).map_err(call("vkQueueSubmit"))?;
+                d.wait_for_fences(&[rec.fence], true, u64::MAX).map_err(call("vkWaitForFences"))?;
+                d.reset_fences(&[rec.fence]).map_err(call("vkResetFences"))?;
+                d.reset_command_buffer(rec.cmd, vk::CommandBufferResetFlags::empty()).map_err(call("vkResetCommandBuffer"))
+            })
+        };
+        for (b, m) in std::mem::take(&mut rec.retired) {
+            unsafe {
+                d.destroy_buffer(b, None);
+                d.free_memory(m, None);
+            }
+        }
+        run
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            let rec = self.rec.get_mut().unwrap_or_else(|e| e.into_inner());
+            for (b, m) in rec.retired.drain(..) {
+                self.device.destroy_buffer(b, None);
+                self.device.free_memory(m, None);
+            }
+            self.device.destroy_fence(rec.fence, None);
+            self.device.destroy_command_pool(rec.pool, None);
+            for (_, p) in self.pipelines.get_mut().unwrap_or_else(|e| e.into_inner()).drain() {
+                self.device.destroy_pipeline(p, None);
+            }
+            self.device.destroy_pipeline_layout(self.layout, None);
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_is_asked_for_by_any_part_of_its_name() {
+        assert!(wants("llvmpipe (LLVM 15.0.6, 256 bits)", "lavapipe"));
+        assert!(wants("llvmpipe (LLVM 15.0.6, 256 bits)", "LLVMpipe"));
+        assert!(wants("NVIDIA H200", "h200"));
+        assert!(!wants("NVIDIA H200", "llvmpipe"));
+        assert!(!wants("NVIDIA H200", " "));
+    }
+
+    #[test]
+    fn every_kind_of_the_table_has_its_shaders_and_every_op_shader_is_built() {
+        for &(k, s) in ferrox_ops::vulkan::KINDS {
+            assert!(has_shader(&format!("matmul_{s}")) && has_shader(&format!("get_rows_{s}")), "{k}");
+        }
+        for op in ["unary", "glu", "select", "rms_norm", "rope", "kv_store", "attention"] {
+            assert!(has_shader(op), "{op}");
+        }
+        assert!(!has_shader("matmul_iq2_xxs"));
+    }
+}
