@@ -170,9 +170,10 @@ pub fn ffn_hidden<B: DeviceBackend>(be: &B, n: usize, w: &FfnBlock<'_, B>, s: &m
 }
 
 /// The mixture-of-experts block: the residual add and norm, the router's
-/// logits read back, [`route`] on the host, the routed experts
-/// ([`DeviceBackend::moe_experts`]) into `s.o`, then the residual add (or,
-/// with a post-norm, `s.o` left pending).
+/// logits read back, [`route`] on the host (and, with a shared expert, its
+/// gate's products read back: one more route per token), the routed
+/// experts ([`DeviceBackend::moe_experts`]) into `s.o`, then the residual
+/// add (or, with a post-norm, `s.o` left pending).
 pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scratch<'_, B::Buf>) -> Result<(), BackendError> {
     let add = s.pending.then_some(&*s.o);
     be.add_rms_norm(s.x, add, w.norm, w.eps, s.cur)?;
@@ -181,7 +182,15 @@ pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scra
     be.matmul(w.router, s.cur, s.gate, n)?;
     let mut logits = vec![0.0f32; n * ne];
     be.read(s.gate, &mut logits)?;
-    let routes = route(&logits, &w.experts);
+    let mut routes = route(&logits, &w.experts);
+    if let Some(sh) = &w.shared {
+        // The shared expert is one more route of every token: expert
+        // `n_expert`, weighted by the sigmoid of its gate's product.
+        be.matmul(sh.gate_inp, s.cur, s.gate, n)?;
+        let mut g = vec![0.0f32; n];
+        be.read(s.gate, &mut g)?;
+        routes.extend(g.iter().enumerate().map(|(token, &v)| Route { token, expert: ne, weight: sigmoid(v) }));
+    }
     be.moe_experts(w, s.cur, &routes, s.o)?;
     match w.post_norm {
         Some(pn) => {
@@ -191,6 +200,12 @@ pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scra
         None => be.add(s.x, s.o)?,
     }
     Ok(())
+}
+
+/// The logistic function, `1 / (1 + e^-x)` (llama.cpp's shared-expert
+/// gate writes it `silu(x) / x`: the same value, except at 0).
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
 }
 
 /// Each token's experts, as llama.cpp's softmax gating picks them: the

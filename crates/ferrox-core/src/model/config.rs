@@ -58,6 +58,10 @@ pub struct ModelConfig {
     /// Mixture of experts: the experts per layer, those each token is
     /// routed to, and each expert's hidden width (all 0 for a dense model).
     pub experts: Experts,
+    /// A shared expert's hidden width (`expert_shared_feed_forward_length`,
+    /// else `feed_forward_length`), where the architecture has one
+    /// (Qwen2-MoE); 0: none.
+    pub n_ff_shared: usize,
 }
 
 struct Meta<'a> {
@@ -246,6 +250,19 @@ impl ModelConfig {
             }
             _ => Experts::default(),
         };
+        let n_ff_shared = match spec.block_roles.contains(&crate::arch::Role::FfnGateShexp) {
+            true => {
+                let v = m.uint("expert_shared_feed_forward_length")?.unwrap_or(n_ff);
+                if v == 0 || v > MAX_DIM {
+                    return Err(ModelError::BadMetadata {
+                        key: m.key("expert_shared_feed_forward_length"),
+                        why: format!("{v} is out of range 1..={MAX_DIM}"),
+                    });
+                }
+                v
+            }
+            false => 0,
+        };
         let attn_softcap = m.float("attn_logit_softcapping")?.or(spec.default_attn_softcap).filter(|&c| c != 0.0);
         let final_softcap = m.float("final_logit_softcapping")?.or(spec.default_final_softcap).filter(|&c| c != 0.0);
         Ok(ModelConfig {
@@ -273,6 +290,7 @@ impl ModelConfig {
             final_softcap,
             ffn,
             experts,
+            n_ff_shared,
         })
     }
 }
