@@ -310,4 +310,31 @@ mod plan_tests {
             assert!(t.decode.contains("matvec_f32") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
         }
     }
+
+    /// Qwen2-MoE's shared expert in the plan: every token reads its matrices
+    /// whole (the stacks beside them, their routed share); the CPU runs it,
+    /// and CUDA, with no shared-expert kernel yet, refuses the model before
+    /// a weight is read, once, naming the way to run it.
+    #[test]
+    fn a_shared_expert_is_read_whole_per_token_and_refused_where_no_kernel_runs_it() {
+        let path = std::env::temp_dir().join(format!("ferrox-shexp-plan-{}.gguf", std::process::id()));
+        crate::testing::tiny_arch_model(Arch::Qwen2Moe, 3).unwrap().write_to(&path).unwrap();
+        let file = ferrox_gguf::GgufModel::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let p = crate::model::plan(&file, Backend::Cpu, None, "cpu".into()).unwrap();
+        assert!(p.refused.is_empty(), "{:?}", p.refused);
+        let shared: Vec<_> = p.tensors.iter().filter(|t| t.name.contains("_shexp.")).collect();
+        assert_eq!(shared.len(), 4 * 2, "a gate and three matrices a layer, two layers");
+        for t in &shared {
+            assert!(t.bytes > 0 && t.bytes_per_token == t.bytes, "{}: {} of {} bytes a token", t.name, t.bytes_per_token, t.bytes);
+        }
+        let (ne, used, _) = crate::testing::TINY_EXPERTS;
+        for t in p.tensors.iter().filter(|t| t.name.contains("_exps.")) {
+            assert_eq!(t.bytes_per_token, t.bytes * used as u64 / ne as u64, "{}", t.name);
+        }
+        let p = crate::model::plan(&file, Backend::Cuda, None, "cuda".into()).unwrap();
+        assert_eq!(p.refused.len(), 1, "{:?}", p.refused);
+        let why = &p.refused[0];
+        assert!(why.contains("mixture-of-experts shared expert") && why.contains("--backend cpu"), "{why}");
+    }
 }
