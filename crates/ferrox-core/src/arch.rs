@@ -98,6 +98,10 @@ tensor_roles! {
     (FfnGateExps, "ffn_gate_exps.weight", Block, Experts, "Mixture of experts: the experts' gate projections."),
     (FfnUpExps, "ffn_up_exps.weight", Block, Experts, "Mixture of experts: the experts' up projections."),
     (FfnDownExps, "ffn_down_exps.weight", Block, Experts, "Mixture of experts: the experts' down projections."),
+    (FfnGateInpShexp, "ffn_gate_inp_shexp.weight", Block, Router, "Mixture of experts: the shared expert's gate (one row: sigmoid of it scales the shared expert, Qwen2-MoE)."),
+    (FfnGateShexp, "ffn_gate_shexp.weight", Block, Matmul, "Mixture of experts: the shared expert's gate projection (every token runs it)."),
+    (FfnUpShexp, "ffn_up_shexp.weight", Block, Matmul, "Mixture of experts: the shared expert's up projection."),
+    (FfnDownShexp, "ffn_down_shexp.weight", Block, Matmul, "Mixture of experts: the shared expert's down projection."),
 }
 
 impl Role {
@@ -209,7 +213,7 @@ pub struct ArchSpec {
     pub default_final_softcap: Option<f32>,
     /// A mixture of experts (where the FFN is one): whether each token's
     /// routing weights are normalized to sum to one (Mixtral, Qwen3-MoE) or
-    /// kept as the softmax gave them.
+    /// kept as the softmax gave them (Qwen2-MoE).
     pub moe_norm_weights: bool,
     /// Roles that must be present in every block (beyond the universal ones).
     pub block_roles: &'static [Role],
@@ -300,6 +304,20 @@ arch_table! {
         block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::AttnQNorm, Role::AttnKNorm,
                        Role::FfnGateInp, Role::FfnGateExps, Role::FfnUpExps, Role::FfnDownExps],
         optional_roles: &[Role::Output],
+        ..LLAMA_LIKE
+    }),
+    // Qwen1.5-MoE, Qwen2-57B-A14B: routed experts whose softmax weights
+    // are not normalized, plus a shared expert every token runs, scaled by
+    // the sigmoid of its own one-row gate; Q/K/V biases as Qwen2.
+    (Qwen2Moe, "qwen2moe", ArchSpec {
+        name: "qwen2moe",
+        rope: RopeStyle::Halves,
+        ffn: FfnLayout::Experts,
+        moe_norm_weights: false,
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV,
+                       Role::FfnGateInp, Role::FfnGateExps, Role::FfnUpExps, Role::FfnDownExps,
+                       Role::FfnGateInpShexp, Role::FfnGateShexp, Role::FfnUpShexp, Role::FfnDownShexp],
+        optional_roles: &[Role::Output, Role::AttnQBias, Role::AttnKBias, Role::AttnVBias],
         ..LLAMA_LIKE
     }),
     (Phi3, "phi3", ArchSpec {

@@ -266,6 +266,18 @@ pub(crate) fn placement(
                         if role.map(Role::feeds) == Some(Feeds::Router) {
                             p.prefill = p.decode.clone();
                         }
+                        if role == Some(Role::FfnGateInpShexp) {
+                            match <$b as crate::backend::BackendCaps>::shared_expert_kernel() {
+                                Some(k) => (p.decode, p.prefill) = (k.clone(), k),
+                                None => {
+                                    p.fallback = Some(format!(
+                                        "no {caps_name} kernel for a mixture-of-experts shared expert (its sigmoid-gated output): the model cannot load on {backend}"
+                                    ));
+                                    p.decode = "none".to_string();
+                                    p.prefill = "none".to_string();
+                                }
+                            }
+                        }
                     }
                     Some(Feeds::Embedding) => {
                         p.decode = format!("{caps_name} get_rows ({kind})");

@@ -10,7 +10,8 @@
 //!
 //! Each architecture gets its own weight kind, so that together they run the
 //! decoder over several kernels, plus the features that distinguish the
-//! family (GQA everywhere, biases for Qwen2, QK-norm for Qwen3 and Gemma 3,
+//! family (GQA everywhere, biases for Qwen2 and Qwen2-MoE, QK-norm for Qwen3 and Gemma 3,
+//! experts for Qwen3-MoE and Mixtral, a shared expert for Qwen2-MoE,
 //! fused QKV and gate/up for Phi-3, softcaps and sliding windows for
 //! Gemma 2/3, a separate output head where the family has one).
 
@@ -46,6 +47,10 @@ pub struct TinyShape {
 /// The tiny mixtures of experts: experts, used per token, expert width.
 pub const TINY_EXPERTS: (usize, usize, usize) = (8, 2, 64);
 
+/// The tiny Qwen2-MoE's shared expert width (twice its file's
+/// `feed_forward_length`, so the width is read from its own key).
+pub const TINY_SHARED_FF: usize = 512;
+
 /// Vocabulary of every tiny model: 3 specials, 256 byte tokens, 61 words.
 pub const TINY_VOCAB: usize = 320;
 
@@ -68,6 +73,9 @@ pub fn tiny_shape(arch: Arch) -> TinyShape {
         Arch::Qwen3 => TinyShape { kind: QuantKind::F16, embd_kind: QuantKind::F16, head_dim: 32, ..base },
         // 8 experts of 64, 2 per token; `n_ff` is the file's dense width.
         Arch::Qwen3Moe => TinyShape { kind: QuantKind::Q8_0, head_dim: 32, ..base },
+        // K-quants (rows of 256): 8 experts of 256, 2 per token, and a
+        // shared expert of 512 (`TINY_SHARED_FF`).
+        Arch::Qwen2Moe => TinyShape { n_embd: 256, n_ff: 256, head_dim: 64, kind: QuantKind::Q4K, embd_kind: QuantKind::Q6K, ..base },
         Arch::Phi3 => TinyShape { kind: QuantKind::Q5_0, n_head_kv: 4, ..base },
         Arch::Gemma2 => TinyShape { kind: QuantKind::F32, embd_kind: QuantKind::F32, n_layer: 3, own_output: false, ..base },
         Arch::Gemma3 => TinyShape { kind: QuantKind::Q4_0, n_layer: 3, head_dim: 32, own_output: false, ..base },
@@ -188,12 +196,21 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
         w.set(key("rope.dimension_count"), Value::U32(s.head_dim as u32))?;
     }
     // Mixtral's files have no expert width: its experts are `n_ff` wide.
-    let expert_ff = if spec.ffn == FfnLayout::Experts { TINY_EXPERTS.2 } else { s.n_ff };
+    // Qwen2-MoE's K-quant experts are as wide as a quant block.
+    let expert_ff = match arch {
+        Arch::Qwen2Moe => s.n_ff,
+        _ if spec.ffn == FfnLayout::Experts => TINY_EXPERTS.2,
+        _ => s.n_ff,
+    };
+    let shared_ff = TINY_SHARED_FF as u64;
     if ffn == FfnLayout::Experts {
         w.set(key("expert_count"), Value::U32(TINY_EXPERTS.0 as u32))?;
         w.set(key("expert_used_count"), Value::U32(TINY_EXPERTS.1 as u32))?;
         if spec.ffn == FfnLayout::Experts {
             w.set(key("expert_feed_forward_length"), Value::U32(expert_ff as u32))?;
+        }
+        if arch == Arch::Qwen2Moe {
+            w.set(key("expert_shared_feed_forward_length"), Value::U32(shared_ff as u32))?;
         }
     }
     if matches!(arch, Arch::Gemma2 | Arch::Gemma3) {
@@ -253,7 +270,7 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
             t(&mut w, Role::AttnK, &[e, kv])?;
             t(&mut w, Role::AttnV, &[e, kv])?;
         }
-        if arch == Arch::Qwen2 {
+        if matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe) {
             t(&mut w, Role::AttnQBias, &[q])?;
             t(&mut w, Role::AttnKBias, &[kv])?;
             t(&mut w, Role::AttnVBias, &[kv])?;
@@ -279,6 +296,12 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
                 t(&mut w, Role::FfnGateExps, &[e, xf, ne])?;
                 t(&mut w, Role::FfnUpExps, &[e, xf, ne])?;
                 t(&mut w, Role::FfnDownExps, &[xf, e, ne])?;
+                if arch == Arch::Qwen2Moe {
+                    t(&mut w, Role::FfnGateInpShexp, &[e])?;
+                    t(&mut w, Role::FfnGateShexp, &[e, shared_ff])?;
+                    t(&mut w, Role::FfnUpShexp, &[e, shared_ff])?;
+                    t(&mut w, Role::FfnDownShexp, &[shared_ff, e])?;
+                }
             }
         }
         if ffn != FfnLayout::Experts {

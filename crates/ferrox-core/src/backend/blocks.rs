@@ -170,9 +170,10 @@ pub fn ffn_hidden<B: DeviceBackend>(be: &B, n: usize, w: &FfnBlock<'_, B>, s: &m
 }
 
 /// The mixture-of-experts block: the residual add and norm, the router's
-/// logits read back, [`route`] on the host, the routed experts
-/// ([`DeviceBackend::moe_experts`]) into `s.o`, then the residual add (or,
-/// with a post-norm, `s.o` left pending).
+/// logits read back, [`route`] on the host (and, with a shared expert, its
+/// gate's products read back: one more route per token), the routed
+/// experts ([`DeviceBackend::moe_experts`]) into `s.o`, then the residual
+/// add (or, with a post-norm, `s.o` left pending).
 pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scratch<'_, B::Buf>) -> Result<(), BackendError> {
     let add = s.pending.then_some(&*s.o);
     be.add_rms_norm(s.x, add, w.norm, w.eps, s.cur)?;
@@ -181,7 +182,15 @@ pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scra
     be.matmul(w.router, s.cur, s.gate, n)?;
     let mut logits = vec![0.0f32; n * ne];
     be.read(s.gate, &mut logits)?;
-    let routes = route(&logits, &w.experts);
+    let mut routes = route(&logits, &w.experts);
+    if let Some(sh) = &w.shared {
+        // The shared expert is one more route of every token: expert
+        // `n_expert`, weighted by the sigmoid of its gate's product.
+        be.matmul(sh.gate_inp, s.cur, s.gate, n)?;
+        let mut g = vec![0.0f32; n];
+        be.read(s.gate, &mut g)?;
+        routes.extend(g.iter().enumerate().map(|(token, &v)| Route { token, expert: ne, weight: sigmoid(v) }));
+    }
     be.moe_experts(w, s.cur, &routes, s.o)?;
     moe_out(be, w, s)
 }
@@ -197,6 +206,12 @@ pub fn moe_out<B: DeviceBackend>(be: &B, w: &MoeBlock<'_, B>, s: &mut Scratch<'_
         None => be.add(s.x, s.o)?,
     }
     Ok(())
+}
+
+/// The logistic function, `1 / (1 + e^-x)` (llama.cpp's shared-expert
+/// gate writes it `silu(x) / x`: the same value, except at 0).
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
 }
 
 /// Each token's experts, as llama.cpp's softmax gating picks them: the
@@ -300,5 +315,32 @@ mod plan_tests {
         for t in p.tensors.iter().filter(|t| t.name.contains("ffn_gate_inp")) {
             assert!(t.decode.contains("matvec_f32") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
         }
+    }
+
+    /// Qwen2-MoE's shared expert in the plan: every token reads its matrices
+    /// whole (the stacks beside them, their routed share); the CPU runs it,
+    /// and CUDA, with no shared-expert kernel yet, refuses the model before
+    /// a weight is read, once, naming the way to run it.
+    #[test]
+    fn a_shared_expert_is_read_whole_per_token_and_refused_where_no_kernel_runs_it() {
+        let path = std::env::temp_dir().join(format!("ferrox-shexp-plan-{}.gguf", std::process::id()));
+        crate::testing::tiny_arch_model(Arch::Qwen2Moe, 3).unwrap().write_to(&path).unwrap();
+        let file = ferrox_gguf::GgufModel::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let p = crate::model::plan(&file, Backend::Cpu, None, "cpu".into()).unwrap();
+        assert!(p.refused.is_empty(), "{:?}", p.refused);
+        let shared: Vec<_> = p.tensors.iter().filter(|t| t.name.contains("_shexp.")).collect();
+        assert_eq!(shared.len(), 4 * 2, "a gate and three matrices a layer, two layers");
+        for t in &shared {
+            assert!(t.bytes > 0 && t.bytes_per_token == t.bytes, "{}: {} of {} bytes a token", t.name, t.bytes_per_token, t.bytes);
+        }
+        let (ne, used, _) = crate::testing::TINY_EXPERTS;
+        for t in p.tensors.iter().filter(|t| t.name.contains("_exps.")) {
+            assert_eq!(t.bytes_per_token, t.bytes * used as u64 / ne as u64, "{}", t.name);
+        }
+        let p = crate::model::plan(&file, Backend::Cuda, None, "cuda".into()).unwrap();
+        assert_eq!(p.refused.len(), 1, "{:?}", p.refused);
+        let why = &p.refused[0];
+        assert!(why.contains("mixture-of-experts shared expert") && why.contains("--backend cpu"), "{why}");
     }
 }

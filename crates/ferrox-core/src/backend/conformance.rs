@@ -678,6 +678,7 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
                             post_norm: post.then_some(&pnv),
                             n_embd: e,
                             experts,
+                            shared: None,
                         };
                         let mut s = bufs.scratch(false);
                         be.moe_block(n, &mb, &mut s).unwrap();

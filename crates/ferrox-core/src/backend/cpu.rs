@@ -186,10 +186,12 @@ pub fn prepacks(name: &str) -> bool {
     prepack_setting().unwrap_or_else(|e| panic!("{e}")) && name.starts_with("blk.") && !experts(name)
 }
 
-/// Whether `name` is a stack of experts (`ffn_*_exps`): read in place, a
-/// token's experts' rows at a time, never packed or copied whole.
+/// Whether `name` is a stack of experts (`ffn_*_exps`) or a shared
+/// expert's matrix (`ffn_*_shexp`, which the experts' product reads too):
+/// read in place, a token's experts' rows at a time, never packed or copied
+/// whole.
 pub fn experts(name: &str) -> bool {
-    name.contains("_exps.")
+    name.contains("_exps.") || name.contains("_shexp.")
 }
 
 /// `FERROX_CPU_PREPACK` (a switch, default on), read and checked once.
@@ -791,14 +793,25 @@ impl DeviceBackend for Cpu {
     /// GEMM when enough tokens share it), the GLU, its down rows, each
     /// token's product added in with its weight.
     fn moe_experts(&self, w: &super::MoeBlock<'_, Self>, x: &Vec<f32>, routes: &[super::Route], out: &mut Vec<f32>) -> Result<(), BackendError> {
-        let (e, ff, ne) = (w.n_embd, w.experts.n_ff, w.experts.n_expert);
+        let (e, ne) = (w.n_embd, w.experts.n_expert);
         let n = out.len() / e.max(1);
         check_len("experts input", x, n * e)?;
         check_len("experts output", out, n * e)?;
-        for (m, rows, cols) in [(w.gate, ff, e), (w.up, ff, e), (w.down, e, ff)] {
-            if m.rows != rows * ne || m.cols != cols {
-                return Err(BackendError(format!("an expert stack of {}x{} where {ne} experts of {rows}x{cols} are expected", m.rows, m.cols)));
+        // Each expert's matrices, its index in them and its width; the
+        // shared expert (where the block has one) is expert `ne`, a stack of one.
+        let mut stacks = vec![([w.gate, w.up, w.down], ne, w.experts.n_ff)];
+        if let Some(sh) = &w.shared {
+            stacks.push(([sh.gate, sh.up, sh.down], 1, sh.n_ff));
+        }
+        for &([g, u, d], count, ff) in &stacks {
+            for (m, rows, cols) in [(g, ff, e), (u, ff, e), (d, e, ff)] {
+                if m.rows != rows * count || m.cols != cols {
+                    return Err(BackendError(format!("an expert stack of {}x{} where {count} experts of {rows}x{cols} are expected", m.rows, m.cols)));
+                }
             }
+        }
+        if let Some(r) = routes.iter().find(|r| r.expert >= ne + usize::from(w.shared.is_some())) {
+            return Err(BackendError(format!("a route to expert {} of {ne}", r.expert)));
         }
         out.iter_mut().for_each(|v| *v = 0.0);
         fn expert_rows(m: &CpuWeight, expert: usize, rows: usize) -> Result<&[u8], BackendError> {
@@ -806,7 +819,12 @@ impl DeviceBackend for Cpu {
             Ok(&m.bytes()[expert * rows * rb..(expert + 1) * rows * rb])
         }
         let (mut xs, mut g, mut u, mut h, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for expert in 0..ne {
+        for expert in 0..ne + usize::from(w.shared.is_some()) {
+            let (mats, index, ff) = match expert < ne {
+                true => (stacks[0].0, expert, stacks[0].2),
+                false => (stacks[1].0, 0, stacks[1].2),
+            };
+            let [gate, up, down] = mats;
             let mine: Vec<&super::Route> = routes.iter().filter(|r| r.expert == expert).collect();
             if mine.is_empty() {
                 continue;
@@ -822,13 +840,13 @@ impl DeviceBackend for Cpu {
             }
             d.resize(k * e, 0.0);
             let mm = |m: &CpuWeight, rows: usize, cols: usize, x: &[f32], y: &mut [f32]| {
-                ferrox_quant::matvec::matmul_with(self.isa, m.kind, expert_rows(m, expert, rows)?, rows, cols, x, y, k, self.threads)
+                ferrox_quant::matvec::matmul_with(self.isa, m.kind, expert_rows(m, index, rows)?, rows, cols, x, y, k, self.threads)
                     .map_err(BackendError::new)
             };
-            mm(w.gate, ff, e, &xs, &mut g)?;
-            mm(w.up, ff, e, &xs, &mut u)?;
+            mm(gate, ff, e, &xs, &mut g)?;
+            mm(up, ff, e, &xs, &mut u)?;
             glu_span(w.act, &g, &u, &mut h);
-            mm(w.down, e, ff, &h, &mut d)?;
+            mm(down, e, ff, &h, &mut d)?;
             for (r, dr) in mine.iter().zip(d.chunks_exact(e)) {
                 out[r.token * e..(r.token + 1) * e].iter_mut().zip(dr).for_each(|(o, &v)| *o += r.weight * v);
             }

@@ -576,6 +576,10 @@ mod dispatch {
         /// block never waits on the host. The route table borrows `q`
         /// (attention's, free between attention blocks).
         fn moe_block(&self, n: usize, w: &MoeBlock<'_, Cuda>, s: &mut Scratch<'_, Buf>) -> Result<(), BackendError> {
+            if w.shared.is_some() {
+                // The plan refuses such models first (`BackendCaps::shared_expert_kernel`).
+                return Err(BackendError("no cuda kernel for a mixture-of-experts shared expert".into()));
+            }
             let add = s.pending.then_some(&*s.o);
             self.add_rms_norm(s.x, add, w.norm, w.eps, s.cur)?;
             s.pending = false;

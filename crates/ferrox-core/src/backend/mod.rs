@@ -93,6 +93,12 @@ pub trait BackendCaps {
         let _ = kind;
         None
     }
+    /// What runs a mixture of experts' shared expert (its sigmoid-gated
+    /// output added to the routed experts'; `None`: nothing yet, and a
+    /// model with one is refused at plan time).
+    fn shared_expert_kernel() -> Option<String> {
+        None
+    }
     /// What a prefill runs for a `kind` matrix of `cols` columns.
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;
@@ -479,6 +485,24 @@ pub struct MoeBlock<'a, B: DeviceBackend + ?Sized> {
     pub n_embd: usize,
     /// The experts' sizes.
     pub experts: crate::model::Experts,
+    /// A shared expert every token runs besides its routed ones (Qwen2-MoE).
+    pub shared: Option<SharedExpert<'a, B>>,
+}
+
+/// A mixture of experts' shared expert: a gated FFN of `n_ff` every token
+/// runs, its output scaled by the sigmoid of the token's product with
+/// `gate_inp` (one row of `n_embd`) and added to the routed experts'.
+pub struct SharedExpert<'a, B: DeviceBackend + ?Sized> {
+    /// The gate of its output (one row).
+    pub gate_inp: &'a B::Matrix,
+    /// Its gate projection (`n_ff` rows).
+    pub gate: &'a B::Matrix,
+    /// Its up projection (`n_ff` rows).
+    pub up: &'a B::Matrix,
+    /// Its down projection (`n_embd` rows of `n_ff`).
+    pub down: &'a B::Matrix,
+    /// Its hidden width.
+    pub n_ff: usize,
 }
 
 /// One token's route to one expert, with its weight in the token's output.
@@ -692,7 +716,8 @@ pub trait DeviceBackend: Send + Sync {
     /// `out[r.token] = Σ r.weight · down_e(act(gate_e x) · up_e x)` over the
     /// `routes` (`x`: the normed rows, `[n, n_embd]`; every token of `out`
     /// written, zero where no route leads). Only the routed experts' rows
-    /// are read. The default refuses: a backend without expert kernels says
+    /// are read. A route to expert `n_expert` is to the block's shared
+    /// expert ([`MoeBlock::shared`]). The default refuses: a backend without expert kernels says
     /// so in its plan ([`BackendCaps::experts_kernel`]) before a model loads.
     fn moe_experts(&self, w: &MoeBlock<'_, Self>, x: &Self::Buf, routes: &[Route], out: &mut Self::Buf) -> Result<(), BackendError>
     where

@@ -18,7 +18,7 @@ use std::cell::{Cell, Ref, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::cpu::{Cpu, CpuKv, CpuWeight};
-use super::{AttnBlock, AttnParams, BackendError, DeviceBackend, DeviceOptions, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, Staged};
+use super::{AttnBlock, AttnParams, BackendError, DeviceBackend, DeviceOptions, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
 use crate::arch::Activation;
 use crate::kernel_registry::Backend;
 
@@ -296,6 +296,10 @@ fn moe_on<'a, D: DeviceBackend, X: DeviceBackend>(
         post_norm: w.post_norm.map(&v).transpose()?,
         n_embd: w.n_embd,
         experts: w.experts,
+        shared: match &w.shared {
+            Some(sh) => Some(SharedExpert { gate_inp: m(sh.gate_inp)?, gate: m(sh.gate)?, up: m(sh.up)?, down: m(sh.down)?, n_ff: sh.n_ff }),
+            None => None,
+        },
     })
 }
 

@@ -58,6 +58,10 @@ pub struct ModelConfig {
     /// Mixture of experts: the experts per layer, those each token is
     /// routed to, and each expert's hidden width (all 0 for a dense model).
     pub experts: Experts,
+    /// A shared expert's hidden width (`expert_shared_feed_forward_length`,
+    /// else `feed_forward_length`), where the architecture has one
+    /// (Qwen2-MoE); 0: none.
+    pub n_ff_shared: usize,
 }
 
 struct Meta<'a> {
@@ -224,10 +228,18 @@ impl ModelConfig {
         let ffn = if declares_experts { crate::arch::FfnLayout::Experts } else { spec.ffn };
         let experts = match ffn {
             crate::arch::FfnLayout::Experts => {
+                let n_used = m.req_uint("expert_used_count")?;
+                // Without the key, as llama.cpp reads it: a family of experts
+                // (Qwen3-MoE, Qwen2-MoE) splits `feed_forward_length` over the
+                // experts a token uses; Mixtral's experts are that wide.
+                let n_ff_default = match spec.ffn {
+                    crate::arch::FfnLayout::Experts => n_ff / n_used.max(1),
+                    _ => n_ff,
+                };
                 let e = Experts {
                     n_expert: m.req_uint("expert_count")?,
-                    n_used: m.req_uint("expert_used_count")?,
-                    n_ff: m.uint("expert_feed_forward_length")?.unwrap_or(n_ff),
+                    n_used,
+                    n_ff: m.uint("expert_feed_forward_length")?.unwrap_or(n_ff_default),
                     norm_weights: spec.moe_norm_weights,
                     scale: m.float("expert_weights_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0),
                 };
@@ -245,6 +257,19 @@ impl ModelConfig {
                 e
             }
             _ => Experts::default(),
+        };
+        let n_ff_shared = match spec.block_roles.contains(&crate::arch::Role::FfnGateShexp) {
+            true => {
+                let v = m.uint("expert_shared_feed_forward_length")?.unwrap_or(n_ff);
+                if v == 0 || v > MAX_DIM {
+                    return Err(ModelError::BadMetadata {
+                        key: m.key("expert_shared_feed_forward_length"),
+                        why: format!("{v} is out of range 1..={MAX_DIM}"),
+                    });
+                }
+                v
+            }
+            false => 0,
         };
         let attn_softcap = m.float("attn_logit_softcapping")?.or(spec.default_attn_softcap).filter(|&c| c != 0.0);
         let final_softcap = m.float("final_logit_softcapping")?.or(spec.default_final_softcap).filter(|&c| c != 0.0);
@@ -273,6 +298,44 @@ impl ModelConfig {
             final_softcap,
             ffn,
             experts,
+            n_ff_shared,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrox_gguf::GgufWriter;
+
+    /// A Qwen2-MoE file's metadata with `extra` keys (no tensors).
+    fn qwen2moe(extra: &[(&str, u32)]) -> Result<ModelConfig, ModelError> {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::from("qwen2moe")).unwrap();
+        for (k, v) in [("embedding_length", 64u32), ("block_count", 2), ("feed_forward_length", 96), ("attention.head_count", 4), ("expert_count", 8), ("expert_used_count", 3)]
+            .iter()
+            .chain(extra)
+        {
+            w.set(format!("qwen2moe.{k}"), Value::U32(*v)).unwrap();
+        }
+        w.set("qwen2moe.attention.layer_norm_rms_epsilon", Value::F32(1e-6)).unwrap();
+        let file = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+        ModelConfig::from_gguf(&file, Arch::Qwen2Moe)
+    }
+
+    /// Qwen2-MoE's widths as llama.cpp reads them: without their keys the
+    /// experts split `feed_forward_length` over the experts a token uses
+    /// (96 / 3) and the shared expert is that whole width; with them, the
+    /// keys; a shared width of 0 is refused by its key.
+    #[test]
+    fn qwen2moe_expert_and_shared_widths_follow_their_keys_or_llama_cpp_defaults() {
+        let c = qwen2moe(&[]).unwrap();
+        assert_eq!((c.experts.n_ff, c.n_ff_shared, c.experts.norm_weights), (32, 96, false));
+        let c = qwen2moe(&[("expert_feed_forward_length", 16), ("expert_shared_feed_forward_length", 128)]).unwrap();
+        assert_eq!((c.experts.n_ff, c.n_ff_shared), (16, 128));
+        match qwen2moe(&[("expert_shared_feed_forward_length", 0)]) {
+            Err(ModelError::BadMetadata { key, .. }) => assert_eq!(key, "qwen2moe.expert_shared_feed_forward_length"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -18,7 +18,7 @@ pub use config::{Experts, ModelConfig};
 use ferrox_gguf::{GgufError, GgufModel, ModelTensor};
 
 use crate::arch::{Arch, FfnLayout, Role};
-use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, Staged};
+use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
 use crate::kernel_registry::{Backend, KernelPlan, Placement};
 
 /// Why a model cannot be loaded or run.
@@ -104,6 +104,8 @@ struct LayerWeights<B: DeviceBackend> {
     post_ffn_norm: Option<B::Vector>,
     /// A mixture of experts' router and experts (instead of gate/up/down).
     experts: Option<[B::Matrix; 4]>,
+    /// Its shared expert: the one-row gate, then gate, up and down.
+    shared: Option<[B::Matrix; 4]>,
 }
 
 /// A loaded model: configuration, placed weights, and the placement plan.
@@ -239,6 +241,9 @@ fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
         Role::FfnGateInp => d(&[e, c.experts.n_expert]),
         Role::FfnGateExps | Role::FfnUpExps => d(&[e, c.experts.n_ff, c.experts.n_expert]),
         Role::FfnDownExps => d(&[c.experts.n_ff, e, c.experts.n_expert]),
+        Role::FfnGateInpShexp => d(&[e]),
+        Role::FfnGateShexp | Role::FfnUpShexp => d(&[e, c.n_ff_shared]),
+        Role::FfnDownShexp => d(&[c.n_ff_shared, e]),
     }
 }
 
@@ -330,15 +335,21 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
         }
     }
     // A token reads only its experts' rows of a stack of experts; a backend
-    // without expert kernels cannot load the model.
+    // without expert kernels (or without a shared expert's, where the model
+    // has one) cannot load the model.
     let ex = r.config.experts;
     let mut refused = crate::kernel_registry::refusals(backend, r.config.head_dim, r.config.head_dim_v);
     for p in placements.iter_mut() {
-        if Role::parse(&p.name).is_some_and(|(role, _)| role.feeds() == crate::arch::Feeds::Experts) {
+        let role = Role::parse(&p.name).map(|(role, _)| role);
+        let stack = role.is_some_and(|role| role.feeds() == crate::arch::Feeds::Experts);
+        if stack {
             p.bytes_per_token = p.bytes * ex.n_used as u64 / ex.n_expert.max(1) as u64;
+        }
+        if stack || role == Some(Role::FfnGateInpShexp) {
             if let (Some(why), true) = (&p.fallback, p.backend.is_accelerator()) {
                 if !refused.iter().any(|r| r.contains(why.as_str())) {
-                    refused.push(format!("{why} ({} and the other expert stacks; run it with --backend cpu)", p.name));
+                    let which = if stack { "and the other expert stacks" } else { "in every layer" };
+                    refused.push(format!("{why} ({} {which}; run it with --backend cpu)", p.name));
                 }
             }
         }
@@ -497,6 +508,15 @@ impl<B: DeviceBackend> Model<B> {
                         must(get(Role::FfnDownExps, l, true)?)?,
                     ]),
                     _ => None,
+                },
+                shared: match config.n_ff_shared {
+                    0 => None,
+                    _ => Some([
+                        must(get(Role::FfnGateInpShexp, l, true)?)?,
+                        must(get(Role::FfnGateShexp, l, true)?)?,
+                        must(get(Role::FfnUpShexp, l, true)?)?,
+                        must(get(Role::FfnDownShexp, l, true)?)?,
+                    ]),
                 },
             });
         }
@@ -829,6 +849,7 @@ impl<B: DeviceBackend> Model<B> {
                         post_norm: w.post_ffn_norm.as_ref(),
                         n_embd: c.n_embd,
                         experts: c.experts,
+                        shared: w.shared.as_ref().map(|[gate_inp, gate, up, down]| SharedExpert { gate_inp, gate, up, down, n_ff: c.n_ff_shared }),
                     };
                     be.moe_block(n, &moe, &mut s)?;
                 }
