@@ -589,6 +589,7 @@ pub(crate) fn blocks_match_the_cpu<B: DeviceBackend>(be: &B) {
                             rope,
                             factors: None,
                             attn,
+                            sinks: None,
                         };
                         let fb = FfnBlock {
                             eps: 1e-6,
@@ -654,7 +655,7 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
         let (norm, pn) = (rand_vec(&mut r, e, 1.0), rand_vec(&mut r, e, 1.0));
         let mut worst_kind = 0.0f64;
         for (case, (norm_weights, scale, post)) in [(true, 1.0f32, false), (false, 2.5, true)].into_iter().enumerate() {
-            let experts = crate::model::Experts { n_expert: ne, n_used: k, n_ff: ff, norm_weights, scale };
+            let experts = crate::model::Experts { n_expert: ne, n_used: k, n_ff: ff, norm_weights, scale, ..Default::default() };
             for n in [5usize, 1, 13] {
                 let x = rand_vec(&mut r, n * e, 1.0);
                 macro_rules! run {
@@ -679,6 +680,7 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
                             n_embd: e,
                             experts,
                             shared: None,
+                            biases: None,
                         };
                         let mut s = bufs.scratch(false);
                         be.moe_block(n, &mb, &mut s).unwrap();
@@ -813,7 +815,11 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
         let text = std::fs::read_to_string(&reference)
             .unwrap_or_else(|e| panic!("{}: {e} (every architecture needs llama.cpp reference logits)", reference.display()));
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let path = std::env::temp_dir().join(format!("ferrox-conf-ref-{name}-{arch}-{}.gguf", std::process::id()));
+        // The CPU and the split-over-CPU suites both name themselves "cpu"
+        // and run at once: a counter keeps their files apart.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let nth = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("ferrox-conf-ref-{name}-{arch}-{}-{nth}.gguf", std::process::id()));
         crate::testing::tiny_model(case, 42).unwrap().write_to(&path).unwrap();
         let sha = format!("{:x}", sha2::Sha256::digest(std::fs::read(&path).unwrap()));
         assert_eq!(sha, r["model_sha256"].as_str().unwrap(), "{arch}: the regenerated tiny model is not the one llama.cpp ran");

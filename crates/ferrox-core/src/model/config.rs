@@ -122,6 +122,12 @@ pub struct Experts {
     pub norm_weights: bool,
     /// A factor on the routing weights (`expert_weights_scale`; 1: none).
     pub scale: f32,
+    /// Softmax before the top-k (over every expert) or after it (over
+    /// the chosen ones).
+    pub gating: crate::arch::MoeGating,
+    /// gpt-oss's clamped SwiGLU in the experts (instead of the row's
+    /// activation).
+    pub swiglu_oai: Option<crate::arch::SwigluOai>,
 }
 
 impl ModelConfig {
@@ -242,6 +248,8 @@ impl ModelConfig {
                     n_ff: m.uint("expert_feed_forward_length")?.unwrap_or(n_ff_default),
                     norm_weights: spec.moe_norm_weights,
                     scale: m.float("expert_weights_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0),
+                    gating: spec.moe_gating,
+                    swiglu_oai: spec.experts_swiglu_oai,
                 };
                 for (key, v, max) in [("expert_count", e.n_expert, 4096), ("expert_feed_forward_length", e.n_ff, MAX_DIM)] {
                     if v == 0 || v > max {

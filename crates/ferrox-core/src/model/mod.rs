@@ -18,7 +18,7 @@ pub use config::{Experts, ModelConfig};
 use ferrox_gguf::{GgufError, GgufModel, ModelTensor};
 
 use crate::arch::{Arch, FfnLayout, Role};
-use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
+use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, ExpertBiases, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
 use crate::kernel_registry::{Backend, KernelPlan, Placement};
 
 /// Why a model cannot be loaded or run.
@@ -106,6 +106,12 @@ struct LayerWeights<B: DeviceBackend> {
     experts: Option<[B::Matrix; 4]>,
     /// Its shared expert: the one-row gate, then gate, up and down.
     shared: Option<[B::Matrix; 4]>,
+    /// Attention sinks, one logit per query head (gpt-oss).
+    sinks: Option<B::Vector>,
+    /// The experts' gate, up and down biases (gpt-oss).
+    expert_biases: Option<[B::Vector; 3]>,
+    /// The router's bias, on the host where routing happens (gpt-oss).
+    router_bias: Option<Vec<f32>>,
 }
 
 /// A loaded model: configuration, placed weights, and the placement plan.
@@ -244,6 +250,10 @@ fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
         Role::FfnGateInpShexp => d(&[e]),
         Role::FfnGateShexp | Role::FfnUpShexp => d(&[e, c.n_ff_shared]),
         Role::FfnDownShexp => d(&[c.n_ff_shared, e]),
+        Role::AttnSinks => d(&[c.n_head]),
+        Role::FfnGateInpBias => d(&[c.experts.n_expert]),
+        Role::FfnGateExpsBias | Role::FfnUpExpsBias => d(&[c.experts.n_ff, c.experts.n_expert]),
+        Role::FfnDownExpsBias => d(&[e, c.experts.n_expert]),
     }
 }
 
@@ -342,10 +352,10 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
     for p in placements.iter_mut() {
         let role = Role::parse(&p.name).map(|(role, _)| role);
         let stack = role.is_some_and(|role| role.feeds() == crate::arch::Feeds::Experts);
-        if stack {
+        if stack || role.is_some_and(Role::expert_bias) {
             p.bytes_per_token = p.bytes * ex.n_used as u64 / ex.n_expert.max(1) as u64;
         }
-        if stack || role == Some(Role::FfnGateInpShexp) {
+        if stack || matches!(role, Some(Role::FfnGateInpShexp | Role::AttnSinks | Role::FfnGateInpBias)) {
             if let (Some(why), true) = (&p.fallback, p.backend.is_accelerator()) {
                 if !refused.iter().any(|r| r.contains(why.as_str())) {
                     let which = if stack { "and the other expert stacks" } else { "in every layer" };
@@ -442,6 +452,8 @@ impl<B: DeviceBackend> Model<B> {
             // A stack of experts (`[cols, rows, n_expert]`) is one matrix of
             // all their rows, expert after expert.
             let (cols, rows) = (t.info.dims[0] as usize, t.info.dims[1..].iter().product::<u64>().max(1) as usize);
+            // A stack of per-expert biases is one vector of all their rows.
+            let (cols, rows) = if role.expert_bias() { (cols * rows, 1) } else { (cols, rows) };
             Ok(Some(HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file }))
         };
         let placing = |t: &HostTensor<'_>, e: BackendError| ModelError::Backend(BackendError(format!("placing {}: {e}", t.name)));
@@ -493,9 +505,13 @@ impl<B: DeviceBackend> Model<B> {
                 q_norm: vec(Role::AttnQNorm, l, spec.qk_norm)?,
                 k_norm: vec(Role::AttnKNorm, l, spec.qk_norm)?,
                 out: must(get(Role::AttnOut, l, true)?)?,
-                out_bias: vec(Role::AttnOutBias, l, false)?,
-                post_attn_norm: vec(Role::AttnPostNorm, l, spec.post_norms)?,
-                ffn_norm: must(vec(Role::FfnNorm, l, true)?)?,
+                out_bias: vec(Role::AttnOutBias, l, req(Role::AttnOutBias))?,
+                post_attn_norm: match spec.ffn_norm {
+                    // gpt-oss's `post_attention_norm` is its pre-FFN norm.
+                    Role::AttnPostNorm => None,
+                    _ => vec(Role::AttnPostNorm, l, spec.post_norms)?,
+                },
+                ffn_norm: must(vec(spec.ffn_norm, l, true)?)?,
                 gate: get(Role::FfnGate, l, config.ffn == FfnLayout::Separate)?,
                 up: get(Role::FfnUp, l, config.ffn != FfnLayout::Experts)?,
                 down: get(Role::FfnDown, l, config.ffn != FfnLayout::Experts)?,
@@ -516,6 +532,23 @@ impl<B: DeviceBackend> Model<B> {
                         must(get(Role::FfnGateShexp, l, true)?)?,
                         must(get(Role::FfnUpShexp, l, true)?)?,
                         must(get(Role::FfnDownShexp, l, true)?)?,
+                    ]),
+                },
+                sinks: vec(Role::AttnSinks, l, req(Role::AttnSinks))?,
+                router_bias: match host(Role::FfnGateInpBias, l, req(Role::FfnGateInpBias))? {
+                    Some(t) => {
+                        let v = crate::backend::vector_values(&t)?;
+                        done(&t);
+                        Some(v)
+                    }
+                    None => None,
+                },
+                expert_biases: match req(Role::FfnGateExpsBias) {
+                    false => None,
+                    true => Some([
+                        must(vec(Role::FfnGateExpsBias, l, true)?)?,
+                        must(vec(Role::FfnUpExpsBias, l, true)?)?,
+                        must(vec(Role::FfnDownExpsBias, l, true)?)?,
                     ]),
                 },
             });
@@ -834,6 +867,7 @@ impl<B: DeviceBackend> Model<B> {
                     softcap: c.attn_softcap,
                     window: if local { c.window } else { None },
                 },
+                sinks: w.sinks.as_ref(),
             };
             be.attention_block(kv, b, &block, &mut s)?;
             match (&w.experts, &w.up, &w.down) {
@@ -850,6 +884,10 @@ impl<B: DeviceBackend> Model<B> {
                         n_embd: c.n_embd,
                         experts: c.experts,
                         shared: w.shared.as_ref().map(|[gate_inp, gate, up, down]| SharedExpert { gate_inp, gate, up, down, n_ff: c.n_ff_shared }),
+                        biases: match (&w.router_bias, &w.expert_biases) {
+                            (Some(router), Some([gate, up, down])) => Some(ExpertBiases { router, gate, up, down }),
+                            _ => None,
+                        },
                     };
                     be.moe_block(n, &moe, &mut s)?;
                 }
