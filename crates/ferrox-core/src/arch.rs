@@ -491,6 +491,34 @@ mod tests {
         assert_eq!(Role::parse("attn_q.weight"), None);
     }
 
+    /// ggml's `swiglu_oai` by hand (f64): the gate clamped above at 7 only,
+    /// the up both ways, then `g * sigmoid(1.702 g) * (u + 1)`.
+    #[test]
+    fn swiglu_oai_clamps_the_gate_above_and_the_up_both_ways() {
+        let want = |g: f64, u: f64| g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+        let oai = SwigluOai::GPT_OSS;
+        for (g, u, wg, wu) in [(0.5, -0.25, 0.5, -0.25), (10.0, 9.0, 7.0, 7.0), (-12.0, -9.0, -12.0, -7.0), (7.5, -30.0, 7.0, -7.0), (-1.0, 3.0, -1.0, 3.0)] {
+            let got = oai.apply(g as f32, u as f32) as f64;
+            let w = want(wg, wu);
+            assert!((got - w).abs() <= 1e-5 * w.abs().max(1.0), "swiglu_oai({g}, {u}) = {got}, want {w}");
+        }
+    }
+
+    /// gpt-oss's row: its norm before the FFN is `post_attention_norm`
+    /// (required, and accepted), never `ffn_norm`; sinks and the expert
+    /// biases are required.
+    #[test]
+    fn gpt_oss_reads_post_attention_norm_as_its_ffn_norm() {
+        let a = Arch::from_name("gpt-oss").unwrap();
+        let req: Vec<Role> = a.required_block_roles().collect();
+        assert!(req.contains(&Role::AttnPostNorm) && !req.contains(&Role::FfnNorm), "{req:?}");
+        assert!(!a.accepts(Role::FfnNorm));
+        for r in [Role::AttnSinks, Role::AttnOutBias, Role::FfnGateInpBias, Role::FfnGateExpsBias, Role::FfnUpExpsBias, Role::FfnDownExpsBias] {
+            assert!(req.contains(&r), "{r}");
+        }
+        assert!(Arch::Llama.required_block_roles().any(|r| r == Role::FfnNorm));
+    }
+
     #[test]
     fn every_arch_name_round_trips_and_unknown_names_are_refused() {
         for &a in Arch::ALL {

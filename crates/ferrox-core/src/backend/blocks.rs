@@ -289,6 +289,23 @@ mod tests {
         let r = route(&l[..4], &Experts { norm_weights: false, scale: 2.0, ..x });
         assert!((r[0].weight - 2.0 * 6.0 / 12.0).abs() < 1e-6 && (r[1].weight - 2.0 * 3.0 / 12.0).abs() < 1e-6, "{r:?}");
     }
+
+    /// gpt-oss: top-k on the logits, then softmax over the chosen ones
+    /// alone — for [0, ln 3, ln 2, ln 6], experts 3 and 1 weighted 6/9 and
+    /// 3/9 (not the 6/12 and 3/12 of a softmax over all four), whatever
+    /// `norm_weights` says. Logits far apart choose by value:
+    /// [-200, -300, -100, -250] picks experts 2 and 0.
+    #[test]
+    fn softmax_after_top_k_weighs_the_chosen_experts_alone() {
+        use crate::arch::MoeGating;
+        let x = Experts { n_expert: 4, n_used: 2, n_ff: 1, norm_weights: false, scale: 1.0, gating: MoeGating::SoftmaxAfterTopK, swiglu_oai: None };
+        let r = route(&[0.0f32, 3f32.ln(), 2f32.ln(), 6f32.ln()], &x);
+        assert_eq!((r[0].expert, r[1].expert), (3, 1));
+        assert!((r[0].weight - 6.0 / 9.0).abs() < 1e-6 && (r[1].weight - 3.0 / 9.0).abs() < 1e-6, "{r:?}");
+        let r = route(&[-200.0f32, -300.0, -100.0, -250.0], &x);
+        assert_eq!((r[0].expert, r[1].expert), (2, 0), "{r:?}");
+        assert!((r[0].weight - 1.0).abs() < 1e-6 && r[1].weight < 1e-40, "{r:?}");
+    }
 }
 
 #[cfg(test)]
@@ -339,6 +356,34 @@ mod plan_tests {
         }
         for t in p.tensors.iter().filter(|t| t.name.contains("ffn_gate_inp")) {
             assert!(t.decode.contains("matvec_f32") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
+        }
+    }
+
+    /// gpt-oss in the plan: a token reads its experts' share of each stack
+    /// and of each stack of expert biases; the CPU runs it, and every
+    /// accelerator (none has sinks or gpt-oss's experts yet) refuses it
+    /// before a weight is read, naming both and the way to run it.
+    #[test]
+    fn gpt_oss_reads_the_routed_share_and_is_refused_where_no_kernel_runs_it() {
+        let path = std::env::temp_dir().join(format!("ferrox-gptoss-plan-{}.gguf", std::process::id()));
+        crate::testing::tiny_arch_model(Arch::GptOss, 3).unwrap().write_to(&path).unwrap();
+        let file = ferrox_gguf::GgufModel::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let p = crate::model::plan(&file, Backend::Cpu, None, "cpu".into()).unwrap();
+        assert!(p.refused.is_empty() && p.unused.is_empty(), "{:?} / unused {:?}", p.refused, p.unused);
+        let (ne, used, _) = crate::testing::TINY_EXPERTS;
+        let routed: Vec<_> = p.tensors.iter().filter(|t| t.name.contains("_exps.")).collect();
+        assert_eq!(routed.len(), 6 * 2, "three stacks and their biases a layer, two layers");
+        for t in &routed {
+            assert!(t.bytes > 0 && t.bytes_per_token == t.bytes * used as u64 / ne as u64, "{}: {} of {}", t.name, t.bytes_per_token, t.bytes);
+        }
+        for t in p.tensors.iter().filter(|t| t.name.contains("attn_sinks") || t.name.contains("ffn_gate_inp.bias")) {
+            assert_eq!(t.bytes_per_token, t.bytes, "{}", t.name);
+        }
+        for &b in Backend::ALL.iter().filter(|b| b.is_accelerator()) {
+            let p = crate::model::plan(&file, b, None, b.name().into()).unwrap();
+            let all = p.refused.join("; ");
+            assert!(all.contains("attention sinks") && all.contains("gpt-oss's mixture-of-experts") && all.contains("--backend cpu"), "{b}: {all}");
         }
     }
 

@@ -943,6 +943,24 @@ mod tests {
     use super::*;
     use crate::backend::Batch;
 
+    /// A sink joins the softmax's denominator only: scores [0, ln 2] with a
+    /// sink of 0 are e^0, 2 and the sink's e^0 over 4 — [1/4, 1/2] (a
+    /// quarter to the sink). A sink above every score also sets the
+    /// maximum: scores [0, 0] with a sink of ln 2 give [1/4, 1/4].
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax() {
+        let mut row = [0.0f32, 2f32.ln()];
+        softmax_with_sink(&mut row, 0.0);
+        assert!((row[0] - 0.25).abs() < 1e-6 && (row[1] - 0.5).abs() < 1e-6, "{row:?}");
+        let mut row = [0.0f32, 0.0];
+        softmax_with_sink(&mut row, 2f32.ln());
+        assert!((row[0] - 0.25).abs() < 1e-6 && (row[1] - 0.25).abs() < 1e-6, "{row:?}");
+        // A very large sink leaves the scores almost nothing, never NaN.
+        let mut row = [1.0f32, -1.0];
+        softmax_with_sink(&mut row, 200.0);
+        assert!(row.iter().all(|v| v.is_finite() && *v < 1e-40), "{row:?}");
+    }
+
     /// A batch of one slot at `pos`.
     fn at(pos: &[u32]) -> Batch {
         let mut b = Batch::default();
