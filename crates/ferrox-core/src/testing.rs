@@ -12,8 +12,8 @@
 //! decoder over several kernels, plus the features that distinguish the
 //! family (GQA everywhere, biases for Qwen2 and Qwen2-MoE, QK-norm for Qwen3 and Gemma 3,
 //! experts for Qwen3-MoE and Mixtral, a shared expert for Qwen2-MoE,
-//! sinks, Q/K/V/O and expert biases and sliding windows for gpt-oss (F16,
-//! and MXFP4 experts),
+//! sinks, Q/K/V/O and expert biases, sliding windows and YaRN for gpt-oss
+//! (F16, and MXFP4 experts),
 //! fused QKV and gate/up for Phi-3, softcaps and sliding windows for
 //! Gemma 2/3, a separate output head where the family has one).
 
@@ -206,6 +206,14 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
     }
     if arch == Arch::Llama {
         w.set(key("rope.dimension_count"), Value::U32(s.head_dim as u32))?;
+    }
+    if arch == Arch::GptOss {
+        // YaRN as gpt-oss's files have it: 32x over an original 4096
+        // positions, which puts the ramp between interpolated and
+        // extrapolated pairs in the middle of a 16-wide head.
+        w.set(key("rope.scaling.type"), Value::from("yarn"))?;
+        w.set(key("rope.scaling.factor"), Value::F32(32.0))?;
+        w.set(key("rope.scaling.original_context_length"), Value::U32(4096))?;
     }
     // Mixtral's files have no expert width: its experts are `n_ff` wide.
     // Qwen2-MoE's K-quant experts are as wide as a quant block.

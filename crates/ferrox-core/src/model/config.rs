@@ -40,6 +40,11 @@ pub struct ModelConfig {
     pub rope_freq_scale: f32,
     /// RoPE cos/sin magnitude factor.
     pub rope_attn_factor: f32,
+    /// YaRN (`rope.scaling.type = yarn`): `rope_freq_scale` interpolates
+    /// only the low frequencies, ramping to none at the high ones, and the
+    /// cos/sin grow by `1 + 0.1 ln(1 / rope_freq_scale)` (see
+    /// `model::yarn_factors`).
+    pub rope_yarn: bool,
     /// Context the RoPE factors were made for (Phi-3 long/short choice).
     pub n_ctx_orig: usize,
     /// Sliding window size, if the model has local layers.
@@ -173,10 +178,11 @@ impl ModelConfig {
             .float("attention.layer_norm_rms_epsilon")?
             .ok_or_else(|| ModelError::MissingMetadata { key: m.key("attention.layer_norm_rms_epsilon") })?;
         let rope_base = m.float("rope.freq_base")?.unwrap_or(10_000.0);
-        match m.string("rope.scaling.type") {
-            None | Some("none" | "linear") => {}
+        let rope_yarn = match m.string("rope.scaling.type") {
+            None | Some("none" | "linear") => false,
+            Some("yarn") => true,
             Some(other) => return Err(ModelError::Unsupported { what: format!("RoPE scaling {other:?}") }),
-        }
+        };
         let factor = match m.float("rope.scaling.factor")? {
             Some(f) => Some(f),
             None => m.float("rope.scale_linear")?,
@@ -298,6 +304,7 @@ impl ModelConfig {
             rope_base_local,
             rope_freq_scale,
             rope_attn_factor,
+            rope_yarn,
             n_ctx_orig,
             window,
             local_layers,

@@ -126,6 +126,8 @@ pub struct Model<B: DeviceBackend> {
     rope_freqs: Option<B::Vector>,
     rope_long: Option<B::Vector>,
     rope_short: Option<B::Vector>,
+    /// YaRN's frequency factors for the global and the local RoPE base.
+    yarn: Option<[B::Vector; 2]>,
     layers: Vec<LayerWeights<B>>,
     plan: KernelPlan,
     /// The first rows of the head, when [`Model::trim_head`] narrowed the logits.
@@ -220,6 +222,38 @@ pub fn arch_of(file: &ferrox_gguf::GgufFile) -> Result<Arch, ModelError> {
         name: name.to_string(),
         supported: Arch::ALL.iter().map(|a| a.spec().name).collect::<Vec<_>>().join(", "),
     })
+}
+
+/// The RoPE position scale of sliding-window layers: the global one, unless
+/// the architecture gives them their own base (then unscaled).
+fn local_freq_scale(c: &ModelConfig) -> f32 {
+    match c.arch.spec().sliding_window {
+        crate::arch::SlidingWindow::Pattern { default_local_base: None, .. } => c.rope_freq_scale,
+        _ => 1.0,
+    }
+}
+
+/// YaRN as per-pair RoPE frequency factors (RoPE divides each pair's angle
+/// by its factor), for RoPE base `base` and position scale `scale`. ggml's
+/// `rope_yarn` mixes the interpolated angle (`scale * θ`) and the
+/// extrapolated one (`θ`) by a ramp over the pairs, 1 (all extrapolated)
+/// up to the pair that turns `beta_fast` = 32 times in the original
+/// context, 0 (all interpolated) from the one that turns `beta_slow` = 1
+/// time (`ggml_rope_yarn_corr_dims`; llama.cpp takes both betas as these
+/// defaults): `θ · (scale · (1 − mix) + mix)`, so the factor is
+/// `1 / (scale · (1 − mix) + mix)` — exactly 1 and `1 / scale` at the ends.
+pub fn yarn_factors(c: &ModelConfig, base: f32, scale: f32) -> Vec<f32> {
+    let n_dims = c.n_rot as f32;
+    let corr = |beta: f32| n_dims * (c.n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln());
+    let low = corr(32.0).floor().max(0.0);
+    let high = corr(1.0).ceil().min(n_dims - 1.0);
+    (0..c.n_rot / 2)
+        .map(|i| {
+            let y = (i as f32 - low) / (high - low).max(0.001);
+            let mix = 1.0 - y.clamp(0.0, 1.0);
+            1.0 / (scale * (1.0 - mix) + mix)
+        })
+        .collect()
 }
 
 /// The dimensions `role` must have (ggml order), from the configuration.
@@ -485,6 +519,23 @@ impl<B: DeviceBackend> Model<B> {
         let rope_freqs = vec(Role::RopeFreqs, 0, false)?;
         let rope_long = vec(Role::RopeFactorsLong, 0, false)?;
         let rope_short = vec(Role::RopeFactorsShort, 0, false)?;
+        let yarn = match config.rope_yarn {
+            false => None,
+            true if rope_freqs.is_some() || rope_long.is_some() || rope_short.is_some() => {
+                return Err(ModelError::Unsupported { what: "YaRN RoPE scaling together with RoPE frequency factors".into() })
+            }
+            true => {
+                let local_scale = local_freq_scale(&config);
+                let mut two = Vec::with_capacity(2);
+                for (base, scale) in [(config.rope_base, config.rope_freq_scale), (config.rope_base_local, local_scale)] {
+                    let bytes: Vec<u8> = yarn_factors(&config, base, scale).iter().flat_map(|f| f.to_le_bytes()).collect();
+                    let t = HostTensor { name: "rope yarn factors", kind: ferrox_quant::QuantKind::F32, rows: 1, cols: bytes.len() / 4, bytes: &bytes, owner: &file };
+                    two.push(backend.place_vector(&t).map_err(|e| placing(&t, e))?);
+                }
+                let local = two.pop();
+                two.pop().zip(local).map(|(g, l)| [g, l])
+            }
+        };
         let spec = arch.spec();
         let mut layers = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer {
@@ -564,6 +615,7 @@ impl<B: DeviceBackend> Model<B> {
             rope_freqs,
             rope_long,
             rope_short,
+            yarn,
             layers,
             plan,
             head_prefix: None,
@@ -644,16 +696,19 @@ impl<B: DeviceBackend> Model<B> {
         let c = &self.config;
         let local = c.local_layers.get(layer).copied().unwrap_or(false);
         let spec = c.arch.spec();
-        let local_scale = match spec.sliding_window {
-            crate::arch::SlidingWindow::Pattern { default_local_base: None, .. } => c.rope_freq_scale,
-            _ => 1.0,
-        };
+        let scale = if local { local_freq_scale(c) } else { c.rope_freq_scale };
         RopeParams {
             style: spec.rope,
             n_rot: c.n_rot,
             base: if local { c.rope_base_local } else { c.rope_base },
-            freq_scale: if local { local_scale } else { c.rope_freq_scale },
-            attn_factor: c.rope_attn_factor,
+            // YaRN's scale is in its factors; its magnitude, as ggml's
+            // `rope_yarn` grows it (llama.cpp cancels its own attention
+            // factor's share of it, leaving the file's).
+            freq_scale: if c.rope_yarn { 1.0 } else { scale },
+            attn_factor: match c.rope_yarn {
+                true => c.rope_attn_factor * (1.0 + 0.1 * (1.0 / scale).ln()),
+                false => c.rope_attn_factor,
+            },
         }
     }
 
@@ -857,7 +912,10 @@ impl<B: DeviceBackend> Model<B> {
                 out_bias: w.out_bias.as_ref(),
                 post_norm: w.post_attn_norm.as_ref(),
                 rope: self.rope_params(l),
-                factors,
+                factors: match &self.yarn {
+                    Some([global, local_f]) => Some(if local { local_f } else { global }),
+                    None => factors,
+                },
                 attn: AttnParams {
                     n_head: c.n_head,
                     n_head_kv: c.n_head_kv,
