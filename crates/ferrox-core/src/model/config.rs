@@ -353,4 +353,31 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    /// `rope.scaling.type`: `yarn` is taken (gpt-oss's files say it), with
+    /// its factor as the position scale; a type ferrox does not run is a
+    /// named refusal, not a silently unscaled RoPE.
+    #[test]
+    fn yarn_rope_scaling_is_read_and_unknown_types_are_refused() {
+        let file = |ty: &str| {
+            let mut w = GgufWriter::new();
+            w.set("general.architecture", Value::from("gpt-oss")).unwrap();
+            for (k, v) in [("embedding_length", 64u32), ("block_count", 2), ("feed_forward_length", 64), ("attention.head_count", 4), ("expert_count", 8), ("expert_used_count", 2)] {
+                w.set(format!("gpt-oss.{k}"), Value::U32(v)).unwrap();
+            }
+            w.set("gpt-oss.attention.layer_norm_rms_epsilon", Value::F32(1e-5)).unwrap();
+            w.set("gpt-oss.rope.scaling.type", Value::from(ty)).unwrap();
+            w.set("gpt-oss.rope.scaling.factor", Value::F32(32.0)).unwrap();
+            GgufFile::from_bytes(&w.to_bytes()).unwrap()
+        };
+        let c = ModelConfig::from_gguf(&file("yarn"), Arch::GptOss).unwrap();
+        assert!(c.rope_yarn && c.rope_freq_scale == 1.0 / 32.0, "{c:?}");
+        assert_eq!((c.experts.gating, c.experts.swiglu_oai), (crate::arch::MoeGating::SoftmaxAfterTopK, Some(crate::arch::SwigluOai::GPT_OSS)));
+        let c = ModelConfig::from_gguf(&file("linear"), Arch::GptOss).unwrap();
+        assert!(!c.rope_yarn);
+        match ModelConfig::from_gguf(&file("longrope"), Arch::GptOss) {
+            Err(ModelError::Unsupported { what }) => assert!(what.contains("longrope"), "{what}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
