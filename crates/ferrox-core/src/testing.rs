@@ -133,6 +133,15 @@ pub fn tiny_cases() -> Vec<TinyCase> {
     v
 }
 
+/// Tiny models llama.cpp's own `llama-quantize` made from a tiny case's
+/// file (seed 42): committed next to their logits
+/// (`testdata/llama_ref/tiny/tiny-<label>.gguf`), since ferrox does not
+/// write them. `gpt-oss-mxfp4_moe`: `tiny-gpt-oss.gguf` through
+/// `llama-quantize … MXFP4_MOE` (MXFP4 experts, Q8_0 elsewhere).
+pub fn llama_quantized_tiny_cases() -> Vec<TinyCase> {
+    vec![TinyCase { label: "gpt-oss-mxfp4_moe", arch: Arch::GptOss, experts: true, experts_kind: Some(QuantKind::MXFP4) }]
+}
+
 /// Writes the tiny model of `arch` from `seed`.
 pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
     tiny_model(TinyCase { label: arch.spec().name, arch, experts: arch.spec().ffn == FfnLayout::Experts, experts_kind: None }, seed)
@@ -140,10 +149,10 @@ pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box
 
 /// Writes the tiny model of `case` from `seed`.
 pub fn tiny_model(case: TinyCase, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
-    // gpt-oss's blocks drawn wider and its head's gains larger, so that its
-    // logits spread (std ~2) and a missing sink, bias or clamp moves them
-    // well past the comparison's tolerance.
-    let (block_scale, head_gain) = if case.arch == Arch::GptOss { (2.0, 3.0) } else { (1.0, 1.0) };
+    // gpt-oss's blocks drawn wider and its head's gains larger, so that a
+    // missing sink, bias or YaRN piece moves its logits (std ~0.85) well
+    // past the comparison's tolerance.
+    let (block_scale, head_gain) = if case.arch == Arch::GptOss { (2.0, 1.5) } else { (1.0, 1.0) };
     arch_model(case, tiny_shape(case.arch), seed, block_scale, head_gain)
 }
 
