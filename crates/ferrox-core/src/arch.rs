@@ -102,6 +102,11 @@ tensor_roles! {
     (FfnGateShexp, "ffn_gate_shexp.weight", Block, Matmul, "Mixture of experts: the shared expert's gate projection (every token runs it)."),
     (FfnUpShexp, "ffn_up_shexp.weight", Block, Matmul, "Mixture of experts: the shared expert's up projection."),
     (FfnDownShexp, "ffn_down_shexp.weight", Block, Matmul, "Mixture of experts: the shared expert's down projection."),
+    (AttnSinks, "attn_sinks.weight", Block, Bias, "Attention sinks: one learned logit per query head, added to its softmax's denominator (gpt-oss)."),
+    (FfnGateInpBias, "ffn_gate_inp.bias", Block, Bias, "Mixture of experts: the router's bias (gpt-oss)."),
+    (FfnGateExpsBias, "ffn_gate_exps.bias", Block, Bias, "Mixture of experts: each expert's gate bias (`[n_ff, n_expert]`, gpt-oss)."),
+    (FfnUpExpsBias, "ffn_up_exps.bias", Block, Bias, "Mixture of experts: each expert's up bias (`[n_ff, n_expert]`, gpt-oss)."),
+    (FfnDownExpsBias, "ffn_down_exps.bias", Block, Bias, "Mixture of experts: each expert's down bias (`[n_embd, n_expert]`, gpt-oss)."),
 }
 
 impl Role {
@@ -130,6 +135,14 @@ impl Role {
     }
 }
 
+impl Role {
+    /// Whether this role is a stack of per-expert biases (one row per
+    /// expert): a token reads only its experts' rows, as of the stacks.
+    pub const fn expert_bias(self) -> bool {
+        matches!(self, Role::FfnGateExpsBias | Role::FfnUpExpsBias | Role::FfnDownExpsBias)
+    }
+}
+
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.suffix())
@@ -152,6 +165,43 @@ pub enum FfnLayout {
     /// normalized where the row says), each a gated FFN of
     /// `expert_feed_forward_length` (else `feed_forward_length`).
     Experts,
+}
+
+/// How a mixture of experts turns a token's router logits into its
+/// experts' weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MoeGating {
+    /// Softmax over every expert, then the top `n_used` probabilities
+    /// (Mixtral, Qwen-MoE; llama.cpp's `SOFTMAX`).
+    #[default]
+    Softmax,
+    /// The top `n_used` logits, then softmax over those alone (gpt-oss;
+    /// llama.cpp's `SOFTMAX_WEIGHT`).
+    SoftmaxAfterTopK,
+}
+
+/// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`): with `g = min(gate,
+/// limit)` and `u = clamp(up, -limit, limit)`, `g * sigmoid(alpha * g) *
+/// (u + 1)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwigluOai {
+    /// The sigmoid's slope (1.702).
+    pub alpha: f32,
+    /// The clamp (7.0).
+    pub limit: f32,
+}
+
+impl SwigluOai {
+    /// gpt-oss's constants, as llama.cpp hard-codes them.
+    pub const GPT_OSS: SwigluOai = SwigluOai { alpha: 1.702, limit: 7.0 };
+
+    /// One element.
+    #[inline]
+    pub fn apply(self, gate: f32, up: f32) -> f32 {
+        let x = gate.min(self.limit);
+        let y = up.clamp(-self.limit, self.limit);
+        x / (1.0 + (self.alpha * -x).exp()) * (y + 1.0)
+    }
 }
 
 /// Which layers use a sliding attention window, and their RoPE base.
@@ -215,13 +265,21 @@ pub struct ArchSpec {
     /// routing weights are normalized to sum to one (Mixtral, Qwen3-MoE) or
     /// kept as the softmax gave them (Qwen2-MoE).
     pub moe_norm_weights: bool,
+    /// A mixture of experts: softmax before or after the top-k.
+    pub moe_gating: MoeGating,
+    /// A mixture of experts whose experts use gpt-oss's clamped SwiGLU
+    /// instead of `activation` (and add their biases).
+    pub experts_swiglu_oai: Option<SwigluOai>,
+    /// The norm before the feed-forward block: `ffn_norm` (most), or
+    /// `post_attention_norm` (gpt-oss names it so; it has no post-norms).
+    pub ffn_norm: Role,
     /// Roles that must be present in every block (beyond the universal ones).
     pub block_roles: &'static [Role],
     /// Roles that may be present (biases, optional factors).
     pub optional_roles: &'static [Role],
 }
 
-const BASE_BLOCK: &[Role] = &[Role::AttnNorm, Role::AttnOut, Role::FfnNorm];
+const BASE_BLOCK: &[Role] = &[Role::AttnNorm, Role::AttnOut];
 const QKV: &[Role] = &[Role::AttnQ, Role::AttnK, Role::AttnV];
 
 macro_rules! arch_table {
@@ -260,6 +318,9 @@ const LLAMA_LIKE: ArchSpec = ArchSpec {
     default_attn_softcap: None,
     default_final_softcap: None,
     moe_norm_weights: true,
+    moe_gating: MoeGating::Softmax,
+    experts_swiglu_oai: None,
+    ffn_norm: Role::FfnNorm,
     block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::FfnGate, Role::FfnUp, Role::FfnDown],
     // A Llama file with `expert_count` is a mixture of experts (Mixtral):
     // the expert stacks instead of the dense FFN (see `ModelConfig::ffn`).
@@ -320,6 +381,28 @@ arch_table! {
         optional_roles: &[Role::Output, Role::AttnQBias, Role::AttnKBias, Role::AttnVBias],
         ..LLAMA_LIKE
     }),
+    // gpt-oss: experts (top-k on the biased router logits, then softmax
+    // over those k) with biases and the clamped SwiGLU; attention with
+    // Q/K/V/O biases and a learned sink logit per head; even layers slide
+    // over a window, odd ones see everything; NeoX RoPE (YaRN where the
+    // file says). Its pre-FFN norm is stored as `post_attention_norm`.
+    (GptOss, "gpt-oss", ArchSpec {
+        name: "gpt-oss",
+        rope: RopeStyle::Halves,
+        ffn: FfnLayout::Experts,
+        moe_norm_weights: false,
+        moe_gating: MoeGating::SoftmaxAfterTopK,
+        experts_swiglu_oai: Some(SwigluOai::GPT_OSS),
+        ffn_norm: Role::AttnPostNorm,
+        sliding_window: SlidingWindow::Pattern {
+            pattern: 2, default_window: None, default_local_base: None,
+        },
+        block_roles: &[Role::AttnQ, Role::AttnK, Role::AttnV, Role::AttnOutBias, Role::AttnSinks,
+                       Role::FfnGateInp, Role::FfnGateExps, Role::FfnUpExps, Role::FfnDownExps,
+                       Role::FfnGateInpBias, Role::FfnGateExpsBias, Role::FfnUpExpsBias, Role::FfnDownExpsBias],
+        optional_roles: &[Role::Output, Role::AttnQBias, Role::AttnKBias, Role::AttnVBias],
+        ..LLAMA_LIKE
+    }),
     (Phi3, "phi3", ArchSpec {
         name: "phi3",
         rope: RopeStyle::Halves,
@@ -368,7 +451,7 @@ arch_table! {
 impl Arch {
     /// The roles every block of this architecture must have.
     pub fn required_block_roles(self) -> impl Iterator<Item = Role> {
-        BASE_BLOCK.iter().chain(self.spec().block_roles).copied()
+        BASE_BLOCK.iter().chain([&self.spec().ffn_norm]).chain(self.spec().block_roles).copied()
     }
 
     /// Whether a file tensor of `role` belongs to this architecture.
@@ -376,6 +459,7 @@ impl Arch {
         let s = self.spec();
         matches!(role, Role::TokenEmbd | Role::OutputNorm)
             || BASE_BLOCK.contains(&role)
+            || role == s.ffn_norm
             || s.block_roles.contains(&role)
             || s.optional_roles.contains(&role)
             || (self == Arch::Phi3 && (QKV.contains(&role) || role == Role::AttnQkv))
@@ -405,6 +489,34 @@ mod tests {
         assert_eq!(Role::parse("blk.x.attn_q.weight"), None);
         assert_eq!(Role::parse("blk.3.attn_qq.weight"), None);
         assert_eq!(Role::parse("attn_q.weight"), None);
+    }
+
+    /// ggml's `swiglu_oai` by hand (f64): the gate clamped above at 7 only,
+    /// the up both ways, then `g * sigmoid(1.702 g) * (u + 1)`.
+    #[test]
+    fn swiglu_oai_clamps_the_gate_above_and_the_up_both_ways() {
+        let want = |g: f64, u: f64| g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+        let oai = SwigluOai::GPT_OSS;
+        for (g, u, wg, wu) in [(0.5, -0.25, 0.5, -0.25), (10.0, 9.0, 7.0, 7.0), (-12.0, -9.0, -12.0, -7.0), (7.5, -30.0, 7.0, -7.0), (-1.0, 3.0, -1.0, 3.0)] {
+            let got = oai.apply(g as f32, u as f32) as f64;
+            let w = want(wg, wu);
+            assert!((got - w).abs() <= 1e-5 * w.abs().max(1.0), "swiglu_oai({g}, {u}) = {got}, want {w}");
+        }
+    }
+
+    /// gpt-oss's row: its norm before the FFN is `post_attention_norm`
+    /// (required, and accepted), never `ffn_norm`; sinks and the expert
+    /// biases are required.
+    #[test]
+    fn gpt_oss_reads_post_attention_norm_as_its_ffn_norm() {
+        let a = Arch::from_name("gpt-oss").unwrap();
+        let req: Vec<Role> = a.required_block_roles().collect();
+        assert!(req.contains(&Role::AttnPostNorm) && !req.contains(&Role::FfnNorm), "{req:?}");
+        assert!(!a.accepts(Role::FfnNorm));
+        for r in [Role::AttnSinks, Role::AttnOutBias, Role::FfnGateInpBias, Role::FfnGateExpsBias, Role::FfnUpExpsBias, Role::FfnDownExpsBias] {
+            assert!(req.contains(&r), "{r}");
+        }
+        assert!(Arch::Llama.required_block_roles().any(|r| r == Role::FfnNorm));
     }
 
     #[test]

@@ -286,6 +286,25 @@ pub(crate) fn placement(
                     Some(Feeds::Norm | Feeds::Bias | Feeds::RopeFactors) => {
                         p.decode = format!("{caps_name} f32 element-wise");
                         p.prefill = p.decode.clone();
+                        // gpt-oss: a sink logit per head in attention's
+                        // softmax, and experts with biases, the clamped
+                        // SwiGLU and softmax after the top-k.
+                        let (k, what) = match role {
+                            Some(Role::AttnSinks) => (<$b as crate::backend::BackendCaps>::attention_sinks_kernel(), "attention sinks"),
+                            Some(r) if r == Role::FfnGateInpBias || r.expert_bias() => (
+                                <$b as crate::backend::BackendCaps>::oai_experts_kernel(),
+                                "gpt-oss's mixture-of-experts blocks (biased router and experts, swiglu_oai, softmax after top-k)",
+                            ),
+                            _ => (Some(p.decode.clone()), ""),
+                        };
+                        match k {
+                            Some(k) => (p.decode, p.prefill) = (k.clone(), k),
+                            None => {
+                                p.fallback = Some(format!("no {caps_name} kernel for {what}: the model cannot load on {backend}"));
+                                p.decode = "none".to_string();
+                                p.prefill = "none".to_string();
+                            }
+                        }
                     }
                     None => {}
                 }

@@ -12,6 +12,8 @@
 //! decoder over several kernels, plus the features that distinguish the
 //! family (GQA everywhere, biases for Qwen2 and Qwen2-MoE, QK-norm for Qwen3 and Gemma 3,
 //! experts for Qwen3-MoE and Mixtral, a shared expert for Qwen2-MoE,
+//! sinks, Q/K/V/O and expert biases, sliding windows and YaRN for gpt-oss
+//! (F16, and MXFP4 experts),
 //! fused QKV and gate/up for Phi-3, softcaps and sliding windows for
 //! Gemma 2/3, a separate output head where the family has one).
 
@@ -76,6 +78,8 @@ pub fn tiny_shape(arch: Arch) -> TinyShape {
         // K-quants (rows of 256): 8 experts of 256, 2 per token, and a
         // shared expert of 512 (`TINY_SHARED_FF`).
         Arch::Qwen2Moe => TinyShape { n_embd: 256, n_ff: 256, head_dim: 64, kind: QuantKind::Q4K, embd_kind: QuantKind::Q6K, ..base },
+        // F16 everywhere (a variant has MXFP4 experts); 8 experts of 64.
+        Arch::GptOss => TinyShape { kind: QuantKind::F16, embd_kind: QuantKind::F16, ..base },
         Arch::Phi3 => TinyShape { kind: QuantKind::Q5_0, n_head_kv: 4, ..base },
         Arch::Gemma2 => TinyShape { kind: QuantKind::F32, embd_kind: QuantKind::F32, n_layer: 3, own_output: false, ..base },
         Arch::Gemma3 => TinyShape { kind: QuantKind::Q4_0, n_layer: 3, head_dim: 32, own_output: false, ..base },
@@ -115,24 +119,41 @@ pub struct TinyCase {
     pub arch: Arch,
     /// Whether its FFN is a mixture of experts.
     pub experts: bool,
+    /// The expert stacks' kind, where it is not the shape's (gpt-oss's
+    /// MXFP4 experts, as llama-quantize's `MXFP4_MOE` mix leaves them).
+    pub experts_kind: Option<QuantKind>,
 }
 
 /// Every tiny case, in table order, then the variants.
 pub fn tiny_cases() -> Vec<TinyCase> {
     let mut v: Vec<TinyCase> =
-        Arch::ALL.iter().map(|&a| TinyCase { label: a.spec().name, arch: a, experts: a.spec().ffn == FfnLayout::Experts }).collect();
-    v.push(TinyCase { label: "llama-moe", arch: Arch::Llama, experts: true });
+        Arch::ALL.iter().map(|&a| TinyCase { label: a.spec().name, arch: a, experts: a.spec().ffn == FfnLayout::Experts, experts_kind: None }).collect();
+    v.push(TinyCase { label: "llama-moe", arch: Arch::Llama, experts: true, experts_kind: None });
+    v.push(TinyCase { label: "gpt-oss-mxfp4", arch: Arch::GptOss, experts: true, experts_kind: Some(QuantKind::MXFP4) });
     v
+}
+
+/// Tiny models llama.cpp's own `llama-quantize` made from a tiny case's
+/// file (seed 42): committed next to their logits
+/// (`testdata/llama_ref/tiny/tiny-<label>.gguf`), since ferrox does not
+/// write them. `gpt-oss-mxfp4_moe`: `tiny-gpt-oss.gguf` through
+/// `llama-quantize … MXFP4_MOE` (MXFP4 experts, Q8_0 elsewhere).
+pub fn llama_quantized_tiny_cases() -> Vec<TinyCase> {
+    vec![TinyCase { label: "gpt-oss-mxfp4_moe", arch: Arch::GptOss, experts: true, experts_kind: Some(QuantKind::MXFP4) }]
 }
 
 /// Writes the tiny model of `arch` from `seed`.
 pub fn tiny_arch_model(arch: Arch, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
-    tiny_model(TinyCase { label: arch.spec().name, arch, experts: arch.spec().ffn == FfnLayout::Experts }, seed)
+    tiny_model(TinyCase { label: arch.spec().name, arch, experts: arch.spec().ffn == FfnLayout::Experts, experts_kind: None }, seed)
 }
 
 /// Writes the tiny model of `case` from `seed`.
 pub fn tiny_model(case: TinyCase, seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
-    arch_model(case, tiny_shape(case.arch), seed, 1.0, 1.0)
+    // gpt-oss's blocks drawn wider and its head's gains larger, so that a
+    // missing sink, bias or YaRN piece moves its logits (std ~0.85) well
+    // past the comparison's tolerance.
+    let (block_scale, head_gain) = if case.arch == Arch::GptOss { (2.0, 1.5) } else { (1.0, 1.0) };
+    arch_model(case, tiny_shape(case.arch), seed, block_scale, head_gain)
 }
 
 /// The shape of [`quant_ref_model`]: every matrix row (and the feed-forward
@@ -163,7 +184,7 @@ pub const QUANT_REF_SEED: u64 = 27;
 /// ~1.5, tenth percentile ~0.2): wide against rounding, which moves a logit
 /// by 1e-3..1e-2, and narrow enough that a wrong kernel moves the top token.
 pub fn quant_ref_model(seed: u64) -> Result<GgufWriter<'static>, Box<dyn std::error::Error + Send + Sync>> {
-    arch_model(TinyCase { label: "llama", arch: Arch::Llama, experts: false }, QUANT_REF_SHAPE, seed, 2.0, 14.0)
+    arch_model(TinyCase { label: "llama", arch: Arch::Llama, experts: false, experts_kind: None }, QUANT_REF_SHAPE, seed, 2.0, 14.0)
 }
 
 /// `case` in shape `s` from `seed`: matrices uniform in `±1/sqrt(width)`,
@@ -195,6 +216,14 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
     if arch == Arch::Llama {
         w.set(key("rope.dimension_count"), Value::U32(s.head_dim as u32))?;
     }
+    if arch == Arch::GptOss {
+        // YaRN as gpt-oss's files have it: 32x over an original 4096
+        // positions, which puts the ramp between interpolated and
+        // extrapolated pairs in the middle of a 16-wide head.
+        w.set(key("rope.scaling.type"), Value::from("yarn"))?;
+        w.set(key("rope.scaling.factor"), Value::F32(32.0))?;
+        w.set(key("rope.scaling.original_context_length"), Value::U32(4096))?;
+    }
     // Mixtral's files have no expert width: its experts are `n_ff` wide.
     // Qwen2-MoE's K-quant experts are as wide as a quant block.
     let expert_ff = match arch {
@@ -213,11 +242,14 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
             w.set(key("expert_shared_feed_forward_length"), Value::U32(shared_ff as u32))?;
         }
     }
-    if matches!(arch, Arch::Gemma2 | Arch::Gemma3) {
+    if matches!(arch, Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss) {
         // A window shorter than the test sequence, and local/global layers
-        // alternating, so both masks are exercised.
+        // alternating, so both masks are exercised (gpt-oss: by its
+        // default pattern, even layers local).
         w.set(key("attention.sliding_window"), Value::U32(5))?;
-        w.set(key("attention.sliding_window_pattern"), Value::U32(2))?;
+        if arch != Arch::GptOss {
+            w.set(key("attention.sliding_window_pattern"), Value::U32(2))?;
+        }
     }
     if arch == Arch::Gemma2 {
         w.set(key("attn_logit_softcapping"), Value::F32(0.5))?;
@@ -239,28 +271,43 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
     let (e, hd, ff) = (s.n_embd as u64, s.head_dim as u64, s.n_ff as u64);
     let (q, kv) = (s.n_head as u64 * hd, s.n_head_kv as u64 * hd);
     let v = TINY_VOCAB as u64;
-    let mut add = |w: &mut GgufWriter<'static>, name: String, kind: QuantKind, dims: &[u64], norm: bool| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // `norm`: gains near 1; `spread`: values uniform in ±spread (gpt-oss's
+    // biases and sinks); else a matrix's ±1/sqrt(width).
+    let mut add = |w: &mut GgufWriter<'static>, name: String, kind: QuantKind, dims: &[u64], norm: bool, spread: Option<f32>| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let n: u64 = dims.iter().product();
         let head = name == Role::OutputNorm.gguf_name(0);
         let wide = if name.starts_with("blk.") { block_scale } else { 1.0 };
-        let scale = if norm { 0.2 } else { wide / (dims[0] as f32).sqrt() };
+        let scale = spread.unwrap_or(if norm { 0.2 } else { wide / (dims[0] as f32).sqrt() });
         let gain = if head { head_gain } else { 1.0 };
-        let vals: Vec<f32> = (0..n).map(|_| (rng.next_f32() * scale + if norm { 1.0 } else { 0.0 }) * gain).collect();
+        let centre = if norm && spread.is_none() { 1.0 } else { 0.0 };
+        let vals: Vec<f32> = (0..n).map(|_| (rng.next_f32() * scale + centre) * gain).collect();
         let data = ferrox_quant::quantize_to_vec(kind, &vals)
             .map_err(|err| format!("{name}: {err}"))?;
         Ok(w.add_tensor(name, kind, dims, data)?)
     };
-    add(&mut w, Role::TokenEmbd.gguf_name(0), s.embd_kind, &[e, v], false)?;
-    add(&mut w, Role::OutputNorm.gguf_name(0), QuantKind::F32, &[e], true)?;
+    add(&mut w, Role::TokenEmbd.gguf_name(0), s.embd_kind, &[e, v], false, None)?;
+    add(&mut w, Role::OutputNorm.gguf_name(0), QuantKind::F32, &[e], true, None)?;
     if s.own_output {
-        add(&mut w, Role::Output.gguf_name(0), s.embd_kind, &[e, v], false)?;
+        add(&mut w, Role::Output.gguf_name(0), s.embd_kind, &[e, v], false, None)?;
     }
     for l in 0..s.n_layer {
         let mut t = |w: &mut GgufWriter<'static>, role: Role, dims: &[u64]| {
             let norm = matches!(role.feeds(), crate::arch::Feeds::Norm | crate::arch::Feeds::Bias);
-            // Vectors, and a router (as converted MoE models keep it), in f32.
-            let kind = if dims.len() == 1 || role == Role::FfnGateInp { QuantKind::F32 } else { s.kind };
-            add(w, role.gguf_name(l), kind, dims, norm)
+            // Vectors (and stacks of expert biases), and a router (as
+            // converted MoE models keep it), in f32.
+            let kind = match role.feeds() {
+                _ if dims.len() == 1 || role == Role::FfnGateInp || role.expert_bias() => QuantKind::F32,
+                crate::arch::Feeds::Experts => case.experts_kind.unwrap_or(s.kind),
+                _ => s.kind,
+            };
+            // gpt-oss's biases centred on 0, its sinks wide enough that
+            // some heads give them most of their attention.
+            let spread = match role {
+                Role::AttnSinks => Some(3.0),
+                _ if arch == Arch::GptOss && role.feeds() == crate::arch::Feeds::Bias => Some(0.5),
+                _ => None,
+            };
+            add(w, role.gguf_name(l), kind, dims, norm, spread)
         };
         t(&mut w, Role::AttnNorm, &[e])?;
         if arch == Arch::Phi3 {
@@ -270,7 +317,7 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
             t(&mut w, Role::AttnK, &[e, kv])?;
             t(&mut w, Role::AttnV, &[e, kv])?;
         }
-        if matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe) {
+        if matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe | Arch::GptOss) {
             t(&mut w, Role::AttnQBias, &[q])?;
             t(&mut w, Role::AttnKBias, &[kv])?;
             t(&mut w, Role::AttnVBias, &[kv])?;
@@ -280,10 +327,14 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
             t(&mut w, Role::AttnKNorm, &[hd])?;
         }
         t(&mut w, Role::AttnOut, &[q, e])?;
+        if arch == Arch::GptOss {
+            t(&mut w, Role::AttnOutBias, &[e])?;
+            t(&mut w, Role::AttnSinks, &[s.n_head as u64])?;
+        }
         if spec.post_norms {
             t(&mut w, Role::AttnPostNorm, &[e])?;
         }
-        t(&mut w, Role::FfnNorm, &[e])?;
+        t(&mut w, spec.ffn_norm, &[e])?;
         match ffn {
             FfnLayout::Separate => {
                 t(&mut w, Role::FfnGate, &[e, ff])?;
@@ -296,6 +347,12 @@ fn arch_model(case: TinyCase, s: TinyShape, seed: u64, block_scale: f32, head_ga
                 t(&mut w, Role::FfnGateExps, &[e, xf, ne])?;
                 t(&mut w, Role::FfnUpExps, &[e, xf, ne])?;
                 t(&mut w, Role::FfnDownExps, &[xf, e, ne])?;
+                if arch == Arch::GptOss {
+                    t(&mut w, Role::FfnGateInpBias, &[ne])?;
+                    t(&mut w, Role::FfnGateExpsBias, &[xf, ne])?;
+                    t(&mut w, Role::FfnUpExpsBias, &[xf, ne])?;
+                    t(&mut w, Role::FfnDownExpsBias, &[e, ne])?;
+                }
                 if arch == Arch::Qwen2Moe {
                     t(&mut w, Role::FfnGateInpShexp, &[e])?;
                     t(&mut w, Role::FfnGateShexp, &[e, shared_ff])?;

@@ -75,7 +75,10 @@ pub fn rope_attention<B: DeviceBackend>(
     }
     be.rope(s.q, b, p.n_head, p.head_dim, &w.rope, w.factors)?;
     be.rope(s.k, b, p.n_head_kv, p.head_dim, &w.rope, w.factors)?;
-    be.attention(cache, w.layer, b, [&*s.q, &*s.k, &*s.v], s.attn, p)
+    match w.sinks {
+        Some(sinks) => be.attention_sinks(cache, w.layer, b, [&*s.q, &*s.k, &*s.v], s.attn, p, sinks),
+        None => be.attention(cache, w.layer, b, [&*s.q, &*s.k, &*s.v], s.attn, p),
+    }
 }
 
 /// Which scratch buffer a projection reads.
@@ -182,6 +185,12 @@ pub fn moe<B: DeviceBackend>(be: &B, n: usize, w: &MoeBlock<'_, B>, s: &mut Scra
     be.matmul(w.router, s.cur, s.gate, n)?;
     let mut logits = vec![0.0f32; n * ne];
     be.read(s.gate, &mut logits)?;
+    if let Some(b) = &w.biases {
+        if b.router.len() != ne {
+            return Err(BackendError(format!("a router bias of {} for {ne} experts", b.router.len())));
+        }
+        logits.chunks_exact_mut(ne).for_each(|row| row.iter_mut().zip(b.router).for_each(|(l, b)| *l += b));
+    }
     let mut routes = route(&logits, &w.experts);
     if let Some(sh) = &w.shared {
         // The shared expert is one more route of every token: expert
@@ -218,7 +227,11 @@ pub fn sigmoid(x: f32) -> f32 {
 /// softmax of the router's logits over all experts, the `n_used` most
 /// probable (ties: the lower index), their probabilities — divided by their
 /// sum where `x.norm_weights` (the sum clamped at f16's smallest normal, as
-/// llama.cpp does), times `x.scale`. `logits` is `[n_tokens, n_expert]`.
+/// llama.cpp does), times `x.scale`. With [`MoeGating::SoftmaxAfterTopK`]
+/// (gpt-oss) the softmax is over the chosen experts' logits alone (the
+/// same choice: softmax keeps the order). `logits` is `[n_tokens, n_expert]`.
+///
+/// [`MoeGating::SoftmaxAfterTopK`]: crate::arch::MoeGating::SoftmaxAfterTopK
 pub fn route(logits: &[f32], x: &crate::model::Experts) -> Vec<Route> {
     let (n_expert, n_used) = (x.n_expert, x.n_used);
     let mut routes = Vec::with_capacity(logits.len() / n_expert.max(1) * n_used);
@@ -229,9 +242,21 @@ pub fn route(logits: &[f32], x: &crate::model::Experts) -> Vec<Route> {
         let z: f32 = e.iter().sum();
         order.clear();
         order.extend(0..n_expert);
-        // Descending probability; NaN last; ties to the lower index.
-        order.sort_by(|&a, &b| e[b].partial_cmp(&e[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+        // Descending probability (after top-k softmax: logit, as llama.cpp
+        // sorts each); NaN last; ties to the lower index.
+        let key: &[f32] = match x.gating {
+            crate::arch::MoeGating::Softmax => &e,
+            crate::arch::MoeGating::SoftmaxAfterTopK => row,
+        };
+        order.sort_by(|&a, &b| key[b].partial_cmp(&key[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
         let chosen = &order[..n_used.min(n_expert)];
+        if x.gating == crate::arch::MoeGating::SoftmaxAfterTopK {
+            let top = chosen.iter().map(|&i| row[i]).fold(f32::NEG_INFINITY, f32::max);
+            let w: Vec<f32> = chosen.iter().map(|&i| (row[i] - top).exp()).collect();
+            let z: f32 = w.iter().sum();
+            routes.extend(chosen.iter().zip(&w).map(|(&expert, &w)| Route { token, expert, weight: w / z * x.scale }));
+            continue;
+        }
         let sum = match x.norm_weights {
             true => chosen.iter().map(|&i| e[i] / z).sum::<f32>().max(6.103_515_6e-5),
             false => 1.0,
@@ -252,7 +277,7 @@ mod tests {
     #[test]
     fn routes_take_the_most_probable_experts_with_normalized_weights() {
         let l = [0.0f32, 3f32.ln(), 2f32.ln(), 6f32.ln(), 5.0, 5.0, 1.0, 5.0];
-        let x = Experts { n_expert: 4, n_used: 2, n_ff: 1, norm_weights: true, scale: 1.0 };
+        let x = Experts { n_expert: 4, n_used: 2, n_ff: 1, norm_weights: true, scale: 1.0, ..Experts::default() };
         let r = route(&l, &x);
         assert_eq!(r.len(), 4);
         assert_eq!((r[0].token, r[0].expert, r[1].expert), (0, 3, 1));
@@ -263,6 +288,23 @@ mod tests {
         // Unnormalized (Qwen2-MoE): the softmax probabilities, times the scale.
         let r = route(&l[..4], &Experts { norm_weights: false, scale: 2.0, ..x });
         assert!((r[0].weight - 2.0 * 6.0 / 12.0).abs() < 1e-6 && (r[1].weight - 2.0 * 3.0 / 12.0).abs() < 1e-6, "{r:?}");
+    }
+
+    /// gpt-oss: top-k on the logits, then softmax over the chosen ones
+    /// alone — for [0, ln 3, ln 2, ln 6], experts 3 and 1 weighted 6/9 and
+    /// 3/9 (not the 6/12 and 3/12 of a softmax over all four), whatever
+    /// `norm_weights` says. Logits far apart choose by value:
+    /// [-200, -300, -100, -250] picks experts 2 and 0.
+    #[test]
+    fn softmax_after_top_k_weighs_the_chosen_experts_alone() {
+        use crate::arch::MoeGating;
+        let x = Experts { n_expert: 4, n_used: 2, n_ff: 1, norm_weights: false, scale: 1.0, gating: MoeGating::SoftmaxAfterTopK, swiglu_oai: None };
+        let r = route(&[0.0f32, 3f32.ln(), 2f32.ln(), 6f32.ln()], &x);
+        assert_eq!((r[0].expert, r[1].expert), (3, 1));
+        assert!((r[0].weight - 6.0 / 9.0).abs() < 1e-6 && (r[1].weight - 3.0 / 9.0).abs() < 1e-6, "{r:?}");
+        let r = route(&[-200.0f32, -300.0, -100.0, -250.0], &x);
+        assert_eq!((r[0].expert, r[1].expert), (2, 0), "{r:?}");
+        assert!((r[0].weight - 1.0).abs() < 1e-6 && r[1].weight < 1e-40, "{r:?}");
     }
 }
 
@@ -314,6 +356,34 @@ mod plan_tests {
         }
         for t in p.tensors.iter().filter(|t| t.name.contains("ffn_gate_inp")) {
             assert!(t.decode.contains("matvec_f32") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
+        }
+    }
+
+    /// gpt-oss in the plan: a token reads its experts' share of each stack
+    /// and of each stack of expert biases; the CPU runs it, and every
+    /// accelerator (none has sinks or gpt-oss's experts yet) refuses it
+    /// before a weight is read, naming both and the way to run it.
+    #[test]
+    fn gpt_oss_reads_the_routed_share_and_is_refused_where_no_kernel_runs_it() {
+        let path = std::env::temp_dir().join(format!("ferrox-gptoss-plan-{}.gguf", std::process::id()));
+        crate::testing::tiny_arch_model(Arch::GptOss, 3).unwrap().write_to(&path).unwrap();
+        let file = ferrox_gguf::GgufModel::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let p = crate::model::plan(&file, Backend::Cpu, None, "cpu".into()).unwrap();
+        assert!(p.refused.is_empty() && p.unused.is_empty(), "{:?} / unused {:?}", p.refused, p.unused);
+        let (ne, used, _) = crate::testing::TINY_EXPERTS;
+        let routed: Vec<_> = p.tensors.iter().filter(|t| t.name.contains("_exps.")).collect();
+        assert_eq!(routed.len(), 6 * 2, "three stacks and their biases a layer, two layers");
+        for t in &routed {
+            assert!(t.bytes > 0 && t.bytes_per_token == t.bytes * used as u64 / ne as u64, "{}: {} of {}", t.name, t.bytes_per_token, t.bytes);
+        }
+        for t in p.tensors.iter().filter(|t| t.name.contains("attn_sinks") || t.name.contains("ffn_gate_inp.bias")) {
+            assert_eq!(t.bytes_per_token, t.bytes, "{}", t.name);
+        }
+        for &b in Backend::ALL.iter().filter(|b| b.is_accelerator()) {
+            let p = crate::model::plan(&file, b, None, b.name().into()).unwrap();
+            let all = p.refused.join("; ");
+            assert!(all.contains("attention sinks") && all.contains("gpt-oss's mixture-of-experts") && all.contains("--backend cpu"), "{b}: {all}");
         }
     }
 

@@ -589,6 +589,7 @@ pub(crate) fn blocks_match_the_cpu<B: DeviceBackend>(be: &B) {
                             rope,
                             factors: None,
                             attn,
+                            sinks: None,
                         };
                         let fb = FfnBlock {
                             eps: 1e-6,
@@ -654,7 +655,7 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
         let (norm, pn) = (rand_vec(&mut r, e, 1.0), rand_vec(&mut r, e, 1.0));
         let mut worst_kind = 0.0f64;
         for (case, (norm_weights, scale, post)) in [(true, 1.0f32, false), (false, 2.5, true)].into_iter().enumerate() {
-            let experts = crate::model::Experts { n_expert: ne, n_used: k, n_ff: ff, norm_weights, scale };
+            let experts = crate::model::Experts { n_expert: ne, n_used: k, n_ff: ff, norm_weights, scale, ..Default::default() };
             for n in [5usize, 1, 13] {
                 let x = rand_vec(&mut r, n * e, 1.0);
                 macro_rules! run {
@@ -679,6 +680,7 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
                             n_embd: e,
                             experts,
                             shared: None,
+                            biases: None,
                         };
                         let mut s = bufs.scratch(false);
                         be.moe_block(n, &mb, &mut s).unwrap();
@@ -802,7 +804,8 @@ fn llama_ref(name: &str) -> std::path::PathBuf {
 }
 
 /// Every architecture's tiny model (seed 42, the file llama.cpp ran:
-/// its SHA-256 is checked) against llama.cpp's logits at every prompt
+/// its SHA-256 is checked), and the tiny files llama-quantize made
+/// (committed, hash checked too), against llama.cpp's logits at every prompt
 /// position (`testdata/llama_ref/tiny/`, `tools/refllama/gen.py`): top-1
 /// the same unless llama.cpp's own top two are a near tie, every logit
 /// within 0.08 (random weights make these models maximally sensitive to
@@ -810,7 +813,8 @@ fn llama_ref(name: &str) -> std::path::PathBuf {
 pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl Fn() -> Option<B>) {
     use sha2::Digest;
     let mut checked = Vec::new();
-    for case in crate::testing::tiny_cases() {
+    let regenerated = crate::testing::tiny_cases().into_iter().map(|c| (c, false));
+    for (case, committed) in regenerated.chain(crate::testing::llama_quantized_tiny_cases().into_iter().map(|c| (c, true))) {
         let arch = case.label;
         let Some(be) = open() else { return };
         let name = be.id();
@@ -818,10 +822,20 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
         let text = std::fs::read_to_string(&reference)
             .unwrap_or_else(|e| panic!("{}: {e} (every architecture needs llama.cpp reference logits)", reference.display()));
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let path = std::env::temp_dir().join(format!("ferrox-conf-ref-{name}-{arch}-{}.gguf", std::process::id()));
-        crate::testing::tiny_model(case, 42).unwrap().write_to(&path).unwrap();
+        // The CPU and the split-over-CPU suites both name themselves "cpu"
+        // and run at once: a counter keeps their files apart.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let nth = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = match committed {
+            true => llama_ref(&format!("tiny/tiny-{arch}.gguf")),
+            false => {
+                let path = std::env::temp_dir().join(format!("ferrox-conf-ref-{name}-{arch}-{}-{nth}.gguf", std::process::id()));
+                crate::testing::tiny_model(case, 42).unwrap().write_to(&path).unwrap();
+                path
+            }
+        };
         let sha = format!("{:x}", sha2::Sha256::digest(std::fs::read(&path).unwrap()));
-        assert_eq!(sha, r["model_sha256"].as_str().unwrap(), "{arch}: the regenerated tiny model is not the one llama.cpp ran");
+        assert_eq!(sha, r["model_sha256"].as_str().unwrap(), "{arch}: the tiny model is not the one llama.cpp ran");
         let tokens: Vec<u32> = r["prompt_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let want: Vec<Vec<f32>> = r["all_logits"]
             .as_array()
@@ -830,7 +844,9 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
             .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
             .collect();
         let model = load_or_refused(&path, be, case);
-        let _ = std::fs::remove_file(&path);
+        if !committed {
+            let _ = std::fs::remove_file(&path);
+        }
         let Some(model) = model else { continue };
         let mut ctx = model.new_context(64, 1).unwrap();
         let mut b = Batch::default();

@@ -380,6 +380,106 @@ unsafe impl<T: Send> Send for OutPtr<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for OutPtr<T> {}
 
+impl Cpu {
+    /// Attention as [`DeviceBackend::attention`] describes it, with a sink
+    /// logit per query head in each softmax's denominator where `sinks`
+    /// is given (gpt-oss).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        batch: Staged<'_, ()>,
+        [q, k, v]: [&Vec<f32>; 3],
+        out: &mut Vec<f32>,
+        p: &AttnParams,
+        sinks: Option<&[f32]>,
+    ) -> Result<(), BackendError> {
+        let n = batch.len();
+
+        if batch.seq.len() != n || batch.pos.len() != n {
+            return Err(BackendError("batch columns of different lengths".into()));
+        }
+        let (hd, hdv) = (p.head_dim, p.head_dim_v);
+        let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
+        if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+            return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
+        }
+        if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
+            return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
+        }
+        check_len("attention q", q, n * p.n_head * hd)?;
+        check_len("attention k", k, n * kd)?;
+        check_len("attention v", v, n * vd)?;
+        check_len("attention out", out, n * p.n_head * hdv)?;
+        let (n_ctx, n_slots) = (kv.n_ctx, kv.n_slots);
+        for t in 0..n {
+            let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
+            if s >= n_slots || pos >= n_ctx {
+                return Err(BackendError(format!(
+                    "token {t}: slot {s} position {pos} outside the KV cache ({n_slots} slots x {n_ctx})"
+                )));
+            }
+            let at = s * n_ctx + pos;
+            let kc = &mut kv.k[layer][at * kd..(at + 1) * kd];
+            kc.convert_from_f32_slice(&k[t * kd..(t + 1) * kd]);
+            kv.v[layer][at * vd..(at + 1) * vd].convert_from_f32_slice(&v[t * vd..(t + 1) * vd]);
+        }
+        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+        let group = p.n_head / p.n_head_kv;
+        let outp = OutPtr(out.as_mut_ptr());
+        // One task per (token, KV head): each K and V row is converted and
+        // read once for all the query heads that share it.
+        let task = |i: usize| {
+            #[allow(clippy::redundant_locals)]
+            let outp = outp;
+            let (t, kvh) = (i / p.n_head_kv, i % p.n_head_kv);
+            let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
+            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+            let len = pos + 1 - lo;
+            let h0 = kvh * group;
+            let mut scores = vec![0.0f32; group * len];
+            let qg = &q[(t * p.n_head + h0) * hd..][..group * hd];
+            let (kbase, vbase) = (&kc[kvh * hd..], &vc[kvh * hdv..]);
+            // The operands were sized above (cache rows, q, out), so the
+            // kernels' own bounds checks cannot fail here.
+            let ok = attn_scores(qg, kbase, kd, s * n_ctx + lo, len, hd, group, &mut scores);
+            debug_assert!(ok);
+            for (g, row) in scores.chunks_exact_mut(len).enumerate() {
+                row.iter_mut().for_each(|sc| *sc *= p.scale);
+                if let Some(cap) = p.softcap {
+                    row.iter_mut().for_each(|sc| *sc = cap * (*sc * (1.0 / cap)).tanh());
+                }
+                match sinks {
+                    Some(sinks) => softmax_with_sink(row, sinks[h0 + g]),
+                    None => softmax(row),
+                }
+            }
+            // SAFETY: heads h0..h0+group of token t are this task's alone; the
+            // range is inside `out` (its length was checked to be n * n_head * hdv).
+            let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add((t * p.n_head + h0) * hdv), group * hdv) };
+            let ok = attn_values(&scores, vbase, vd, s * n_ctx + lo, len, hdv, group, o);
+            debug_assert!(ok);
+        };
+        ThreadPool::global().run(self.threads, n * p.n_head_kv, &task);
+        Ok(())
+    }
+}
+
+/// Softmax of `row` with one more logit, `sink`, in the denominator (it
+/// takes part in the maximum too, as ggml's flash attention folds it in):
+/// the row then sums to less than one, the rest being the sink's share.
+fn softmax_with_sink(row: &mut [f32], sink: f32) {
+    let m = row.iter().copied().fold(sink, f32::max);
+    let mut z = (sink - m).exp();
+    for v in row.iter_mut() {
+        *v = (*v - m).exp();
+        z += *v;
+    }
+    let inv = 1.0 / z;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
 impl DeviceBackend for Cpu {
     type Matrix = CpuWeight;
     type Vector = Vec<f32>;
@@ -658,74 +758,25 @@ impl DeviceBackend for Cpu {
         kv: &mut CpuKv,
         layer: usize,
         batch: Staged<'_, ()>,
-        [q, k, v]: [&Vec<f32>; 3],
+        qkv: [&Vec<f32>; 3],
         out: &mut Vec<f32>,
         p: &AttnParams,
     ) -> Result<(), BackendError> {
-        let n = batch.len();
-        if batch.seq.len() != n || batch.pos.len() != n {
-            return Err(BackendError("batch columns of different lengths".into()));
-        }
-        let (hd, hdv) = (p.head_dim, p.head_dim_v);
-        let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
-        if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
-            return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
-        }
-        if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
-            return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
-        }
-        check_len("attention q", q, n * p.n_head * hd)?;
-        check_len("attention k", k, n * kd)?;
-        check_len("attention v", v, n * vd)?;
-        check_len("attention out", out, n * p.n_head * hdv)?;
-        let (n_ctx, n_slots) = (kv.n_ctx, kv.n_slots);
-        for t in 0..n {
-            let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
-            if s >= n_slots || pos >= n_ctx {
-                return Err(BackendError(format!(
-                    "token {t}: slot {s} position {pos} outside the KV cache ({n_slots} slots x {n_ctx})"
-                )));
-            }
-            let at = s * n_ctx + pos;
-            let kc = &mut kv.k[layer][at * kd..(at + 1) * kd];
-            kc.convert_from_f32_slice(&k[t * kd..(t + 1) * kd]);
-            kv.v[layer][at * vd..(at + 1) * vd].convert_from_f32_slice(&v[t * vd..(t + 1) * vd]);
-        }
-        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
-        let group = p.n_head / p.n_head_kv;
-        let outp = OutPtr(out.as_mut_ptr());
-        // One task per (token, KV head): each K and V row is converted and
-        // read once for all the query heads that share it.
-        let task = |i: usize| {
-            #[allow(clippy::redundant_locals)]
-            let outp = outp;
-            let (t, kvh) = (i / p.n_head_kv, i % p.n_head_kv);
-            let (s, pos) = (batch.seq[t] as usize, batch.pos[t] as usize);
-            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
-            let len = pos + 1 - lo;
-            let h0 = kvh * group;
-            let mut scores = vec![0.0f32; group * len];
-            let qg = &q[(t * p.n_head + h0) * hd..][..group * hd];
-            let (kbase, vbase) = (&kc[kvh * hd..], &vc[kvh * hdv..]);
-            // The operands were sized above (cache rows, q, out), so the
-            // kernels' own bounds checks cannot fail here.
-            let ok = attn_scores(qg, kbase, kd, s * n_ctx + lo, len, hd, group, &mut scores);
-            debug_assert!(ok);
-            for row in scores.chunks_exact_mut(len) {
-                row.iter_mut().for_each(|sc| *sc *= p.scale);
-                if let Some(cap) = p.softcap {
-                    row.iter_mut().for_each(|sc| *sc = cap * (*sc * (1.0 / cap)).tanh());
-                }
-                softmax(row);
-            }
-            // SAFETY: heads h0..h0+group of token t are this task's alone; the
-            // range is inside `out` (its length was checked to be n * n_head * hdv).
-            let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add((t * p.n_head + h0) * hdv), group * hdv) };
-            let ok = attn_values(&scores, vbase, vd, s * n_ctx + lo, len, hdv, group, o);
-            debug_assert!(ok);
-        };
-        ThreadPool::global().run(self.threads, n * p.n_head_kv, &task);
-        Ok(())
+        self.attend(kv, layer, batch, qkv, out, p, None)
+    }
+
+    fn attention_sinks(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        batch: Staged<'_, ()>,
+        qkv: [&Vec<f32>; 3],
+        out: &mut Vec<f32>,
+        p: &AttnParams,
+        sinks: &Vec<f32>,
+    ) -> Result<(), BackendError> {
+        check_len("attention sinks", sinks, p.n_head)?;
+        self.attend(kv, layer, batch, qkv, out, p, Some(sinks))
     }
 
     fn glu(&self, act: Activation, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), BackendError> {
@@ -813,6 +864,12 @@ impl DeviceBackend for Cpu {
         if let Some(r) = routes.iter().find(|r| r.expert >= ne + usize::from(w.shared.is_some())) {
             return Err(BackendError(format!("a route to expert {} of {ne}", r.expert)));
         }
+        let ff = w.experts.n_ff;
+        if let Some(b) = &w.biases {
+            for (what, v, len) in [("gate", b.gate, ne * ff), ("up", b.up, ne * ff), ("down", b.down, ne * e)] {
+                check_len(&format!("experts' {what} bias"), v, len)?;
+            }
+        }
         out.iter_mut().for_each(|v| *v = 0.0);
         fn expert_rows(m: &CpuWeight, expert: usize, rows: usize) -> Result<&[u8], BackendError> {
             let rb = ferrox_quant::row_bytes(m.kind, m.cols).map_err(BackendError::new)?;
@@ -845,8 +902,22 @@ impl DeviceBackend for Cpu {
             };
             mm(gate, ff, e, &xs, &mut g)?;
             mm(up, ff, e, &xs, &mut u)?;
-            glu_span(w.act, &g, &u, &mut h);
+            // A routed expert's biases (gpt-oss): its rows of each stack.
+            let bias = w.biases.as_ref().filter(|_| expert < ne);
+            if let Some(b) = bias {
+                for (y, b) in [(&mut g, &b.gate[index * ff..(index + 1) * ff]), (&mut u, &b.up[index * ff..(index + 1) * ff])] {
+                    y.chunks_exact_mut(ff).for_each(|row| row.iter_mut().zip(b).for_each(|(y, b)| *y += b));
+                }
+            }
+            match w.experts.swiglu_oai {
+                Some(oai) => h.iter_mut().zip(g.iter().zip(&u)).for_each(|(h, (&g, &u))| *h = oai.apply(g, u)),
+                None => glu_span(w.act, &g, &u, &mut h),
+            }
             mm(down, e, ff, &h, &mut d)?;
+            if let Some(b) = bias {
+                let b = &b.down[index * e..(index + 1) * e];
+                d.chunks_exact_mut(e).for_each(|row| row.iter_mut().zip(b).for_each(|(y, b)| *y += b));
+            }
             for (r, dr) in mine.iter().zip(d.chunks_exact(e)) {
                 out[r.token * e..(r.token + 1) * e].iter_mut().zip(dr).for_each(|(o, &v)| *o += r.weight * v);
             }
@@ -871,6 +942,24 @@ impl DeviceBackend for Cpu {
 mod tests {
     use super::*;
     use crate::backend::Batch;
+
+    /// A sink joins the softmax's denominator only: scores [0, ln 2] with a
+    /// sink of 0 are e^0, 2 and the sink's e^0 over 4 — [1/4, 1/2] (a
+    /// quarter to the sink). A sink above every score also sets the
+    /// maximum: scores [0, 0] with a sink of ln 2 give [1/4, 1/4].
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax() {
+        let mut row = [0.0f32, 2f32.ln()];
+        softmax_with_sink(&mut row, 0.0);
+        assert!((row[0] - 0.25).abs() < 1e-6 && (row[1] - 0.5).abs() < 1e-6, "{row:?}");
+        let mut row = [0.0f32, 0.0];
+        softmax_with_sink(&mut row, 2f32.ln());
+        assert!((row[0] - 0.25).abs() < 1e-6 && (row[1] - 0.25).abs() < 1e-6, "{row:?}");
+        // A very large sink leaves the scores almost nothing, never NaN.
+        let mut row = [1.0f32, -1.0];
+        softmax_with_sink(&mut row, 200.0);
+        assert!(row.iter().all(|v| v.is_finite() && *v < 1e-40), "{row:?}");
+    }
 
     /// A batch of one slot at `pos`.
     fn at(pos: &[u32]) -> Batch {

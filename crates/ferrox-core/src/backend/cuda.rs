@@ -529,6 +529,10 @@ mod dispatch {
         /// shapes allow ([`Cuda::norm_qkv_attention`]); otherwise the norm
         /// fused into the projections, and RoPE into attention.
         fn attention_block(&self, cache: &mut Kv, b: Staged<'_, CudaIndices>, w: &AttnBlock<'_, Cuda>, s: &mut Scratch<'_, Buf>) -> Result<(), BackendError> {
+            if w.sinks.is_some() {
+                // The plan refuses such models first (`BackendCaps::attention_sinks_kernel`).
+                return Err(BackendError("no cuda kernel for attention sinks".into()));
+            }
             let n = b.len();
             match &w.qkv {
                 QkvWeights::Separate(ms, [None, None, None]) if w.qk_norm.is_none() => self.norm_qkv_attention(cache, b, w, *ms, s)?,
@@ -579,6 +583,10 @@ mod dispatch {
             if w.shared.is_some() {
                 // The plan refuses such models first (`BackendCaps::shared_expert_kernel`).
                 return Err(BackendError("no cuda kernel for a mixture-of-experts shared expert".into()));
+            }
+            if w.biases.is_some() || w.experts.swiglu_oai.is_some() || w.experts.gating != crate::arch::MoeGating::Softmax {
+                // The plan refuses such models first (`BackendCaps::oai_experts_kernel`).
+                return Err(BackendError("no cuda kernel for gpt-oss's mixture-of-experts blocks".into()));
             }
             let add = s.pending.then_some(&*s.o);
             self.add_rms_norm(s.x, add, w.norm, w.eps, s.cur)?;

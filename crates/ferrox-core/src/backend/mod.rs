@@ -99,6 +99,18 @@ pub trait BackendCaps {
     fn shared_expert_kernel() -> Option<String> {
         None
     }
+    /// What runs attention with sinks (a learned logit per head in the
+    /// softmax denominator, gpt-oss; `None`: nothing yet, and a model with
+    /// them is refused at plan time).
+    fn attention_sinks_kernel() -> Option<String> {
+        None
+    }
+    /// What runs gpt-oss's experts: biased router and expert products, the
+    /// clamped SwiGLU (`swiglu_oai`), softmax after the top-k (`None`:
+    /// nothing yet, and such a model is refused at plan time).
+    fn oai_experts_kernel() -> Option<String> {
+        None
+    }
     /// What a prefill runs for a `kind` matrix of `cols` columns.
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;
@@ -435,6 +447,9 @@ pub struct AttnBlock<'a, B: DeviceBackend + ?Sized> {
     pub factors: Option<&'a B::Vector>,
     /// Attention.
     pub attn: AttnParams,
+    /// Attention sinks (gpt-oss): one logit per query head that joins
+    /// the head's softmax denominator (and attends to nothing).
+    pub sinks: Option<&'a B::Vector>,
 }
 
 /// One feed-forward block: the residual's norm, gate and up projections
@@ -487,6 +502,24 @@ pub struct MoeBlock<'a, B: DeviceBackend + ?Sized> {
     pub experts: crate::model::Experts,
     /// A shared expert every token runs besides its routed ones (Qwen2-MoE).
     pub shared: Option<SharedExpert<'a, B>>,
+    /// The router's and experts' biases (gpt-oss).
+    pub biases: Option<ExpertBiases<'a, B>>,
+}
+
+/// A mixture of experts' biases (gpt-oss): the router's, added to its
+/// logits before the choice, and each expert's gate, up and down biases,
+/// one row per expert (`n_ff`, `n_ff` and `n_embd` wide), added to its
+/// products before the activation (gate, up) and before the routing
+/// weight (down).
+pub struct ExpertBiases<'a, B: DeviceBackend + ?Sized> {
+    /// The router's (`n_expert`), on the host: routing happens there.
+    pub router: &'a [f32],
+    /// The gate projections' (`n_expert * n_ff`).
+    pub gate: &'a B::Vector,
+    /// The up projections' (`n_expert * n_ff`).
+    pub up: &'a B::Vector,
+    /// The down projections' (`n_expert * n_embd`).
+    pub down: &'a B::Vector,
 }
 
 /// A mixture of experts' shared expert: a gated FFN of `n_ff` every token
@@ -667,6 +700,15 @@ pub trait DeviceBackend: Send + Sync {
     /// cache, then writes causal attention of the queries `qkv[0]` over each token's own
     /// sequence into `out`.
     fn attention(&self, cache: &mut Self::Kv, layer: usize, b: Staged<'_, Self::Indices>, qkv: [&Self::Buf; 3], out: &mut Self::Buf, p: &AttnParams) -> Result<(), BackendError>;
+    /// [`DeviceBackend::attention`] with a sink logit per query head
+    /// (`sinks`, `n_head` values, in the units of the scaled scores) in
+    /// each softmax's denominator. The default refuses: a backend without
+    /// it says so in its plan ([`BackendCaps::attention_sinks_kernel`]).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_sinks(&self, cache: &mut Self::Kv, layer: usize, b: Staged<'_, Self::Indices>, qkv: [&Self::Buf; 3], out: &mut Self::Buf, p: &AttnParams, sinks: &Self::Vector) -> Result<(), BackendError> {
+        let _ = (cache, layer, b, qkv, out, p, sinks);
+        Err(BackendError(format!("{} has no attention-sinks kernel", self.id())))
+    }
     /// `out = act(gate) * up`, element-wise over `[n, width]`.
     fn glu(&self, act: Activation, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<(), BackendError>;
     /// Splits each `2 * width` row of `fused` into gate then up: `out = act(gate) * up`.

@@ -18,7 +18,7 @@ use std::cell::{Cell, Ref, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::cpu::{Cpu, CpuKv, CpuWeight};
-use super::{AttnBlock, AttnParams, BackendError, DeviceBackend, DeviceOptions, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
+use super::{AttnBlock, AttnParams, BackendError, DeviceBackend, DeviceOptions, ExpertBiases, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
 use crate::arch::Activation;
 use crate::kernel_registry::Backend;
 
@@ -258,6 +258,7 @@ fn attn_on<'a, D: DeviceBackend, X: DeviceBackend>(
         rope: w.rope,
         factors: ov(w.factors)?,
         attn: w.attn,
+        sinks: ov(w.sinks)?,
     })
 }
 
@@ -298,6 +299,10 @@ fn moe_on<'a, D: DeviceBackend, X: DeviceBackend>(
         experts: w.experts,
         shared: match &w.shared {
             Some(sh) => Some(SharedExpert { gate_inp: m(sh.gate_inp)?, gate: m(sh.gate)?, up: m(sh.up)?, down: m(sh.down)?, n_ff: sh.n_ff }),
+            None => None,
+        },
+        biases: match &w.biases {
+            Some(b) => Some(ExpertBiases { router: b.router, gate: v(b.gate)?, up: v(b.up)?, down: v(b.down)? }),
             None => None,
         },
     })
@@ -463,6 +468,13 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
         match self.go(layer_on_device(layer, self.n_layer(), self.gpu_layers)) {
             true => self.dev.attention(&mut cache.dev, layer, b, [&*self.dev_in(q)?, &*self.dev_in(k)?, &*self.dev_in(v)?], Self::dev_out(out), p),
             false => self.cpu.attention(&mut cache.host, layer, b.with(&()), [&*self.host_in(q)?, &*self.host_in(k)?, &*self.host_in(v)?], Self::host_out(out), p),
+        }
+    }
+
+    fn attention_sinks(&self, cache: &mut Self::Kv, layer: usize, b: Staged<'_, D::Indices>, [q, k, v]: [&Self::Buf; 3], out: &mut Self::Buf, p: &AttnParams, sinks: &Self::Vector) -> Result<(), BackendError> {
+        match self.go(layer_on_device(layer, self.n_layer(), self.gpu_layers)) {
+            true => self.dev.attention_sinks(&mut cache.dev, layer, b, [&*self.dev_in(q)?, &*self.dev_in(k)?, &*self.dev_in(v)?], Self::dev_out(out), p, sinks.dev()?),
+            false => self.cpu.attention_sinks(&mut cache.host, layer, b.with(&()), [&*self.host_in(q)?, &*self.host_in(k)?, &*self.host_in(v)?], Self::host_out(out), p, sinks.host()?),
         }
     }
 

@@ -612,3 +612,35 @@ fn a_chat_template_can_be_shared_between_server_threads() {
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     );
 }
+
+/// A gpt-oss file carries its harmony template (`tokenizer.chat_template`):
+/// loaded from the file as ferrox loads any, it renders the reply channel
+/// tags as jinja2 does (the `openai-gpt-oss-120b` reference, byte for byte):
+/// a past reply on the `final` channel, and the generation prompt that
+/// leaves the model to open its own channel.
+#[test]
+fn a_gpt_oss_file_renders_its_harmony_template_with_the_reply_channels() {
+    let r = Reference::load(&testdata(), "openai-gpt-oss-120b");
+    let source = std::fs::read_to_string(testdata().join(r.str("template"))).unwrap();
+    let f = gguf(vec![
+        ("general.architecture", s("gpt-oss")),
+        ("tokenizer.ggml.model", s("gpt2")),
+        ("tokenizer.ggml.tokens", vocab(&["<s>", "</s>", "a"])),
+        ("tokenizer.ggml.bos_token_id", GgufValue::U32(0)),
+        ("tokenizer.ggml.eos_token_id", GgufValue::U32(1)),
+        ("tokenizer.chat_template", s(&source)),
+    ]);
+    let t = ChatTemplate::from_gguf(&f).unwrap().with_time(r.json["now"].as_i64().unwrap());
+    assert!(!t.is_builtin());
+    let mut checked = 0;
+    for (name, messages, agp, want) in r.cases() {
+        if !matches!(name.as_str(), "system_multi_turn/gen" | "ends_with_assistant/nogen" | "ends_with_assistant/gen") {
+            continue;
+        }
+        let got = t.render(&messages, agp).unwrap();
+        assert_eq!(Ok(&got), want.as_ref(), "{name}");
+        assert!(got.contains("<|start|>assistant<|channel|>final<|message|>"), "{name}: {got}");
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+}

@@ -40,6 +40,11 @@ pub struct ModelConfig {
     pub rope_freq_scale: f32,
     /// RoPE cos/sin magnitude factor.
     pub rope_attn_factor: f32,
+    /// YaRN (`rope.scaling.type = yarn`): `rope_freq_scale` interpolates
+    /// only the low frequencies, ramping to none at the high ones, and the
+    /// cos/sin grow by `1 + 0.1 ln(1 / rope_freq_scale)` (see
+    /// `model::yarn_factors`).
+    pub rope_yarn: bool,
     /// Context the RoPE factors were made for (Phi-3 long/short choice).
     pub n_ctx_orig: usize,
     /// Sliding window size, if the model has local layers.
@@ -122,6 +127,12 @@ pub struct Experts {
     pub norm_weights: bool,
     /// A factor on the routing weights (`expert_weights_scale`; 1: none).
     pub scale: f32,
+    /// Softmax before the top-k (over every expert) or after it (over
+    /// the chosen ones).
+    pub gating: crate::arch::MoeGating,
+    /// gpt-oss's clamped SwiGLU in the experts (instead of the row's
+    /// activation).
+    pub swiglu_oai: Option<crate::arch::SwigluOai>,
 }
 
 impl ModelConfig {
@@ -167,10 +178,11 @@ impl ModelConfig {
             .float("attention.layer_norm_rms_epsilon")?
             .ok_or_else(|| ModelError::MissingMetadata { key: m.key("attention.layer_norm_rms_epsilon") })?;
         let rope_base = m.float("rope.freq_base")?.unwrap_or(10_000.0);
-        match m.string("rope.scaling.type") {
-            None | Some("none" | "linear") => {}
+        let rope_yarn = match m.string("rope.scaling.type") {
+            None | Some("none" | "linear") => false,
+            Some("yarn") => true,
             Some(other) => return Err(ModelError::Unsupported { what: format!("RoPE scaling {other:?}") }),
-        }
+        };
         let factor = match m.float("rope.scaling.factor")? {
             Some(f) => Some(f),
             None => m.float("rope.scale_linear")?,
@@ -242,6 +254,8 @@ impl ModelConfig {
                     n_ff: m.uint("expert_feed_forward_length")?.unwrap_or(n_ff_default),
                     norm_weights: spec.moe_norm_weights,
                     scale: m.float("expert_weights_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0),
+                    gating: spec.moe_gating,
+                    swiglu_oai: spec.experts_swiglu_oai,
                 };
                 for (key, v, max) in [("expert_count", e.n_expert, 4096), ("expert_feed_forward_length", e.n_ff, MAX_DIM)] {
                     if v == 0 || v > max {
@@ -290,6 +304,7 @@ impl ModelConfig {
             rope_base_local,
             rope_freq_scale,
             rope_attn_factor,
+            rope_yarn,
             n_ctx_orig,
             window,
             local_layers,
@@ -335,6 +350,33 @@ mod tests {
         assert_eq!((c.experts.n_ff, c.n_ff_shared), (16, 128));
         match qwen2moe(&[("expert_shared_feed_forward_length", 0)]) {
             Err(ModelError::BadMetadata { key, .. }) => assert_eq!(key, "qwen2moe.expert_shared_feed_forward_length"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `rope.scaling.type`: `yarn` is taken (gpt-oss's files say it), with
+    /// its factor as the position scale; a type ferrox does not run is a
+    /// named refusal, not a silently unscaled RoPE.
+    #[test]
+    fn yarn_rope_scaling_is_read_and_unknown_types_are_refused() {
+        let file = |ty: &str| {
+            let mut w = GgufWriter::new();
+            w.set("general.architecture", Value::from("gpt-oss")).unwrap();
+            for (k, v) in [("embedding_length", 64u32), ("block_count", 2), ("feed_forward_length", 64), ("attention.head_count", 4), ("expert_count", 8), ("expert_used_count", 2)] {
+                w.set(format!("gpt-oss.{k}"), Value::U32(v)).unwrap();
+            }
+            w.set("gpt-oss.attention.layer_norm_rms_epsilon", Value::F32(1e-5)).unwrap();
+            w.set("gpt-oss.rope.scaling.type", Value::from(ty)).unwrap();
+            w.set("gpt-oss.rope.scaling.factor", Value::F32(32.0)).unwrap();
+            GgufFile::from_bytes(&w.to_bytes()).unwrap()
+        };
+        let c = ModelConfig::from_gguf(&file("yarn"), Arch::GptOss).unwrap();
+        assert!(c.rope_yarn && c.rope_freq_scale == 1.0 / 32.0, "{c:?}");
+        assert_eq!((c.experts.gating, c.experts.swiglu_oai), (crate::arch::MoeGating::SoftmaxAfterTopK, Some(crate::arch::SwigluOai::GPT_OSS)));
+        let c = ModelConfig::from_gguf(&file("linear"), Arch::GptOss).unwrap();
+        assert!(!c.rope_yarn);
+        match ModelConfig::from_gguf(&file("longrope"), Arch::GptOss) {
+            Err(ModelError::Unsupported { what }) => assert!(what.contains("longrope"), "{what}"),
             other => panic!("{other:?}"),
         }
     }

@@ -18,7 +18,7 @@ pub use config::{Experts, ModelConfig};
 use ferrox_gguf::{GgufError, GgufModel, ModelTensor};
 
 use crate::arch::{Arch, FfnLayout, Role};
-use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
+use crate::backend::{AttnBlock, AttnParams, BackendError, Batch, DeviceBackend, ExpertBiases, FfnBlock, HostTensor, MoeBlock, QkvWeights, RopeParams, Scratch, SharedExpert, Staged};
 use crate::kernel_registry::{Backend, KernelPlan, Placement};
 
 /// Why a model cannot be loaded or run.
@@ -106,6 +106,12 @@ struct LayerWeights<B: DeviceBackend> {
     experts: Option<[B::Matrix; 4]>,
     /// Its shared expert: the one-row gate, then gate, up and down.
     shared: Option<[B::Matrix; 4]>,
+    /// Attention sinks, one logit per query head (gpt-oss).
+    sinks: Option<B::Vector>,
+    /// The experts' gate, up and down biases (gpt-oss).
+    expert_biases: Option<[B::Vector; 3]>,
+    /// The router's bias, on the host where routing happens (gpt-oss).
+    router_bias: Option<Vec<f32>>,
 }
 
 /// A loaded model: configuration, placed weights, and the placement plan.
@@ -120,6 +126,8 @@ pub struct Model<B: DeviceBackend> {
     rope_freqs: Option<B::Vector>,
     rope_long: Option<B::Vector>,
     rope_short: Option<B::Vector>,
+    /// YaRN's frequency factors for the global and the local RoPE base.
+    yarn: Option<[B::Vector; 2]>,
     layers: Vec<LayerWeights<B>>,
     plan: KernelPlan,
     /// The first rows of the head, when [`Model::trim_head`] narrowed the logits.
@@ -216,6 +224,38 @@ pub fn arch_of(file: &ferrox_gguf::GgufFile) -> Result<Arch, ModelError> {
     })
 }
 
+/// The RoPE position scale of sliding-window layers: the global one, unless
+/// the architecture gives them their own base (then unscaled).
+fn local_freq_scale(c: &ModelConfig) -> f32 {
+    match c.arch.spec().sliding_window {
+        crate::arch::SlidingWindow::Pattern { default_local_base: None, .. } => c.rope_freq_scale,
+        _ => 1.0,
+    }
+}
+
+/// YaRN as per-pair RoPE frequency factors (RoPE divides each pair's angle
+/// by its factor), for RoPE base `base` and position scale `scale`. ggml's
+/// `rope_yarn` mixes the interpolated angle (`scale * θ`) and the
+/// extrapolated one (`θ`) by a ramp over the pairs, 1 (all extrapolated)
+/// up to the pair that turns `beta_fast` = 32 times in the original
+/// context, 0 (all interpolated) from the one that turns `beta_slow` = 1
+/// time (`ggml_rope_yarn_corr_dims`; llama.cpp takes both betas as these
+/// defaults): `θ · (scale · (1 − mix) + mix)`, so the factor is
+/// `1 / (scale · (1 − mix) + mix)` — exactly 1 and `1 / scale` at the ends.
+pub fn yarn_factors(c: &ModelConfig, base: f32, scale: f32) -> Vec<f32> {
+    let n_dims = c.n_rot as f32;
+    let corr = |beta: f32| n_dims * (c.n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln());
+    let low = corr(32.0).floor().max(0.0);
+    let high = corr(1.0).ceil().min(n_dims - 1.0);
+    (0..c.n_rot / 2)
+        .map(|i| {
+            let y = (i as f32 - low) / (high - low).max(0.001);
+            let mix = 1.0 - y.clamp(0.0, 1.0);
+            1.0 / (scale * (1.0 - mix) + mix)
+        })
+        .collect()
+}
+
 /// The dimensions `role` must have (ggml order), from the configuration.
 fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
     let (e, q, kv, kvv) = (c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v);
@@ -244,6 +284,10 @@ fn expected_dims(c: &ModelConfig, role: Role, n_vocab: usize) -> Vec<u64> {
         Role::FfnGateInpShexp => d(&[e]),
         Role::FfnGateShexp | Role::FfnUpShexp => d(&[e, c.n_ff_shared]),
         Role::FfnDownShexp => d(&[c.n_ff_shared, e]),
+        Role::AttnSinks => d(&[c.n_head]),
+        Role::FfnGateInpBias => d(&[c.experts.n_expert]),
+        Role::FfnGateExpsBias | Role::FfnUpExpsBias => d(&[c.experts.n_ff, c.experts.n_expert]),
+        Role::FfnDownExpsBias => d(&[e, c.experts.n_expert]),
     }
 }
 
@@ -342,10 +386,10 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
     for p in placements.iter_mut() {
         let role = Role::parse(&p.name).map(|(role, _)| role);
         let stack = role.is_some_and(|role| role.feeds() == crate::arch::Feeds::Experts);
-        if stack {
+        if stack || role.is_some_and(Role::expert_bias) {
             p.bytes_per_token = p.bytes * ex.n_used as u64 / ex.n_expert.max(1) as u64;
         }
-        if stack || role == Some(Role::FfnGateInpShexp) {
+        if stack || matches!(role, Some(Role::FfnGateInpShexp | Role::AttnSinks | Role::FfnGateInpBias)) {
             if let (Some(why), true) = (&p.fallback, p.backend.is_accelerator()) {
                 if !refused.iter().any(|r| r.contains(why.as_str())) {
                     let which = if stack { "and the other expert stacks" } else { "in every layer" };
@@ -442,6 +486,8 @@ impl<B: DeviceBackend> Model<B> {
             // A stack of experts (`[cols, rows, n_expert]`) is one matrix of
             // all their rows, expert after expert.
             let (cols, rows) = (t.info.dims[0] as usize, t.info.dims[1..].iter().product::<u64>().max(1) as usize);
+            // A stack of per-expert biases is one vector of all their rows.
+            let (cols, rows) = if role.expert_bias() { (cols * rows, 1) } else { (cols, rows) };
             Ok(Some(HostTensor { name: &t.info.name, kind: t.info.kind, rows, cols, bytes, owner: &file }))
         };
         let placing = |t: &HostTensor<'_>, e: BackendError| ModelError::Backend(BackendError(format!("placing {}: {e}", t.name)));
@@ -473,6 +519,23 @@ impl<B: DeviceBackend> Model<B> {
         let rope_freqs = vec(Role::RopeFreqs, 0, false)?;
         let rope_long = vec(Role::RopeFactorsLong, 0, false)?;
         let rope_short = vec(Role::RopeFactorsShort, 0, false)?;
+        let yarn = match config.rope_yarn {
+            false => None,
+            true if rope_freqs.is_some() || rope_long.is_some() || rope_short.is_some() => {
+                return Err(ModelError::Unsupported { what: "YaRN RoPE scaling together with RoPE frequency factors".into() })
+            }
+            true => {
+                let local_scale = local_freq_scale(&config);
+                let mut two = Vec::with_capacity(2);
+                for (base, scale) in [(config.rope_base, config.rope_freq_scale), (config.rope_base_local, local_scale)] {
+                    let bytes: Vec<u8> = yarn_factors(&config, base, scale).iter().flat_map(|f| f.to_le_bytes()).collect();
+                    let t = HostTensor { name: "rope yarn factors", kind: ferrox_quant::QuantKind::F32, rows: 1, cols: bytes.len() / 4, bytes: &bytes, owner: &file };
+                    two.push(backend.place_vector(&t).map_err(|e| placing(&t, e))?);
+                }
+                let local = two.pop();
+                two.pop().zip(local).map(|(g, l)| [g, l])
+            }
+        };
         let spec = arch.spec();
         let mut layers = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer {
@@ -493,9 +556,13 @@ impl<B: DeviceBackend> Model<B> {
                 q_norm: vec(Role::AttnQNorm, l, spec.qk_norm)?,
                 k_norm: vec(Role::AttnKNorm, l, spec.qk_norm)?,
                 out: must(get(Role::AttnOut, l, true)?)?,
-                out_bias: vec(Role::AttnOutBias, l, false)?,
-                post_attn_norm: vec(Role::AttnPostNorm, l, spec.post_norms)?,
-                ffn_norm: must(vec(Role::FfnNorm, l, true)?)?,
+                out_bias: vec(Role::AttnOutBias, l, req(Role::AttnOutBias))?,
+                post_attn_norm: match spec.ffn_norm {
+                    // gpt-oss's `post_attention_norm` is its pre-FFN norm.
+                    Role::AttnPostNorm => None,
+                    _ => vec(Role::AttnPostNorm, l, spec.post_norms)?,
+                },
+                ffn_norm: must(vec(spec.ffn_norm, l, true)?)?,
                 gate: get(Role::FfnGate, l, config.ffn == FfnLayout::Separate)?,
                 up: get(Role::FfnUp, l, config.ffn != FfnLayout::Experts)?,
                 down: get(Role::FfnDown, l, config.ffn != FfnLayout::Experts)?,
@@ -518,6 +585,23 @@ impl<B: DeviceBackend> Model<B> {
                         must(get(Role::FfnDownShexp, l, true)?)?,
                     ]),
                 },
+                sinks: vec(Role::AttnSinks, l, req(Role::AttnSinks))?,
+                router_bias: match host(Role::FfnGateInpBias, l, req(Role::FfnGateInpBias))? {
+                    Some(t) => {
+                        let v = crate::backend::vector_values(&t)?;
+                        done(&t);
+                        Some(v)
+                    }
+                    None => None,
+                },
+                expert_biases: match req(Role::FfnGateExpsBias) {
+                    false => None,
+                    true => Some([
+                        must(vec(Role::FfnGateExpsBias, l, true)?)?,
+                        must(vec(Role::FfnUpExpsBias, l, true)?)?,
+                        must(vec(Role::FfnDownExpsBias, l, true)?)?,
+                    ]),
+                },
             });
         }
         Ok(Model {
@@ -531,6 +615,7 @@ impl<B: DeviceBackend> Model<B> {
             rope_freqs,
             rope_long,
             rope_short,
+            yarn,
             layers,
             plan,
             head_prefix: None,
@@ -611,16 +696,19 @@ impl<B: DeviceBackend> Model<B> {
         let c = &self.config;
         let local = c.local_layers.get(layer).copied().unwrap_or(false);
         let spec = c.arch.spec();
-        let local_scale = match spec.sliding_window {
-            crate::arch::SlidingWindow::Pattern { default_local_base: None, .. } => c.rope_freq_scale,
-            _ => 1.0,
-        };
+        let scale = if local { local_freq_scale(c) } else { c.rope_freq_scale };
         RopeParams {
             style: spec.rope,
             n_rot: c.n_rot,
             base: if local { c.rope_base_local } else { c.rope_base },
-            freq_scale: if local { local_scale } else { c.rope_freq_scale },
-            attn_factor: c.rope_attn_factor,
+            // YaRN's scale is in its factors; its magnitude, as ggml's
+            // `rope_yarn` grows it (llama.cpp cancels its own attention
+            // factor's share of it, leaving the file's).
+            freq_scale: if c.rope_yarn { 1.0 } else { scale },
+            attn_factor: match c.rope_yarn {
+                true => c.rope_attn_factor * (1.0 + 0.1 * (1.0 / scale).ln()),
+                false => c.rope_attn_factor,
+            },
         }
     }
 
@@ -824,7 +912,10 @@ impl<B: DeviceBackend> Model<B> {
                 out_bias: w.out_bias.as_ref(),
                 post_norm: w.post_attn_norm.as_ref(),
                 rope: self.rope_params(l),
-                factors,
+                factors: match &self.yarn {
+                    Some([global, local_f]) => Some(if local { local_f } else { global }),
+                    None => factors,
+                },
                 attn: AttnParams {
                     n_head: c.n_head,
                     n_head_kv: c.n_head_kv,
@@ -834,6 +925,7 @@ impl<B: DeviceBackend> Model<B> {
                     softcap: c.attn_softcap,
                     window: if local { c.window } else { None },
                 },
+                sinks: w.sinks.as_ref(),
             };
             be.attention_block(kv, b, &block, &mut s)?;
             match (&w.experts, &w.up, &w.down) {
@@ -850,6 +942,10 @@ impl<B: DeviceBackend> Model<B> {
                         n_embd: c.n_embd,
                         experts: c.experts,
                         shared: w.shared.as_ref().map(|[gate_inp, gate, up, down]| SharedExpert { gate_inp, gate, up, down, n_ff: c.n_ff_shared }),
+                        biases: match (&w.router_bias, &w.expert_biases) {
+                            (Some(router), Some([gate, up, down])) => Some(ExpertBiases { router, gate, up, down }),
+                            _ => None,
+                        },
                     };
                     be.moe_block(n, &moe, &mut s)?;
                 }

@@ -342,6 +342,22 @@ impl Tokenizer {
         }
         eog.sort_unstable();
         eog.dedup();
+        // o200k_harmony (gpt-oss), as llama.cpp's vocabulary loader has it:
+        // `<|end|>` closes a message (the reasoning channel's too), not the
+        // reply, so where `<|return|>` and `<|call|>` end generation it is
+        // taken out of the EOG list and printed like text; and the channel
+        // markup (`<|start|>`, `<|channel|>`, `<|message|>`,
+        // `<|constrain|>`) is always printed, so a client sees the channels.
+        let eog_text = |text: &str| ids.find(text.as_bytes()).filter(|id| eog.binary_search(id).is_ok());
+        if let (Some(_), Some(_), Some(end)) = (eog_text("<|return|>"), eog_text("<|call|>"), eog_text("<|end|>")) {
+            eog.retain(|&id| id != end);
+            attrs[end as usize] = attr::USER_DEFINED;
+        }
+        for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+            if let Some(id) = ids.find(text.as_bytes()) {
+                attrs[id as usize] = attr::USER_DEFINED;
+            }
+        }
 
         let mut specials: Vec<TokenId> = (0..n as TokenId)
             .filter(|&i| attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)

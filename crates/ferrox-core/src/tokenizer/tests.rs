@@ -319,6 +319,29 @@ fn control_tokens_print_only_when_asked() {
     assert!(matches!(tok.piece(99_999, true), Err(TokenizerError::BadTokenId { id: 99_999, .. })));
 }
 
+/// gpt-oss's harmony tokens, as llama.cpp's vocabulary loader treats
+/// them (`llama-vocab.cpp`): with `<|return|>` and `<|call|>` ending
+/// generation, `<|end|>` (which closes each message, the reasoning
+/// channel's included) does not, and it and the channel markup print
+/// without `special`; a vocabulary without `<|call|>` keeps `<|end|>` as an
+/// end of generation.
+#[test]
+fn harmony_end_closes_a_message_not_the_reply_and_its_markup_prints() {
+    let harmony = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"];
+    let tok = tiny(&harmony.map(|t| (t, 0.0, 3)));
+    let id = |t: &str| FIRST + harmony.iter().position(|h| *h == t).unwrap() as u32;
+    assert!(tok.is_eog(id("<|return|>")) && tok.is_eog(id("<|call|>")));
+    assert!(!tok.is_eog(id("<|end|>")));
+    for t in ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"] {
+        assert_eq!(tok.piece(id(t), false).unwrap(), t.as_bytes(), "{t}");
+    }
+    assert_eq!(tok.piece(id("<|return|>"), false).unwrap(), b"");
+    let text = tok.decode(&[id("<|channel|>"), BYTES + b'a' as u32, id("<|message|>"), id("<|end|>")], false).unwrap();
+    assert_eq!(text, b"<|channel|>a<|message|><|end|>");
+    let tok = tiny(&[("<|end|>", 0.0, 3), ("<|return|>", 0.0, 3)]);
+    assert!(tok.is_eog(FIRST) && tok.is_eog(FIRST + 1));
+}
+
 #[test]
 fn gpt2_vocab_round_trips_text_through_decode() {
     let file = GgufFile::open(testdata("ggml-vocab-gpt-2.gguf")).unwrap();
