@@ -70,15 +70,10 @@ pub type Result<T> = std::result::Result<T, MetalError>;
 /// A kernel's arguments: its tensors (bound at `buffer(1)` onwards, each at
 /// a byte offset) and its parameter struct (`buffer(0)`), written field by
 /// field in the struct's order.
+#[derive(Default)]
 pub struct Args<'a> {
     bufs: Vec<(&'a Buf, usize)>,
     bytes: Vec<u8>,
-}
-
-impl Default for Args<'_> {
-    fn default() -> Self {
-        Args { bufs: Vec::new(), bytes: Vec::new() }
-    }
 }
 
 impl<'a> Args<'a> {
