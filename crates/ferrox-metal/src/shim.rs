@@ -81,6 +81,7 @@ impl Device {
     /// A buffer holding a copy of `src`.
     pub fn upload(&self, src: &[u8]) -> Result<Buf> {
         let b = self.alloc(src.len())?;
+        // SAFETY: `b` owns at least `src.len()` bytes and nothing else sees it yet.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.ptr, src.len()) };
         Ok(b)
     }
@@ -98,6 +99,7 @@ impl Device {
         if dst.is_borrowed() || offset.checked_add(src.len()).is_none_or(|end| end > dst.bytes) {
             return Err(MetalError::Refused(format!("a write of {} bytes at {offset} into a buffer of {}", src.len(), dst.bytes)));
         }
+        // SAFETY: in bounds (checked) of memory `dst` owns; launches have all returned.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
         Ok(())
     }
@@ -107,6 +109,7 @@ impl Device {
         if offset.checked_add(dst.len()).is_none_or(|end| end > src.bytes) {
             return Err(MetalError::Refused(format!("a read of {} bytes at {offset} from a buffer of {}", dst.len(), src.bytes)));
         }
+        // SAFETY: in bounds (checked) of memory `src` owns or borrows; launches have all returned.
         unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
@@ -124,9 +127,15 @@ impl Device {
             if off > b.bytes {
                 return Err(MetalError::Refused(format!("{kernel}: offset {off} past a buffer of {}", b.bytes)));
             }
+            // SAFETY: `off` is at most the buffer's size (checked above).
             ptrs.push(unsafe { b.ptr.add(off) });
         }
         let name = std::ffi::CString::new(kernel).map_err(|_| MetalError::Refused(format!("kernel name {kernel:?}")))?;
+        // SAFETY: the name is a C string; the parameter bytes and the pointer
+        // list live through the call; each pointer is inside its buffer, and
+        // the launcher checks the buffer count and parameter size against the
+        // kernel's signature before running it. The kernels index within the
+        // shapes `ferrox-core` checked before launching.
         let rc = unsafe { ferrox_msl_launch(name.as_ptr(), args.bytes.as_ptr(), args.bytes.len(), ptrs.as_ptr(), ptrs.len(), gx, gz) };
         match rc {
             0 => Ok(()),
