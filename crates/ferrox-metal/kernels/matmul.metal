@@ -51,7 +51,7 @@ kernel void matmul(constant MatmulP& p [[buffer(0)]],
     }
 }
 
-// out[t] = W[ids[t]], dequantized: a thread per 32-element chunk.
+// dst[t] = W[ids[t]], dequantized: a thread per 32-element chunk.
 struct GetRowsP {
     uint cols;
     uint n;
@@ -61,7 +61,7 @@ struct GetRowsP {
 template <typename K>
 kernel void get_rows(constant GetRowsP& p [[buffer(0)]],
                      device const uchar* w [[buffer(1)]],
-                     device float* out [[buffer(2)]],
+                     device float* dst [[buffer(2)]],
                      device const uint* ids [[buffer(3)]],
                      uint3 tg [[threadgroup_position_in_grid]],
                      uint tid [[thread_index_in_threadgroup]]) {
@@ -72,7 +72,7 @@ kernel void get_rows(constant GetRowsP& p [[buffer(0)]],
     uint lim = min(32u, p.cols - c * 32u);
     float v[32];
     K::deq32(w, ids[t] * p.row_bytes, c, lim, v);
-    for (uint l = 0u; l < lim; l++) out[t * p.cols + c * 32u + l] = v[l];
+    for (uint l = 0u; l < lim; l++) dst[t * p.cols + c * 32u + l] = v[l];
 }
 
 // The kernels by name, one of each per kind of ferrox_ops::metal::KINDS

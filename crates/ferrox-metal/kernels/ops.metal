@@ -22,7 +22,7 @@ kernel void unary(constant UnaryP& p [[buffer(0)]],
     else dst[i] += a[i % p.width];
 }
 
-// out[t][i] = act(gate) * up over `n` rows of `width`; gate row t at
+// dst[t][i] = act(gate) * up over `n` rows of `width`; gate row t at
 // gate[t * gstride + i], up at up[t * ustride + i] (a fused row is
 // [gate | up]: strides 2 * width, up bound at an offset). act 0: SiLU,
 // 1: GELU (tanh form).
@@ -37,7 +37,7 @@ struct GluP {
 kernel void glu(constant GluP& p [[buffer(0)]],
                 device const float* gate [[buffer(1)]],
                 device const float* up [[buffer(2)]],
-                device float* out [[buffer(3)]],
+                device float* dst [[buffer(3)]],
                 uint3 tg [[threadgroup_position_in_grid]],
                 uint tid [[thread_index_in_threadgroup]]) {
     uint i = tg.x * 64u + tid;
@@ -47,7 +47,7 @@ kernel void glu(constant GluP& p [[buffer(0)]],
     float a;
     if (p.act == 0u) a = g / (1.0f + exp(-g));
     else a = 0.5f * g * (1.0f + safe_tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    out[i] = a * up[t * p.ustride + c];
+    dst[i] = a * up[t * p.ustride + c];
 }
 
 // dst[r][i] = src[row(r)][c0 + i] for `n` rows of `width`: row(r) is
@@ -73,7 +73,7 @@ kernel void select_rows(constant SelectP& p [[buffer(0)]],
     dst[i] = src[sr * p.src_width + p.c0 + c];
 }
 
-// out[r] = x[r] / rms(x[r]) * w: a threadgroup per row (out may be x).
+// dst[r] = x[r] / rms(x[r]) * w: a threadgroup per row (dst may be x).
 struct RmsNormP {
     uint rows;
     uint width;
@@ -82,7 +82,7 @@ struct RmsNormP {
 
 kernel void rms_norm(constant RmsNormP& p [[buffer(0)]],
                      device const float* x [[buffer(1)]],
-                     device float* out [[buffer(2)]],
+                     device float* dst [[buffer(2)]],
                      device const float* w [[buffer(3)]],
                      uint3 tg [[threadgroup_position_in_grid]],
                      uint tid [[thread_index_in_threadgroup]]) {
@@ -102,7 +102,7 @@ kernel void rms_norm(constant RmsNormP& p [[buffer(0)]],
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
     float inv = rsqrt(red[0] / float(p.width) + p.eps);
-    for (uint i = tid; i < p.width; i += 64u) out[o + i] = x[o + i] * inv * w[i];
+    for (uint i = tid; i < p.width; i += 64u) dst[o + i] = x[o + i] * inv * w[i];
 }
 
 // RoPE in place over `n` tokens of `n_heads` heads: a thread per rotated
@@ -188,7 +188,7 @@ kernel void attention(constant AttentionP& p [[buffer(0)]],
                       device const float* q [[buffer(1)]],
                       device const half* kc [[buffer(2)]],
                       device const half* vc [[buffer(3)]],
-                      device float* out [[buffer(4)]],
+                      device float* dst [[buffer(4)]],
                       device const uint* seq [[buffer(5)]],
                       device const uint* posv [[buffer(6)]],
                       uint3 tg [[threadgroup_position_in_grid]],
@@ -250,6 +250,6 @@ kernel void attention(constant AttentionP& p [[buffer(0)]],
     }
     for (uint k = 0u; k < 4u; k++) {
         uint d = tid + 64u * k;
-        if (d < p.hdv) out[(t * p.n_head + h) * p.hdv + d] = acc[k] / l;
+        if (d < p.hdv) dst[(t * p.n_head + h) * p.hdv + d] = acc[k] / l;
     }
 }

@@ -229,12 +229,15 @@ impl Device {
         }
         let Some(r) = rec.as_ref() else { unreachable!("just set") };
         r.enc.setComputePipelineState(&pipeline);
-        let params = NonNull::new(args.bytes.as_ptr() as *mut c_void).unwrap_or(NonNull::dangling());
+        // Every kernel takes a parameter struct; four zero bytes stand in
+        // for an empty one (Metal refuses a zero length).
+        let bytes: &[u8] = if args.bytes.is_empty() { &[0; 4] } else { &args.bytes };
+        let params = NonNull::from(bytes).cast::<c_void>();
         // SAFETY: Metal copies the parameter bytes when encoding (setBytes);
         // the buffers are live and their offsets inside them (checked), and
         // the command buffer retains them until it completes.
         unsafe {
-            r.enc.setBytes_length_atIndex(params, args.bytes.len().max(4), 0);
+            r.enc.setBytes_length_atIndex(params, bytes.len(), 0);
             for (i, &(b, off)) in args.bufs.iter().enumerate() {
                 r.enc.setBuffer_offset_atIndex(Some(&b.buf), off, i + 1);
             }

@@ -137,6 +137,32 @@ mod tests {
         assert_eq!(kernels::KERNELS.len(), 2 * ferrox_ops::metal::KINDS.len() + 7);
     }
 
+    /// Metal Shading Language is C++14 with address spaces and attributes:
+    /// the kernels, with the shim's header standing in for those, must be
+    /// C++14 as the standard says it (no later construct Apple's compiler
+    /// would refuse), warnings as errors. Needs a C++ compiler (`CXX`, else
+    /// `c++`; the shim's build needs one anyway).
+    #[cfg(not(target_vendor = "apple"))]
+    #[test]
+    fn the_kernels_are_standard_cxx14_as_msl_is() {
+        let dir = std::env::temp_dir().join(format!("ferrox-msl-cxx14-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tu = dir.join("kernels.cpp");
+        std::fs::write(&tu, format!("#include \"msl.h\"\n{SOURCE}")).unwrap();
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let shim = concat!(env!("CARGO_MANIFEST_DIR"), "/shim");
+        let run = std::process::Command::new(&cxx)
+            .args(["-std=c++14", "-pedantic", "-Werror", "-Wall", "-Wextra", "-Wno-attributes", "-Wno-unused-parameter", "-fsyntax-only", "-I", shim])
+            .arg(&tu)
+            .output();
+        let _ = std::fs::remove_dir_all(&dir);
+        let Ok(out) = run else {
+            eprintln!("NOT CHECKED: no C++ compiler ({cxx}); the kernels as C++14");
+            return;
+        };
+        assert!(out.status.success(), "the kernels are not C++14:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+
     #[test]
     fn only_whole_pages_inside_the_region_are_wrapped() {
         let region = vec![0u8; 64 * 1024];
