@@ -10,7 +10,9 @@
 #   $D/ferrox                  cargo build --release -p ferrox --features cuda
 #   $D/tests/ferrox_core       the ferrox-core test binary built with the cuda feature
 #   $D/gguf/, $D/make_synthetic_gguf.py   llama.cpp's gguf-py/gguf and ../shared/tools/make_synthetic_gguf.py
-# SHAPES picks the models (default both), SKIP_TESTS=1 skips the tests.
+#   $D/llama-src.tgz           optional, with LLAMA=1: the stripped llama.cpp tree, built here in the
+#                              background (scripts/cuda-llama-build.sh) for llama-bench -fa 1 on the same files
+# SHAPES picks the models (default both), SKIP_TESTS=1 skips the tests, KINDS the files (F16 Q4_K_M).
 # Results: $OUT/moe.jsonl (one line per figure), logs in $OUT/logs.tgz.
 set -u
 D=${D:-target/devmoe}
@@ -19,6 +21,10 @@ mkdir -p "$OUT" /tmp/logs
 export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache HOME=${HOME:-/root} FERROX_REQUIRE_GPU=1
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+LLPID=
+if [ "${LLAMA:-0}" = 1 ] && [ -f $D/llama-src.tgz ]; then
+  bash scripts/cuda-llama-build.sh $D /tmp/logs/llama & LLPID=$!
+fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 400 $D/tests/ferrox_core backend:: --test-threads=1 --nocapture >/tmp/logs/tests.log 2>&1
@@ -51,7 +57,7 @@ done
 
 prompt="The quick brown fox jumps over the lazy dog and then"
 for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
-  for k in F16 Q4_K_M; do
+  for k in ${KINDS:-F16 Q4_K_M}; do
     f=$M/$shape-$k.gguf
     bytes=$($D/ferrox kernels "$f" --backend cuda 2>/dev/null | grep -i "per decoded token" | head -1)
     echo "$shape $k: $bytes"
@@ -62,9 +68,21 @@ for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
     cmp -s /tmp/logs/run-$shape-$k-cpu.out /tmp/logs/run-$shape-$k-cuda.out && echo "  greedy: CPU and CUDA identical" || echo "  greedy: CPU and CUDA differ"
     $D/ferrox bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-$shape-$k.jsonl 2>/tmp/logs/bench-$shape-$k.err
     echo "  bench rc=$?"
-    python3 - "$shape" "$k" "$bytes" </tmp/logs/bench-$shape-$k.jsonl >>"$OUT/moe.jsonl" <<'PY'
+    if [ -n "$LLPID" ]; then
+      wait $LLPID; LLPID=
+      echo "$(el) llama.cpp build: $(ls /tmp/llama/.built 2>/dev/null || tail -3 /tmp/logs/llama/llama-build.log)"
+    fi
+    if [ -f /tmp/llama/.built ]; then
+      timeout 240 /tmp/llama/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/llama-bench-$shape-$k.jsonl 2>/tmp/logs/llama-bench-$shape-$k.err
+      echo "  llama-bench rc=$?"
+    fi
+    for engine in ferrox llama.cpp; do
+      src=/tmp/logs/bench-$shape-$k.jsonl
+      [ $engine = llama.cpp ] && src=/tmp/logs/llama-bench-$shape-$k.jsonl
+      [ -f $src ] || continue
+      python3 - "$shape" "$k" "$bytes" "$engine" <$src >>"$OUT/moe.jsonl" <<'PY'
 import json, sys
-shape, kind, bytes_line = sys.argv[1], sys.argv[2], sys.argv[3]
+shape, kind, bytes_line, engine = sys.argv[1:5]
 for line in sys.stdin:
     line = line.strip()
     if not line.startswith("{"):
@@ -72,9 +90,11 @@ for line in sys.stdin:
     d = json.loads(line)
     d["model"] = f"{shape} (synthetic, seed 0)"
     d["kind"] = kind
+    d["engine"] = engine
     d["bytes_per_token"] = bytes_line
     print(json.dumps(d))
 PY
+    done
   done
 done
 cat "$OUT/moe.jsonl" | cut -c1-400

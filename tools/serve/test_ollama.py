@@ -7,9 +7,10 @@ non-zero if any failed, naming it.
 """
 import math
 import os
-import sys
 
 import ollama
+
+from checks import check, run_checks
 
 HOST = os.environ.get("FERROX_HOST", "http://127.0.0.1:8080")
 KEY = os.environ.get("FERROX_API_KEY")
@@ -18,12 +19,6 @@ client = ollama.Client(host=HOST, headers=headers, timeout=300)
 MODEL = "gemma3:270m"
 MSG = [{"role": "user", "content": "Write one sentence about the sea."}]
 GREEDY = {"temperature": 0, "num_predict": 24}
-CHECKS = []
-
-
-def check(fn):
-    CHECKS.append(fn)
-    return fn
 
 
 @check
@@ -126,16 +121,7 @@ def ps_lists_the_loaded_model():
 
 
 def main():
-    failed = 0
-    for fn in CHECKS:
-        try:
-            fn()
-            print(f"ok    {fn.__name__}")
-        except Exception as e:  # noqa: BLE001 - report every check
-            failed += 1
-            print(f"FAIL  {fn.__name__}: {type(e).__name__}: {e}")
-    print(f"{len(CHECKS) - failed}/{len(CHECKS)} passed (ollama client {ollama_version()})")
-    sys.exit(1 if failed else 0)
+    run_checks(f"ollama client {ollama_version()}")
 
 
 def ollama_version():

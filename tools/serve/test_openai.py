@@ -2,25 +2,20 @@
 """ferrox serve against the official `openai` client.
 
 Usage: FERROX_URL=http://127.0.0.1:8080/v1 [FERROX_API_KEY=k] python3 test_openai.py
-(run_tests.sh starts a server and runs this.) Exits non-zero on the first
-failed check, naming it.
+(run_tests.sh starts a server and runs this.) Every check runs; exits
+non-zero if any failed, naming it.
 """
 import json
 import os
-import sys
 
 import openai
+
+from checks import check, run_checks
 
 URL = os.environ.get("FERROX_URL", "http://127.0.0.1:8080/v1")
 KEY = os.environ.get("FERROX_API_KEY", "none")
 client = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=300)
 MSG = [{"role": "user", "content": "Write one sentence about the sea."}]
-CHECKS = []
-
-
-def check(fn):
-    CHECKS.append(fn)
-    return fn
 
 
 @check
@@ -310,16 +305,7 @@ def the_legacy_completions_endpoint_streams():
 
 
 def main():
-    failed = 0
-    for fn in CHECKS:
-        try:
-            fn()
-            print(f"ok    {fn.__name__}")
-        except Exception as e:  # noqa: BLE001 - report every check
-            failed += 1
-            print(f"FAIL  {fn.__name__}: {type(e).__name__}: {e}")
-    print(f"{len(CHECKS) - failed}/{len(CHECKS)} passed (openai {openai.__version__})")
-    sys.exit(1 if failed else 0)
+    run_checks(f"openai {openai.__version__}")
 
 
 if __name__ == "__main__":

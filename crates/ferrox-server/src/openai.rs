@@ -219,19 +219,23 @@ pub struct ChatRequest {
     pub common: Common,
 }
 
-/// `prompt`: text, token ids, or a one-element list of either.
+/// Text or token ids, one or a list of either: a completion's `prompt` (whose lists
+/// must hold one element) and an embedding request's `input`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub enum Prompt {
-    /// Text.
+pub enum TextsOrTokens {
+    /// One text.
     Text(String),
-    /// Token ids.
+    /// One input as token ids.
     Tokens(Vec<u32>),
-    /// Several texts (only one is accepted).
+    /// Several texts.
     Texts(Vec<String>),
-    /// Several token lists (only one is accepted).
+    /// Several inputs as token ids.
     TokenLists(Vec<Vec<u32>>),
 }
+
+/// A completion's `prompt` (a list must hold one element).
+pub type Prompt = TextsOrTokens;
 
 /// `POST /v1/completions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -513,19 +517,8 @@ pub fn content_text(m: &Message, index: usize) -> Result<String, ApiError> {
     }
 }
 
-/// An embeddings `input`: text, token ids, or a list of either.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum EmbedInput {
-    /// One text.
-    Text(String),
-    /// One input as token ids.
-    Tokens(Vec<u32>),
-    /// Several texts.
-    Texts(Vec<String>),
-    /// Several inputs as token ids.
-    TokenLists(Vec<Vec<u32>>),
-}
+/// An embeddings `input`.
+pub type EmbedInput = TextsOrTokens;
 
 /// `POST /v1/embeddings` (and llama-server's `POST /embeddings`).
 #[derive(Debug, Clone, Deserialize)]
