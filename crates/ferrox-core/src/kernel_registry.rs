@@ -104,6 +104,27 @@ pub struct KernelPlan {
     /// size past its attention kernels'…): the model does not load there,
     /// and the plan says why before a weight is read.
     pub refused: Vec<String>,
+    /// What the plan's kernels have never been checked on, per backend that
+    /// says so ([`BackendCaps::unverified`](crate::backend::BackendCaps::unverified)):
+    /// Metal's, which no Apple machine has run.
+    pub unverified: Vec<String>,
+}
+
+/// What `backend`'s kernels have never been checked on, by its capability
+/// data (`None`: its suite runs somewhere).
+pub(crate) fn unverified(backend: Backend) -> Option<String> {
+    #[allow(unused_mut)]
+    let mut out = None;
+    #[allow(unused_macros)]
+    macro_rules! accel {
+        ($b:ty) => {
+            if <$b as crate::backend::BackendCaps>::ID == backend {
+                out = <$b as crate::backend::BackendCaps>::unverified().map(|why| format!("{}: {why}", <$b as crate::backend::BackendCaps>::NAME));
+            }
+        };
+    }
+    crate::backend::with_gpu_backend_caps!(accel);
+    out
 }
 
 /// What `backend` refuses for a model of `head_dim`/`head_dim_v`, by its
@@ -489,7 +510,7 @@ mod tests {
             p
         };
         let tensors = (0..4).map(|l| t(&format!("blk.{l}.attn_q.weight"), 100)).chain([t("output.weight", 50)]).collect();
-        let plan = KernelPlan { backend: gpu, device: String::new(), tensors, bytes_per_token: 0, crossings_per_token: 2, unused: vec![], refused: vec![] };
+        let plan = KernelPlan { backend: gpu, device: String::new(), tensors, bytes_per_token: 0, crossings_per_token: 2, unused: vec![], refused: vec![], unverified: vec![] };
         assert_eq!(memory_refusal(&plan, 450, 4), None);
         let why = memory_refusal(&plan, 300, 4).expect("450 bytes in 300");
         assert!(why.contains("-ngl N (about 2 of 4 fit)"), "{why}");

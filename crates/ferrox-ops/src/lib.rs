@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod cuda;
+pub mod metal;
 pub mod vulkan;
 mod op;
 

@@ -70,6 +70,9 @@ pub fn run(a: Args) -> Result<()> {
     for u in &plan.unused {
         writeln!(out, "  unused: {u}")?;
     }
+    for u in &plan.unverified {
+        writeln!(out, "unverified: {u}")?;
+    }
     for r in &plan.refused {
         writeln!(out, "cannot run on {}: {r}", plan.backend)?;
     }

@@ -35,6 +35,7 @@ Environment (a value a variable does not take is an error, never a default):
   FERROX_CUDA_CACHE   (--features cuda) where compiled kernels are cached (default ~/.cache/ferrox/cuda)
   FERROX_VULKAN       (--features vulkan) 0, off or cpu: never open a Vulkan device; 1, on or vulkan; auto (default)
   FERROX_VULKAN_DEVICE (--features vulkan) the Vulkan device whose name contains this (lavapipe: llvmpipe; a CPU device only so)
+  FERROX_METAL        (--features metal) 0, off or cpu: never open Metal; 1, on or metal; auto (default); shim: the kernels as C++ (not on Apple)
 See docs/dev/configuration.md.";
 
 #[derive(Parser)]

@@ -265,6 +265,9 @@ fn a_ferrox_variable_set_to_a_bad_value_is_an_error_naming_it() {
     if cfg!(feature = "vulkan") {
         cases.push(("FERROX_VULKAN", "banana", "auto"));
     }
+    if cfg!(feature = "metal") {
+        cases.push(("FERROX_METAL", "banana", "auto"));
+    }
     if cfg!(feature = "measure") {
         cases.push(("FERROX_CPU_INTERLEAVE", "maybe", "0, 1, off, on"));
     }

@@ -154,6 +154,14 @@ fn kernels_plans_gemma_on_every_accelerator_without_a_device() {
         let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(plan["backend"], b.name());
         assert_eq!(plan["crossings_per_token"], 2, "{b}: ids in, logits out");
+        // Metal's kernels have never run on Apple hardware: the plan says so,
+        // as a whole and on every kernel it names; the others' plans do not.
+        let unverified = plan["unverified"].as_array().unwrap();
+        let metal = b.name() == "metal";
+        assert_eq!(unverified.len(), usize::from(metal), "{b}: {unverified:?}");
+        if metal {
+            assert!(unverified[0].as_str().unwrap().contains("never run on Apple hardware"), "{}", unverified[0]);
+        }
         let tensors = plan["tensors"].as_array().unwrap();
         let file = ferrox_gguf::GgufModel::open(&model).unwrap();
         assert_eq!(tensors.len(), file.tensors().len() + 1, "every tensor and the tied head");
@@ -162,6 +170,9 @@ fn kernels_plans_gemma_on_every_accelerator_without_a_device() {
             assert_eq!(t["backend"], b.name(), "{name}");
             assert!(t["fallback"].is_null(), "{name}: {}", t["fallback"]);
             assert!(!decode.starts_with("cpu") && decode != "none", "{name}: {decode}");
+            if metal && t["dims"].as_array().unwrap().len() == 2 && !name.starts_with("token_embd") {
+                assert!(decode.starts_with("metal matmul_") && decode.ends_with("(unverified)"), "{name}: {decode}");
+            }
             // Gemma's matrices are all of CUDA's int8-activation kinds with
             // whole 32-element units: each streams on `mmvq_stream_<kind>`,
             // except gate and up (one Q5_0 layout), which take the GLU kernel;

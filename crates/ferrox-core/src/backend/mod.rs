@@ -17,17 +17,18 @@
 //! pass, and only token ids go in and logits come out. The CPU is the first
 //! `DeviceBackend` and the reference every other one is tested against.
 //!
-//! Only backends that exist are in the table: CUDA, then Vulkan; Metal
-//! joins them with its crate.
+//! Only backends that exist are in the table: CUDA, Vulkan, then Metal.
 
 #[cfg(test)]
 mod conformance;
 pub mod blocks;
 pub mod cpu;
 pub mod cuda;
+pub mod metal;
 pub mod split;
 pub mod vulkan;
 pub use cuda::Cuda;
+pub use metal::Metal;
 pub use vulkan::Vulkan;
 
 use ferrox_quant::QuantKind;
@@ -111,6 +112,11 @@ pub trait BackendCaps {
     fn oai_experts_kernel() -> Option<String> {
         None
     }
+    /// What none of this backend's kernels has been checked on (`None`:
+    /// its suite runs in CI or on the GPU machine); the plan says it.
+    fn unverified() -> Option<&'static str> {
+        None
+    }
     /// What a prefill runs for a `kind` matrix of `cols` columns.
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;
@@ -134,6 +140,7 @@ macro_rules! gpu_backend_table {
             [$($extra),*]
             (Cuda, "cuda", Cuda),
             (Vulkan, "vulkan", Vulkan),
+            (Metal, "metal", Metal),
         }
     };
 }
@@ -239,6 +246,8 @@ pub fn check_env() -> Result<(), BadValue> {
     cuda::Cuda::graphs_setting()?;
     #[cfg(feature = "vulkan")]
     vulkan::Vulkan::env_setting()?;
+    #[cfg(feature = "metal")]
+    metal::Metal::env_setting()?;
     Ok(())
 }
 

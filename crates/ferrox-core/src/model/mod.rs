@@ -406,6 +406,11 @@ fn plan_of(file: &GgufModel, r: &Resolved<'_>, backend: Backend, of: &dyn Fn(&st
         device,
         bytes_per_token: placements.iter().map(|p| p.bytes_per_token).sum(),
         crossings_per_token: crate::kernel_registry::crossings_per_token(&placements),
+        unverified: Backend::ALL
+            .iter()
+            .filter(|&&b| placements.iter().any(|p| p.backend == b))
+            .filter_map(|&b| crate::kernel_registry::unverified(b))
+            .collect(),
         tensors: placements,
         unused: r.unused.clone(),
         refused,
