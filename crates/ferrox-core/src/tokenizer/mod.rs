@@ -46,8 +46,17 @@ pub enum TokenizerError {
     #[error("tokenizer model `{0}` (tokenizer.ggml.model) is not supported; supported: llama, gpt2")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer ferrox does not implement.
-    #[error("pre-tokenizer `{0}` (tokenizer.ggml.pre) is not supported; supported: llama3 family, qwen2 family, gpt2 family")]
+    #[error("pre-tokenizer `{0}` (tokenizer.ggml.pre) is not supported; supported: llama3 family, qwen2 family, gpt2 family, gpt-4o family")]
     UnsupportedPreTokenizer(String),
+    /// The pre-tokenizer's regex engine could not split the text (a regex
+    /// that does not compile, or the engine's own limits).
+    #[error("the {split:?} pre-tokenizer failed: {why}")]
+    PreTokenizer {
+        /// The pre-tokenizer.
+        split: Split,
+        /// The regex engine's error.
+        why: String,
+    },
     /// Byte fallback needed a byte token the vocabulary lacks.
     #[error("the vocabulary has no token for byte 0x{0:02X} (needed for byte fallback)")]
     NoByteToken(u8),
@@ -177,6 +186,9 @@ fn pre_tokenizer(name: &str) -> Result<(Split, bool, bool), TokenizerError> {
         Ok((Split::Llama3 { max_digits: 1 }, false, false))
     } else if GPT2.contains(&name) {
         Ok((Split::Gpt2, false, false))
+    } else if ["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"].contains(&name) {
+        // One pattern in llama.cpp (LLAMA_VOCAB_PRE_TYPE_GPT4O, MINIMAX_M2).
+        Ok((Split::Gpt4o, false, false))
     } else {
         Err(TokenizerError::UnsupportedPreTokenizer(name.to_string()))
     }
@@ -428,7 +440,7 @@ impl Tokenizer {
                             }
                             spm::encode(self, &s, &mut out)?;
                         }
-                        Kind::Bpe(split) => bpe::encode(self, t, split, &mut out),
+                        Kind::Bpe(split) => bpe::encode(self, t, split, &mut out)?,
                     }
                     prev_special = false;
                 }
