@@ -288,7 +288,7 @@ fn message(role: String, content: Option<String>) -> Result<Message, ApiError> {
 
 fn job(st: &AppState, api: Api, prompt: Vec<u32>, v: openai::Validated, format: &Option<Value>) -> Result<Job, ApiError> {
     let grammar = grammar_of(st, &format_of(format)?, &Common::default()).map_err(|e| ApiError { param: Some("format".into()), ..e })?;
-    Ok(Job { api, prompt, v, logprobs: None, grammar, tools: None, echo: None, draft: None })
+    Ok(Job { api, prompt, v, logprobs: None, grammar, tools: None, harmony: false, echo: None, draft: None })
 }
 
 pub(crate) async fn generate(State(st): State<Arc<AppState>>, body: Bytes) -> Response {

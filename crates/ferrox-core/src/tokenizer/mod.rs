@@ -364,6 +364,12 @@ impl Tokenizer {
         if let (Some(_), Some(_), Some(end)) = (eog_text("<|return|>"), eog_text("<|call|>"), eog_text("<|end|>")) {
             eog.retain(|&id| id != end);
             attrs[end as usize] = attr::USER_DEFINED;
+            // Nor is it the end of a turn: llama.cpp leaves it as its EOT
+            // id, but `eot()` promises a token that ends generation (the
+            // server hands it to llguidance as the end of a turn).
+            if eot == Some(end) {
+                eot = None;
+            }
         }
         for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
             if let Some(id) = ids.find(text.as_bytes()) {
@@ -575,7 +581,8 @@ impl Tokenizer {
     pub fn eos(&self) -> Option<TokenId> {
         self.eos
     }
-    /// End-of-turn token (e.g. Gemma's `<end_of_turn>`).
+    /// End-of-turn token (e.g. Gemma's `<end_of_turn>`); always one that
+    /// ends generation (harmony's `<|end|>`, which does not, is none).
     pub fn eot(&self) -> Option<TokenId> {
         self.eot
     }

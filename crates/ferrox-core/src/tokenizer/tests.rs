@@ -120,7 +120,10 @@ fn hex(s: &str) -> Vec<u8> {
 /// Compares with `tools/reftok/gen.py`'s record of `llama-tokenize` output.
 fn check_jsonl(model: &Path, jsonl: &str) {
     let file = GgufFile::open(model).unwrap();
-    let tok = Tokenizer::from_gguf(&file).unwrap();
+    check_jsonl_with(&Tokenizer::from_gguf(&file).unwrap(), jsonl);
+}
+
+fn check_jsonl_with(tok: &Tokenizer, jsonl: &str) {
     let lines = std::fs::read_to_string(testdata(jsonl)).unwrap();
     let mut n = 0;
     let mut bad = Vec::new();
@@ -196,6 +199,57 @@ fn llama3_ids_for_hard_strings_match_llama_tokenize() {
 #[test]
 fn qwen2_ids_for_hard_strings_match_llama_tokenize() {
     check_external_jsonl("ggml-vocab-qwen2.gguf", "qwen2.jsonl");
+}
+
+/// `path`'s metadata with `tokenizer.ggml.pre` set to `pre`, as
+/// `tools/reftok/gen.py --pre` writes it for `llama-tokenize`.
+fn retagged(path: &Path, pre: &str) -> Tokenizer {
+    let file = GgufFile::open(path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if k != "tokenizer.ggml.pre" {
+            w.set(k.clone(), v.clone()).unwrap();
+        }
+    }
+    w.set("tokenizer.ggml.pre", pre).unwrap();
+    Tokenizer::from_gguf(&GgufFile::from_bytes(&w.to_bytes()).unwrap()).unwrap()
+}
+
+/// No o200k vocabulary ships with llama.cpp, so the `gpt-4o` split is
+/// checked through two that do, retagged: GPT-2's (committed) and Llama 3's
+/// (cl100k-derived, multilingual; from llama.cpp's tree when there). The
+/// split decides where merges may not cross, so a word boundary placed
+/// differently changes the ids.
+#[test]
+fn gpt4o_split_on_gpt2_vocab_matches_llama_tokenize() {
+    check_jsonl_with(&retagged(&testdata("ggml-vocab-gpt-2.gguf"), "gpt-4o"), "gpt-4o.gpt-2.jsonl");
+}
+
+#[test]
+fn gpt4o_split_on_llama3_vocab_matches_llama_tokenize() {
+    let path = llama_models_dir().join("ggml-vocab-llama-bpe.gguf");
+    if !path.exists() {
+        eprintln!("SKIPPED: {} not found (set FERROX_LLAMA_CPP); gpt-4o.llama-bpe.jsonl was NOT checked", path.display());
+        return;
+    }
+    check_jsonl_with(&retagged(&path, "gpt-4o"), "gpt-4o.llama-bpe.jsonl");
+}
+
+#[test]
+fn gpt4o_family_names_load_and_unknown_ones_are_refused() {
+    let gpt2 = testdata("ggml-vocab-gpt-2.gguf");
+    for pre in ["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"] {
+        let tok = retagged(&gpt2, pre);
+        assert_eq!(tok.kind, super::Kind::Bpe(super::Split::Gpt4o), "{pre}");
+    }
+    let file = GgufFile::open(&gpt2).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        let v = if k == "tokenizer.ggml.pre" { Value::from("gpt-5x") } else { v.clone() };
+        w.set(k.clone(), v).unwrap();
+    }
+    let f = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+    assert!(matches!(Tokenizer::from_gguf(&f), Err(TokenizerError::UnsupportedPreTokenizer(p)) if p == "gpt-5x"));
 }
 
 /// A hand-made `llama` vocab: every byte token, and pieces whose scores make
@@ -332,6 +386,8 @@ fn harmony_end_closes_a_message_not_the_reply_and_its_markup_prints() {
     let id = |t: &str| FIRST + harmony.iter().position(|h| *h == t).unwrap() as u32;
     assert!(tok.is_eog(id("<|return|>")) && tok.is_eog(id("<|call|>")));
     assert!(!tok.is_eog(id("<|end|>")));
+    // `<|end|>` was found as the end of turn by its text; it is not one.
+    assert_eq!(tok.eot(), None);
     for t in ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"] {
         assert_eq!(tok.piece(id(t), false).unwrap(), t.as_bytes(), "{t}");
     }
