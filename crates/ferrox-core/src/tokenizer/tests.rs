@@ -235,6 +235,41 @@ fn gpt4o_split_on_llama3_vocab_matches_llama_tokenize() {
     check_jsonl_with(&retagged(&path, "gpt-4o"), "gpt-4o.llama-bpe.jsonl");
 }
 
+/// The split itself against llama.cpp's `unicode_regex_split`
+/// (`tools/reftok/gen_split.py`): every word boundary, including those no
+/// shipped vocabulary's merges would show in the ids. The file's first line
+/// is the regex llama.cpp ran, which must be ferrox's copy.
+#[test]
+fn gpt4o_words_match_llama_cpp_unicode_regex_split() {
+    let text = std::fs::read_to_string(testdata("gpt-4o.words.jsonl")).unwrap();
+    let mut lines = text.lines();
+    let head: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(head["regex"].as_str().unwrap(), super::unicode::GPT4O);
+    let (mut n, mut bad) = (0, Vec::new());
+    for line in lines {
+        let case: serde_json::Value = serde_json::from_str(line).unwrap();
+        let want: Vec<Vec<u8>> = case["words_hex"].as_array().unwrap().iter().map(|w| hex(w.as_str().unwrap())).collect();
+        let cpts = super::unicode::decode_lenient(&hex(case["text_hex"].as_str().unwrap()));
+        let mut got = Vec::new();
+        let mut at = 0;
+        for len in super::unicode::split(&cpts, super::Split::Gpt4o).unwrap() {
+            let mut w = Vec::new();
+            for &c in &cpts[at..at + len] {
+                super::unicode::encode(c, &mut w);
+            }
+            got.push(w);
+            at += len;
+        }
+        if got != want {
+            let show = |ws: &[Vec<u8>]| ws.iter().map(|w| String::from_utf8_lossy(w).into_owned()).collect::<Vec<_>>();
+            bad.push(format!("{}: want {:?}\n    got {:?}", case["name"], show(&want), show(&got)));
+        }
+        n += 1;
+    }
+    assert!(n >= 100, "only {n} cases");
+    assert!(bad.is_empty(), "{} of {n} splits differ from llama.cpp:\n{}", bad.len(), bad.join("\n"));
+}
+
 #[test]
 fn gpt4o_family_names_load_and_unknown_ones_are_refused() {
     let gpt2 = testdata("ggml-vocab-gpt-2.gguf");
