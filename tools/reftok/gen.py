@@ -110,6 +110,7 @@ GPT4O_CASES = [
     ("curly_apostrophe", "don\u2019t it\u2019s \u2018quoted\u2019".encode(), True, True),
     ("nonascii_case", "ÀÉÎÕÜ àéîõü Àbc aÉc ÉCOLE École STRASSE Straße ΣΊΣΥΦΟΣ Σίσυφος İstanbul".encode(), True, True),
     ("nonascii_after_ascii_caps", "ABCé ABCÉ abcÉ Éabc ÉABC ñAndú".encode(), True, True),
+    ("nonascii_as_upper", "ÉTat ÀLa ÑAndú ÖsTeRrEiCh çA ßBc éÉa ÆGIS ǅemal".encode(), True, True),
     ("combining_marks", "e\u0301 cafe\u0301 a\u0300\u0301b E\u0301COLE \u0301start n\u0303o".encode(), True, True),
     ("devanagari", "नमस्ते दुनिया हिन्दी".encode(), True, True),
     ("thai_bengali", "สวัสดีครับ বাংলা ভাষা".encode(), True, True),
