@@ -48,13 +48,13 @@ pub enum TokenizerError {
     /// `tokenizer.ggml.pre` names a pre-tokenizer ferrox does not implement.
     #[error("pre-tokenizer `{0}` (tokenizer.ggml.pre) is not supported; supported: llama3 family, qwen2 family, gpt2 family, gpt-4o family")]
     UnsupportedPreTokenizer(String),
-    /// The pre-tokenizer's regex engine could not split the text (a regex
-    /// that does not compile, or the engine's own limits).
+    /// The pre-tokenizer's regex did not compile (the regex engine's size
+    /// limits; not expected for the built-in pattern).
     #[error("the {split:?} pre-tokenizer failed: {why}")]
     PreTokenizer {
         /// The pre-tokenizer.
         split: Split,
-        /// The regex engine's error.
+        /// The regex engine's message.
         why: String,
     },
     /// Byte fallback needed a byte token the vocabulary lacks.

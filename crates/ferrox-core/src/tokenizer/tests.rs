@@ -270,6 +270,21 @@ fn gpt4o_words_match_llama_cpp_unicode_regex_split() {
     assert!(bad.is_empty(), "{} of {n} splits differ from llama.cpp:\n{}", bad.len(), bad.join("\n"));
 }
 
+/// Long runs of one class (which a backtracking engine would have to
+/// remember position by position) split, worked out by hand: capitals then
+/// one small letter are one word; spaces before a letter leave their last
+/// space to it; a lone digit run goes by threes.
+#[test]
+fn gpt4o_long_runs_split_without_error() {
+    let n = 200_000;
+    let split = |s: &str| super::unicode::split(&super::unicode::decode_lenient(s.as_bytes()), super::Split::Gpt4o).unwrap();
+    assert_eq!(split(&format!("{}b", "A".repeat(n))), vec![n + 1]);
+    assert_eq!(split(&format!("{}x", " ".repeat(n))), vec![n - 1, 2]);
+    assert_eq!(split(&" ".repeat(n)), vec![n]);
+    let digits = split(&"7".repeat(n - 2));
+    assert_eq!((digits.len(), digits.iter().all(|&l| l == 3)), ((n - 2) / 3, true));
+}
+
 #[test]
 fn gpt4o_family_names_load_and_unknown_ones_are_refused() {
     let gpt2 = testdata("ggml-vocab-gpt-2.gguf");
@@ -441,3 +456,4 @@ fn gpt2_vocab_round_trips_text_through_decode() {
     let ids = tok.encode(text.as_bytes(), false, false).unwrap();
     assert_eq!(tok.decode(&ids, false).unwrap(), text.as_bytes());
 }
+

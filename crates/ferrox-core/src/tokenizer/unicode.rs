@@ -239,47 +239,72 @@ fn collapse_pattern(expr: &str) -> String {
     out
 }
 
-fn gpt4o_regex() -> &'static Result<fancy_regex::Regex, String> {
-    static RE: OnceLock<Result<fancy_regex::Regex, String>> = OnceLock::new();
-    RE.get_or_init(|| {
-        fancy_regex::RegexBuilder::new(&collapse_pattern(GPT4O))
-            // The pattern backtracks at most over one run of one class per
-            // match; the limit is there for the engine, not for this pattern.
-            .backtrack_limit(usize::MAX)
-            .build()
-            .map_err(|e| e.to_string())
-    })
+/// GPT4O's last two alternatives. The first is a lookahead, which the
+/// `regex` crate (linear time, no backtracking stack to run out of on a long
+/// run of one class) does not have; [`regex_split`] gets its effect from the
+/// second.
+const SPACE_TAIL: &str = r"|\s+(?!\S)|\s+";
+
+/// GPT4O without lookaheads: a one-character lookahead before a
+/// one-character class is the classes' intersection, and the whitespace
+/// tail is cut to `\s+` (see [`regex_split`]).
+fn gpt4o_without_lookaheads() -> Result<String, String> {
+    let body = GPT4O.strip_suffix(SPACE_TAIL).ok_or("the gpt-4o pattern does not end in its whitespace alternatives")?;
+    let p = body
+        .replace(r"(?=[\p{L}])([^a-z])", r"[\p{L}&&[^a-z]]")
+        .replace(r"(?=[\p{L}])([^A-Z])", r"[\p{L}&&[^A-Z]]");
+    if p.contains("(?=") || p.contains("(?!") {
+        return Err("the gpt-4o pattern has a lookahead ferrox does not rewrite".into());
+    }
+    Ok(format!(r"{p}|\s+"))
+}
+
+fn gpt4o_regex() -> &'static Result<regex::Regex, String> {
+    static RE: OnceLock<Result<regex::Regex, String>> = OnceLock::new();
+    RE.get_or_init(|| regex::Regex::new(&collapse_pattern(&gpt4o_without_lookaheads()?)).map_err(|e| e.to_string()))
 }
 
 /// Splits like llama.cpp's `unicode_regex_split_stl`: each match is a word,
-/// and so is each stretch between matches.
-fn regex_split(cpts: &[u32], re: &fancy_regex::Regex) -> Result<Vec<usize>, String> {
+/// and so is each stretch between matches (there is none with GPT4O).
+///
+/// `\s+(?!\S)|\s+` is matched as `\s+` and then cut: a match of spaces
+/// alone (no `\r`/`\n`, else `\s*[\r\n]+` would have matched, and nothing
+/// else in the pattern matches only spaces) runs to the end of its run, so
+/// when a non-space follows and it is longer than one, `\s+(?!\S)` would
+/// have backed off one, leaving the last space to the next word.
+fn regex_split(cpts: &[u32], re: &regex::Regex) -> Vec<usize> {
     let text = collapse(cpts);
     let cpt_len = |a: usize, b: usize| text[a..b].chars().count();
+    let spaces_only = |s: &str| s.bytes().all(|b| matches!(b, b'\t' | 0x0B | 0x0C | b' '));
     let mut words = Vec::new();
     let mut at = 0;
-    for m in re.find_iter(&text) {
-        let m = m.map_err(|e| e.to_string())?;
-        if m.start() > at {
-            words.push(cpt_len(at, m.start()));
+    while let Some(m) = re.find_at(&text, at) {
+        let (start, mut end) = (m.start(), m.end());
+        if end == start {
+            // The pattern matches no empty string; never loop on one.
+            break;
         }
-        if m.end() > m.start() {
-            words.push(cpt_len(m.start(), m.end()));
+        if end < text.len() && end - start > 1 && spaces_only(&text[start..end]) {
+            end -= 1;
         }
-        at = m.end();
+        if start > at {
+            words.push(cpt_len(at, start));
+        }
+        words.push(cpt_len(start, end));
+        at = end;
     }
     if at < text.len() {
         words.push(cpt_len(at, text.len()));
     }
-    Ok(words)
+    words
 }
 
 /// Splits code points into words; returns each word's length in code
-/// points, or why the regex engine gave up.
+/// points, or why the pattern would not compile.
 pub(super) fn split(cpts: &[u32], how: Split) -> Result<Vec<usize>, String> {
     match how {
         Split::Gpt4o => match gpt4o_regex() {
-            Ok(re) => regex_split(cpts, re),
+            Ok(re) => Ok(regex_split(cpts, re)),
             Err(e) => Err(e.clone()),
         },
         Split::Gpt2 => Ok(split_custom(cpts, None)),
