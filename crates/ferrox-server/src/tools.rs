@@ -259,8 +259,10 @@ impl ToolSet {
             }
             Family::Llama3 => format!("start: %json {call}\n"),
             Family::Harmony => {
-                // One call a turn (`<|call|>` ends it), after at most one
-                // analysis message; each function with its own schema.
+                // The call at once, one a turn (`<|call|>` ends it), each
+                // function with its own schema. (llama.cpp lets analysis
+                // messages come first; an unbounded free-text channel in
+                // the grammar would let a weak model never reach the call.)
                 let calls: Vec<String> = self
                     .callable()
                     .into_iter()
@@ -269,11 +271,7 @@ impl ToolSet {
                         format!("{open} %json {}", with_json_options(f.parameters.clone()))
                     })
                     .collect();
-                format!(
-                    "start: analysis? call
-analysis: \"<|channel|>analysis<|message|>\" REASONING \"<|end|><|start|>assistant\"\nREASONING: /([^<]|<[^|])*/\ncall: {}\n",
-                    calls.join(" | ")
-                )
+                format!("start: {}\n", calls.join(" | "))
             }
             Family::Mistral => format!(
                 "start: {} %json {}\n",
