@@ -2133,10 +2133,16 @@ fn harmony_channels_become_reasoning_content_and_content() {
     assert_eq!((reasoning.as_str(), content.as_str(), calls.len()), ("Two and two: 4.", "It is <b>4</b>.", 0), "{}", r.body);
     assert_eq!(finish, "stop");
     // The reasoning arrives in several deltas, before the final channel.
-    let events = sse_events(&r.body);
-    let first_content = events.iter().position(|e| e.contains("\"content\":\"It")).unwrap();
-    let reasoning_events = events.iter().filter(|e| e.contains("reasoning_content")).count();
-    assert!(reasoning_events > 1 && events.iter().rposition(|e| e.contains("reasoning_content")).unwrap() < first_content, "{}", r.body);
+    let deltas: Vec<Value> = sse_events(&r.body)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"].clone())
+        .collect();
+    let has = |d: &Value, k: &str| d[k].as_str().is_some_and(|t| !t.is_empty());
+    let first_content = deltas.iter().position(|d| has(d, "content")).unwrap();
+    let last_reasoning = deltas.iter().rposition(|d| has(d, "reasoning_content")).unwrap();
+    let n_reasoning = deltas.iter().filter(|d| has(d, "reasoning_content")).count();
+    assert!(n_reasoning > 1 && last_reasoning < first_content, "{}", r.body);
 }
 
 /// A harmony call (`to=functions.NAME` on the commentary channel) becomes
