@@ -22,6 +22,10 @@
 //! start of a marker, so a stream's deltas concatenate to the whole reply's
 //! fields.
 
+/// The header of the reply's final message, as the model writes it after
+/// the generation prompt's `<|start|>assistant`.
+pub const FINAL_HEADER: &str = "<|channel|>final<|message|>";
+
 /// Text a header may not outgrow: past it the "header" is taken for text.
 const MAX_HEADER: usize = 512;
 

@@ -670,6 +670,31 @@ struct Job {
 /// `response_format` (JSON), `json_schema`, `grammar` and `regex`; a spec
 /// llguidance cannot compile is a 400 on its field.
 fn grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common) -> Result<Option<Grammar>, ApiError> {
+    compile_one(st, specs_of(rf, c))
+}
+
+/// [`grammar_of`] for a chat reply: under harmony (gpt-oss) a JSON reply
+/// is the final channel's message, so the grammar writes its header first,
+/// as llama.cpp's gpt-oss grammar does (without the analysis messages it
+/// lets come before; see `ToolSet::forced`). Grammars and regexes the
+/// request spells out constrain the whole reply, header and all.
+fn chat_grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common, harmony: bool) -> Result<Option<Grammar>, ApiError> {
+    let mut specs = specs_of(rf, c);
+    if harmony {
+        for (_, spec) in specs.iter_mut() {
+            let schema = match spec {
+                Spec::JsonObject => json!({"type": "object"}),
+                Spec::JsonSchema(s) => s.clone(),
+                _ => continue,
+            };
+            let header = serde_json::to_string(harmony::FINAL_HEADER).unwrap_or_default();
+            *spec = Spec::Lark(format!("start: {header} %json {}\n", constrain::with_json_options(schema)));
+        }
+    }
+    compile_one(st, specs)
+}
+
+fn specs_of<'a>(rf: &Option<ResponseFormat>, c: &Common) -> Vec<(&'a str, Spec)> {
     let mut specs: Vec<(&str, Spec)> = Vec::new();
     match rf {
         None | Some(ResponseFormat::Text) => {}
@@ -688,7 +713,7 @@ fn grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common) -> Result<
     if let Some(r) = &c.regex {
         specs.push(("regex", Spec::Regex(r.clone())));
     }
-    compile_one(st, specs)
+    specs
 }
 
 /// The one spec of `specs` compiled (none: no constraint; several: a 400).
@@ -841,7 +866,7 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
             v,
             logprobs: top,
             grammar: match tools.as_ref().and_then(|t| t.forced(&st.tok)) {
-                None => grammar_of(&st, &req.response_format, &req.common)?,
+                None => chat_grammar_of(&st, &req.response_format, &req.common, family == Family::Harmony)?,
                 Some(forced) => {
                     if grammar_of(&st, &req.response_format, &req.common)?.is_some() {
                         return Err(ApiError::invalid(

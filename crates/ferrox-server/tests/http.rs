@@ -2208,3 +2208,24 @@ fn harmony_forced_calls_follow_the_schema_and_reasoning_renders_back() {
     assert!(prompt.contains("to=functions.get_weather"), "{prompt}");
     assert!(prompt.ends_with("<|start|>assistant"), "{prompt}");
 }
+
+/// Under harmony a `response_format` reply is the final channel's message:
+/// the grammar writes `<|channel|>final<|message|>` and then the JSON, which
+/// comes back as `content`.
+#[test]
+fn harmony_json_replies_are_the_final_channel() {
+    let srv = TestServer::start_harmony(tool_cfg());
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]}}, "required": ["color"]});
+    for seed in 0..2 {
+        let body = json!({"messages": [{"role": "user", "content": "json please"}], "temperature": 1.0, "seed": seed, "max_tokens": 300, "logprobs": true,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let ctx = v.to_string();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{ctx}");
+        let raw: String = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|t| t["token"].as_str().unwrap()).collect();
+        assert!(raw.starts_with("<|channel|>final<|message|>{"), "{raw:?}");
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {ctx}"));
+        assert!(out["color"] == "red" || out["color"] == "green", "{ctx}");
+    }
+}
