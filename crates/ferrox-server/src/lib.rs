@@ -772,9 +772,7 @@ fn render_chat_tools<'s>(
         };
         msgs.push(ChatMessage::new(role, openai::content_text(m, i)?));
     }
-    let with_calls = messages
-        .iter()
-        .any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some() || m.reasoning_content.is_some());
+    let with_calls = messages.iter().any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some());
     let template = st.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             Some("messages".into()),
@@ -784,7 +782,11 @@ fn render_chat_tools<'s>(
             ),
         )
     })?;
-    let text = if tools.is_none() && !with_calls {
+    // Reasoning sent back reaches a harmony template (as `thinking`); other
+    // templates render a turn's content only, as before.
+    let harmony = Family::detect(template.source()) == Family::Harmony;
+    let with_reasoning = harmony && messages.iter().any(|m| m.reasoning_content.is_some());
+    let text = if tools.is_none() && !with_calls && !with_reasoning {
         template.render(&msgs, true)
     } else {
         let mut values: Vec<Value> = msgs
@@ -804,7 +806,7 @@ fn render_chat_tools<'s>(
                 // llama.cpp's gpt-oss handling: the template reads the
                 // reasoning as `thinking`, and a turn that calls carries
                 // it instead of content.
-                if let Some(r) = &src.reasoning_content {
+                if let Some(r) = src.reasoning_content.as_ref().filter(|_| harmony) {
                     v["thinking"] = json!(r);
                     if src.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
                         if let Some(o) = v.as_object_mut() {
