@@ -2229,3 +2229,14 @@ fn harmony_json_replies_are_the_final_channel() {
         assert!(out["color"] == "red" || out["color"] == "green", "{ctx}");
     }
 }
+
+/// Ollama's `/api/chat` with a harmony model takes `think` (gpt-oss always
+/// thinks) where the tiny Gemma server refuses it.
+#[test]
+fn ollama_chat_takes_think_under_harmony() {
+    let srv = TestServer::start_harmony(tool_cfg());
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "think": "high", "stream": false, "options": {"num_predict": 4, "temperature": 0}});
+    let r = post(srv.addr, "/api/chat", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["message"]["content"].is_string(), "{}", r.body);
+}
