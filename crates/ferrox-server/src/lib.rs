@@ -1209,8 +1209,9 @@ impl Output {
         eprintln!("{line}");
     }
 
-    /// A reply under `tools`: the assistant message (its calls parsed out of
-    /// the text) and the finish reason (`tool_calls` when it calls).
+    /// A reply under `tools` or harmony: the assistant message (its calls
+    /// and channels parsed out of the text) and the finish reason
+    /// (`tool_calls` when it calls).
     fn tool_message(&self, choice: usize, text: &str, fin: &'static str) -> (Value, &'static str) {
         if self.job.harmony {
             let r = harmony::Harmony::parse(text);
