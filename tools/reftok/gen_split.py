@@ -9,8 +9,8 @@ calls llama.cpp's `unicode_regex_split` with the GPT4O regex exactly as
 first line so the Rust test can check its own copy of the pattern).
 
 Build the helper against a static llama.cpp build (any build dir made with
--DBUILD_SHARED_LIBS=OFF; B below):
-  g++ -std=c++17 -O1 -include shared/tools/amxfix.h -ILLAMA/src -ILLAMA/include \\
+-DBUILD_SHARED_LIBS=OFF, e.g. the one `llama-tokenize` was built in; B below):
+  g++ -std=c++17 -O1 -ILLAMA/src -ILLAMA/include \\
       -ILLAMA/ggml/include tools/reftok/split_words.cpp B/src/libllama.a \\
       B/ggml/src/libggml.a B/ggml/src/libggml-cpu.a B/ggml/src/libggml-base.a \\
       -lpthread -fopenmp -o split_words
