@@ -10,19 +10,30 @@ including invalid UTF-8, trailing newlines and the empty string, reaches the
 tokenizer unchanged.
 
 usage: gen.py --llama-tokenize BIN --model MODEL.gguf --out OUT.jsonl
-(MODEL may be a vocab-only copy made by vocab_only.py.)
+             [--pre NAME] [--cases gpt4o --inp LLAMA/models/*.inp]
+(MODEL may be a vocab-only copy made by vocab_only.py.) `--pre` tokenizes with
+a copy of MODEL whose `tokenizer.ggml.pre` is NAME (the Rust test makes the
+same copy in memory); `--cases gpt4o` adds GPT4O_CASES and every distinct
+string of llama.cpp's test-tokenizer-0 inputs (`--inp`).
 
 The committed files were made with llama.cpp at ggml 0c1e570 (LLAMA below):
   gen.py --model gemma-3-270m-q4_k_m.gguf                  --out crates/ferrox-core/testdata/tokenizer/gemma3.jsonl
   gen.py --model LLAMA/models/ggml-vocab-gpt-2.gguf        --out .../gpt-2.jsonl
   gen.py --model LLAMA/models/ggml-vocab-llama-bpe.gguf    --out .../llama-bpe.jsonl
   gen.py --model LLAMA/models/ggml-vocab-qwen2.gguf        --out .../qwen2.jsonl
+and, with `llama-tokenize` built from the same tree (cmake, target llama-tokenize),
+  gen.py --model crates/ferrox-core/testdata/tokenizer/ggml-vocab-gpt-2.gguf --pre gpt-4o \
+         --cases gpt4o --inp LLAMA/models/*.inp --out .../gpt-4o.gpt-2.jsonl
+  gen.py --model LLAMA/models/ggml-vocab-llama-bpe.gguf --pre gpt-4o \
+         --cases gpt4o --inp LLAMA/models/*.inp --out .../gpt-4o.llama-bpe.jsonl
 """
 import argparse
 import json
 import os
 import subprocess
 import tempfile
+
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 LONG_WORD = "Pneumonoultramicroscopicsilicovolcanoconiosis" * 8
 
@@ -87,6 +98,72 @@ CASES = [
      b"<start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\nHello! How can I help?<end_of_turn>\n", True, True),
 ]
 
+# What the gpt-4o (o200k) split is about: letter case inside words (ASCII and
+# not), contractions in both cases, digit runs, punctuation with trailing
+# newlines and slashes, whitespace runs of every kind, combining marks (not
+# letters to llama.cpp), scripts without case, emoji sequences.
+GPT4O_CASES = [
+    ("camel_case", b"HelloWorld camelCaseString XMLHttpRequest getHTTPResponseCode iOS McDonald", True, True),
+    ("all_caps", b"THE QUICK BROWN FOX, JUMPED! OK? ABCdef abcDEF aBcDeF", True, True),
+    ("caps_contractions", b"I'M DON'T WE'LL THEY'VE YOU'RE SHE'D IT'S it'S It'Ll i'M", True, True),
+    ("contraction_edges", "'s 'S ''s x'' 's' rock'n'roll o'clock y'all don\u2019t".encode(), True, True),
+    ("curly_apostrophe", "don\u2019t it\u2019s \u2018quoted\u2019".encode(), True, True),
+    ("nonascii_case", "ÀÉÎÕÜ àéîõü Àbc aÉc ÉCOLE École STRASSE Straße ΣΊΣΥΦΟΣ Σίσυφος İstanbul".encode(), True, True),
+    ("nonascii_after_ascii_caps", "ABCé ABCÉ abcÉ Éabc ÉABC ñAndú".encode(), True, True),
+    ("nonascii_as_upper", "ÉTat ÀLa ÑAndú ÖsTeRrEiCh çA ßBc éÉa ÆGIS ǅemal".encode(), True, True),
+    ("combining_marks", "e\u0301 cafe\u0301 a\u0300\u0301b E\u0301COLE \u0301start n\u0303o".encode(), True, True),
+    ("devanagari", "नमस्ते दुनिया हिन्दी".encode(), True, True),
+    ("thai_bengali", "สวัสดีครับ বাংলা ভাষা".encode(), True, True),
+    ("arabic_hebrew", "مرحبا بالعالم ١٢٣٤٥ שלום עולם".encode(), True, True),
+    ("cjk_mixed", "東京タワーは333mです。漢字かなカナ混じり文 한국어입니다 ABC漢字abc".encode(), True, True),
+    ("digits", b"1 12 123 1234 12345 123456 1234567 0.5 1,000,000 3x4 x86_64 v1.2.3 2024-01-01", True, True),
+    ("unicode_digits", "١٢٣٤ ½ ¾ ²³ ⅷ 𝟙𝟚𝟛 ①②③ ٣٫١٤".encode(), True, True),
+    ("punct_newline_tail", b"end.\nnext!\n\n\nmore?\r\nok;/\n//\n/x */\n", True, True),
+    ("slash_runs", b"a/b //c ///d http://x.y/z/ ../..//", True, True),
+    ("ws_kinds", "a\u00a0b\u3000c\u2028d\u2003e\u0085f\u200bg\u00a0\u00a0h".encode(), True, True),
+    ("ws_runs_newlines", b"a \n b  \n\n c   \r\n\r\n   d\t\n\t e \n", True, True),
+    ("ws_before_letter", "x  y   Z    \u00e9  1  !".encode(), True, True),
+    ("leading_trailing_ws", b"   \n\n  text  \n\n   ", True, True),
+    ("ascii_controls", b"a\x1cb\x1dc\x1ed\x1fe\x0bf\x0cg", True, True),
+    ("emoji_sequences", "👍🏽 👨‍👩‍👧 🇺🇸🇯🇵 1️⃣ ❤️ 🏳️‍🌈 hi🙂there".encode(), True, True),
+    ("symbols", "price: $5 + €3 = ¥8 ≈ £7 ± 0.1 © ™ → ⇒ ∞ ∑ √".encode(), True, True),
+    ("code_mixed", b"fn main() {\n    let xMax = foo_bar(1234, \"It's\");\n    // TODO: fixMe\n}\n", True, True),
+    ("long_caps", b"A" * 600 + b"b", True, True),
+    ("long_nonascii", ("é" * 500 + "É" * 300).encode(), True, True),
+    ("harmony_markup", b"<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>", True, True),
+]
+
+
+def inp_cases(paths: list[str]) -> list:
+    """Distinct strings of llama.cpp's `.inp` files, in first-seen order."""
+    seen = []
+    for path in paths:
+        with open(path, "rb") as f:
+            for text in f.read().split(b"\n__ggml_vocab_test__\n"):
+                if text not in seen:
+                    seen.append(text)
+    return [(f"inp_{i:02}", t, False, False) for i, t in enumerate(seen)]
+
+
+def retag(src: str, dst: str, pre: str) -> None:
+    """A copy of `src`'s metadata with `tokenizer.ggml.pre` set to `pre`."""
+    r = GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = GGUFWriter(dst, arch)
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key == "tokenizer.ggml.pre":
+            w.add_key_value(key, pre, GGUFValueType.STRING)
+            continue
+        main_type = f.types[0]
+        sub_type = f.types[1] if main_type == GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), main_type, sub_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
 
 def run(bin_path: str, model: str, text: bytes, add_special: bool, parse_special: bool) -> list[int]:
     with tempfile.NamedTemporaryFile(delete=False) as f:
@@ -110,10 +187,20 @@ def main() -> None:
     ap.add_argument("--llama-tokenize", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pre")
+    ap.add_argument("--cases", choices=["default", "gpt4o"], default="default")
+    ap.add_argument("--inp", nargs="*", default=[])
     a = ap.parse_args()
+    model = a.model
+    if a.pre:
+        model = os.path.join(tempfile.mkdtemp(), "retagged.gguf")
+        retag(a.model, model, a.pre)
+    cases = CASES
+    if a.cases == "gpt4o":
+        cases = CASES + GPT4O_CASES + inp_cases(a.inp)
     with open(a.out, "w") as out:
-        for name, text, add_special, parse_special in CASES:
-            ids = run(a.llama_tokenize, a.model, text, add_special, parse_special)
+        for name, text, add_special, parse_special in cases:
+            ids = run(a.llama_tokenize, model, text, add_special, parse_special)
             out.write(json.dumps({
                 "name": name,
                 "text_hex": text.hex(),

@@ -18,6 +18,7 @@
 mod embeddings;
 pub mod error;
 pub mod constrain;
+pub mod harmony;
 pub mod ollama;
 pub mod tools;
 pub mod openai;
@@ -657,6 +658,9 @@ struct Job {
     grammar: Option<Grammar>,
     /// The functions the reply may call (chat only).
     tools: Option<ToolSet>,
+    /// A harmony reply (gpt-oss) whose channels become `reasoning_content`
+    /// and `content` (chat only).
+    harmony: bool,
     echo: Option<String>,
     /// Draft sizes the request asked for (`None`: the server's).
     draft: Option<DraftParams>,
@@ -666,6 +670,31 @@ struct Job {
 /// `response_format` (JSON), `json_schema`, `grammar` and `regex`; a spec
 /// llguidance cannot compile is a 400 on its field.
 fn grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common) -> Result<Option<Grammar>, ApiError> {
+    compile_one(st, specs_of(rf, c))
+}
+
+/// [`grammar_of`] for a chat reply: under harmony (gpt-oss) a JSON reply
+/// is the final channel's message, so the grammar writes its header first,
+/// as llama.cpp's gpt-oss grammar does (without the analysis messages it
+/// lets come before; see `ToolSet::forced`). Grammars and regexes the
+/// request spells out constrain the whole reply, header and all.
+fn chat_grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common, harmony: bool) -> Result<Option<Grammar>, ApiError> {
+    let mut specs = specs_of(rf, c);
+    if harmony {
+        for (_, spec) in specs.iter_mut() {
+            let schema = match spec {
+                Spec::JsonObject => json!({"type": "object"}),
+                Spec::JsonSchema(s) => s.clone(),
+                _ => continue,
+            };
+            let header = serde_json::to_string(harmony::FINAL_HEADER).unwrap_or_default();
+            *spec = Spec::Lark(format!("start: {header} %json {}\n", constrain::with_json_options(schema)));
+        }
+    }
+    compile_one(st, specs)
+}
+
+fn specs_of<'a>(rf: &Option<ResponseFormat>, c: &Common) -> Vec<(&'a str, Spec)> {
     let mut specs: Vec<(&str, Spec)> = Vec::new();
     match rf {
         None | Some(ResponseFormat::Text) => {}
@@ -684,7 +713,7 @@ fn grammar_of(st: &AppState, rf: &Option<ResponseFormat>, c: &Common) -> Result<
     if let Some(r) = &c.regex {
         specs.push(("regex", Spec::Regex(r.clone())));
     }
-    compile_one(st, specs)
+    specs
 }
 
 /// The one spec of `specs` compiled (none: no constraint; several: a 400).
@@ -753,7 +782,11 @@ fn render_chat_tools<'s>(
             ),
         )
     })?;
-    let text = if tools.is_none() && !with_calls {
+    // Reasoning sent back reaches a harmony template (as `thinking`); other
+    // templates render a turn's content only, as before.
+    let harmony = Family::detect(template.source()) == Family::Harmony;
+    let with_reasoning = harmony && messages.iter().any(|m| m.reasoning_content.is_some());
+    let text = if tools.is_none() && !with_calls && !with_reasoning {
         template.render(&msgs, true)
     } else {
         let mut values: Vec<Value> = msgs
@@ -769,6 +802,17 @@ fn render_chat_tools<'s>(
                 }
                 if let Some(n) = &src.name {
                     v["name"] = json!(n);
+                }
+                // llama.cpp's gpt-oss handling: the template reads the
+                // reasoning as `thinking`, and a turn that calls carries
+                // it instead of content.
+                if let Some(r) = src.reasoning_content.as_ref().filter(|_| harmony) {
+                    v["thinking"] = json!(r);
+                    if src.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+                        if let Some(o) = v.as_object_mut() {
+                            o.remove("content");
+                        }
+                    }
                 }
                 v
             })
@@ -824,7 +868,7 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
             v,
             logprobs: top,
             grammar: match tools.as_ref().and_then(|t| t.forced(&st.tok)) {
-                None => grammar_of(&st, &req.response_format, &req.common)?,
+                None => chat_grammar_of(&st, &req.response_format, &req.common, family == Family::Harmony)?,
                 Some(forced) => {
                     if grammar_of(&st, &req.response_format, &req.common)?.is_some() {
                         return Err(ApiError::invalid(
@@ -836,6 +880,7 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
                 }
             },
             tools,
+            harmony: family == Family::Harmony,
             echo: None,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -902,6 +947,7 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             logprobs,
             grammar: grammar_of(&st, &req.response_format, &req.common)?,
             tools: None,
+            harmony: false,
             echo,
             draft: openai::validate_draft(&req.common, st.sched.speculative())?,
         })
@@ -1028,6 +1074,8 @@ struct Output {
 
 #[derive(Default)]
 struct Choice {
+    /// A streamed harmony reply's parser.
+    harmony: Option<harmony::Harmony>,
     text: String,
     tokens: Vec<GeneratedToken>,
     summary: Option<SeqSummary>,
@@ -1161,9 +1209,14 @@ impl Output {
         eprintln!("{line}");
     }
 
-    /// A reply under `tools`: the assistant message (its calls parsed out of
-    /// the text) and the finish reason (`tool_calls` when it calls).
+    /// A reply under `tools` or harmony: the assistant message (its calls
+    /// and channels parsed out of the text) and the finish reason
+    /// (`tool_calls` when it calls).
     fn tool_message(&self, choice: usize, text: &str, fin: &'static str) -> (Value, &'static str) {
+        if self.job.harmony {
+            let r = harmony::Harmony::parse(text);
+            return self.harmony_message(choice, r.reasoning, r.content, r.calls, fin);
+        }
         let Some(set) = &self.job.tools else {
             return (json!({"role": "assistant", "content": text, "refusal": null}), fin);
         };
@@ -1171,6 +1224,10 @@ impl Output {
         if calls.is_empty() {
             return (json!({"role": "assistant", "content": text, "refusal": null}), fin);
         }
+        self.message_with_calls(choice, content, &calls, fin)
+    }
+
+    fn message_with_calls(&self, choice: usize, content: String, calls: &[tools::Call], fin: &'static str) -> (Value, &'static str) {
         let calls: Vec<Value> = calls
             .iter()
             .enumerate()
@@ -1182,6 +1239,29 @@ impl Output {
         let content = if content.is_empty() { Value::Null } else { json!(content) };
         let fin = if fin == "stop" { "tool_calls" } else { fin };
         (json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": calls}), fin)
+    }
+
+    /// A harmony reply's message: `reasoning_content` (when the analysis
+    /// channel said anything, as llama-server), `content`, and the calls to
+    /// offered tools (calls to others, and any without `tools`, dropped).
+    fn harmony_message(
+        &self,
+        choice: usize,
+        reasoning: String,
+        content: String,
+        raw: Vec<harmony::RawCall>,
+        fin: &'static str,
+    ) -> (Value, &'static str) {
+        let calls = self.job.tools.as_ref().map(|t| t.harmony_calls(raw)).unwrap_or_default();
+        let (mut m, fin) = if calls.is_empty() {
+            (json!({"role": "assistant", "content": content, "refusal": null}), fin)
+        } else {
+            self.message_with_calls(choice, content, &calls, fin)
+        };
+        if !reasoning.is_empty() {
+            m["reasoning_content"] = json!(reasoning);
+        }
+        (m, fin)
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -1241,7 +1321,7 @@ async fn whole_response(out: Output, mut rx: mpsc::UnboundedReceiver<Tagged>) ->
         .map(|(i, c)| {
             let fin = c.summary.as_ref().map_or("stop", finish_reason);
             match out.job.api {
-                Api::Chat if out.job.tools.is_some() => {
+                Api::Chat if out.job.tools.is_some() || out.job.harmony => {
                     let (message, fin) = out.tool_message(i, &c.text, fin);
                     json!({
                         "index": i,
@@ -1360,6 +1440,48 @@ impl StreamState {
                     self.queued.push_back(s);
                 }
             }
+            SeqEvent::Token(t) if self.out.job.harmony => {
+                // Channels stream as they settle; calls wait for the end.
+                let d = self.choices[i].harmony.get_or_insert_with(harmony::Harmony::new).push(&t.text);
+                if !d.is_empty() || self.out.job.logprobs.is_some() {
+                    let mut c = self.text_choice(i, "", Some(&t), None);
+                    c["delta"] = harmony_delta(d);
+                    let s = self.chunk(vec![c]);
+                    self.queued.push_back(s);
+                }
+                self.choices[i].tokens.push(t);
+            }
+            SeqEvent::Done(s) if self.out.job.harmony => {
+                let mut h = self.choices[i].harmony.take().unwrap_or_default();
+                let mut d = h.push(&s.tail);
+                let (tail, raw) = h.finish();
+                d.reasoning.push_str(&tail.reasoning);
+                d.content.push_str(&tail.content);
+                let (message, fin) = self.out.harmony_message(i, String::new(), String::new(), raw, finish_reason(&s));
+                let mut delta = harmony_delta(d);
+                if let Some(calls) = message["tool_calls"].as_array() {
+                    let calls: Vec<Value> = calls
+                        .iter()
+                        .enumerate()
+                        .map(|(k, c)| {
+                            let mut c = c.clone();
+                            c["index"] = json!(k);
+                            c
+                        })
+                        .collect();
+                    delta["tool_calls"] = Value::Array(calls);
+                }
+                if delta != json!({}) {
+                    let c = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
+                    let line = self.chunk(vec![c]);
+                    self.queued.push_back(line);
+                }
+                let c = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": fin});
+                let mut line = self.chunk_value(vec![c]);
+                line["timings"] = self.out.timings(std::iter::once(&s));
+                self.queued.push_back(line.to_string());
+                self.choices[i].summary = Some(s);
+            }
             SeqEvent::Token(t) if self.out.job.tools.is_some() => {
                 // A reply that may call tools is parsed whole: its text
                 // waits for the end.
@@ -1445,6 +1567,19 @@ impl StreamState {
         self.queued.push_back("[DONE]".into());
         self.done = true;
     }
+}
+
+/// A streamed harmony delta: `reasoning_content` and `content`, each when
+/// it has text.
+fn harmony_delta(d: harmony::Delta) -> Value {
+    let mut v = json!({});
+    if !d.reasoning.is_empty() {
+        v["reasoning_content"] = json!(d.reasoning);
+    }
+    if !d.content.is_empty() {
+        v["content"] = json!(d.content);
+    }
+    v
 }
 
 fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<Tagged>) -> impl IntoResponse {

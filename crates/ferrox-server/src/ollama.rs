@@ -45,6 +45,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::harmony::Harmony;
+use crate::tools::Family;
 use crate::openai::{self, Common, JsonSchemaFormat, Message, ResponseFormat, Stop};
 use crate::{count_error, grammar_of, parse_body, render_chat, submit_job, Api, AppState, Job, OpenGuard, Tagged};
 
@@ -108,7 +110,8 @@ pub struct GenerateRequest {
     pub options: Option<Options>,
     /// Accepted, unused (the model stays loaded).
     pub keep_alive: Option<Value>,
-    /// Thinking (only `false` is accepted).
+    /// Thinking: a harmony model (gpt-oss) takes any value and always
+    /// thinks; other models take only `false`.
     pub think: Option<Value>,
 }
 
@@ -125,7 +128,8 @@ pub struct ChatMessage {
     pub tool_calls: Option<Value>,
     /// The tool a `tool` message answers for (not rendered).
     pub tool_name: Option<String>,
-    /// An assistant turn's thinking (not rendered).
+    /// An assistant turn's thinking (rendered by a harmony template as its
+    /// analysis; by others not).
     pub thinking: Option<String>,
 }
 
@@ -282,13 +286,17 @@ fn validate_options(st: &AppState, o: &Options, stream: bool) -> Result<openai::
 /// An OpenAI-path message of `role` and text, built through serde so that
 /// fields the OpenAI side adds to [`Message`] take their defaults here.
 fn message(role: String, content: Option<String>) -> Result<Message, ApiError> {
-    serde_json::from_value(json!({"role": role, "content": content}))
+    message_with_thinking(role, content, None)
+}
+
+fn message_with_thinking(role: String, content: Option<String>, thinking: Option<String>) -> Result<Message, ApiError> {
+    serde_json::from_value(json!({"role": role, "content": content, "reasoning_content": thinking}))
         .map_err(|e| ApiError::internal(format!("a message could not be built: {e}")))
 }
 
 fn job(st: &AppState, api: Api, prompt: Vec<u32>, v: openai::Validated, format: &Option<Value>) -> Result<Job, ApiError> {
     let grammar = grammar_of(st, &format_of(format)?, &Common::default()).map_err(|e| ApiError { param: Some("format".into()), ..e })?;
-    Ok(Job { api, prompt, v, logprobs: None, grammar, tools: None, echo: None, draft: None })
+    Ok(Job { api, prompt, v, logprobs: None, grammar, tools: None, harmony: false, echo: None, draft: None })
 }
 
 pub(crate) async fn generate(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -353,7 +361,12 @@ pub(crate) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
     let r = (|| {
         let req: ChatRequest = parse(&body)?;
         let model = require_model(&req.model)?;
-        refuse_think(&req.think, &model)?;
+        // gpt-oss thinks whatever `think` says (its levels are accepted);
+        // its analysis channel comes back as `message.thinking`.
+        let harmony = st.template.as_ref().is_some_and(|t| Family::detect(t.source()) == Family::Harmony);
+        if !harmony {
+            refuse_think(&req.think, &model)?;
+        }
         if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::invalid(Some("tools".into()), format!("\"{model}\" does not support tools on /api/chat")));
         }
@@ -367,7 +380,7 @@ pub(crate) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             if m.images.as_ref().is_some_and(|im| !im.is_empty()) {
                 return Err(ApiError::invalid(Some(format!("messages[{i}].images")), format!("\"{model}\" does not support images")));
             }
-            msgs.push(message(m.role, m.content)?);
+            msgs.push(message_with_thinking(m.role, m.content, m.thinking)?);
         }
         let v = validate_options(&st, &req.options.unwrap_or_default(), stream)?;
         let (template, text) = render_chat(&st, &msgs)?;
@@ -376,7 +389,9 @@ pub(crate) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             .tok
             .encode(text.as_bytes(), with_bos, true)
             .map_err(|e| ApiError::invalid(Some("messages".into()), e.to_string()))?;
-        Ok((model, Some(job(&st, Api::Chat, ids, v, &req.format)?), stream))
+        let mut job = job(&st, Api::Chat, ids, v, &req.format)?;
+        job.harmony = harmony;
+        Ok((model, Some(job), stream))
     })();
     respond(st, r, Kind::Chat, t0).await
 }
@@ -433,21 +448,42 @@ struct Shaper {
     t0: Instant,
     prompt: Vec<u32>,
     generated: Vec<u32>,
+    /// A harmony reply's parser (gpt-oss on `/api/chat`).
+    harmony: Option<Harmony>,
 }
 
 impl Shaper {
-    fn object(&self, text: &str, done: bool) -> Value {
+    fn object(&mut self, text: &str, done: bool) -> Value {
         let mut o = json!({"model": self.model, "created_at": rfc3339(SystemTime::now())});
         match self.kind {
             Kind::Generate => o["response"] = json!(text),
-            Kind::Chat => o["message"] = json!({"role": "assistant", "content": text}),
+            Kind::Chat => o["message"] = self.message(text, done),
         }
         o["done"] = json!(done);
         o
     }
 
+    /// The assistant message for the next piece of text: under harmony the
+    /// analysis channel as `thinking` and the final channel as `content`.
+    fn message(&mut self, text: &str, done: bool) -> Value {
+        let Some(h) = self.harmony.as_mut() else {
+            return json!({"role": "assistant", "content": text});
+        };
+        let mut d = h.push(text);
+        if done {
+            let (tail, _) = self.harmony.take().unwrap_or_default().finish();
+            d.reasoning.push_str(&tail.reasoning);
+            d.content.push_str(&tail.content);
+        }
+        let mut m = json!({"role": "assistant", "content": d.content});
+        if !d.reasoning.is_empty() {
+            m["thinking"] = json!(d.reasoning);
+        }
+        m
+    }
+
     /// The last object: `done`, why, and the counts and durations.
-    fn last(&self, text: &str, s: &SeqSummary) -> Value {
+    fn last(&mut self, text: &str, s: &SeqSummary) -> Value {
         let mut o = self.object(text, true);
         o["done_reason"] = json!(done_reason(s));
         if self.kind == Kind::Generate {
@@ -482,7 +518,7 @@ impl Shaper {
     }
 
     /// The answer to an empty prompt: the model is loaded, nothing is generated.
-    fn loaded(&self) -> Value {
+    fn loaded(&mut self) -> Value {
         let mut o = self.object("", true);
         o["done_reason"] = json!("load");
         o
@@ -494,10 +530,13 @@ async fn respond(st: Arc<AppState>, r: Result<(String, Option<Job>, bool), ApiEr
         Ok(x) => x,
         Err(e) => return error(&st, e),
     };
-    let mut sh = Shaper { kind, model, t0, prompt: Vec::new(), generated: Vec::new() };
+    let mut sh = Shaper { kind, model, t0, prompt: Vec::new(), generated: Vec::new(), harmony: None };
     let Some(job) = job else {
         return Json(sh.loaded()).into_response();
     };
+    if job.harmony {
+        sh.harmony = Some(Harmony::new());
+    }
     let rx = match submit_job(&st, &job) {
         Ok(rx) => rx,
         Err(e) => return error(&st, e),
@@ -546,7 +585,11 @@ fn ndjson(st: Arc<AppState>, sh: Shaper, rx: mpsc::UnboundedReceiver<Tagged>, op
                     sh.generated.push(t.sampled.token);
                     if !t.text.is_empty() {
                         let v = sh.object(&t.text, false);
-                        return Some((line(v), Some((st, sh, rx, open))));
+                        // Harmony markup settles no text of its own.
+                        let m = &v["message"];
+                        if sh.harmony.is_none() || m["content"] != "" || m.get("thinking").is_some() {
+                            return Some((line(v), Some((st, sh, rx, open))));
+                        }
                     }
                 }
                 Some((_, SeqEvent::Done(s))) => {
@@ -833,4 +876,32 @@ pub(crate) fn not_found(path: &str) -> Response {
 /// A missing or wrong API key on `/api/*`, in ollama's error shape.
 pub(crate) fn unauthorized() -> Response {
     (StatusCode::UNAUTHORIZED, Json(json!({"error": ApiError::unauthorized().message}))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/api/chat` under harmony: pieces of a reply become `thinking` and
+    /// `content`, markup alone nothing, the held tail comes with `done`.
+    #[test]
+    fn harmony_pieces_become_thinking_and_content() {
+        let mut sh = Shaper { kind: Kind::Chat, model: "m".into(), t0: Instant::now(), prompt: Vec::new(), generated: Vec::new(), harmony: Some(Harmony::new()) };
+        let (mut thinking, mut content) = (String::new(), String::new());
+        let read = |m: &Value, thinking: &mut String, content: &mut String| {
+            thinking.push_str(m["thinking"].as_str().unwrap_or_default());
+            content.push_str(m["content"].as_str().unwrap());
+        };
+        for piece in ["<|channel|>", "analysis", "<|message|>", "Add them", ".<|end|>", "<|start|>assistant<|channel|>final<|message|>", "4 <|"] {
+            let o = sh.object(piece, false);
+            read(&o["message"], &mut thinking, &mut content);
+        }
+        assert_eq!((thinking.as_str(), content.as_str()), ("Add them.", "4 "));
+        let o = sh.object("", true);
+        read(&o["message"], &mut thinking, &mut content);
+        assert_eq!(content, "4 <|", "the held tail is flushed at the end");
+        assert!(sh.harmony.is_none());
+        let mut plain = Shaper { harmony: None, ..sh };
+        assert_eq!(plain.object("<|channel|>x", false)["message"]["content"], "<|channel|>x");
+    }
 }

@@ -61,6 +61,9 @@ pub struct Message {
     pub tool_call_id: Option<String>,
     /// A tool turn: the function's name.
     pub name: Option<String>,
+    /// An assistant turn's reasoning, as ferrox and llama-server return it
+    /// (a harmony template reads it as `thinking`).
+    pub reasoning_content: Option<String>,
 }
 
 /// A function a tool offers.

@@ -194,6 +194,7 @@ pub fn document() -> Value {
                     "function": {"type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}},
                 "tool_call_id": {"type": "string"},
                 "name": {"type": "string"},
+                "reasoning_content": {"type": "string"},
             }},
             "ResponseFormat": {"oneOf": [
                 {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},

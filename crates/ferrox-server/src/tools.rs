@@ -6,7 +6,9 @@
 //! text, as llama.cpp's chat handling detects it — Hermes/Qwen
 //! (`<tool_call>{json}</tool_call>`), Llama 3.x (a bare
 //! `{"name", "parameters"}` object after the `ipython` role), Mistral
-//! (`[TOOL_CALLS][{...}]`) — and a template that knows no tools gets the
+//! (`[TOOL_CALLS][{...}]`), gpt-oss's harmony (a message
+//! `to=functions.NAME` on the commentary channel, read by [`crate::harmony`])
+//! — and a template that knows no tools gets the
 //! generic form: the tools described in the system turn and a reply of
 //! `{"tool_calls": [{"name", "arguments"}]}`. With `tool_choice` `required`
 //! or a named function the reply is constrained by a Lark grammar whose
@@ -29,6 +31,10 @@ pub enum Family {
     Llama3,
     /// `[TOOL_CALLS][{"name": .., "arguments": ..}]` (Mistral).
     Mistral,
+    /// gpt-oss's harmony: `<|channel|>commentary to=functions.NAME
+    /// <|constrain|>json<|message|>{..}<|call|>`; its replies' channels
+    /// are split whether or not tools are offered ([`crate::harmony`]).
+    Harmony,
     /// `{"tool_calls": [{"name": .., "arguments": ..}]}`, tools described in
     /// the system turn (templates without tool support).
     Generic,
@@ -37,7 +43,10 @@ pub enum Family {
 impl Family {
     /// The family a template's source speaks.
     pub fn detect(source: &str) -> Family {
-        if source.contains("<tool_call>") {
+        // llama.cpp's test too (`common_chat_try_specialized_template`).
+        if source.contains("<|channel|>") {
+            Family::Harmony
+        } else if source.contains("<tool_call>") {
             Family::Hermes
         } else if source.contains("[TOOL_CALLS]") {
             Family::Mistral
@@ -249,6 +258,21 @@ impl ToolSet {
                 format!("start: call{more}\ncall: {open} \"\\n\" %json {call} \"\\n\" {close}\n")
             }
             Family::Llama3 => format!("start: %json {call}\n"),
+            Family::Harmony => {
+                // The call at once, one a turn (`<|call|>` ends it), each
+                // function with its own schema. (llama.cpp lets analysis
+                // messages come first; an unbounded free-text channel in
+                // the grammar would let a weak model never reach the call.)
+                let calls: Vec<String> = self
+                    .callable()
+                    .into_iter()
+                    .map(|f| {
+                        let open = serde_json::to_string(&format!("<|channel|>commentary to=functions.{} <|constrain|>json<|message|>", f.name)).unwrap_or_default();
+                        format!("{open} %json {}", with_json_options(f.parameters.clone()))
+                    })
+                    .collect();
+                format!("start: {}\n", calls.join(" | "))
+            }
             Family::Mistral => format!(
                 "start: {} %json {}\n",
                 literal(tok, "[TOOL_CALLS]"),
@@ -269,6 +293,10 @@ impl ToolSet {
     pub fn parse(&self, text: &str) -> (String, Vec<Call>) {
         let calls = match self.family {
             Family::Hermes => return parse_hermes(text, self),
+            Family::Harmony => {
+                let r = crate::harmony::Harmony::parse(text);
+                return (r.content, self.harmony_calls(r.calls));
+            }
             Family::Llama3 => {
                 let t = text.trim().trim_start_matches("<|python_tag|>").trim();
                 serde_json::from_str::<Value>(t).ok().and_then(|v| self.call_of(&v)).map(|c| vec![c])
@@ -293,6 +321,15 @@ impl ToolSet {
             Some(c) if !c.is_empty() => (String::new(), c),
             _ => (text.to_string(), Vec::new()),
         }
+    }
+
+    /// Harmony's calls that name one of the tools (others are dropped, as
+    /// calls to built-in tools are); arguments as the model wrote them.
+    pub fn harmony_calls(&self, raw: Vec<crate::harmony::RawCall>) -> Vec<Call> {
+        raw.into_iter()
+            .filter(|c| self.functions.iter().any(|f| f.name == c.name))
+            .map(|c| Call { name: c.name, arguments: c.arguments })
+            .collect()
     }
 
     fn calls_of(&self, v: Option<Value>) -> Option<Vec<Call>> {
@@ -417,6 +454,7 @@ mod tests {
         assert_eq!(Family::detect("[TOOL_CALLS] {{ x }}"), Family::Mistral);
         assert_eq!(Family::detect("<|start_header_id|>ipython<|end_header_id|>"), Family::Llama3);
         assert_eq!(Family::detect("<start_of_turn>model"), Family::Generic);
+        assert_eq!(Family::detect("{{- \"<|start|>assistant<|channel|>final<|message|>\" }}"), Family::Harmony);
     }
 
     #[test]
@@ -430,6 +468,10 @@ mod tests {
         assert_eq!(m.1, want);
         let g = set(Family::Generic).parse("{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]}");
         assert_eq!(g.1, want);
+        let h = set(Family::Harmony).parse("<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\":\"Oslo\"}");
+        assert_eq!(h, (String::new(), want.clone()));
+        let h = set(Family::Harmony).parse("<|channel|>commentary to=functions.other <|constrain|>json<|message|>{}<|call|>");
+        assert!(h.1.is_empty());
         // Unknown functions and plain text stay text.
         let t = set(Family::Hermes).parse("<tool_call>{\"name\": \"other\", \"arguments\": {}}</tool_call>");
         assert!(t.1.is_empty());

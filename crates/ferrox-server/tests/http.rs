@@ -46,6 +46,26 @@ fn tiny_seeded_path(seed: u64) -> PathBuf {
     path
 }
 
+/// The tiny model (seed 11) carrying gpt-oss's chat template, whose
+/// `<|channel|>` makes the server read replies as harmony.
+fn harmony_path() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("serve-tiny-harmony-{}.gguf", std::process::id()));
+    if !path.exists() {
+        let src = std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../ferrox-core/testdata/chat_template/templates/openai-gpt-oss-120b.jinja"),
+        )
+        .unwrap();
+        let tmp = dir.join(format!("serve-tiny-harmony-{}-{:?}.tmp", std::process::id(), std::thread::current().id()));
+        let mut w = ferrox_core::testing::tiny_arch_model(Arch::Gemma3, 11).unwrap();
+        w.set("tokenizer.chat_template", src.as_str()).unwrap();
+        w.write_to(&tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
+
 struct TestServer {
     addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -59,6 +79,11 @@ impl TestServer {
 
     fn start_with_grace(cfg: SchedulerConfig, api_key: Option<&str>, grace: Duration) -> TestServer {
         TestServer::start_full(cfg, api_key, grace, None, None)
+    }
+
+    /// The tiny model with gpt-oss's own chat template (harmony).
+    fn start_harmony(cfg: SchedulerConfig) -> TestServer {
+        TestServer::start_model(harmony_path(), cfg, None, Duration::from_secs(5), None, None)
     }
 
     /// A server whose engine drafts with the tiny model of `draft_seed`
@@ -84,7 +109,18 @@ impl TestServer {
         spec: Option<SpecConfig<Cpu>>,
         embed: Option<Pooling>,
     ) -> TestServer {
-        let model = Model::open(tiny_path(), Cpu::new(2)).unwrap();
+        TestServer::start_model(tiny_path(), cfg, api_key, grace, spec, embed)
+    }
+
+    fn start_model(
+        path: PathBuf,
+        cfg: SchedulerConfig,
+        api_key: Option<&str>,
+        grace: Duration,
+        spec: Option<SpecConfig<Cpu>>,
+        embed: Option<Pooling>,
+    ) -> TestServer {
+        let model = Model::open(&path, Cpu::new(2)).unwrap();
         let tok = Arc::new(Tokenizer::from_gguf(model.file().metadata_file()).unwrap());
         let template =
             ChatTemplate::from_gguf(model.file().metadata_file()).map_err(|e| e.to_string());
@@ -97,7 +133,7 @@ impl TestServer {
             verbose: true,
             embeddings: embed.is_some(),
             pooling: embed.unwrap_or(Pooling::None),
-            model_path: tiny_path().display().to_string(),
+            model_path: path.display().to_string(),
         };
         let state = AppState::new(sched, tok, template, opts);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -2040,4 +2076,167 @@ fn bad_tool_requests_are_400s_naming_the_field() {
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert_eq!(r.json()["error"]["param"], param, "{body}: {}", r.body);
     }
+}
+
+/// `text` as a regular expression matching only itself.
+fn regex_literal(text: &str) -> String {
+    let mut r = String::new();
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            r.push('\\');
+        }
+        r.push(c);
+    }
+    r
+}
+
+/// Reads a streamed chat reply: its `reasoning_content` and `content`
+/// deltas joined, its tool-call deltas, and its finish reason.
+fn read_stream(body: &str) -> (String, String, Vec<Value>, Value) {
+    let (mut reasoning, mut content, mut calls, mut finish) = (String::new(), String::new(), Vec::new(), Value::Null);
+    for e in sse_events(body) {
+        if e == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&e).unwrap();
+        let ch = &v["choices"][0];
+        reasoning.push_str(ch["delta"]["reasoning_content"].as_str().unwrap_or_default());
+        content.push_str(ch["delta"]["content"].as_str().unwrap_or_default());
+        if let Some(tc) = ch["delta"]["tool_calls"].as_array() {
+            calls.extend(tc.iter().cloned());
+        }
+        if !ch["finish_reason"].is_null() {
+            finish = ch["finish_reason"].clone();
+        }
+    }
+    (reasoning, content, calls, finish)
+}
+
+/// gpt-oss replies in harmony channels: the analysis channel comes back as
+/// `reasoning_content`, the final channel as `content`, whole and streamed
+/// (the tiny model is made to write a harmony reply by a `regex`).
+#[test]
+fn harmony_channels_become_reasoning_content_and_content() {
+    let srv = TestServer::start_harmony(tool_cfg());
+    let reply = "<|channel|>analysis<|message|>Two and two: 4.<|end|><|start|>assistant<|channel|>final<|message|>It is <b>4</b>.";
+    let body = json!({"messages": [{"role": "user", "content": "2+2?"}], "temperature": 0, "max_tokens": 400, "regex": regex_literal(reply)});
+    let v = post(srv.addr, "/v1/chat/completions", &body).json();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"], "Two and two: 4.", "{v}");
+    assert_eq!(m["content"], "It is <b>4</b>.", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let r = post(srv.addr, "/v1/chat/completions", &sbody);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (reasoning, content, calls, finish) = read_stream(&r.body);
+    assert_eq!((reasoning.as_str(), content.as_str(), calls.len()), ("Two and two: 4.", "It is <b>4</b>.", 0), "{}", r.body);
+    assert_eq!(finish, "stop");
+    // The reasoning arrives in several deltas, before the final channel.
+    let deltas: Vec<Value> = sse_events(&r.body)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"].clone())
+        .collect();
+    let has = |d: &Value, k: &str| d[k].as_str().is_some_and(|t| !t.is_empty());
+    let first_content = deltas.iter().position(|d| has(d, "content")).unwrap();
+    let last_reasoning = deltas.iter().rposition(|d| has(d, "reasoning_content")).unwrap();
+    let n_reasoning = deltas.iter().filter(|d| has(d, "reasoning_content")).count();
+    assert!(n_reasoning > 1 && last_reasoning < first_content, "{}", r.body);
+}
+
+/// A harmony call (`to=functions.NAME` on the commentary channel) becomes
+/// `tool_calls` when the tool was offered, whole and streamed; without
+/// `tools` it is dropped, as llama.cpp drops calls to tools it was not
+/// given.
+#[test]
+fn harmony_calls_become_tool_calls() {
+    let srv = TestServer::start_harmony(tool_cfg());
+    let reply = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\",\"unit\":\"c\"}";
+    let body = json!({"messages": [{"role": "user", "content": "weather in Oslo?"}], "temperature": 0, "max_tokens": 400,
+                      "tools": weather_tools(), "regex": regex_literal(reply)});
+    let v = post(srv.addr, "/v1/chat/completions", &body).json();
+    let m = &v["choices"][0]["message"];
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(m["reasoning_content"], "Need weather.", "{v}");
+    assert!(m["content"].is_null(), "{v}");
+    assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather", "{v}");
+    assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\",\"unit\":\"c\"}", "{v}");
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let r = post(srv.addr, "/v1/chat/completions", &sbody);
+    let (reasoning, content, calls, finish) = read_stream(&r.body);
+    assert_eq!((reasoning.as_str(), content.as_str(), finish), ("Need weather.", "", json!("tool_calls")), "{}", r.body);
+    assert_eq!(calls.len(), 1, "{}", r.body);
+    assert_eq!((&calls[0]["index"], &calls[0]["function"]["name"]), (&json!(0), &json!("get_weather")), "{}", r.body);
+    let mut no_tools = body.clone();
+    no_tools.as_object_mut().unwrap().remove("tools");
+    let v = post(srv.addr, "/v1/chat/completions", &no_tools).json();
+    let m = &v["choices"][0]["message"];
+    assert_eq!((&m["reasoning_content"], &m["content"], v["choices"][0]["finish_reason"].as_str()), (&json!("Need weather."), &json!(""), Some("stop")), "{v}");
+    assert!(m.get("tool_calls").is_none(), "{v}");
+}
+
+/// `tool_choice: "required"` under harmony: the grammar writes the call's
+/// header and the arguments follow the schema, even from random weights;
+/// and a conversation carrying the call, its reasoning and its result
+/// renders through gpt-oss's template (reasoning as `thinking`).
+#[test]
+fn harmony_forced_calls_follow_the_schema_and_reasoning_renders_back() {
+    let srv = TestServer::start_harmony(tool_cfg());
+    for (seed, choice) in [(0, json!("required")), (1, json!({"type": "function", "function": {"name": "get_time"}}))] {
+        let body = json!({"messages": [{"role": "user", "content": "weather in Oslo?"}], "temperature": 1.0, "seed": seed, "max_tokens": 600,
+                          "tools": weather_tools(), "tool_choice": choice});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let ctx = v.to_string();
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{ctx}");
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("{ctx}"));
+        assert_eq!(calls.len(), 1, "{ctx}");
+        assert_valid_call(&calls[0], &ctx);
+        if let Some(name) = choice["function"]["name"].as_str() {
+            assert_eq!(calls[0]["function"]["name"], name, "{ctx}");
+        }
+    }
+    let convo = json!({"messages": [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "reasoning_content": "Call the tool.", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"unit\": \"c\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "-3 and snowing"}],
+        "tools": weather_tools()});
+    let p = post(srv.addr, "/apply-template", &convo).json();
+    let prompt = p["prompt"].as_str().unwrap_or_else(|| panic!("{p}"));
+    assert!(prompt.contains("<|start|>assistant<|channel|>analysis<|message|>Call the tool.<|end|>"), "{prompt}");
+    assert!(prompt.contains("to=functions.get_weather"), "{prompt}");
+    assert!(prompt.ends_with("<|start|>assistant"), "{prompt}");
+}
+
+/// Under harmony a `response_format` reply is the final channel's message:
+/// the grammar writes `<|channel|>final<|message|>` and then the JSON, which
+/// comes back as `content`.
+#[test]
+fn harmony_json_replies_are_the_final_channel() {
+    let srv = TestServer::start_harmony(tool_cfg());
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]}}, "required": ["color"]});
+    for seed in 0..2 {
+        let body = json!({"messages": [{"role": "user", "content": "json please"}], "temperature": 1.0, "seed": seed, "max_tokens": 300, "logprobs": true,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}});
+        let v = post(srv.addr, "/v1/chat/completions", &body).json();
+        let ctx = v.to_string();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{ctx}");
+        let raw: String = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|t| t["token"].as_str().unwrap()).collect();
+        assert!(raw.starts_with("<|channel|>final<|message|>{"), "{raw:?}");
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let out: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {ctx}"));
+        assert!(out["color"] == "red" || out["color"] == "green", "{ctx}");
+    }
+}
+
+/// Ollama's `/api/chat` with a harmony model takes `think` (gpt-oss always
+/// thinks) where the tiny Gemma server refuses it.
+#[test]
+fn ollama_chat_takes_think_under_harmony() {
+    let srv = TestServer::start_harmony(tool_cfg());
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "think": "high", "stream": false, "options": {"num_predict": 4, "temperature": 0}});
+    let r = post(srv.addr, "/api/chat", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["message"]["content"].is_string(), "{}", r.body);
 }

@@ -8,7 +8,7 @@ use std::collections::BinaryHeap;
 use std::sync::OnceLock;
 
 use super::unicode::{self, Split};
-use super::{TokenId, Tokenizer};
+use super::{TokenId, Tokenizer, TokenizerError};
 
 struct Symbol {
     prev: Option<usize>,
@@ -49,12 +49,13 @@ fn byte_map() -> &'static [u32; 256] {
 }
 
 /// Splits and byte-encodes `text` into pre-tokenizer words.
-pub(super) fn words(text: &[u8], split: Split) -> Vec<Vec<u8>> {
+pub(super) fn words(text: &[u8], split: Split) -> Result<Vec<Vec<u8>>, TokenizerError> {
     let cpts = unicode::decode_lenient(text);
     let map = byte_map();
     let mut out = Vec::new();
     let mut at = 0;
-    for len in unicode::split(&cpts, split) {
+    let lens = unicode::split(&cpts, split).map_err(|why| TokenizerError::PreTokenizer { split, why })?;
+    for len in lens {
         let mut utf8 = Vec::new();
         for &c in &cpts[at..at + len] {
             unicode::encode(c, &mut utf8);
@@ -66,12 +67,12 @@ pub(super) fn words(text: &[u8], split: Split) -> Vec<Vec<u8>> {
         }
         out.push(word);
     }
-    out
+    Ok(out)
 }
 
 /// Encodes raw text (a fragment without special tokens) and appends the ids.
-pub(super) fn encode(tok: &Tokenizer, text: &[u8], split: Split, out: &mut Vec<TokenId>) {
-    for word in words(text, split) {
+pub(super) fn encode(tok: &Tokenizer, text: &[u8], split: Split, out: &mut Vec<TokenId>) -> Result<(), TokenizerError> {
+    for word in words(text, split)? {
         let mut syms: Vec<Symbol> = Vec::new();
         if tok.ignore_merges && tok.id_of(&word).is_some() {
             syms.push(Symbol { prev: None, next: None, start: 0, len: word.len() });
@@ -129,6 +130,7 @@ pub(super) fn encode(tok: &Tokenizer, text: &[u8], split: Split, out: &mut Vec<T
             }
         }
     }
+    Ok(())
 }
 
 /// A vocabulary spelling back to bytes (GPT-2 alphabet → raw bytes).

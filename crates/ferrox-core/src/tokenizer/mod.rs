@@ -46,8 +46,17 @@ pub enum TokenizerError {
     #[error("tokenizer model `{0}` (tokenizer.ggml.model) is not supported; supported: llama, gpt2")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer ferrox does not implement.
-    #[error("pre-tokenizer `{0}` (tokenizer.ggml.pre) is not supported; supported: llama3 family, qwen2 family, gpt2 family")]
+    #[error("pre-tokenizer `{0}` (tokenizer.ggml.pre) is not supported; supported: llama3 family, qwen2 family, gpt2 family, gpt-4o family")]
     UnsupportedPreTokenizer(String),
+    /// The pre-tokenizer's regex did not compile (the regex engine's size
+    /// limits; not expected for the built-in pattern).
+    #[error("the {split:?} pre-tokenizer failed: {why}")]
+    PreTokenizer {
+        /// The pre-tokenizer.
+        split: Split,
+        /// The regex engine's message.
+        why: String,
+    },
     /// Byte fallback needed a byte token the vocabulary lacks.
     #[error("the vocabulary has no token for byte 0x{0:02X} (needed for byte fallback)")]
     NoByteToken(u8),
@@ -177,6 +186,9 @@ fn pre_tokenizer(name: &str) -> Result<(Split, bool, bool), TokenizerError> {
         Ok((Split::Llama3 { max_digits: 1 }, false, false))
     } else if GPT2.contains(&name) {
         Ok((Split::Gpt2, false, false))
+    } else if ["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"].contains(&name) {
+        // One pattern in llama.cpp (LLAMA_VOCAB_PRE_TYPE_GPT4O, MINIMAX_M2).
+        Ok((Split::Gpt4o, false, false))
     } else {
         Err(TokenizerError::UnsupportedPreTokenizer(name.to_string()))
     }
@@ -352,6 +364,12 @@ impl Tokenizer {
         if let (Some(_), Some(_), Some(end)) = (eog_text("<|return|>"), eog_text("<|call|>"), eog_text("<|end|>")) {
             eog.retain(|&id| id != end);
             attrs[end as usize] = attr::USER_DEFINED;
+            // Nor is it the end of a turn: llama.cpp leaves it as its EOT
+            // id, but `eot()` promises a token that ends generation (the
+            // server hands it to llguidance as the end of a turn).
+            if eot == Some(end) {
+                eot = None;
+            }
         }
         for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
             if let Some(id) = ids.find(text.as_bytes()) {
@@ -428,7 +446,7 @@ impl Tokenizer {
                             }
                             spm::encode(self, &s, &mut out)?;
                         }
-                        Kind::Bpe(split) => bpe::encode(self, t, split, &mut out),
+                        Kind::Bpe(split) => bpe::encode(self, t, split, &mut out)?,
                     }
                     prev_special = false;
                 }
@@ -563,7 +581,8 @@ impl Tokenizer {
     pub fn eos(&self) -> Option<TokenId> {
         self.eos
     }
-    /// End-of-turn token (e.g. Gemma's `<end_of_turn>`).
+    /// End-of-turn token (e.g. Gemma's `<end_of_turn>`); always one that
+    /// ends generation (harmony's `<|end|>`, which does not, is none).
     pub fn eot(&self) -> Option<TokenId> {
         self.eot
     }

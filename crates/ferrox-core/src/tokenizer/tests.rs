@@ -120,7 +120,10 @@ fn hex(s: &str) -> Vec<u8> {
 /// Compares with `tools/reftok/gen.py`'s record of `llama-tokenize` output.
 fn check_jsonl(model: &Path, jsonl: &str) {
     let file = GgufFile::open(model).unwrap();
-    let tok = Tokenizer::from_gguf(&file).unwrap();
+    check_jsonl_with(&Tokenizer::from_gguf(&file).unwrap(), jsonl);
+}
+
+fn check_jsonl_with(tok: &Tokenizer, jsonl: &str) {
     let lines = std::fs::read_to_string(testdata(jsonl)).unwrap();
     let mut n = 0;
     let mut bad = Vec::new();
@@ -196,6 +199,107 @@ fn llama3_ids_for_hard_strings_match_llama_tokenize() {
 #[test]
 fn qwen2_ids_for_hard_strings_match_llama_tokenize() {
     check_external_jsonl("ggml-vocab-qwen2.gguf", "qwen2.jsonl");
+}
+
+/// `path`'s metadata with `tokenizer.ggml.pre` set to `pre`, as
+/// `tools/reftok/gen.py --pre` writes it for `llama-tokenize`.
+fn retagged(path: &Path, pre: &str) -> Tokenizer {
+    let file = GgufFile::open(path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        if k != "tokenizer.ggml.pre" {
+            w.set(k.clone(), v.clone()).unwrap();
+        }
+    }
+    w.set("tokenizer.ggml.pre", pre).unwrap();
+    Tokenizer::from_gguf(&GgufFile::from_bytes(&w.to_bytes()).unwrap()).unwrap()
+}
+
+/// No o200k vocabulary ships with llama.cpp, so the `gpt-4o` split is
+/// checked through two that do, retagged: GPT-2's (committed) and Llama 3's
+/// (cl100k-derived, multilingual; from llama.cpp's tree when there). The
+/// split decides where merges may not cross, so a word boundary placed
+/// differently changes the ids.
+#[test]
+fn gpt4o_split_on_gpt2_vocab_matches_llama_tokenize() {
+    check_jsonl_with(&retagged(&testdata("ggml-vocab-gpt-2.gguf"), "gpt-4o"), "gpt-4o.gpt-2.jsonl");
+}
+
+#[test]
+fn gpt4o_split_on_llama3_vocab_matches_llama_tokenize() {
+    let path = llama_models_dir().join("ggml-vocab-llama-bpe.gguf");
+    if !path.exists() {
+        eprintln!("SKIPPED: {} not found (set FERROX_LLAMA_CPP); gpt-4o.llama-bpe.jsonl was NOT checked", path.display());
+        return;
+    }
+    check_jsonl_with(&retagged(&path, "gpt-4o"), "gpt-4o.llama-bpe.jsonl");
+}
+
+/// The split itself against llama.cpp's `unicode_regex_split`
+/// (`tools/reftok/gen_split.py`): every word boundary, including those no
+/// shipped vocabulary's merges would show in the ids. The file's first line
+/// is the regex llama.cpp ran, which must be ferrox's copy.
+#[test]
+fn gpt4o_words_match_llama_cpp_unicode_regex_split() {
+    let text = std::fs::read_to_string(testdata("gpt-4o.words.jsonl")).unwrap();
+    let mut lines = text.lines();
+    let head: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(head["regex"].as_str().unwrap(), super::unicode::GPT4O);
+    let (mut n, mut bad) = (0, Vec::new());
+    for line in lines {
+        let case: serde_json::Value = serde_json::from_str(line).unwrap();
+        let want: Vec<Vec<u8>> = case["words_hex"].as_array().unwrap().iter().map(|w| hex(w.as_str().unwrap())).collect();
+        let cpts = super::unicode::decode_lenient(&hex(case["text_hex"].as_str().unwrap()));
+        let mut got = Vec::new();
+        let mut at = 0;
+        for len in super::unicode::split(&cpts, super::Split::Gpt4o).unwrap() {
+            let mut w = Vec::new();
+            for &c in &cpts[at..at + len] {
+                super::unicode::encode(c, &mut w);
+            }
+            got.push(w);
+            at += len;
+        }
+        if got != want {
+            let show = |ws: &[Vec<u8>]| ws.iter().map(|w| String::from_utf8_lossy(w).into_owned()).collect::<Vec<_>>();
+            bad.push(format!("{}: want {:?}\n    got {:?}", case["name"], show(&want), show(&got)));
+        }
+        n += 1;
+    }
+    assert!(n >= 100, "only {n} cases");
+    assert!(bad.is_empty(), "{} of {n} splits differ from llama.cpp:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// Long runs of one class (which a backtracking engine would have to
+/// remember position by position) split, worked out by hand: capitals then
+/// one small letter are one word; spaces before a letter leave their last
+/// space to it; a lone digit run goes by threes.
+#[test]
+fn gpt4o_long_runs_split_without_error() {
+    let n = 200_000;
+    let split = |s: &str| super::unicode::split(&super::unicode::decode_lenient(s.as_bytes()), super::Split::Gpt4o).unwrap();
+    assert_eq!(split(&format!("{}b", "A".repeat(n))), vec![n + 1]);
+    assert_eq!(split(&format!("{}x", " ".repeat(n))), vec![n - 1, 2]);
+    assert_eq!(split(&" ".repeat(n)), vec![n]);
+    let digits = split(&"7".repeat(n - 2));
+    assert_eq!((digits.len(), digits.iter().all(|&l| l == 3)), ((n - 2) / 3, true));
+}
+
+#[test]
+fn gpt4o_family_names_load_and_unknown_ones_are_refused() {
+    let gpt2 = testdata("ggml-vocab-gpt-2.gguf");
+    for pre in ["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"] {
+        let tok = retagged(&gpt2, pre);
+        assert_eq!(tok.kind, super::Kind::Bpe(super::Split::Gpt4o), "{pre}");
+    }
+    let file = GgufFile::open(&gpt2).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        let v = if k == "tokenizer.ggml.pre" { Value::from("gpt-5x") } else { v.clone() };
+        w.set(k.clone(), v).unwrap();
+    }
+    let f = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+    assert!(matches!(Tokenizer::from_gguf(&f), Err(TokenizerError::UnsupportedPreTokenizer(p)) if p == "gpt-5x"));
 }
 
 /// A hand-made `llama` vocab: every byte token, and pieces whose scores make
@@ -332,6 +436,8 @@ fn harmony_end_closes_a_message_not_the_reply_and_its_markup_prints() {
     let id = |t: &str| FIRST + harmony.iter().position(|h| *h == t).unwrap() as u32;
     assert!(tok.is_eog(id("<|return|>")) && tok.is_eog(id("<|call|>")));
     assert!(!tok.is_eog(id("<|end|>")));
+    // `<|end|>` was found as the end of turn by its text; it is not one.
+    assert_eq!(tok.eot(), None);
     for t in ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"] {
         assert_eq!(tok.piece(id(t), false).unwrap(), t.as_bytes(), "{t}");
     }
@@ -350,3 +456,4 @@ fn gpt2_vocab_round_trips_text_through_decode() {
     let ids = tok.encode(text.as_bytes(), false, false).unwrap();
     assert_eq!(tok.decode(&ids, false).unwrap(), text.as_bytes());
 }
+
