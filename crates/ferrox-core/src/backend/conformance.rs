@@ -697,7 +697,13 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
         }
         worst.push(format!("{kind} {worst_kind:.1e}"));
     }
-    assert!(!worst.is_empty(), "{name}: no kind of the experts test is claimed");
+    if worst.is_empty() {
+        // No expert kernels: the plan refuses a model with experts before a
+        // weight is read (`BackendCaps::experts_kernel`), and the tiny
+        // mixture-of-experts models are checked to be refused.
+        eprintln!("{name} has no mixture-of-experts kernels: the experts block is not run");
+        return;
+    }
     eprintln!("{name} experts block vs the CPU, largest relative error per kind: {}", worst.join(", "));
 }
 
@@ -954,11 +960,12 @@ pub(crate) fn every_kind_matches_llama_cpp<B: DeviceBackend>(open: impl Fn() -> 
 /// Instantiates the suite for one backend: `$module` is the test module's
 /// name, `$ty` the backend and `$id` its registry identity, `$gpu` the
 /// blocks a split puts on its device, `$claims` which kinds it is held to, and
+/// `$experts` which kinds its experts block is held to, and
 /// `$model_level` whether the greedy decode against the CPU runs (not for
 /// the CPU itself, which is held to llama.cpp by the check before it and by
 /// `tests/llama_ref.rs` on the real model).
 macro_rules! conformance_suite {
-    ($module:ident, $ty:ty, $id:expr, $gpu:expr, $claims:expr, $model_level:expr) => {
+    ($module:ident, $ty:ty, $id:expr, $gpu:expr, $claims:expr, $experts:expr, $model_level:expr) => {
         mod $module {
             use crate::backend::conformance as c;
 
@@ -1017,7 +1024,7 @@ macro_rules! conformance_suite {
             #[test]
             fn moe_block_matches_the_cpu() {
                 if let Some(be) = dev("the mixture-of-experts block as the backend runs it vs the CPU's") {
-                    c::moe_block_matches_the_cpu(be, $claims);
+                    c::moe_block_matches_the_cpu(be, $experts);
                 }
             }
 
@@ -1043,7 +1050,15 @@ macro_rules! conformance_suite {
     };
 }
 
-conformance_suite!(cpu, crate::backend::cpu::Cpu, crate::kernel_registry::Backend::Cpu, None, |k| crate::backend::cpu::kernel_for(k).is_some(), false);
+conformance_suite!(
+    cpu,
+    crate::backend::cpu::Cpu,
+    crate::kernel_registry::Backend::Cpu,
+    None,
+    |k| crate::backend::cpu::kernel_for(k).is_some(),
+    |k| crate::backend::cpu::kernel_for(k).is_some(),
+    false
+);
 
 // A split over two CPUs: the split's own mechanics (each weight on its
 // layer's side, buffers crossing, the KV cache per side, a tied embedding on
@@ -1054,12 +1069,13 @@ conformance_suite!(
     crate::kernel_registry::Backend::Cpu,
     Some(1),
     |k| crate::backend::cpu::kernel_for(k).is_some(),
+    |k| crate::backend::cpu::kernel_for(k).is_some(),
     true
 );
 
 /// Every compiled-in accelerator gets the suite by its row in the backend
 /// table (a module named after its registry variant), held to the kinds its
-/// capability table claims.
+/// capability table claims (products, and expert kernels for the experts block).
 macro_rules! accelerator_suites {
     ([] $(($variant:ident, $feature:literal, $ty:ident)),* $(,)?) => {
         $(
@@ -1072,6 +1088,7 @@ macro_rules! accelerator_suites {
                     <crate::backend::$ty as crate::backend::BackendCaps>::ID,
                     None,
                     |k| <crate::backend::$ty as crate::backend::BackendCaps>::matvec_kernel(k).is_some(),
+                    |k| <crate::backend::$ty as crate::backend::BackendCaps>::experts_kernel(k).is_some(),
                     true
                 );
                 // The last block on the device, the rest on the CPU (-ngl 1).
@@ -1082,6 +1099,10 @@ macro_rules! accelerator_suites {
                     Some(1),
                     |k| {
                         <crate::backend::$ty as crate::backend::BackendCaps>::matvec_kernel(k).is_some()
+                            && crate::backend::cpu::kernel_for(k).is_some()
+                    },
+                    |k| {
+                        <crate::backend::$ty as crate::backend::BackendCaps>::experts_kernel(k).is_some()
                             && crate::backend::cpu::kernel_for(k).is_some()
                     },
                     true
