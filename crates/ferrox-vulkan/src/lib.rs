@@ -77,6 +77,10 @@ struct Recording {
     open: bool,
     /// Buffers dropped while recorded commands may still use them.
     retired: Vec<(vk::Buffer, vk::DeviceMemory)>,
+    /// The command buffer a decode step is being recorded into for replay
+    /// ([`Device::begin_capture`]): launches go there, and a host access
+    /// is refused until [`Device::end_capture`].
+    capture: Option<vk::CommandBuffer>,
 }
 
 struct Inner {
@@ -89,6 +93,13 @@ struct Inner {
     max_alloc: u64,
     layout: vk::PipelineLayout,
     pipelines: Mutex<HashMap<&'static str, vk::Pipeline>>,
+    /// The driver's pipeline cache, loaded from and saved to `cache_file`.
+    cache: vk::PipelineCache,
+    cache_file: Option<std::path::PathBuf>,
+    /// Whether the cache file was read and taken.
+    cache_loaded: bool,
+    /// Pipelines created since the cache was loaded (it is saved when any were).
+    created: std::sync::atomic::AtomicUsize,
     rec: Mutex<Recording>,
 }
 
@@ -127,7 +138,7 @@ impl Buf {
 impl Drop for Buf {
     fn drop(&mut self) {
         let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
-        if rec.open {
+        if rec.open || rec.capture.is_some() {
             rec.retired.push((self.buffer, self.memory));
         } else {
             unsafe {
@@ -164,6 +175,77 @@ impl Push {
     }
 }
 
+/// How a device is opened, beyond which one.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The folder the pipeline cache is kept in
+    /// (`pipelines-<the device's pipeline-cache UUID>.bin`); `None`: not kept.
+    pub cache_dir: Option<std::path::PathBuf>,
+}
+
+impl Default for Options {
+    /// The pipeline cache under `~/.cache/ferrox/vulkan/`.
+    fn default() -> Options {
+        Options { cache_dir: std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ferrox/vulkan")) }
+    }
+}
+
+/// What a pipeline-cache file starts with (then the data's length and its
+/// FNV-1a hash, each a little-endian u64, then the driver's data).
+const CACHE_MAGIC: &[u8; 8] = b"FXVKPC1\0";
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A pipeline-cache file's contents wrapped for storing.
+fn cache_file_bytes(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 24);
+    out.extend_from_slice(CACHE_MAGIC);
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    out.extend_from_slice(&fnv1a(data).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// The driver's data in a stored pipeline-cache file, checked whole (its
+/// length and hash) and against the device (the Vulkan header's vendor,
+/// device and cache UUID), or why it is not taken. A driver is not trusted
+/// to survive a damaged cache, so nothing unchecked reaches it.
+fn cache_data_of<'a>(file: &'a [u8], props: &vk::PhysicalDeviceProperties) -> std::result::Result<&'a [u8], String> {
+    let word = |b: &[u8], at: usize| b.get(at..at + 8).map(|w| u64::from_le_bytes(w.try_into().unwrap()));
+    if file.get(..8) != Some(&CACHE_MAGIC[..]) {
+        return Err("not a ferrox pipeline cache".into());
+    }
+    let (Some(len), Some(hash)) = (word(file, 8), word(file, 16)) else {
+        return Err("truncated header".into());
+    };
+    let data = &file[24..];
+    if data.len() as u64 != len {
+        return Err(format!("{} bytes of data where the header says {len}", data.len()));
+    }
+    if fnv1a(data) != hash {
+        return Err("its data does not match its hash (damaged)".into());
+    }
+    let u32at = |at: usize| data.get(at..at + 4).map(|w| u32::from_le_bytes(w.try_into().unwrap()));
+    let header = (u32at(0), u32at(4), u32at(8), u32at(12), data.get(16..32));
+    let want = (
+        Some(32u32),
+        Some(vk::PipelineCacheHeaderVersion::ONE.as_raw() as u32),
+        Some(props.vendor_id),
+        Some(props.device_id),
+        Some(&props.pipeline_cache_uuid[..]),
+    );
+    if header != want {
+        return Err("made by another device or driver".into());
+    }
+    Ok(data)
+}
+
+fn uuid_hex(uuid: &[u8]) -> String {
+    uuid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// What one physical device is, for choosing.
 struct Candidate {
     pdev: vk::PhysicalDevice,
@@ -186,11 +268,16 @@ impl Device {
     /// Opens the device `FERROX_VULKAN_DEVICE` names, else the `ordinal`-th
     /// Vulkan device that is not a CPU.
     pub fn open(ordinal: usize) -> Result<Device> {
-        let asked = std::env::var(DEVICE_VAR).ok().filter(|v| !v.trim().is_empty());
-        unsafe { Device::open_inner(ordinal, asked.as_deref()) }
+        Device::open_with(ordinal, &Options::default())
     }
 
-    unsafe fn open_inner(ordinal: usize, asked: Option<&str>) -> Result<Device> {
+    /// [`Device::open`] with `opts`.
+    pub fn open_with(ordinal: usize, opts: &Options) -> Result<Device> {
+        let asked = std::env::var(DEVICE_VAR).ok().filter(|v| !v.trim().is_empty());
+        unsafe { Device::open_inner(ordinal, asked.as_deref(), opts) }
+    }
+
+    unsafe fn open_inner(ordinal: usize, asked: Option<&str>, opts: &Options) -> Result<Device> {
         let entry = ash::Entry::load().map_err(|e| VulkanError::Unavailable(format!("no Vulkan loader (libvulkan.so.1): {e}")))?;
         let version = entry.try_enumerate_instance_version().ok().flatten().unwrap_or(vk::API_VERSION_1_0);
         if version < vk::API_VERSION_1_2 {
@@ -204,7 +291,7 @@ impl Device {
         let instance = entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None).map_err(call("vkCreateInstance"))?;
         let done = Device::choose(&entry, &instance, ordinal, asked);
         match done {
-            Ok((pdev, name)) => match Device::on(entry, instance.clone(), pdev, name) {
+            Ok((pdev, name)) => match Device::on(entry, instance.clone(), pdev, name, opts) {
                 Ok(d) => Ok(d),
                 Err(e) => {
                     instance.destroy_instance(None);
@@ -243,7 +330,7 @@ impl Device {
         Ok((pick.pdev, pick.name.clone()))
     }
 
-    unsafe fn on(entry: ash::Entry, instance: ash::Instance, pdev: vk::PhysicalDevice, name: String) -> Result<Device> {
+    unsafe fn on(entry: ash::Entry, instance: ash::Instance, pdev: vk::PhysicalDevice, name: String, opts: &Options) -> Result<Device> {
         let props = instance.get_physical_device_properties(pdev);
         if props.api_version < vk::API_VERSION_1_2 {
             return Err(VulkanError::Unavailable(format!("{name}: Vulkan 1.2 is needed")));
@@ -282,6 +369,24 @@ impl Device {
             .map_err(call("vkAllocateCommandBuffers"))?[0];
         let fence = device.create_fence(&vk::FenceCreateInfo::default(), None).map_err(call("vkCreateFence"))?;
         let mem_props = instance.get_physical_device_memory_properties(pdev);
+        let cache_file = opts.cache_dir.as_ref().map(|d| d.join(format!("pipelines-{}.bin", uuid_hex(&props.pipeline_cache_uuid))));
+        let stored = cache_file.as_ref().and_then(|f| std::fs::read(f).ok());
+        let taken = stored.as_deref().and_then(|bytes| match cache_data_of(bytes, &props) {
+            Ok(data) => Some(data),
+            Err(why) => {
+                eprintln!("warning: ignoring the Vulkan pipeline cache {}: {why}", cache_file.as_ref().unwrap().display());
+                None
+            }
+        });
+        let made = |data: &[u8]| device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default().initial_data(data), None);
+        let (cache, cache_loaded) = match taken.map(made) {
+            Some(Ok(c)) => (c, true),
+            Some(Err(e)) => {
+                eprintln!("warning: the Vulkan driver refused the pipeline cache {} ({e:?}); starting an empty one", cache_file.as_ref().unwrap().display());
+                (made(&[]).map_err(call("vkCreatePipelineCache"))?, false)
+            }
+            None => (made(&[]).map_err(call("vkCreatePipelineCache"))?, false),
+        };
         Ok(Device {
             inner: Arc::new(Inner {
                 _entry: entry,
@@ -293,7 +398,11 @@ impl Device {
                 max_alloc,
                 layout,
                 pipelines: Mutex::new(HashMap::new()),
-                rec: Mutex::new(Recording { pool, cmd, fence, open: false, retired: Vec::new() }),
+                cache,
+                cache_file,
+                cache_loaded,
+                created: std::sync::atomic::AtomicUsize::new(0),
+                rec: Mutex::new(Recording { pool, cmd, fence, open: false, retired: Vec::new(), capture: None }),
             }),
         })
     }
@@ -301,6 +410,11 @@ impl Device {
     /// The device's name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Whether the pipeline cache was read from its file at open.
+    pub fn pipeline_cache_loaded(&self) -> bool {
+        self.inner.cache_loaded
     }
 
     /// The largest single buffer the device allocates.
@@ -404,7 +518,8 @@ impl Device {
             let module = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).map_err(call("vkCreateShaderModule"))?;
             let stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
             let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.inner.layout)];
-            let made = d.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            let made = d.create_compute_pipelines(self.inner.cache, &info, None);
+            self.inner.created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             d.destroy_shader_module(module, None);
             let p = made.map_err(|(_, e)| call("vkCreateComputePipelines")(e))?[0];
             map.insert(name, p);
@@ -431,19 +546,20 @@ impl Device {
         let d = &self.inner.device;
         let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
         unsafe {
-            if !rec.open {
+            if rec.capture.is_none() && !rec.open {
                 d.begin_command_buffer(rec.cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
                     .map_err(call("vkBeginCommandBuffer"))?;
                 rec.open = true;
             }
-            d.cmd_bind_pipeline(rec.cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
-            d.cmd_push_constants(rec.cmd, self.inner.layout, vk::ShaderStageFlags::COMPUTE, 0, &push.0);
-            d.cmd_dispatch(rec.cmd, gx as u32, gy as u32, z as u32);
+            let cmd = rec.capture.unwrap_or(rec.cmd);
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+            d.cmd_push_constants(cmd, self.inner.layout, vk::ShaderStageFlags::COMPUTE, 0, &push.0);
+            d.cmd_dispatch(cmd, gx as u32, gy as u32, z as u32);
             let barrier = [vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::SHADER_WRITE)
                 .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::HOST_READ)];
             d.cmd_pipeline_barrier(
-                rec.cmd,
+                cmd,
                 vk::PipelineStageFlags::COMPUTE_SHADER,
                 vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::HOST,
                 vk::DependencyFlags::empty(),
@@ -459,6 +575,9 @@ impl Device {
     pub fn flush(&self) -> Result<()> {
         let d = &self.inner.device;
         let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.capture.is_some() {
+            return Err(VulkanError::Refused("a host access while a decode step is being recorded for replay".into()));
+        }
         if !rec.open {
             return Ok(());
         }
@@ -483,8 +602,112 @@ impl Device {
     }
 }
 
+/// Launches recorded once into their own command buffer
+/// ([`Device::begin_capture`] .. [`Device::end_capture`]) and submitted again
+/// by [`Device::replay`]: a decode step over the same buffers, whose
+/// per-step inputs (token, position) are read from a device buffer written
+/// before each replay. The launches reach buffers only by the addresses in
+/// their push constants, so a recording stays valid while those buffers live.
+pub struct Recorded {
+    inner: Arc<Inner>,
+    cmd: vk::CommandBuffer,
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        let rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        // A replay waits for its submission, so nothing of it is in flight.
+        unsafe { self.inner.device.free_command_buffers(rec.pool, &[self.cmd]) };
+    }
+}
+
+impl Device {
+    /// Runs what is recorded, then sends every launch until
+    /// [`Device::end_capture`] into a command buffer of its own instead of
+    /// running it. A host access in between is an error.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.flush()?;
+        let d = &self.inner.device;
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.capture.is_some() {
+            return Err(VulkanError::Refused("a recording for replay is already open".into()));
+        }
+        unsafe {
+            let info = vk::CommandBufferAllocateInfo::default().command_pool(rec.pool).level(vk::CommandBufferLevel::PRIMARY).command_buffer_count(1);
+            let cmd = d.allocate_command_buffers(&info).map_err(call("vkAllocateCommandBuffers"))?[0];
+            if let Err(e) = d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default()) {
+                d.free_command_buffers(rec.pool, &[cmd]);
+                return Err(call("vkBeginCommandBuffer")(e));
+            }
+            rec.capture = Some(cmd);
+        }
+        Ok(())
+    }
+
+    /// Closes the recording [`Device::begin_capture`] opened; nothing of it
+    /// has run.
+    pub fn end_capture(&self) -> Result<Recorded> {
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        let cmd = rec.capture.take().ok_or_else(|| VulkanError::Refused("no recording for replay is open".into()))?;
+        let recorded = Recorded { inner: self.inner.clone(), cmd };
+        drop(rec);
+        unsafe { self.inner.device.end_command_buffer(cmd).map_err(call("vkEndCommandBuffer"))? };
+        Ok(recorded)
+    }
+
+    /// Runs what is recorded, then `r`'s launches, and waits for them.
+    pub fn replay(&self, r: &Recorded) -> Result<()> {
+        if !Arc::ptr_eq(&self.inner, &r.inner) {
+            return Err(VulkanError::Refused("a recording replayed on another device".into()));
+        }
+        self.flush()?;
+        let d = &self.inner.device;
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.capture.is_some() {
+            return Err(VulkanError::Refused("a replay while a decode step is being recorded".into()));
+        }
+        let run = unsafe {
+            let cmds = [r.cmd];
+            let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+            d.queue_submit(self.inner.queue, &submit, rec.fence).map_err(call("vkQueueSubmit")).and_then(|_| {
+                d.wait_for_fences(&[rec.fence], true, u64::MAX).map_err(call("vkWaitForFences"))?;
+                d.reset_fences(&[rec.fence]).map_err(call("vkResetFences"))
+            })
+        };
+        for (b, m) in std::mem::take(&mut rec.retired) {
+            unsafe {
+                d.destroy_buffer(b, None);
+                d.free_memory(m, None);
+            }
+        }
+        run
+    }
+}
+
+impl Inner {
+    /// Writes the pipeline cache to its file (through a temporary file
+    /// and a rename, so a reader never sees half of one) when pipelines
+    /// were created since it was loaded. A cache that cannot be written
+    /// only costs pipeline compiles in the next process.
+    fn save_cache(&self) {
+        let Some(path) = &self.cache_file else { return };
+        if self.created.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        let Ok(data) = (unsafe { self.device.get_pipeline_cache_data(self.cache) }) else { return };
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let stored = path.parent().map(std::fs::create_dir_all).transpose().is_ok()
+            && std::fs::write(&tmp, cache_file_bytes(&data)).is_ok()
+            && std::fs::rename(&tmp, path).is_ok();
+        if !stored {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.save_cache();
         unsafe {
             let _ = self.device.device_wait_idle();
             let rec = self.rec.get_mut().unwrap_or_else(|e| e.into_inner());
@@ -497,6 +720,7 @@ impl Drop for Inner {
             for (_, p) in self.pipelines.get_mut().unwrap_or_else(|e| e.into_inner()).drain() {
                 self.device.destroy_pipeline(p, None);
             }
+            self.device.destroy_pipeline_cache(self.cache, None);
             self.device.destroy_pipeline_layout(self.layout, None);
             self.device.destroy_device(None);
             self.instance.destroy_instance(None);
@@ -526,5 +750,33 @@ mod tests {
             assert!(has_shader(op), "{op}");
         }
         assert!(!has_shader("matmul_iq2_xxs"));
+    }
+
+    #[test]
+    fn a_stored_pipeline_cache_is_taken_only_whole_and_from_its_own_device() {
+        let mut props = vk::PhysicalDeviceProperties { vendor_id: 0x10de, device_id: 0x2335, ..Default::default() };
+        props.pipeline_cache_uuid = [7; 16];
+        let mut data = Vec::new();
+        for w in [32u32, 1, 0x10de, 0x2335] {
+            data.extend_from_slice(&w.to_le_bytes());
+        }
+        data.extend_from_slice(&[7; 16]);
+        data.extend_from_slice(b"the driver's pipelines");
+        let file = cache_file_bytes(&data);
+        assert_eq!(cache_data_of(&file, &props), Ok(&data[..]));
+        for at in [0, 9, 17, 24, 30, file.len() - 1] {
+            let mut bad = file.clone();
+            bad[at] ^= 1;
+            assert!(cache_data_of(&bad, &props).is_err(), "a flipped bit at {at} was taken");
+        }
+        for len in [0, 5, 23, 24, file.len() - 1] {
+            assert!(cache_data_of(&file[..len], &props).is_err(), "{len} bytes were taken");
+        }
+        let mut other = props;
+        other.pipeline_cache_uuid[3] = 8;
+        assert!(cache_data_of(&file, &other).unwrap_err().contains("another device"));
+        other = props;
+        other.device_id = 1;
+        assert!(cache_data_of(&file, &other).is_err());
     }
 }

@@ -20,6 +20,10 @@ use crate::kernel_registry::Backend;
 pub struct Vulkan {
     #[cfg(feature = "vulkan")]
     dev: ferrox_vulkan::Device,
+    /// Decode steps recorded once and replayed, newest last (`None`:
+    /// replay is off, or a recording failed and it was turned off).
+    #[cfg(feature = "vulkan")]
+    recorded: std::sync::Mutex<Option<Vec<(super::RecordKey, ferrox_vulkan::Recorded)>>>,
 }
 
 impl BackendCaps for Vulkan {
@@ -156,8 +160,29 @@ mod dispatch {
             if !Vulkan::env_value(|| true).map_err(BackendError::new)? {
                 return Err(BackendError("cannot open Vulkan: it is off (FERROX_VULKAN=0)".into()));
             }
+            let replay = Vulkan::replay_setting().map_err(BackendError::new)?;
             let dev = Device::open(ordinal).map_err(|e| BackendError(format!("cannot open a Vulkan device: {e}")))?;
-            Ok(Vulkan { dev })
+            Ok(Vulkan { dev, recorded: std::sync::Mutex::new(replay.then(Vec::new)) })
+        }
+
+        /// Whether decode steps are recorded once and replayed: always,
+        /// except in a `measure` build with `FERROX_VULKAN_REPLAY=0` (each
+        /// step's launches recorded anew, to measure what replay saves and
+        /// to run that path on purpose).
+        #[cfg(feature = "measure")]
+        pub(crate) fn replay_setting() -> Result<bool, crate::backend::BadValue> {
+            ferrox_quant::knob::switch("FERROX_VULKAN_REPLAY", true)
+        }
+
+        /// Without the `measure` feature decode steps are always replayed.
+        #[cfg(not(feature = "measure"))]
+        pub(crate) fn replay_setting() -> Result<bool, crate::backend::BadValue> {
+            Ok(true)
+        }
+
+        /// Whether decode steps are recorded once and replayed.
+        pub fn replay_enabled(&self) -> bool {
+            self.recorded.lock().is_ok_and(|r| r.is_some())
         }
 
         /// The opened device.
@@ -208,6 +233,10 @@ mod dispatch {
         }
     }
 
+    /// Decode recordings kept per device (a context's slot of each batch
+    /// shape and head; the oldest dropped past this).
+    const RECORDED_CACHE: usize = 8;
+
     impl DeviceBackend for Vulkan {
         type Matrix = Matrix;
         type Vector = Buf;
@@ -225,6 +254,45 @@ mod dispatch {
 
         fn threads(&self) -> usize {
             1
+        }
+
+        /// A decode step's launches recorded once into a command buffer and
+        /// submitted again on later steps over the same buffers (`key`); the
+        /// token and position are staged into the index buffer before each
+        /// step, outside the recording.
+        fn run_recorded<E: From<BackendError>>(&self, key: crate::backend::RecordKey, may_record: bool, mut f: impl FnMut() -> Result<(), E>) -> Result<(), E> {
+            let mut recorded = self.recorded.lock().map_err(|_| BackendError("replay cache lock poisoned".into()))?;
+            let Some(cache) = recorded.as_mut() else {
+                drop(recorded);
+                return f();
+            };
+            if let Some((_, r)) = cache.iter().find(|(k, _)| *k == key) {
+                return self.dev.replay(r).map_err(|e| E::from(be(e)));
+            }
+            if !may_record {
+                drop(recorded);
+                return f();
+            }
+            self.dev.begin_capture().map_err(|e| E::from(be(e)))?;
+            let ran = f();
+            let captured = self.dev.end_capture();
+            match (ran, captured) {
+                (Ok(()), Ok(r)) => {
+                    self.dev.replay(&r).map_err(|e| E::from(be(e)))?;
+                    if cache.len() >= RECORDED_CACHE {
+                        cache.remove(0);
+                    }
+                    cache.push((key, r));
+                    Ok(())
+                }
+                _ => {
+                    // Off for good; nothing recorded ran, so run it directly
+                    // (an error that was not the recording's comes back again).
+                    *recorded = None;
+                    drop(recorded);
+                    f()
+                }
+            }
         }
 
         fn describe(&self) -> String {
