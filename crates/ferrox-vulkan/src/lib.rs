@@ -66,6 +66,10 @@ pub const DEVICE_VAR: &str = "FERROX_VULKAN_DEVICE";
 /// minimum); more wrap into y, and the shaders fold them back.
 const MAX_GROUPS_X: u32 = 65535;
 
+/// The largest staging buffer: a larger upload or read-back goes through
+/// it in parts.
+const STAGING_BYTES: usize = 64 << 20;
+
 /// Bytes of push constants every pipeline takes (the spec's guaranteed minimum).
 const PUSH_BYTES: u32 = 128;
 
@@ -98,6 +102,11 @@ struct Inner {
     cache_file: Option<std::path::PathBuf>,
     /// Whether the cache file was read and taken.
     cache_loaded: bool,
+    /// Buffers are device-local and reached through `staging` ([`Options::staged`]).
+    staged: bool,
+    /// The host-visible buffer uploads and read-backs of device-local
+    /// buffers pass through (made on first use).
+    staging: Mutex<Option<Staging>>,
     /// Pipelines created since the cache was loaded (it is saved when any were).
     created: std::sync::atomic::AtomicUsize,
     rec: Mutex<Recording>,
@@ -149,6 +158,32 @@ impl Drop for Buf {
     }
 }
 
+/// The staging buffer: a [`Buf`] without its hold on the device (the
+/// device holds it, and frees it when it closes).
+struct Staging {
+    buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    bytes: usize,
+    ptr: *mut u8,
+}
+
+// As for `Buf`: touched only under the device's staging lock.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    fn of(b: Buf) -> Staging {
+        let b = std::mem::ManuallyDrop::new(b);
+        // The Arc is released; the Vulkan objects now belong to the Staging.
+        let _inner = unsafe { std::ptr::read(&b.inner) };
+        Staging { buffer: b.buffer, memory: b.memory, bytes: b.bytes, ptr: b.ptr }
+    }
+
+    unsafe fn destroy(self, d: &ash::Device) {
+        d.destroy_buffer(self.buffer, None);
+        d.free_memory(self.memory, None);
+    }
+}
+
 /// A shader's push constants, written in its block's order: the buffer
 /// addresses first (8 bytes each), then 4-byte scalars.
 #[derive(Default)]
@@ -181,12 +216,19 @@ pub struct Options {
     /// The folder the pipeline cache is kept in
     /// (`pipelines-<the device's pipeline-cache UUID>.bin`); `None`: not kept.
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Whether buffers live in device-local memory reached through a
+    /// staging buffer (`Some(true)`) or in host-visible memory mapped for
+    /// their lifetime (`Some(false)`); `None`: staged on a discrete GPU,
+    /// whose host-visible memory is either the host's, read over the bus,
+    /// or a small window, and mapped elsewhere (a CPU device such as
+    /// lavapipe, an integrated GPU: one memory).
+    pub staged: Option<bool>,
 }
 
 impl Default for Options {
     /// The pipeline cache under `~/.cache/ferrox/vulkan/`.
     fn default() -> Options {
-        Options { cache_dir: std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ferrox/vulkan")) }
+        Options { cache_dir: std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ferrox/vulkan")), staged: None }
     }
 }
 
@@ -401,6 +443,8 @@ impl Device {
                 cache,
                 cache_file,
                 cache_loaded,
+                staged: opts.staged.unwrap_or(props.device_type == vk::PhysicalDeviceType::DISCRETE_GPU),
+                staging: Mutex::new(None),
                 created: std::sync::atomic::AtomicUsize::new(0),
                 rec: Mutex::new(Recording { pool, cmd, fence, open: false, retired: Vec::new(), capture: None }),
             }),
@@ -422,8 +466,22 @@ impl Device {
         self.inner.max_alloc
     }
 
-    /// A zeroed buffer of `bytes`.
+    /// A zeroed buffer of `bytes`: mapped on the host where the device's
+    /// memory is the host's ([`Options::staged`]), else device-local and
+    /// reached through the staging buffer.
     pub fn alloc(&self, bytes: usize) -> Result<Buf> {
+        let staged = self.inner.staged;
+        let b = self.alloc_as(bytes, !staged, false)?;
+        if staged {
+            self.transfer(|d, cmd| unsafe { d.cmd_fill_buffer(cmd, b.buffer, 0, vk::WHOLE_SIZE, 0) })?;
+        }
+        Ok(b)
+    }
+
+    /// A buffer of `bytes` (zeroed when `mapped`): mapped host-visible and
+    /// coherent memory (device-local too where offered), or device-local
+    /// memory only; `staging` for the staging buffer itself.
+    fn alloc_as(&self, bytes: usize, mapped: bool, staging: bool) -> Result<Buf> {
         let size = (bytes.max(4).div_ceil(16) * 16) as u64;
         if size > self.inner.max_alloc {
             return Err(VulkanError::Refused(format!(
@@ -433,15 +491,26 @@ impl Device {
         }
         let d = &self.inner.device;
         unsafe {
-            let usage = vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS;
+            let usage = match staging {
+                true => vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST,
+                false => {
+                    vk::BufferUsageFlags::STORAGE_BUFFER
+                        | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS
+                        | vk::BufferUsageFlags::TRANSFER_SRC
+                        | vk::BufferUsageFlags::TRANSFER_DST
+                }
+            };
             let buffer = d.create_buffer(&vk::BufferCreateInfo::default().size(size).usage(usage), None).map_err(call("vkCreateBuffer"))?;
             let req = d.get_buffer_memory_requirements(buffer);
-            let Some(ty) = self.memory_type(req.memory_type_bits) else {
+            let Some(ty) = self.memory_type(req.memory_type_bits, mapped, staging) else {
                 d.destroy_buffer(buffer, None);
-                return Err(VulkanError::Refused(format!("{}: no host-visible, coherent memory for a buffer", self.inner.name)));
+                return Err(VulkanError::Refused(format!("{}: no {} memory for a buffer", self.inner.name, if mapped { "host-visible, coherent" } else { "device-local" })));
             };
             let mut flags = vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
-            let info = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(ty).push_next(&mut flags);
+            let mut info = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(ty);
+            if !staging {
+                info = info.push_next(&mut flags);
+            }
             let memory = match d.allocate_memory(&info, None) {
                 Ok(m) => m,
                 Err(e) => {
@@ -450,36 +519,102 @@ impl Device {
                 }
             };
             let bound = d.bind_buffer_memory(buffer, memory, 0).map_err(call("vkBindBufferMemory"));
-            let mapped = bound.and_then(|_| d.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()).map_err(call("vkMapMemory")));
+            let mapped = bound.and_then(|_| match mapped {
+                true => d.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()).map_err(call("vkMapMemory")).map(|p| p as *mut u8),
+                false => Ok(std::ptr::null_mut()),
+            });
             let ptr = match mapped {
-                Ok(p) => p as *mut u8,
+                Ok(p) => p,
                 Err(e) => {
                     d.destroy_buffer(buffer, None);
                     d.free_memory(memory, None);
                     return Err(e);
                 }
             };
-            std::ptr::write_bytes(ptr, 0, size as usize);
-            let addr = d.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(buffer));
+            if !ptr.is_null() {
+                std::ptr::write_bytes(ptr, 0, size as usize);
+            }
+            let addr = if staging { 0 } else { d.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(buffer)) };
             Ok(Buf { inner: self.inner.clone(), buffer, memory, addr, bytes, ptr })
         }
     }
 
-    /// Host-visible and coherent memory, device-local too where offered.
-    fn memory_type(&self, bits: u32) -> Option<u32> {
+    /// A memory type of `bits`: host-visible and coherent when `mapped`
+    /// (device-local too where offered; host-cached first for `staging`,
+    /// which the host reads), else device-local.
+    fn memory_type(&self, bits: u32, mapped: bool, staging: bool) -> Option<u32> {
         let p = &self.inner.mem_props;
-        let want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-        let ok = |i: u32| bits & (1 << i) != 0 && p.memory_types[i as usize].property_flags.contains(want);
+        let flags = |i: u32| p.memory_types[i as usize].property_flags;
+        let want = match mapped {
+            true => vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT,
+            false => vk::MemoryPropertyFlags::DEVICE_LOCAL,
+        };
+        let prefer = match staging {
+            true => vk::MemoryPropertyFlags::HOST_CACHED,
+            false => vk::MemoryPropertyFlags::DEVICE_LOCAL,
+        };
+        let ok = |i: u32| bits & (1 << i) != 0 && flags(i).contains(want);
         let n = p.memory_type_count;
-        (0..n)
-            .find(|&i| ok(i) && p.memory_types[i as usize].property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL))
-            .or_else(|| (0..n).find(|&i| ok(i)))
+        (0..n).find(|&i| ok(i) && flags(i).contains(prefer)).or_else(|| (0..n).find(|&i| ok(i)))
+    }
+
+    /// Whether buffers live in device-local memory reached through a
+    /// staging buffer (a discrete GPU), not mapped on the host.
+    pub fn staged(&self) -> bool {
+        self.inner.staged
+    }
+
+    /// Runs what is recorded, then one command buffer of transfers `f`
+    /// records, fenced by barriers against the launches before and after.
+    fn transfer(&self, f: impl FnOnce(&ash::Device, vk::CommandBuffer)) -> Result<()> {
+        self.flush()?;
+        let d = &self.inner.device;
+        {
+            let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+            unsafe {
+                d.begin_command_buffer(rec.cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
+                    .map_err(call("vkBeginCommandBuffer"))?;
+                rec.open = true;
+                let before = [vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                    .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
+                d.cmd_pipeline_barrier(rec.cmd, vk::PipelineStageFlags::ALL_COMMANDS, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
+                f(d, rec.cmd);
+                let after = [vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                    .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::HOST_READ)];
+                d.cmd_pipeline_barrier(
+                    rec.cmd,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &after,
+                    &[],
+                    &[],
+                );
+            }
+        }
+        self.flush()
+    }
+
+    /// Runs `f` over the staging buffer, grown to at least `bytes` (up to
+    /// [`STAGING_BYTES`]).
+    fn with_staging<R>(&self, bytes: usize, f: impl FnOnce(&Staging) -> Result<R>) -> Result<R> {
+        let mut st = self.inner.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if st.as_ref().is_none_or(|b| b.bytes < bytes) {
+            if let Some(old) = st.take() {
+                // Every transfer through it was waited for.
+                unsafe { old.destroy(&self.inner.device) };
+            }
+            *st = Some(Staging::of(self.alloc_as(bytes.clamp(1 << 20, STAGING_BYTES), true, true)?));
+        }
+        f(st.as_ref().unwrap())
     }
 
     /// A buffer holding `src`.
     pub fn upload(&self, src: &[u8]) -> Result<Buf> {
-        let b = self.alloc(src.len())?;
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.ptr, src.len()) };
+        let b = self.alloc_as(src.len(), !self.inner.staged, false)?;
+        self.write(&b, 0, src)?;
         Ok(b)
     }
 
@@ -490,7 +625,17 @@ impl Device {
             return Err(VulkanError::Refused(format!("a write of {} bytes at {offset} into a buffer of {}", src.len(), dst.bytes)));
         }
         self.flush()?;
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
+        if !dst.ptr.is_null() {
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
+            return Ok(());
+        }
+        for (i, part) in src.chunks(STAGING_BYTES).enumerate() {
+            self.with_staging(part.len(), |st| {
+                unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), st.ptr, part.len()) };
+                let region = [vk::BufferCopy { src_offset: 0, dst_offset: (offset + i * STAGING_BYTES) as u64, size: part.len() as u64 }];
+                self.transfer(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, st.buffer, dst.buffer, &region) })
+            })?;
+        }
         Ok(())
     }
 
@@ -501,7 +646,18 @@ impl Device {
             return Err(VulkanError::Refused(format!("a read of {} bytes at {offset} from a buffer of {}", dst.len(), src.bytes)));
         }
         self.flush()?;
-        unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        if !src.ptr.is_null() {
+            unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+            return Ok(());
+        }
+        for (i, part) in dst.chunks_mut(STAGING_BYTES).enumerate() {
+            self.with_staging(part.len(), |st| {
+                let region = [vk::BufferCopy { src_offset: (offset + i * STAGING_BYTES) as u64, dst_offset: 0, size: part.len() as u64 }];
+                self.transfer(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, src.buffer, st.buffer, &region) })?;
+                unsafe { std::ptr::copy_nonoverlapping(st.ptr, part.as_mut_ptr(), part.len()) };
+                Ok(())
+            })?;
+        }
         Ok(())
     }
 
@@ -710,6 +866,9 @@ impl Drop for Inner {
         self.save_cache();
         unsafe {
             let _ = self.device.device_wait_idle();
+            if let Some(st) = self.staging.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+                st.destroy(&self.device);
+            }
             let rec = self.rec.get_mut().unwrap_or_else(|e| e.into_inner());
             for (b, m) in rec.retired.drain(..) {
                 self.device.destroy_buffer(b, None);

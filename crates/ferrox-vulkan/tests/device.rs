@@ -45,7 +45,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn a_recorded_step_runs_only_when_replayed_and_reads_the_buffers_as_they_are_then() {
-    let Some(d) = open(&Options { cache_dir: None }, "record and replay") else { return };
+    let Some(d) = open(&Options { cache_dir: None, staged: None }, "record and replay") else { return };
     let n = 300;
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
     let (ab, acc) = (d.upload(&bytes(&a)).unwrap(), d.alloc(n * 4).unwrap());
@@ -72,7 +72,7 @@ fn a_recorded_step_runs_only_when_replayed_and_reads_the_buffers_as_they_are_the
 #[test]
 fn the_pipeline_cache_is_kept_on_disk_and_a_damaged_one_is_ignored() {
     let dir = scratch("pipeline-cache");
-    let opts = Options { cache_dir: Some(dir.clone()) };
+    let opts = Options { cache_dir: Some(dir.clone()), staged: None };
     let run = |what: &str| -> Option<bool> {
         let d = open(&opts, what)?;
         let n = 70;
@@ -105,4 +105,41 @@ fn the_pipeline_cache_is_kept_on_disk_and_a_damaged_one_is_ignored() {
         assert_eq!(run(what), Some(true), "{what}: the cache was not written again whole");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The device-local path a discrete GPU takes (buffers reached through the
+/// staging buffer), forced on whatever device this is, beside the mapped one:
+/// zeroed allocations, uploads, writes and reads at offsets, a launch between,
+/// a read-back larger than the staging buffer's first size, and a replay whose
+/// input is written through the staging buffer.
+#[test]
+fn device_local_buffers_through_the_staging_buffer_hold_what_mapped_ones_do() {
+    for staged in [true, false] {
+        let Some(d) = open(&Options { cache_dir: None, staged: Some(staged) }, "device-local buffers") else { return };
+        assert_eq!(d.staged(), staged);
+        let n = (3 << 20) / 4 + 5; // past the first 1 MiB staging buffer
+        let zero = d.alloc(n * 4).unwrap();
+        assert!(floats(&d, &zero, n).iter().all(|&v| v == 0.0), "staged {staged}: a fresh buffer is not zeroed");
+        let a: Vec<f32> = (0..n).map(|i| (i % 1013) as f32 - 500.0).collect();
+        let ab = d.upload(&bytes(&a)).unwrap();
+        assert_eq!(floats(&d, &ab, n), a, "staged {staged}: upload then read");
+        add(&d, &zero, &ab, n);
+        add(&d, &zero, &ab, n);
+        let mut part = vec![0u8; 40];
+        d.read(&zero, 4 * 1000, &mut part).unwrap();
+        let want: Vec<f32> = a[1000..1010].iter().map(|&x| 2.0 * x).collect();
+        assert_eq!(part, bytes(&want), "staged {staged}: a read at an offset after two launches");
+        d.write(&ab, 4 * 7, &bytes(&[1e6, -1e6])).unwrap();
+        let got = floats(&d, &ab, 10);
+        assert_eq!(&got[6..10], &[a[6], 1e6, -1e6, a[9]], "staged {staged}: a write at an offset");
+        let (x, acc) = (d.upload(&bytes(&[1.0; 64])).unwrap(), d.alloc(64 * 4).unwrap());
+        d.begin_capture().unwrap();
+        add(&d, &acc, &x, 64);
+        assert!(d.write(&x, 0, &[0; 4]).is_err(), "staged {staged}: a write inside a recording must be refused");
+        let r = d.end_capture().unwrap();
+        d.replay(&r).unwrap();
+        d.write(&x, 0, &bytes(&[3.0; 64])).unwrap();
+        d.replay(&r).unwrap();
+        assert_eq!(floats(&d, &acc, 64), vec![4.0; 64], "staged {staged}: replays around a write");
+    }
 }
