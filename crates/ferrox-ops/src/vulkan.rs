@@ -18,9 +18,13 @@ pub const KINDS: &[(QuantKind, &str)] = &[
     (QuantKind::Q5_1, "q5_1"),
     (QuantKind::Q8_0, "q8_0"),
     (QuantKind::Q2K, "q2_k"),
+    (QuantKind::Q3K, "q3_k"),
     (QuantKind::Q4K, "q4_k"),
     (QuantKind::Q5K, "q5_k"),
     (QuantKind::Q6K, "q6_k"),
+    (QuantKind::IQ4NL, "iq4_nl"),
+    (QuantKind::IQ4XS, "iq4_xs"),
+    (QuantKind::MXFP4, "mxfp4"),
 ];
 
 /// The shader suffix of `kind`, or `None`: the Vulkan backend does not
