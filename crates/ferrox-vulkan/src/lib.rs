@@ -192,7 +192,7 @@ pub struct Push(Vec<u8>);
 impl Push {
     /// A buffer address.
     pub fn ptr(mut self, addr: u64) -> Push {
-        debug_assert!(self.0.len() % 8 == 0, "addresses come before scalars");
+        debug_assert!(self.0.len().is_multiple_of(8), "addresses come before scalars");
         self.0.extend_from_slice(&addr.to_le_bytes());
         self
     }

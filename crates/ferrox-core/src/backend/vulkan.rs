@@ -417,7 +417,7 @@ mod dispatch {
         }
 
         fn rms_norm(&self, x: &mut Buf, w: &Buf, eps: f32) -> Result<(), BackendError> {
-            if w.len == 0 || x.len % w.len != 0 {
+            if w.len == 0 || !x.len.is_multiple_of(w.len) {
                 return Err(shape("rms_norm width", w.len, x.len));
             }
             let rows = x.len / w.len;
@@ -428,7 +428,7 @@ mod dispatch {
         fn rope(&self, x: &mut Buf, b: Staged<'_, VulkanIndices>, n_heads: usize, head_dim: usize, p: &RopeParams, factors: Option<&Buf>) -> Result<(), BackendError> {
             let n = b.len();
             exact("rope input", x, n * n_heads * head_dim)?;
-            if p.n_rot > head_dim || p.n_rot % 2 != 0 {
+            if p.n_rot > head_dim || !p.n_rot.is_multiple_of(2) {
                 return Err(BackendError(format!("n_rot {} does not fit head size {head_dim}", p.n_rot)));
             }
             if let Some(f) = factors {
@@ -459,7 +459,7 @@ mod dispatch {
             }
             let (hd, hdv) = (p.head_dim, p.head_dim_v);
             let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
-            if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+            if p.n_head_kv == 0 || !p.n_head.is_multiple_of(p.n_head_kv) {
                 return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
             }
             if hd > vk_ops::MAX_HEAD_DIM || hdv > vk_ops::MAX_HEAD_DIM || hd % 2 != 0 || hdv % 2 != 0 {
@@ -522,7 +522,7 @@ mod dispatch {
         }
 
         fn glu_fused(&self, act: Activation, fused: &Buf, out: &mut Buf, width: usize) -> Result<(), BackendError> {
-            if width == 0 || fused.len % (2 * width) != 0 {
+            if width == 0 || !fused.len.is_multiple_of(2 * width) {
                 return Err(shape("fused glu width", 2 * width, fused.len));
             }
             let n = fused.len / (2 * width);
@@ -570,7 +570,7 @@ mod dispatch {
         }
 
         fn split_cols(&self, src: &Buf, src_width: usize, c0: usize, dst: &mut Buf, dst_width: usize) -> Result<(), BackendError> {
-            if c0 + dst_width > src_width || src_width == 0 || src.len % src_width != 0 {
+            if c0 + dst_width > src_width || src_width == 0 || !src.len.is_multiple_of(src_width) {
                 return Err(shape("split columns", src_width, c0 + dst_width));
             }
             let n = src.len / src_width;
