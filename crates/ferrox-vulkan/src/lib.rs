@@ -150,6 +150,7 @@ impl Drop for Buf {
         if rec.open || rec.capture.is_some() {
             rec.retired.push((self.buffer, self.memory));
         } else {
+            // SAFETY: the buffer and memory were made by this device and no recorded or running command uses them (none is open, or they were retired above).
             unsafe {
                 self.inner.device.destroy_buffer(self.buffer, None);
                 self.inner.device.free_memory(self.memory, None);
@@ -174,6 +175,7 @@ impl Staging {
     fn of(b: Buf) -> Staging {
         let b = std::mem::ManuallyDrop::new(b);
         // The Arc is released; the Vulkan objects now belong to the Staging.
+        // SAFETY: `b` is never dropped (ManuallyDrop), so its Arc is read out exactly once and released here.
         let _inner = unsafe { std::ptr::read(&b.inner) };
         Staging { buffer: b.buffer, memory: b.memory, bytes: b.bytes, ptr: b.ptr }
     }
@@ -316,6 +318,7 @@ impl Device {
     /// [`Device::open`] with `opts`.
     pub fn open_with(ordinal: usize, opts: &Options) -> Result<Device> {
         let asked = std::env::var(DEVICE_VAR).ok().filter(|v| !v.trim().is_empty());
+        // SAFETY: `open_inner` only makes Vulkan calls on objects it creates, and destroys what it made on every error path.
         unsafe { Device::open_inner(ordinal, asked.as_deref(), opts) }
     }
 
@@ -473,6 +476,7 @@ impl Device {
         let staged = self.inner.staged;
         let b = self.alloc_as(bytes, !staged, false)?;
         if staged {
+            // SAFETY: `b` is a live buffer of this device with TRANSFER_DST usage; the fill is recorded into the device's own command buffer.
             self.transfer(|d, cmd| unsafe { d.cmd_fill_buffer(cmd, b.buffer, 0, vk::WHOLE_SIZE, 0) })?;
         }
         Ok(b)
@@ -490,6 +494,7 @@ impl Device {
             )));
         }
         let d = &self.inner.device;
+        // SAFETY: every handle passed is created in this block from the live device; each error path destroys what was made before it.
         unsafe {
             let usage = match staging {
                 true => vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST,
@@ -571,6 +576,7 @@ impl Device {
         let d = &self.inner.device;
         {
             let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the command buffer is the device's own, under its lock; the barriers and `f`'s transfers name only live buffers.
             unsafe {
                 d.begin_command_buffer(rec.cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
                     .map_err(call("vkBeginCommandBuffer"))?;
@@ -604,6 +610,7 @@ impl Device {
         if st.as_ref().is_none_or(|b| b.bytes < bytes) {
             if let Some(old) = st.take() {
                 // Every transfer through it was waited for.
+                // SAFETY: every transfer through the old staging buffer was waited for (`transfer` flushes), so nothing uses it.
                 unsafe { old.destroy(&self.inner.device) };
             }
             *st = Some(Staging::of(self.alloc_as(bytes.clamp(1 << 20, STAGING_BYTES), true, true)?));
@@ -626,13 +633,16 @@ impl Device {
         }
         self.flush()?;
         if !dst.ptr.is_null() {
+            // SAFETY: `dst` is mapped for `dst.bytes`, the range was checked above, and the flush ran every launch that could touch it.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
             return Ok(());
         }
         for (i, part) in src.chunks(STAGING_BYTES).enumerate() {
             self.with_staging(part.len(), |st| {
+                // SAFETY: the staging buffer is mapped for at least `part.len()` bytes (grown above) and no transfer through it is in flight.
                 unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), st.ptr, part.len()) };
                 let region = [vk::BufferCopy { src_offset: 0, dst_offset: (offset + i * STAGING_BYTES) as u64, size: part.len() as u64 }];
+                // SAFETY: both buffers are live with TRANSFER usage, and the region lies inside both (checked above, and the staging buffer is at least `part.len()`).
                 self.transfer(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, st.buffer, dst.buffer, &region) })
             })?;
         }
@@ -647,13 +657,16 @@ impl Device {
         }
         self.flush()?;
         if !src.ptr.is_null() {
+            // SAFETY: `src` is mapped for `src.bytes`, the range was checked above, and the flush ran every launch that could write it.
             unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
             return Ok(());
         }
         for (i, part) in dst.chunks_mut(STAGING_BYTES).enumerate() {
             self.with_staging(part.len(), |st| {
                 let region = [vk::BufferCopy { src_offset: (offset + i * STAGING_BYTES) as u64, dst_offset: 0, size: part.len() as u64 }];
+                // SAFETY: both buffers are live with TRANSFER usage, and the region lies inside both (checked above, and the staging buffer is at least `part.len()`).
                 self.transfer(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, src.buffer, st.buffer, &region) })?;
+                // SAFETY: `transfer` waited for the copy; the staging buffer is mapped for at least `part.len()` bytes.
                 unsafe { std::ptr::copy_nonoverlapping(st.ptr, part.as_mut_ptr(), part.len()) };
                 Ok(())
             })?;
@@ -670,6 +683,7 @@ impl Device {
             shaders::SHADERS.iter().find(|&&(n, _)| n == name).ok_or_else(|| VulkanError::Refused(format!("no shader {name} in this build")))?;
         let words = ash::util::read_spv(&mut std::io::Cursor::new(spv)).map_err(|e| VulkanError::Refused(format!("shader {name}: {e}")))?;
         let d = &self.inner.device;
+        // SAFETY: the module is made from SPIR-V the build checked, and destroyed once the pipeline holds it.
         unsafe {
             let module = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).map_err(call("vkCreateShaderModule"))?;
             let stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
@@ -701,6 +715,7 @@ impl Device {
         let pipeline = self.pipeline(shader)?;
         let d = &self.inner.device;
         let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the command buffer is the device's own (or the open recording), under its lock; the pipeline and layout are live.
         unsafe {
             if rec.capture.is_none() && !rec.open {
                 d.begin_command_buffer(rec.cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
@@ -738,6 +753,7 @@ impl Device {
             return Ok(());
         }
         rec.open = false;
+        // SAFETY: the command buffer is under the device's lock, recorded and ended once; the fence is waited for before it is reused.
         let run = unsafe {
             d.end_command_buffer(rec.cmd).map_err(call("vkEndCommandBuffer")).and_then(|_| {
                 let cmds = [rec.cmd];
@@ -749,6 +765,7 @@ impl Device {
             })
         };
         for (b, m) in std::mem::take(&mut rec.retired) {
+            // SAFETY: the fence wait above ran every command that could use the retired buffers.
             unsafe {
                 d.destroy_buffer(b, None);
                 d.free_memory(m, None);
@@ -773,6 +790,7 @@ impl Drop for Recorded {
     fn drop(&mut self) {
         let rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
         // A replay waits for its submission, so nothing of it is in flight.
+        // SAFETY: a replay waits for its submission, so the command buffer is not in flight; the pool is used under the device's lock.
         unsafe { self.inner.device.free_command_buffers(rec.pool, &[self.cmd]) };
     }
 }
@@ -788,6 +806,7 @@ impl Device {
         if rec.capture.is_some() {
             return Err(VulkanError::Refused("a recording for replay is already open".into()));
         }
+        // SAFETY: the pool is used under the device's lock; a command buffer that fails to begin is freed before returning.
         unsafe {
             let info = vk::CommandBufferAllocateInfo::default().command_pool(rec.pool).level(vk::CommandBufferLevel::PRIMARY).command_buffer_count(1);
             let cmd = d.allocate_command_buffers(&info).map_err(call("vkAllocateCommandBuffers"))?[0];
@@ -807,6 +826,7 @@ impl Device {
         let cmd = rec.capture.take().ok_or_else(|| VulkanError::Refused("no recording for replay is open".into()))?;
         let recorded = Recorded { inner: self.inner.clone(), cmd };
         drop(rec);
+        // SAFETY: the recording was taken out of the device's state above, so nothing records into it any more.
         unsafe { self.inner.device.end_command_buffer(cmd).map_err(call("vkEndCommandBuffer"))? };
         Ok(recorded)
     }
@@ -822,6 +842,7 @@ impl Device {
         if rec.capture.is_some() {
             return Err(VulkanError::Refused("a replay while a decode step is being recorded".into()));
         }
+        // SAFETY: `r` belongs to this device (checked above) and is ended; the fence is waited for and reset before it is reused.
         let run = unsafe {
             let cmds = [r.cmd];
             let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
@@ -831,6 +852,7 @@ impl Device {
             })
         };
         for (b, m) in std::mem::take(&mut rec.retired) {
+            // SAFETY: the fence wait above ran every command that could use the retired buffers.
             unsafe {
                 d.destroy_buffer(b, None);
                 d.free_memory(m, None);
@@ -850,6 +872,7 @@ impl Inner {
         if self.created.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return;
         }
+        // SAFETY: the pipeline cache is live until this device is dropped, which is where this runs.
         let Ok(data) = (unsafe { self.device.get_pipeline_cache_data(self.cache) }) else { return };
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let stored = path.parent().map(std::fs::create_dir_all).transpose().is_ok()
@@ -864,6 +887,7 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.save_cache();
+        // SAFETY: the device is idle after the wait below, so no object destroyed here is in use.
         unsafe {
             let _ = self.device.device_wait_idle();
             if let Some(st) = self.staging.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
