@@ -62,7 +62,6 @@ for f in "$D"/debs/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-"$D/ferrox" kernels --backend vulkan 2>&1 | head -5 | tee $LOG/kernels.txt
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 300 "$D/ferrox_vulkan_device" --test-threads=1 --nocapture >$LOG/device-test.log 2>&1

@@ -27,6 +27,17 @@ pub const KINDS: &[(QuantKind, &str)] = &[
     (QuantKind::MXFP4, "mxfp4"),
 ];
 
+/// The kinds with an integer-dot product (`matmul_dp_<suffix>`: their
+/// values as int8 against activations quantized to int8 per 32), run
+/// where the device has `shaderIntegerDotProduct`; each keeps its float
+/// product as the fallback.
+pub const DP_KINDS: &[QuantKind] = &[QuantKind::Q8_0, QuantKind::Q4_0];
+
+/// The integer-dot product shader of `kind`, if it has one.
+pub fn dp_shader(kind: QuantKind) -> Option<String> {
+    DP_KINDS.contains(&kind).then(|| suffix(kind).map(|s| format!("matmul_dp_{s}"))).flatten()
+}
+
 /// The shader suffix of `kind`, or `None`: the Vulkan backend does not
 /// decode it.
 pub fn suffix(kind: QuantKind) -> Option<&'static str> {

@@ -102,6 +102,8 @@ struct Inner {
     cache_file: Option<std::path::PathBuf>,
     /// Whether the cache file was read and taken.
     cache_loaded: bool,
+    /// Integer dot products are enabled ([`Options::int_dot`] and the device has them).
+    int_dot: bool,
     /// Buffers are device-local and reached through `staging` ([`Options::staged`]).
     staged: bool,
     /// The host-visible buffer uploads and read-backs of device-local
@@ -225,12 +227,15 @@ pub struct Options {
     /// or a small window, and mapped elsewhere (a CPU device such as
     /// lavapipe, an integrated GPU: one memory).
     pub staged: Option<bool>,
+    /// Whether integer dot products are used where the device has them
+    /// (`false`: the float path everywhere, as on a device without them).
+    pub int_dot: bool,
 }
 
 impl Default for Options {
     /// The pipeline cache under `~/.cache/ferrox/vulkan/`.
     fn default() -> Options {
-        Options { cache_dir: std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ferrox/vulkan")), staged: None }
+        Options { cache_dir: std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ferrox/vulkan")), staged: None, int_dot: true }
     }
 }
 
@@ -332,7 +337,8 @@ impl Device {
                 vk::api_version_minor(version)
             )));
         }
-        let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+        // 1.3 where the loader has it: integer dot products are core there.
+        let app = vk::ApplicationInfo::default().api_version(version.min(vk::API_VERSION_1_3));
         let instance = entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None).map_err(call("vkCreateInstance"))?;
         let done = Device::choose(&entry, &instance, ordinal, asked);
         match done {
@@ -400,8 +406,19 @@ impl Device {
             .ok_or_else(|| VulkanError::Unavailable(format!("{name}: no compute queue")))? as u32;
         let prio = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&prio)];
+        // Integer dot products (`GL_EXT_integer_dot_product`): Vulkan 1.3 core.
+        let int_dot = props.api_version >= vk::API_VERSION_1_3 && {
+            let mut v13 = vk::PhysicalDeviceVulkan13Features::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut v13);
+            instance.get_physical_device_features2(pdev, &mut f2);
+            v13.shader_integer_dot_product != 0
+        } && opts.int_dot;
         let mut want12 = vk::PhysicalDeviceVulkan12Features::default().buffer_device_address(true).storage_buffer8_bit_access(true).shader_int8(true);
-        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).push_next(&mut want12);
+        let mut want13 = vk::PhysicalDeviceVulkan13Features::default().shader_integer_dot_product(true);
+        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).push_next(&mut want12);
+        if int_dot {
+            info = info.push_next(&mut want13);
+        }
         let device = instance.create_device(pdev, &info, None).map_err(call("vkCreateDevice"))?;
         let queue = device.get_device_queue(family, 0);
         let ranges = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).size(PUSH_BYTES)];
@@ -446,6 +463,7 @@ impl Device {
                 cache,
                 cache_file,
                 cache_loaded,
+                int_dot,
                 staged: opts.staged.unwrap_or(props.device_type == vk::PhysicalDeviceType::DISCRETE_GPU),
                 staging: Mutex::new(None),
                 created: std::sync::atomic::AtomicUsize::new(0),
@@ -561,6 +579,19 @@ impl Device {
         let ok = |i: u32| bits & (1 << i) != 0 && flags(i).contains(want);
         let n = p.memory_type_count;
         (0..n).find(|&i| ok(i) && flags(i).contains(prefer)).or_else(|| (0..n).find(|&i| ok(i)))
+    }
+
+    /// Whether the integer-dot shaders may run (the device has
+    /// `shaderIntegerDotProduct` and [`Options::int_dot`] asked for them).
+    pub fn int_dot(&self) -> bool {
+        self.inner.int_dot
+    }
+
+    /// A buffer of `bytes` whose contents start undefined: scratch a
+    /// shader writes before anything reads it. Unlike [`Device::alloc`] it
+    /// records nothing, so it may be made inside a recording.
+    pub fn alloc_scratch(&self, bytes: usize) -> Result<Buf> {
+        self.alloc_as(bytes, !self.inner.staged, false)
     }
 
     /// Whether buffers live in device-local memory reached through a

@@ -45,7 +45,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn a_recorded_step_runs_only_when_replayed_and_reads_the_buffers_as_they_are_then() {
-    let Some(d) = open(&Options { cache_dir: None, staged: None }, "record and replay") else { return };
+    let Some(d) = open(&Options { cache_dir: None, staged: None, int_dot: true }, "record and replay") else { return };
     let n = 300;
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
     let (ab, acc) = (d.upload(&bytes(&a)).unwrap(), d.alloc(n * 4).unwrap());
@@ -72,7 +72,7 @@ fn a_recorded_step_runs_only_when_replayed_and_reads_the_buffers_as_they_are_the
 #[test]
 fn the_pipeline_cache_is_kept_on_disk_and_a_damaged_one_is_ignored() {
     let dir = scratch("pipeline-cache");
-    let opts = Options { cache_dir: Some(dir.clone()), staged: None };
+    let opts = Options { cache_dir: Some(dir.clone()), staged: None, int_dot: true };
     let run = |what: &str| -> Option<bool> {
         let d = open(&opts, what)?;
         let n = 70;
@@ -115,7 +115,7 @@ fn the_pipeline_cache_is_kept_on_disk_and_a_damaged_one_is_ignored() {
 #[test]
 fn device_local_buffers_through_the_staging_buffer_hold_what_mapped_ones_do() {
     for staged in [true, false] {
-        let Some(d) = open(&Options { cache_dir: None, staged: Some(staged) }, "device-local buffers") else { return };
+        let Some(d) = open(&Options { cache_dir: None, staged: Some(staged), int_dot: true }, "device-local buffers") else { return };
         assert_eq!(d.staged(), staged);
         let n = (3 << 20) / 4 + 5; // past the first 1 MiB staging buffer
         let zero = d.alloc(n * 4).unwrap();

@@ -24,6 +24,11 @@ pub struct Vulkan {
     /// replay is off, or a recording failed and it was turned off).
     #[cfg(feature = "vulkan")]
     recorded: std::sync::Mutex<Option<Vec<(super::RecordKey, ferrox_vulkan::Recorded)>>>,
+    /// The integer-dot products' activations, the newest (largest) last.
+    /// A grown buffer never frees the ones before it: a kept recording may
+    /// still read them by address.
+    #[cfg(feature = "vulkan")]
+    xq: std::sync::Mutex<Vec<ferrox_vulkan::Buf>>,
 }
 
 impl BackendCaps for Vulkan {
@@ -108,6 +113,7 @@ mod dispatch {
     /// A weight matrix in its file's block format.
     pub struct Matrix {
         b: ferrox_vulkan::Buf,
+        kind: QuantKind,
         suffix: &'static str,
         rows: usize,
         cols: usize,
@@ -161,8 +167,40 @@ mod dispatch {
                 return Err(BackendError("cannot open Vulkan: it is off (FERROX_VULKAN=0)".into()));
             }
             let replay = Vulkan::replay_setting().map_err(BackendError::new)?;
-            let dev = Device::open(ordinal).map_err(|e| BackendError(format!("cannot open a Vulkan device: {e}")))?;
-            Ok(Vulkan { dev, recorded: std::sync::Mutex::new(replay.then(Vec::new)) })
+            let int_dot = Vulkan::int_dot_setting().map_err(BackendError::new)?;
+            let opts = ferrox_vulkan::Options { int_dot, ..Default::default() };
+            let dev = Device::open_with(ordinal, &opts).map_err(|e| BackendError(format!("cannot open a Vulkan device: {e}")))?;
+            Ok(Vulkan::on(dev, replay))
+        }
+
+        /// The backend over an opened device.
+        pub fn on(dev: Device, replay: bool) -> Vulkan {
+            Vulkan { dev, recorded: std::sync::Mutex::new(replay.then(Vec::new)), xq: std::sync::Mutex::new(Vec::new()) }
+        }
+
+        /// Whether the integer-dot products run where the device has them:
+        /// always, except in a `measure` build with `FERROX_VULKAN_INT_DOT=0`
+        /// (the float products everywhere).
+        #[cfg(feature = "measure")]
+        pub(crate) fn int_dot_setting() -> Result<bool, crate::backend::BadValue> {
+            ferrox_quant::knob::switch("FERROX_VULKAN_INT_DOT", true)
+        }
+
+        /// Without the `measure` feature the integer-dot products always run where offered.
+        #[cfg(not(feature = "measure"))]
+        pub(crate) fn int_dot_setting() -> Result<bool, crate::backend::BadValue> {
+            Ok(true)
+        }
+
+        /// The scratch the integer-dot products' activations go to, at
+        /// least `bytes` (grown by doubling; older ones kept, see `xq`).
+        fn xq(&self, bytes: usize) -> Result<u64, BackendError> {
+            let mut xq = self.xq.lock().map_err(|_| BackendError("scratch lock poisoned".into()))?;
+            if xq.last().is_none_or(|b| b.bytes() < bytes) {
+                let size = bytes.max(xq.last().map_or(0, |b| 2 * b.bytes())).max(1 << 16);
+                xq.push(self.dev.alloc_scratch(size).map_err(be)?);
+            }
+            Ok(xq.last().unwrap().addr(0))
         }
 
         /// Whether decode steps are recorded once and replayed: always,
@@ -310,7 +348,7 @@ mod dispatch {
             }
             fits(&format!("{}: bytes", t.name), want)?;
             let b = self.dev.upload(t.bytes).map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
-            Ok(Matrix { b, suffix, rows: t.rows, cols: t.cols, row_bytes })
+            Ok(Matrix { b, kind: t.kind, suffix, rows: t.rows, cols: t.cols, row_bytes })
         }
 
         fn place_vector(&self, t: &HostTensor<'_>) -> Result<Buf, BackendError> {
@@ -400,6 +438,24 @@ mod dispatch {
             }
             fits("matmul input", n * w.cols)?;
             fits("matmul output", n * w.rows)?;
+            let z = n.div_ceil(vk_ops::MATMUL_TILE);
+            if self.dev.int_dot() && w.cols.is_multiple_of(32) {
+                if let Some(shader) = vk_ops::dp_shader(w.kind) {
+                    let blocks = n * w.cols / 32;
+                    let xq = self.xq(blocks * 36)?;
+                    let quant = Push::default().ptr(x.at()).ptr(xq).u32(fits("blocks", blocks)?);
+                    self.dev.launch("quantize_q8", &quant, groups(blocks), 1).map_err(be)?;
+                    let push = Push::default()
+                        .ptr(xq)
+                        .ptr(y.at())
+                        .ptr(w.b.addr(0))
+                        .u32(w.rows as u32)
+                        .u32(w.cols as u32)
+                        .u32(n as u32)
+                        .u32(w.row_bytes as u32);
+                    return self.dev.launch(&shader, &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), z).map_err(be);
+                }
+            }
             let push = Push::default()
                 .ptr(x.at())
                 .ptr(y.at())
@@ -408,7 +464,7 @@ mod dispatch {
                 .u32(w.cols as u32)
                 .u32(n as u32)
                 .u32(w.row_bytes as u32);
-            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), n.div_ceil(vk_ops::MATMUL_TILE)).map_err(be)
+            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), z).map_err(be)
         }
 
         fn add_bias(&self, y: &mut Buf, b: &Buf, n: usize) -> Result<(), BackendError> {
@@ -585,6 +641,50 @@ mod dispatch {
                 .u32(c0 as u32)
                 .u32(0);
             self.dev.launch("select", &push, groups(n * dst_width), 1).map_err(be)
+        }
+    }
+}
+
+/// Both sides of the integer-dot switch on whatever Vulkan device opens (CI:
+/// lavapipe, which has integer dot products): the conformance suite runs the
+/// integer-dot products for their kinds, and these run the float products
+/// that stand in for them where a device has none.
+#[cfg(all(test, feature = "vulkan"))]
+mod tests {
+    use super::Vulkan;
+    use crate::backend::conformance as c;
+    use crate::kernel_registry::Backend;
+    use ferrox_ops::vulkan as vk_ops;
+
+    fn open(int_dot: bool, what: &str) -> Option<ferrox_vulkan::Device> {
+        match ferrox_vulkan::Device::open_with(0, &ferrox_vulkan::Options { int_dot, ..Default::default() }) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                let required = std::env::var_os(c::require_var(Backend::Vulkan)).is_some_and(|v| v == "1");
+                assert!(!required, "the Vulkan device did not open: {e}");
+                eprintln!("NOT CHECKED on vulkan ({e}): {what}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn the_float_products_stand_in_for_the_integer_dot_ones() {
+        let Some(dev) = open(false, "the float products of the integer-dot kinds") else { return };
+        assert!(!dev.int_dot(), "integer dot products asked off and still on");
+        let be = Vulkan::on(dev, true);
+        // Every kind, the integer-dot ones among them, on the float products.
+        assert!(vk_ops::DP_KINDS.iter().all(|&k| vk_ops::suffix(k).is_some()));
+        c::matmul_matches_the_scalar_twin(&be, |k| vk_ops::suffix(k).is_some());
+    }
+
+    #[test]
+    fn lavapipe_takes_the_integer_dot_products() {
+        let Some(dev) = open(true, "integer dot products on lavapipe") else { return };
+        if dev.name().contains("llvmpipe") {
+            assert!(dev.int_dot(), "lavapipe offers shaderIntegerDotProduct, so CI runs the integer-dot products");
+        } else {
+            eprintln!("{}: integer dot products {}", dev.name(), if dev.int_dot() { "on" } else { "not offered" });
         }
     }
 }
