@@ -4,14 +4,21 @@
 #   scripts/vulkan-h200.sh prepare     on the CPU machine: fills $D (default target/devvk, an
 #                                      ignored folder, ~45 MiB) with what the device run needs
 #   scripts/vulkan-h200.sh             on the GPU machine, through the device tool:
-#     carry: ["target/devvk"], command: "bash scripts/vulkan-h200.sh"
+#     carry: ["target/devvk"], command: "COMMIT=<sha> SHAPES=llama-1b bash scripts/vulkan-h200.sh"
+#   A device command stops at 10 minutes, so split the work over calls on the warm machine
+#   (the .debs are unpacked again each call; a few seconds), e.g.
+#     1. COMMIT=<sha> SHAPES=llama-1b bash scripts/vulkan-h200.sh              (tests, then 1b)
+#     2. COMMIT=<sha> SKIP_TESTS=1 SHAPES=llama-8b KINDS="F16 Q8_0" bash scripts/vulkan-h200.sh
+#     3. COMMIT=<sha> SKIP_TESTS=1 SHAPES=llama-8b KINDS=Q4_0 bash scripts/vulkan-h200.sh
+#   and append each call's $OUT/vulkan-h200.jsonl to benchmarks/results/vulkan.jsonl.
 #
 # What `prepare` puts in $D (the device has no network):
 #   debs/          Debian's libvulkan1 libglvnd0 libgl1 libglx0 libegl1 libopengl0 libgles2
 #                  (`apt-get download`): NVIDIA's Vulkan driver needs the loader and glvnd; without
 #                  glvnd the loader says "Found no drivers"
 #   ferrox         stripped `cargo build --release -p ferrox --features vulkan,cuda,measure`
-#                  (measure: FERROX_VULKAN_REPLAY=0 gives the replay-off figures)
+#                  (measure: FERROX_VULKAN_REPLAY=0 and FERROX_VULKAN_INT_DOT=0 give the
+#                  replay-off and float-product figures)
 #   ferrox_core    the ferrox-core test binary (`--features vulkan,measure`, stripped): the Vulkan
 #                  conformance suite
 #   ferrox_vulkan_device   ferrox-vulkan's device test (replay, pipeline cache)
@@ -20,8 +27,9 @@
 # The run: unpacks the .debs into / (ldconfig), points the loader at NVIDIA's ICD, runs the
 # Vulkan conformance suite and the device test on the GPU (FERROX_REQUIRE_VULKAN=1: a device that
 # does not open fails), writes synthetic llama-1b and llama-8b (F16; Q8_0 and Q4_0 by
-# `ferrox quantize`), and runs `ferrox bench --backend vulkan` (pp512, tg128) on each, replay
-# on and (tg128) off, and `--backend cuda` beside it on the same file.
+# `ferrox quantize`), and runs `ferrox bench --backend vulkan` (pp512, tg128) on each, with
+# replay off too, with the float products for Q8_0/Q4_0 too (the integer-dot switch), and
+# `--backend cuda` beside it on the same file.
 # Out: $OUT/vulkan-h200.jsonl (benchmarks/harness/record.py lines, set "vulkan", COMMIT and
 # MACHINE label them where the device's copy has no git), $OUT/raw-<shape>.txt, $OUT/logs.tgz.
 # Env: SHAPES (default "llama-1b llama-8b"), KINDS (default "F16 Q8_0 Q4_0"), REPS (3),
@@ -96,6 +104,7 @@ for shape in ${SHAPES:-llama-1b llama-8b}; do
     }
     run_bench ferrox vulkan
     run_bench vulkan-no-replay vulkan FERROX_VULKAN_REPLAY=0
+    case $k in Q8_0 | Q4_0) run_bench vulkan-no-int-dot vulkan FERROX_VULKAN_INT_DOT=0 ;; esac
     [ "${NO_CUDA:-0}" = 1 ] || run_bench cuda cuda
     rm -f "$f.tmp"
     [ "$k" != F16 ] && rm -f "$f"
@@ -104,6 +113,7 @@ for shape in ${SHAPES:-llama-1b llama-8b}; do
   # ferrox's Vulkan is the figure; replay-off and ferrox's CUDA are its references.
   MACHINE=${MACHINE:-h200} python3 benchmarks/harness/record.py bench --out "$OUT/vulkan-h200.jsonl" --set vulkan \
     --backend vulkan --model "$shape (synthetic, seed 0)" --ref "vulkan-no-replay=ferrox Vulkan, replay off" \
+    --ref "vulkan-no-int-dot=ferrox Vulkan, float products (FERROX_VULKAN_INT_DOT=0)" \
     --ref "cuda=ferrox CUDA" --source scripts/vulkan-h200.sh "$raw" >/dev/null 2>>$LOG/record.err || cat $LOG/record.err
 done
 cut -c1-300 "$OUT/vulkan-h200.jsonl" 2>/dev/null
