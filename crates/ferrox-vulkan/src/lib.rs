@@ -960,7 +960,10 @@ mod tests {
         for &(k, s) in ferrox_ops::vulkan::KINDS {
             assert!(has_shader(&format!("matmul_{s}")) && has_shader(&format!("get_rows_{s}")), "{k}");
         }
-        for op in ["unary", "glu", "select", "rms_norm", "rope", "kv_store", "attention"] {
+        for &k in ferrox_ops::vulkan::DP_KINDS {
+            assert!(has_shader(&ferrox_ops::vulkan::dp_shader(k).unwrap()), "{k}: no integer-dot product");
+        }
+        for op in ["unary", "glu", "select", "rms_norm", "rope", "kv_store", "attention", "quantize_q8"] {
             assert!(has_shader(op), "{op}");
         }
         assert!(!has_shader("matmul_iq2_xxs"));
