@@ -74,7 +74,7 @@ export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 300 "$D/ferrox_vulkan_device" --test-threads=1 --nocapture >$LOG/device-test.log 2>&1
   echo "$(el) device test rc=$?: $(grep -E '^test result' $LOG/device-test.log | tail -1)"
-  timeout 500 "$D/ferrox_core" conformance::Vulkan --test-threads=1 --nocapture >$LOG/conformance.log 2>&1
+  timeout 500 "$D/ferrox_core" conformance::Vulkan backend::vulkan::tests --test-threads=1 --nocapture >$LOG/conformance.log 2>&1
   echo "$(el) conformance rc=$?: $(grep -E '^test result' $LOG/conformance.log | tail -1)"
   grep -E "NOT CHECKED|panicked|FAILED|largest relative|max \|diff\|" $LOG/conformance.log | head -20
 fi
