@@ -2,11 +2,14 @@
 //! (vendored by the `glslang` crate, built with `cc`: no system shader
 //! compiler), one module per kind for the products and row lookups
 //! (`ferrox_ops::vulkan::KINDS`), and writes `shaders.rs`: the table of
-//! `(name, SPIR-V bytes)` the device loads by name.
+//! `(name, SPIR-V bytes)` the device loads by name. The integer-dot
+//! products (`matmul_dp_<suffix>`, `ferrox_ops::vulkan::DP_KINDS`) and their
+//! activation quantizer (`quantize_q8`) are compiled too; the device runs
+//! them only where it has `shaderIntegerDotProduct`.
 
 use std::path::PathBuf;
 
-const PLAIN: &[&str] = &["unary", "glu", "select", "rms_norm", "rope", "kv_store", "attention"];
+const PLAIN: &[&str] = &["unary", "glu", "select", "rms_norm", "rope", "kv_store", "attention", "quantize_q8"];
 const PER_KIND: &[&str] = &["matmul", "get_rows"];
 
 fn main() {
@@ -37,6 +40,12 @@ fn main() {
             let define = format!("#define KIND_{}\n", suffix.to_ascii_uppercase());
             jobs.push((format!("{name}_{suffix}"), format!("{head}{define}{common}\n{dequant}\n{body}")));
         }
+    }
+    let dp = read("matmul_dp.comp");
+    for &kind in ferrox_ops::vulkan::DP_KINDS {
+        let suffix = ferrox_ops::vulkan::suffix(kind).expect("an integer-dot kind is in KINDS");
+        let define = format!("#define KIND_{}\n", suffix.to_ascii_uppercase());
+        jobs.push((format!("matmul_dp_{suffix}"), format!("{head}{define}{common}\n{dp}")));
     }
     let mut table = String::from("/// Every compiled shader: `(name, SPIR-V)`.\npub static SHADERS: &[(&str, &[u8])] = &[\n");
     for (name, src) in jobs {

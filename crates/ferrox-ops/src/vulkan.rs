@@ -18,10 +18,25 @@ pub const KINDS: &[(QuantKind, &str)] = &[
     (QuantKind::Q5_1, "q5_1"),
     (QuantKind::Q8_0, "q8_0"),
     (QuantKind::Q2K, "q2_k"),
+    (QuantKind::Q3K, "q3_k"),
     (QuantKind::Q4K, "q4_k"),
     (QuantKind::Q5K, "q5_k"),
     (QuantKind::Q6K, "q6_k"),
+    (QuantKind::IQ4NL, "iq4_nl"),
+    (QuantKind::IQ4XS, "iq4_xs"),
+    (QuantKind::MXFP4, "mxfp4"),
 ];
+
+/// The kinds with an integer-dot product (`matmul_dp_<suffix>`: their
+/// values as int8 against activations quantized to int8 per 32), run
+/// where the device has `shaderIntegerDotProduct`; each keeps its float
+/// product as the fallback.
+pub const DP_KINDS: &[QuantKind] = &[QuantKind::Q8_0, QuantKind::Q4_0];
+
+/// The integer-dot product shader of `kind`, if it has one.
+pub fn dp_shader(kind: QuantKind) -> Option<String> {
+    DP_KINDS.contains(&kind).then(|| suffix(kind).map(|s| format!("matmul_dp_{s}"))).flatten()
+}
 
 /// The shader suffix of `kind`, or `None`: the Vulkan backend does not
 /// decode it.

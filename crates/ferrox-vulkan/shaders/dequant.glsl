@@ -126,6 +126,56 @@ void deq32(U8 w, uint base, uint c, uint lim, inout float v[32]) {
         v[l] = d * sc * float(int(n | (hb << 4)) - 32);
     }
 }
+#elif defined(KIND_Q3_K)
+// 256 per block (110 bytes): hmask[32], qs[64], 12 packed 6-bit scales, d.
+void deq32(U8 w, uint base, uint c, uint lim, inout float v[32]) {
+    uint o = base + (c / 8u) * 110u, sub = c % 8u, n = sub / 4u, j = sub % 4u;
+    float d = f16at(w, o + 108u);
+    uint m = 1u << (4u * n + j);
+    for (uint half_ = 0u; half_ < 2u; half_++) {
+        uint i = 8u * n + 2u * j + half_;
+        uint lo = i < 8u ? b8(w, o + 96u + i) & 15u : b8(w, o + 96u + i - 8u) >> 4;
+        uint hi = (b8(w, o + 104u + i % 4u) >> (2u * (i / 4u))) & 3u;
+        float dl = d * float(int(lo | (hi << 4)) - 32);
+        for (uint l = 16u * half_; l < 16u * half_ + 16u; l++) {
+            uint q = (b8(w, o + 32u + 32u * n + l) >> (2u * j)) & 3u;
+            v[l] = dl * float(int(q) - ((b8(w, o + l) & m) != 0u ? 0 : 4));
+        }
+    }
+}
+#elif defined(KIND_IQ4_NL) || defined(KIND_IQ4_XS)
+const float IQ4_VALUES[16] = float[16](-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+void deq32(U8 w, uint base, uint c, uint lim, inout float v[32]) {
+#if defined(KIND_IQ4_NL)
+    // 32 per block (18 bytes): d, qs[16].
+    uint o = base + c * 18u, q0 = o + 2u;
+    float dl = f16at(w, o);
+#else
+    // 256 per block (136 bytes): d, scales_h (u16), scales_l[4], qs[128].
+    uint o = base + (c / 8u) * 136u, ib = c % 8u, q0 = o + 8u + 16u * ib;
+    uint sh = b8(w, o + 2u) | (b8(w, o + 3u) << 8);
+    uint ls = ((b8(w, o + 4u + ib / 2u) >> (4u * (ib % 2u))) & 15u) | (((sh >> (2u * ib)) & 3u) << 4);
+    float dl = f16at(w, o) * float(int(ls) - 32);
+#endif
+    for (uint l = 0u; l < 16u; l++) {
+        uint q = b8(w, q0 + l);
+        v[l] = dl * IQ4_VALUES[q & 15u];
+        v[l + 16u] = dl * IQ4_VALUES[q >> 4];
+    }
+}
+#elif defined(KIND_MXFP4)
+// 32 per block (17 bytes): an E8M0 exponent, then 16 bytes of E2M1 pairs
+// (doubled: 0, 1, 2, 3, 4, 6, 8, 12, signed), times half the scale.
+const float MXFP4_VALUES[16] = float[16](0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
+void deq32(U8 w, uint base, uint c, uint lim, inout float v[32]) {
+    uint o = base + c * 17u, e = b8(w, o);
+    float d = uintBitsToFloat(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+    for (uint l = 0u; l < 16u; l++) {
+        uint q = b8(w, o + 1u + l);
+        v[l] = d * MXFP4_VALUES[q & 15u];
+        v[l + 16u] = d * MXFP4_VALUES[q >> 4];
+    }
+}
 #else
 #error "no dequantizer for this kind"
 #endif

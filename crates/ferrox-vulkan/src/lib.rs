@@ -66,6 +66,10 @@ pub const DEVICE_VAR: &str = "FERROX_VULKAN_DEVICE";
 /// minimum); more wrap into y, and the shaders fold them back.
 const MAX_GROUPS_X: u32 = 65535;
 
+/// The largest staging buffer: a larger upload or read-back goes through
+/// it in parts.
+const STAGING_BYTES: usize = 64 << 20;
+
 /// Bytes of push constants every pipeline takes (the spec's guaranteed minimum).
 const PUSH_BYTES: u32 = 128;
 
@@ -77,6 +81,10 @@ struct Recording {
     open: bool,
     /// Buffers dropped while recorded commands may still use them.
     retired: Vec<(vk::Buffer, vk::DeviceMemory)>,
+    /// The command buffer a decode step is being recorded into for replay
+    /// ([`Device::begin_capture`]): launches go there, and a host access
+    /// is refused until [`Device::end_capture`].
+    capture: Option<vk::CommandBuffer>,
 }
 
 struct Inner {
@@ -89,6 +97,20 @@ struct Inner {
     max_alloc: u64,
     layout: vk::PipelineLayout,
     pipelines: Mutex<HashMap<&'static str, vk::Pipeline>>,
+    /// The driver's pipeline cache, loaded from and saved to `cache_file`.
+    cache: vk::PipelineCache,
+    cache_file: Option<std::path::PathBuf>,
+    /// Whether the cache file was read and taken.
+    cache_loaded: bool,
+    /// Integer dot products are enabled ([`Options::int_dot`] and the device has them).
+    int_dot: bool,
+    /// Buffers are device-local and reached through `staging` ([`Options::staged`]).
+    staged: bool,
+    /// The host-visible buffer uploads and read-backs of device-local
+    /// buffers pass through (made on first use).
+    staging: Mutex<Option<Staging>>,
+    /// Pipelines created since the cache was loaded (it is saved when any were).
+    created: std::sync::atomic::AtomicUsize,
     rec: Mutex<Recording>,
 }
 
@@ -127,14 +149,42 @@ impl Buf {
 impl Drop for Buf {
     fn drop(&mut self) {
         let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
-        if rec.open {
+        if rec.open || rec.capture.is_some() {
             rec.retired.push((self.buffer, self.memory));
         } else {
+            // SAFETY: the buffer and memory were made by this device and no recorded or running command uses them (none is open, or they were retired above).
             unsafe {
                 self.inner.device.destroy_buffer(self.buffer, None);
                 self.inner.device.free_memory(self.memory, None);
             }
         }
+    }
+}
+
+/// The staging buffer: a [`Buf`] without its hold on the device (the
+/// device holds it, and frees it when it closes).
+struct Staging {
+    buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    bytes: usize,
+    ptr: *mut u8,
+}
+
+// As for `Buf`: touched only under the device's staging lock.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    fn of(b: Buf) -> Staging {
+        let b = std::mem::ManuallyDrop::new(b);
+        // The Arc is released; the Vulkan objects now belong to the Staging.
+        // SAFETY: `b` is never dropped (ManuallyDrop), so its Arc is read out exactly once and released here.
+        let _inner = unsafe { std::ptr::read(&b.inner) };
+        Staging { buffer: b.buffer, memory: b.memory, bytes: b.bytes, ptr: b.ptr }
+    }
+
+    unsafe fn destroy(self, d: &ash::Device) {
+        d.destroy_buffer(self.buffer, None);
+        d.free_memory(self.memory, None);
     }
 }
 
@@ -146,7 +196,7 @@ pub struct Push(Vec<u8>);
 impl Push {
     /// A buffer address.
     pub fn ptr(mut self, addr: u64) -> Push {
-        debug_assert!(self.0.len() % 8 == 0, "addresses come before scalars");
+        debug_assert!(self.0.len().is_multiple_of(8), "addresses come before scalars");
         self.0.extend_from_slice(&addr.to_le_bytes());
         self
     }
@@ -162,6 +212,87 @@ impl Push {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
+}
+
+/// How a device is opened, beyond which one.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The folder the pipeline cache is kept in
+    /// (`pipelines-<the device's pipeline-cache UUID>.bin`); `None`: not kept.
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Whether buffers live in device-local memory reached through a
+    /// staging buffer (`Some(true)`) or in host-visible memory mapped for
+    /// their lifetime (`Some(false)`); `None`: staged on a discrete GPU,
+    /// whose host-visible memory is either the host's, read over the bus,
+    /// or a small window, and mapped elsewhere (a CPU device such as
+    /// lavapipe, an integrated GPU: one memory).
+    pub staged: Option<bool>,
+    /// Whether integer dot products are used where the device has them
+    /// (`false`: the float path everywhere, as on a device without them).
+    pub int_dot: bool,
+}
+
+impl Default for Options {
+    /// The pipeline cache under `~/.cache/ferrox/vulkan/`.
+    fn default() -> Options {
+        Options { cache_dir: std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/ferrox/vulkan")), staged: None, int_dot: true }
+    }
+}
+
+/// What a pipeline-cache file starts with (then the data's length and its
+/// FNV-1a hash, each a little-endian u64, then the driver's data).
+const CACHE_MAGIC: &[u8; 8] = b"FXVKPC1\0";
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A pipeline-cache file's contents wrapped for storing.
+fn cache_file_bytes(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 24);
+    out.extend_from_slice(CACHE_MAGIC);
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    out.extend_from_slice(&fnv1a(data).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// The driver's data in a stored pipeline-cache file, checked whole (its
+/// length and hash) and against the device (the Vulkan header's vendor,
+/// device and cache UUID), or why it is not taken. A driver is not trusted
+/// to survive a damaged cache, so nothing unchecked reaches it.
+fn cache_data_of<'a>(file: &'a [u8], props: &vk::PhysicalDeviceProperties) -> std::result::Result<&'a [u8], String> {
+    let word = |b: &[u8], at: usize| b.get(at..at + 8).map(|w| u64::from_le_bytes(w.try_into().unwrap()));
+    if file.get(..8) != Some(&CACHE_MAGIC[..]) {
+        return Err("not a ferrox pipeline cache".into());
+    }
+    let (Some(len), Some(hash)) = (word(file, 8), word(file, 16)) else {
+        return Err("truncated header".into());
+    };
+    let data = &file[24..];
+    if data.len() as u64 != len {
+        return Err(format!("{} bytes of data where the header says {len}", data.len()));
+    }
+    if fnv1a(data) != hash {
+        return Err("its data does not match its hash (damaged)".into());
+    }
+    let u32at = |at: usize| data.get(at..at + 4).map(|w| u32::from_le_bytes(w.try_into().unwrap()));
+    let header = (u32at(0), u32at(4), u32at(8), u32at(12), data.get(16..32));
+    let want = (
+        Some(32u32),
+        Some(vk::PipelineCacheHeaderVersion::ONE.as_raw() as u32),
+        Some(props.vendor_id),
+        Some(props.device_id),
+        Some(&props.pipeline_cache_uuid[..]),
+    );
+    if header != want {
+        return Err("made by another device or driver".into());
+    }
+    Ok(data)
+}
+
+fn uuid_hex(uuid: &[u8]) -> String {
+    uuid.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What one physical device is, for choosing.
@@ -186,11 +317,17 @@ impl Device {
     /// Opens the device `FERROX_VULKAN_DEVICE` names, else the `ordinal`-th
     /// Vulkan device that is not a CPU.
     pub fn open(ordinal: usize) -> Result<Device> {
-        let asked = std::env::var(DEVICE_VAR).ok().filter(|v| !v.trim().is_empty());
-        unsafe { Device::open_inner(ordinal, asked.as_deref()) }
+        Device::open_with(ordinal, &Options::default())
     }
 
-    unsafe fn open_inner(ordinal: usize, asked: Option<&str>) -> Result<Device> {
+    /// [`Device::open`] with `opts`.
+    pub fn open_with(ordinal: usize, opts: &Options) -> Result<Device> {
+        let asked = std::env::var(DEVICE_VAR).ok().filter(|v| !v.trim().is_empty());
+        // SAFETY: `open_inner` only makes Vulkan calls on objects it creates, and destroys what it made on every error path.
+        unsafe { Device::open_inner(ordinal, asked.as_deref(), opts) }
+    }
+
+    unsafe fn open_inner(ordinal: usize, asked: Option<&str>, opts: &Options) -> Result<Device> {
         let entry = ash::Entry::load().map_err(|e| VulkanError::Unavailable(format!("no Vulkan loader (libvulkan.so.1): {e}")))?;
         let version = entry.try_enumerate_instance_version().ok().flatten().unwrap_or(vk::API_VERSION_1_0);
         if version < vk::API_VERSION_1_2 {
@@ -200,11 +337,12 @@ impl Device {
                 vk::api_version_minor(version)
             )));
         }
-        let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+        // 1.3 where the loader has it: integer dot products are core there.
+        let app = vk::ApplicationInfo::default().api_version(version.min(vk::API_VERSION_1_3));
         let instance = entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None).map_err(call("vkCreateInstance"))?;
         let done = Device::choose(&entry, &instance, ordinal, asked);
         match done {
-            Ok((pdev, name)) => match Device::on(entry, instance.clone(), pdev, name) {
+            Ok((pdev, name)) => match Device::on(entry, instance.clone(), pdev, name, opts) {
                 Ok(d) => Ok(d),
                 Err(e) => {
                     instance.destroy_instance(None);
@@ -243,7 +381,7 @@ impl Device {
         Ok((pick.pdev, pick.name.clone()))
     }
 
-    unsafe fn on(entry: ash::Entry, instance: ash::Instance, pdev: vk::PhysicalDevice, name: String) -> Result<Device> {
+    unsafe fn on(entry: ash::Entry, instance: ash::Instance, pdev: vk::PhysicalDevice, name: String, opts: &Options) -> Result<Device> {
         let props = instance.get_physical_device_properties(pdev);
         if props.api_version < vk::API_VERSION_1_2 {
             return Err(VulkanError::Unavailable(format!("{name}: Vulkan 1.2 is needed")));
@@ -268,8 +406,19 @@ impl Device {
             .ok_or_else(|| VulkanError::Unavailable(format!("{name}: no compute queue")))? as u32;
         let prio = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&prio)];
+        // Integer dot products (`GL_EXT_integer_dot_product`): Vulkan 1.3 core.
+        let int_dot = props.api_version >= vk::API_VERSION_1_3 && {
+            let mut v13 = vk::PhysicalDeviceVulkan13Features::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut v13);
+            instance.get_physical_device_features2(pdev, &mut f2);
+            v13.shader_integer_dot_product != 0
+        } && opts.int_dot;
         let mut want12 = vk::PhysicalDeviceVulkan12Features::default().buffer_device_address(true).storage_buffer8_bit_access(true).shader_int8(true);
-        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).push_next(&mut want12);
+        let mut want13 = vk::PhysicalDeviceVulkan13Features::default().shader_integer_dot_product(true);
+        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).push_next(&mut want12);
+        if int_dot {
+            info = info.push_next(&mut want13);
+        }
         let device = instance.create_device(pdev, &info, None).map_err(call("vkCreateDevice"))?;
         let queue = device.get_device_queue(family, 0);
         let ranges = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).size(PUSH_BYTES)];
@@ -282,6 +431,24 @@ impl Device {
             .map_err(call("vkAllocateCommandBuffers"))?[0];
         let fence = device.create_fence(&vk::FenceCreateInfo::default(), None).map_err(call("vkCreateFence"))?;
         let mem_props = instance.get_physical_device_memory_properties(pdev);
+        let cache_file = opts.cache_dir.as_ref().map(|d| d.join(format!("pipelines-{}.bin", uuid_hex(&props.pipeline_cache_uuid))));
+        let stored = cache_file.as_ref().and_then(|f| std::fs::read(f).ok());
+        let taken = stored.as_deref().and_then(|bytes| match cache_data_of(bytes, &props) {
+            Ok(data) => Some(data),
+            Err(why) => {
+                eprintln!("warning: ignoring the Vulkan pipeline cache {}: {why}", cache_file.as_ref().unwrap().display());
+                None
+            }
+        });
+        let made = |data: &[u8]| device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default().initial_data(data), None);
+        let (cache, cache_loaded) = match taken.map(made) {
+            Some(Ok(c)) => (c, true),
+            Some(Err(e)) => {
+                eprintln!("warning: the Vulkan driver refused the pipeline cache {} ({e:?}); starting an empty one", cache_file.as_ref().unwrap().display());
+                (made(&[]).map_err(call("vkCreatePipelineCache"))?, false)
+            }
+            None => (made(&[]).map_err(call("vkCreatePipelineCache"))?, false),
+        };
         Ok(Device {
             inner: Arc::new(Inner {
                 _entry: entry,
@@ -293,7 +460,14 @@ impl Device {
                 max_alloc,
                 layout,
                 pipelines: Mutex::new(HashMap::new()),
-                rec: Mutex::new(Recording { pool, cmd, fence, open: false, retired: Vec::new() }),
+                cache,
+                cache_file,
+                cache_loaded,
+                int_dot,
+                staged: opts.staged.unwrap_or(props.device_type == vk::PhysicalDeviceType::DISCRETE_GPU),
+                staging: Mutex::new(None),
+                created: std::sync::atomic::AtomicUsize::new(0),
+                rec: Mutex::new(Recording { pool, cmd, fence, open: false, retired: Vec::new(), capture: None }),
             }),
         })
     }
@@ -303,13 +477,33 @@ impl Device {
         &self.inner.name
     }
 
+    /// Whether the pipeline cache was read from its file at open.
+    pub fn pipeline_cache_loaded(&self) -> bool {
+        self.inner.cache_loaded
+    }
+
     /// The largest single buffer the device allocates.
     pub fn max_buffer_bytes(&self) -> u64 {
         self.inner.max_alloc
     }
 
-    /// A zeroed buffer of `bytes`.
+    /// A zeroed buffer of `bytes`: mapped on the host where the device's
+    /// memory is the host's ([`Options::staged`]), else device-local and
+    /// reached through the staging buffer.
     pub fn alloc(&self, bytes: usize) -> Result<Buf> {
+        let staged = self.inner.staged;
+        let b = self.alloc_as(bytes, !staged, false)?;
+        if staged {
+            // SAFETY: `b` is a live buffer of this device with TRANSFER_DST usage; the fill is recorded into the device's own command buffer.
+            self.transfer(|d, cmd| unsafe { d.cmd_fill_buffer(cmd, b.buffer, 0, vk::WHOLE_SIZE, 0) })?;
+        }
+        Ok(b)
+    }
+
+    /// A buffer of `bytes` (zeroed when `mapped`): mapped host-visible and
+    /// coherent memory (device-local too where offered), or device-local
+    /// memory only; `staging` for the staging buffer itself.
+    fn alloc_as(&self, bytes: usize, mapped: bool, staging: bool) -> Result<Buf> {
         let size = (bytes.max(4).div_ceil(16) * 16) as u64;
         if size > self.inner.max_alloc {
             return Err(VulkanError::Refused(format!(
@@ -318,16 +512,28 @@ impl Device {
             )));
         }
         let d = &self.inner.device;
+        // SAFETY: every handle passed is created in this block from the live device; each error path destroys what was made before it.
         unsafe {
-            let usage = vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS;
+            let usage = match staging {
+                true => vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST,
+                false => {
+                    vk::BufferUsageFlags::STORAGE_BUFFER
+                        | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS
+                        | vk::BufferUsageFlags::TRANSFER_SRC
+                        | vk::BufferUsageFlags::TRANSFER_DST
+                }
+            };
             let buffer = d.create_buffer(&vk::BufferCreateInfo::default().size(size).usage(usage), None).map_err(call("vkCreateBuffer"))?;
             let req = d.get_buffer_memory_requirements(buffer);
-            let Some(ty) = self.memory_type(req.memory_type_bits) else {
+            let Some(ty) = self.memory_type(req.memory_type_bits, mapped, staging) else {
                 d.destroy_buffer(buffer, None);
-                return Err(VulkanError::Refused(format!("{}: no host-visible, coherent memory for a buffer", self.inner.name)));
+                return Err(VulkanError::Refused(format!("{}: no {} memory for a buffer", self.inner.name, if mapped { "host-visible, coherent" } else { "device-local" })));
             };
             let mut flags = vk::MemoryAllocateFlagsInfo::default().flags(vk::MemoryAllocateFlags::DEVICE_ADDRESS);
-            let info = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(ty).push_next(&mut flags);
+            let mut info = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(ty);
+            if !staging {
+                info = info.push_next(&mut flags);
+            }
             let memory = match d.allocate_memory(&info, None) {
                 Ok(m) => m,
                 Err(e) => {
@@ -336,36 +542,117 @@ impl Device {
                 }
             };
             let bound = d.bind_buffer_memory(buffer, memory, 0).map_err(call("vkBindBufferMemory"));
-            let mapped = bound.and_then(|_| d.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()).map_err(call("vkMapMemory")));
+            let mapped = bound.and_then(|_| match mapped {
+                true => d.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()).map_err(call("vkMapMemory")).map(|p| p as *mut u8),
+                false => Ok(std::ptr::null_mut()),
+            });
             let ptr = match mapped {
-                Ok(p) => p as *mut u8,
+                Ok(p) => p,
                 Err(e) => {
                     d.destroy_buffer(buffer, None);
                     d.free_memory(memory, None);
                     return Err(e);
                 }
             };
-            std::ptr::write_bytes(ptr, 0, size as usize);
-            let addr = d.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(buffer));
+            if !ptr.is_null() {
+                std::ptr::write_bytes(ptr, 0, size as usize);
+            }
+            let addr = if staging { 0 } else { d.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(buffer)) };
             Ok(Buf { inner: self.inner.clone(), buffer, memory, addr, bytes, ptr })
         }
     }
 
-    /// Host-visible and coherent memory, device-local too where offered.
-    fn memory_type(&self, bits: u32) -> Option<u32> {
+    /// A memory type of `bits`: host-visible and coherent when `mapped`
+    /// (device-local too where offered; host-cached first for `staging`,
+    /// which the host reads), else device-local.
+    fn memory_type(&self, bits: u32, mapped: bool, staging: bool) -> Option<u32> {
         let p = &self.inner.mem_props;
-        let want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-        let ok = |i: u32| bits & (1 << i) != 0 && p.memory_types[i as usize].property_flags.contains(want);
+        let flags = |i: u32| p.memory_types[i as usize].property_flags;
+        let want = match mapped {
+            true => vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT,
+            false => vk::MemoryPropertyFlags::DEVICE_LOCAL,
+        };
+        let prefer = match staging {
+            true => vk::MemoryPropertyFlags::HOST_CACHED,
+            false => vk::MemoryPropertyFlags::DEVICE_LOCAL,
+        };
+        let ok = |i: u32| bits & (1 << i) != 0 && flags(i).contains(want);
         let n = p.memory_type_count;
-        (0..n)
-            .find(|&i| ok(i) && p.memory_types[i as usize].property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL))
-            .or_else(|| (0..n).find(|&i| ok(i)))
+        (0..n).find(|&i| ok(i) && flags(i).contains(prefer)).or_else(|| (0..n).find(|&i| ok(i)))
+    }
+
+    /// Whether the integer-dot shaders may run (the device has
+    /// `shaderIntegerDotProduct` and [`Options::int_dot`] asked for them).
+    pub fn int_dot(&self) -> bool {
+        self.inner.int_dot
+    }
+
+    /// A buffer of `bytes` whose contents start undefined: scratch a
+    /// shader writes before anything reads it. Unlike [`Device::alloc`] it
+    /// records nothing, so it may be made inside a recording.
+    pub fn alloc_scratch(&self, bytes: usize) -> Result<Buf> {
+        self.alloc_as(bytes, !self.inner.staged, false)
+    }
+
+    /// Whether buffers live in device-local memory reached through a
+    /// staging buffer (a discrete GPU), not mapped on the host.
+    pub fn staged(&self) -> bool {
+        self.inner.staged
+    }
+
+    /// Runs what is recorded, then one command buffer of transfers `f`
+    /// records, fenced by barriers against the launches before and after.
+    fn transfer(&self, f: impl FnOnce(&ash::Device, vk::CommandBuffer)) -> Result<()> {
+        self.flush()?;
+        let d = &self.inner.device;
+        {
+            let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the command buffer is the device's own, under its lock; the barriers and `f`'s transfers name only live buffers.
+            unsafe {
+                d.begin_command_buffer(rec.cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
+                    .map_err(call("vkBeginCommandBuffer"))?;
+                rec.open = true;
+                let before = [vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                    .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
+                d.cmd_pipeline_barrier(rec.cmd, vk::PipelineStageFlags::ALL_COMMANDS, vk::PipelineStageFlags::TRANSFER, vk::DependencyFlags::empty(), &before, &[], &[]);
+                f(d, rec.cmd);
+                let after = [vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                    .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::HOST_READ)];
+                d.cmd_pipeline_barrier(
+                    rec.cmd,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &after,
+                    &[],
+                    &[],
+                );
+            }
+        }
+        self.flush()
+    }
+
+    /// Runs `f` over the staging buffer, grown to at least `bytes` (up to
+    /// [`STAGING_BYTES`]).
+    fn with_staging<R>(&self, bytes: usize, f: impl FnOnce(&Staging) -> Result<R>) -> Result<R> {
+        let mut st = self.inner.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if st.as_ref().is_none_or(|b| b.bytes < bytes) {
+            if let Some(old) = st.take() {
+                // Every transfer through it was waited for.
+                // SAFETY: every transfer through the old staging buffer was waited for (`transfer` flushes), so nothing uses it.
+                unsafe { old.destroy(&self.inner.device) };
+            }
+            *st = Some(Staging::of(self.alloc_as(bytes.clamp(1 << 20, STAGING_BYTES), true, true)?));
+        }
+        f(st.as_ref().unwrap())
     }
 
     /// A buffer holding `src`.
     pub fn upload(&self, src: &[u8]) -> Result<Buf> {
-        let b = self.alloc(src.len())?;
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), b.ptr, src.len()) };
+        let b = self.alloc_as(src.len(), !self.inner.staged, false)?;
+        self.write(&b, 0, src)?;
         Ok(b)
     }
 
@@ -376,7 +663,20 @@ impl Device {
             return Err(VulkanError::Refused(format!("a write of {} bytes at {offset} into a buffer of {}", src.len(), dst.bytes)));
         }
         self.flush()?;
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
+        if !dst.ptr.is_null() {
+            // SAFETY: `dst` is mapped for `dst.bytes`, the range was checked above, and the flush ran every launch that could touch it.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
+            return Ok(());
+        }
+        for (i, part) in src.chunks(STAGING_BYTES).enumerate() {
+            self.with_staging(part.len(), |st| {
+                // SAFETY: the staging buffer is mapped for at least `part.len()` bytes (grown above) and no transfer through it is in flight.
+                unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), st.ptr, part.len()) };
+                let region = [vk::BufferCopy { src_offset: 0, dst_offset: (offset + i * STAGING_BYTES) as u64, size: part.len() as u64 }];
+                // SAFETY: both buffers are live with TRANSFER usage, and the region lies inside both (checked above, and the staging buffer is at least `part.len()`).
+                self.transfer(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, st.buffer, dst.buffer, &region) })
+            })?;
+        }
         Ok(())
     }
 
@@ -387,7 +687,21 @@ impl Device {
             return Err(VulkanError::Refused(format!("a read of {} bytes at {offset} from a buffer of {}", dst.len(), src.bytes)));
         }
         self.flush()?;
-        unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        if !src.ptr.is_null() {
+            // SAFETY: `src` is mapped for `src.bytes`, the range was checked above, and the flush ran every launch that could write it.
+            unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+            return Ok(());
+        }
+        for (i, part) in dst.chunks_mut(STAGING_BYTES).enumerate() {
+            self.with_staging(part.len(), |st| {
+                let region = [vk::BufferCopy { src_offset: (offset + i * STAGING_BYTES) as u64, dst_offset: 0, size: part.len() as u64 }];
+                // SAFETY: both buffers are live with TRANSFER usage, and the region lies inside both (checked above, and the staging buffer is at least `part.len()`).
+                self.transfer(|d, cmd| unsafe { d.cmd_copy_buffer(cmd, src.buffer, st.buffer, &region) })?;
+                // SAFETY: `transfer` waited for the copy; the staging buffer is mapped for at least `part.len()` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(st.ptr, part.as_mut_ptr(), part.len()) };
+                Ok(())
+            })?;
+        }
         Ok(())
     }
 
@@ -400,11 +714,13 @@ impl Device {
             shaders::SHADERS.iter().find(|&&(n, _)| n == name).ok_or_else(|| VulkanError::Refused(format!("no shader {name} in this build")))?;
         let words = ash::util::read_spv(&mut std::io::Cursor::new(spv)).map_err(|e| VulkanError::Refused(format!("shader {name}: {e}")))?;
         let d = &self.inner.device;
+        // SAFETY: the module is made from SPIR-V the build checked, and destroyed once the pipeline holds it.
         unsafe {
             let module = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None).map_err(call("vkCreateShaderModule"))?;
             let stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
             let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.inner.layout)];
-            let made = d.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            let made = d.create_compute_pipelines(self.inner.cache, &info, None);
+            self.inner.created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             d.destroy_shader_module(module, None);
             let p = made.map_err(|(_, e)| call("vkCreateComputePipelines")(e))?[0];
             map.insert(name, p);
@@ -430,20 +746,22 @@ impl Device {
         let pipeline = self.pipeline(shader)?;
         let d = &self.inner.device;
         let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the command buffer is the device's own (or the open recording), under its lock; the pipeline and layout are live.
         unsafe {
-            if !rec.open {
+            if rec.capture.is_none() && !rec.open {
                 d.begin_command_buffer(rec.cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
                     .map_err(call("vkBeginCommandBuffer"))?;
                 rec.open = true;
             }
-            d.cmd_bind_pipeline(rec.cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
-            d.cmd_push_constants(rec.cmd, self.inner.layout, vk::ShaderStageFlags::COMPUTE, 0, &push.0);
-            d.cmd_dispatch(rec.cmd, gx as u32, gy as u32, z as u32);
+            let cmd = rec.capture.unwrap_or(rec.cmd);
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+            d.cmd_push_constants(cmd, self.inner.layout, vk::ShaderStageFlags::COMPUTE, 0, &push.0);
+            d.cmd_dispatch(cmd, gx as u32, gy as u32, z as u32);
             let barrier = [vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::SHADER_WRITE)
                 .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::HOST_READ)];
             d.cmd_pipeline_barrier(
-                rec.cmd,
+                cmd,
                 vk::PipelineStageFlags::COMPUTE_SHADER,
                 vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::HOST,
                 vk::DependencyFlags::empty(),
@@ -459,10 +777,14 @@ impl Device {
     pub fn flush(&self) -> Result<()> {
         let d = &self.inner.device;
         let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.capture.is_some() {
+            return Err(VulkanError::Refused("a host access while a decode step is being recorded for replay".into()));
+        }
         if !rec.open {
             return Ok(());
         }
         rec.open = false;
+        // SAFETY: the command buffer is under the device's lock, recorded and ended once; the fence is waited for before it is reused.
         let run = unsafe {
             d.end_command_buffer(rec.cmd).map_err(call("vkEndCommandBuffer")).and_then(|_| {
                 let cmds = [rec.cmd];
@@ -474,6 +796,7 @@ impl Device {
             })
         };
         for (b, m) in std::mem::take(&mut rec.retired) {
+            // SAFETY: the fence wait above ran every command that could use the retired buffers.
             unsafe {
                 d.destroy_buffer(b, None);
                 d.free_memory(m, None);
@@ -483,10 +806,124 @@ impl Device {
     }
 }
 
+/// Launches recorded once into their own command buffer
+/// ([`Device::begin_capture`] .. [`Device::end_capture`]) and submitted again
+/// by [`Device::replay`]: a decode step over the same buffers, whose
+/// per-step inputs (token, position) are read from a device buffer written
+/// before each replay. The launches reach buffers only by the addresses in
+/// their push constants, so a recording stays valid while those buffers live.
+pub struct Recorded {
+    inner: Arc<Inner>,
+    cmd: vk::CommandBuffer,
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        let rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        // A replay waits for its submission, so nothing of it is in flight.
+        // SAFETY: a replay waits for its submission, so the command buffer is not in flight; the pool is used under the device's lock.
+        unsafe { self.inner.device.free_command_buffers(rec.pool, &[self.cmd]) };
+    }
+}
+
+impl Device {
+    /// Runs what is recorded, then sends every launch until
+    /// [`Device::end_capture`] into a command buffer of its own instead of
+    /// running it. A host access in between is an error.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.flush()?;
+        let d = &self.inner.device;
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.capture.is_some() {
+            return Err(VulkanError::Refused("a recording for replay is already open".into()));
+        }
+        // SAFETY: the pool is used under the device's lock; a command buffer that fails to begin is freed before returning.
+        unsafe {
+            let info = vk::CommandBufferAllocateInfo::default().command_pool(rec.pool).level(vk::CommandBufferLevel::PRIMARY).command_buffer_count(1);
+            let cmd = d.allocate_command_buffers(&info).map_err(call("vkAllocateCommandBuffers"))?[0];
+            if let Err(e) = d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default()) {
+                d.free_command_buffers(rec.pool, &[cmd]);
+                return Err(call("vkBeginCommandBuffer")(e));
+            }
+            rec.capture = Some(cmd);
+        }
+        Ok(())
+    }
+
+    /// Closes the recording [`Device::begin_capture`] opened; nothing of it
+    /// has run.
+    pub fn end_capture(&self) -> Result<Recorded> {
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        let cmd = rec.capture.take().ok_or_else(|| VulkanError::Refused("no recording for replay is open".into()))?;
+        let recorded = Recorded { inner: self.inner.clone(), cmd };
+        drop(rec);
+        // SAFETY: the recording was taken out of the device's state above, so nothing records into it any more.
+        unsafe { self.inner.device.end_command_buffer(cmd).map_err(call("vkEndCommandBuffer"))? };
+        Ok(recorded)
+    }
+
+    /// Runs what is recorded, then `r`'s launches, and waits for them.
+    pub fn replay(&self, r: &Recorded) -> Result<()> {
+        if !Arc::ptr_eq(&self.inner, &r.inner) {
+            return Err(VulkanError::Refused("a recording replayed on another device".into()));
+        }
+        self.flush()?;
+        let d = &self.inner.device;
+        let mut rec = self.inner.rec.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.capture.is_some() {
+            return Err(VulkanError::Refused("a replay while a decode step is being recorded".into()));
+        }
+        // SAFETY: `r` belongs to this device (checked above) and is ended; the fence is waited for and reset before it is reused.
+        let run = unsafe {
+            let cmds = [r.cmd];
+            let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+            d.queue_submit(self.inner.queue, &submit, rec.fence).map_err(call("vkQueueSubmit")).and_then(|_| {
+                d.wait_for_fences(&[rec.fence], true, u64::MAX).map_err(call("vkWaitForFences"))?;
+                d.reset_fences(&[rec.fence]).map_err(call("vkResetFences"))
+            })
+        };
+        for (b, m) in std::mem::take(&mut rec.retired) {
+            // SAFETY: the fence wait above ran every command that could use the retired buffers.
+            unsafe {
+                d.destroy_buffer(b, None);
+                d.free_memory(m, None);
+            }
+        }
+        run
+    }
+}
+
+impl Inner {
+    /// Writes the pipeline cache to its file (through a temporary file
+    /// and a rename, so a reader never sees half of one) when pipelines
+    /// were created since it was loaded. A cache that cannot be written
+    /// only costs pipeline compiles in the next process.
+    fn save_cache(&self) {
+        let Some(path) = &self.cache_file else { return };
+        if self.created.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        // SAFETY: the pipeline cache is live until this device is dropped, which is where this runs.
+        let Ok(data) = (unsafe { self.device.get_pipeline_cache_data(self.cache) }) else { return };
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let stored = path.parent().map(std::fs::create_dir_all).transpose().is_ok()
+            && std::fs::write(&tmp, cache_file_bytes(&data)).is_ok()
+            && std::fs::rename(&tmp, path).is_ok();
+        if !stored {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.save_cache();
+        // SAFETY: the device is idle after the wait below, so no object destroyed here is in use.
         unsafe {
             let _ = self.device.device_wait_idle();
+            if let Some(st) = self.staging.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+                st.destroy(&self.device);
+            }
             let rec = self.rec.get_mut().unwrap_or_else(|e| e.into_inner());
             for (b, m) in rec.retired.drain(..) {
                 self.device.destroy_buffer(b, None);
@@ -497,6 +934,7 @@ impl Drop for Inner {
             for (_, p) in self.pipelines.get_mut().unwrap_or_else(|e| e.into_inner()).drain() {
                 self.device.destroy_pipeline(p, None);
             }
+            self.device.destroy_pipeline_cache(self.cache, None);
             self.device.destroy_pipeline_layout(self.layout, None);
             self.device.destroy_device(None);
             self.instance.destroy_instance(None);
@@ -522,9 +960,40 @@ mod tests {
         for &(k, s) in ferrox_ops::vulkan::KINDS {
             assert!(has_shader(&format!("matmul_{s}")) && has_shader(&format!("get_rows_{s}")), "{k}");
         }
-        for op in ["unary", "glu", "select", "rms_norm", "rope", "kv_store", "attention"] {
+        for &k in ferrox_ops::vulkan::DP_KINDS {
+            assert!(has_shader(&ferrox_ops::vulkan::dp_shader(k).unwrap()), "{k}: no integer-dot product");
+        }
+        for op in ["unary", "glu", "select", "rms_norm", "rope", "kv_store", "attention", "quantize_q8"] {
             assert!(has_shader(op), "{op}");
         }
         assert!(!has_shader("matmul_iq2_xxs"));
+    }
+
+    #[test]
+    fn a_stored_pipeline_cache_is_taken_only_whole_and_from_its_own_device() {
+        let mut props = vk::PhysicalDeviceProperties { vendor_id: 0x10de, device_id: 0x2335, ..Default::default() };
+        props.pipeline_cache_uuid = [7; 16];
+        let mut data = Vec::new();
+        for w in [32u32, 1, 0x10de, 0x2335] {
+            data.extend_from_slice(&w.to_le_bytes());
+        }
+        data.extend_from_slice(&[7; 16]);
+        data.extend_from_slice(b"the driver's pipelines");
+        let file = cache_file_bytes(&data);
+        assert_eq!(cache_data_of(&file, &props), Ok(&data[..]));
+        for at in [0, 9, 17, 24, 30, file.len() - 1] {
+            let mut bad = file.clone();
+            bad[at] ^= 1;
+            assert!(cache_data_of(&bad, &props).is_err(), "a flipped bit at {at} was taken");
+        }
+        for len in [0, 5, 23, 24, file.len() - 1] {
+            assert!(cache_data_of(&file[..len], &props).is_err(), "{len} bytes were taken");
+        }
+        let mut other = props;
+        other.pipeline_cache_uuid[3] = 8;
+        assert!(cache_data_of(&file, &other).unwrap_err().contains("another device"));
+        other = props;
+        other.device_id = 1;
+        assert!(cache_data_of(&file, &other).is_err());
     }
 }

@@ -20,6 +20,15 @@ use crate::kernel_registry::Backend;
 pub struct Vulkan {
     #[cfg(feature = "vulkan")]
     dev: ferrox_vulkan::Device,
+    /// Decode steps recorded once and replayed, newest last (`None`:
+    /// replay is off, or a recording failed and it was turned off).
+    #[cfg(feature = "vulkan")]
+    recorded: std::sync::Mutex<Option<Vec<(super::RecordKey, ferrox_vulkan::Recorded)>>>,
+    /// The integer-dot products' activations, the newest (largest) last.
+    /// A grown buffer never frees the ones before it: a kept recording may
+    /// still read them by address.
+    #[cfg(feature = "vulkan")]
+    xq: std::sync::Mutex<Vec<ferrox_vulkan::Buf>>,
 }
 
 impl BackendCaps for Vulkan {
@@ -104,6 +113,7 @@ mod dispatch {
     /// A weight matrix in its file's block format.
     pub struct Matrix {
         b: ferrox_vulkan::Buf,
+        kind: QuantKind,
         suffix: &'static str,
         rows: usize,
         cols: usize,
@@ -156,8 +166,61 @@ mod dispatch {
             if !Vulkan::env_value(|| true).map_err(BackendError::new)? {
                 return Err(BackendError("cannot open Vulkan: it is off (FERROX_VULKAN=0)".into()));
             }
-            let dev = Device::open(ordinal).map_err(|e| BackendError(format!("cannot open a Vulkan device: {e}")))?;
-            Ok(Vulkan { dev })
+            let replay = Vulkan::replay_setting().map_err(BackendError::new)?;
+            let int_dot = Vulkan::int_dot_setting().map_err(BackendError::new)?;
+            let opts = ferrox_vulkan::Options { int_dot, ..Default::default() };
+            let dev = Device::open_with(ordinal, &opts).map_err(|e| BackendError(format!("cannot open a Vulkan device: {e}")))?;
+            Ok(Vulkan::on(dev, replay))
+        }
+
+        /// The backend over an opened device.
+        pub fn on(dev: Device, replay: bool) -> Vulkan {
+            Vulkan { dev, recorded: std::sync::Mutex::new(replay.then(Vec::new)), xq: std::sync::Mutex::new(Vec::new()) }
+        }
+
+        /// Whether the integer-dot products run where the device has them:
+        /// always, except in a `measure` build with `FERROX_VULKAN_INT_DOT=0`
+        /// (the float products everywhere).
+        #[cfg(feature = "measure")]
+        pub(crate) fn int_dot_setting() -> Result<bool, crate::backend::BadValue> {
+            ferrox_quant::knob::switch("FERROX_VULKAN_INT_DOT", true)
+        }
+
+        /// Without the `measure` feature the integer-dot products always run where offered.
+        #[cfg(not(feature = "measure"))]
+        pub(crate) fn int_dot_setting() -> Result<bool, crate::backend::BadValue> {
+            Ok(true)
+        }
+
+        /// The scratch the integer-dot products' activations go to, at
+        /// least `bytes` (grown by doubling; older ones kept, see `xq`).
+        fn xq(&self, bytes: usize) -> Result<u64, BackendError> {
+            let mut xq = self.xq.lock().map_err(|_| BackendError("scratch lock poisoned".into()))?;
+            if xq.last().is_none_or(|b| b.bytes() < bytes) {
+                let size = bytes.max(xq.last().map_or(0, |b| 2 * b.bytes())).max(1 << 16);
+                xq.push(self.dev.alloc_scratch(size).map_err(be)?);
+            }
+            Ok(xq.last().unwrap().addr(0))
+        }
+
+        /// Whether decode steps are recorded once and replayed: always,
+        /// except in a `measure` build with `FERROX_VULKAN_REPLAY=0` (each
+        /// step's launches recorded anew, to measure what replay saves and
+        /// to run that path on purpose).
+        #[cfg(feature = "measure")]
+        pub(crate) fn replay_setting() -> Result<bool, crate::backend::BadValue> {
+            ferrox_quant::knob::switch("FERROX_VULKAN_REPLAY", true)
+        }
+
+        /// Without the `measure` feature decode steps are always replayed.
+        #[cfg(not(feature = "measure"))]
+        pub(crate) fn replay_setting() -> Result<bool, crate::backend::BadValue> {
+            Ok(true)
+        }
+
+        /// Whether decode steps are recorded once and replayed.
+        pub fn replay_enabled(&self) -> bool {
+            self.recorded.lock().is_ok_and(|r| r.is_some())
         }
 
         /// The opened device.
@@ -208,6 +271,10 @@ mod dispatch {
         }
     }
 
+    /// Decode recordings kept per device (a context's slot of each batch
+    /// shape and head; the oldest dropped past this).
+    const RECORDED_CACHE: usize = 8;
+
     impl DeviceBackend for Vulkan {
         type Matrix = Matrix;
         type Vector = Buf;
@@ -227,6 +294,45 @@ mod dispatch {
             1
         }
 
+        /// A decode step's launches recorded once into a command buffer and
+        /// submitted again on later steps over the same buffers (`key`); the
+        /// token and position are staged into the index buffer before each
+        /// step, outside the recording.
+        fn run_recorded<E: From<BackendError>>(&self, key: crate::backend::RecordKey, may_record: bool, mut f: impl FnMut() -> Result<(), E>) -> Result<(), E> {
+            let mut recorded = self.recorded.lock().map_err(|_| BackendError("replay cache lock poisoned".into()))?;
+            let Some(cache) = recorded.as_mut() else {
+                drop(recorded);
+                return f();
+            };
+            if let Some((_, r)) = cache.iter().find(|(k, _)| *k == key) {
+                return self.dev.replay(r).map_err(|e| E::from(be(e)));
+            }
+            if !may_record {
+                drop(recorded);
+                return f();
+            }
+            self.dev.begin_capture().map_err(|e| E::from(be(e)))?;
+            let ran = f();
+            let captured = self.dev.end_capture();
+            match (ran, captured) {
+                (Ok(()), Ok(r)) => {
+                    self.dev.replay(&r).map_err(|e| E::from(be(e)))?;
+                    if cache.len() >= RECORDED_CACHE {
+                        cache.remove(0);
+                    }
+                    cache.push((key, r));
+                    Ok(())
+                }
+                _ => {
+                    // Off for good; nothing recorded ran, so run it directly
+                    // (an error that was not the recording's comes back again).
+                    *recorded = None;
+                    drop(recorded);
+                    f()
+                }
+            }
+        }
+
         fn describe(&self) -> String {
             format!("vulkan ({})", self.dev.name())
         }
@@ -242,7 +348,7 @@ mod dispatch {
             }
             fits(&format!("{}: bytes", t.name), want)?;
             let b = self.dev.upload(t.bytes).map_err(|e| BackendError(format!("{}: {e}", t.name)))?;
-            Ok(Matrix { b, suffix, rows: t.rows, cols: t.cols, row_bytes })
+            Ok(Matrix { b, kind: t.kind, suffix, rows: t.rows, cols: t.cols, row_bytes })
         }
 
         fn place_vector(&self, t: &HostTensor<'_>) -> Result<Buf, BackendError> {
@@ -332,6 +438,24 @@ mod dispatch {
             }
             fits("matmul input", n * w.cols)?;
             fits("matmul output", n * w.rows)?;
+            let z = n.div_ceil(vk_ops::MATMUL_TILE);
+            if self.dev.int_dot() && w.cols.is_multiple_of(32) {
+                if let Some(shader) = vk_ops::dp_shader(w.kind) {
+                    let blocks = n * w.cols / 32;
+                    let xq = self.xq(blocks * 36)?;
+                    let quant = Push::default().ptr(x.at()).ptr(xq).u32(fits("blocks", blocks)?);
+                    self.dev.launch("quantize_q8", &quant, groups(blocks), 1).map_err(be)?;
+                    let push = Push::default()
+                        .ptr(xq)
+                        .ptr(y.at())
+                        .ptr(w.b.addr(0))
+                        .u32(w.rows as u32)
+                        .u32(w.cols as u32)
+                        .u32(n as u32)
+                        .u32(w.row_bytes as u32);
+                    return self.dev.launch(&shader, &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), z).map_err(be);
+                }
+            }
             let push = Push::default()
                 .ptr(x.at())
                 .ptr(y.at())
@@ -340,7 +464,7 @@ mod dispatch {
                 .u32(w.cols as u32)
                 .u32(n as u32)
                 .u32(w.row_bytes as u32);
-            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), n.div_ceil(vk_ops::MATMUL_TILE)).map_err(be)
+            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), z).map_err(be)
         }
 
         fn add_bias(&self, y: &mut Buf, b: &Buf, n: usize) -> Result<(), BackendError> {
@@ -349,7 +473,7 @@ mod dispatch {
         }
 
         fn rms_norm(&self, x: &mut Buf, w: &Buf, eps: f32) -> Result<(), BackendError> {
-            if w.len == 0 || x.len % w.len != 0 {
+            if w.len == 0 || !x.len.is_multiple_of(w.len) {
                 return Err(shape("rms_norm width", w.len, x.len));
             }
             let rows = x.len / w.len;
@@ -360,7 +484,7 @@ mod dispatch {
         fn rope(&self, x: &mut Buf, b: Staged<'_, VulkanIndices>, n_heads: usize, head_dim: usize, p: &RopeParams, factors: Option<&Buf>) -> Result<(), BackendError> {
             let n = b.len();
             exact("rope input", x, n * n_heads * head_dim)?;
-            if p.n_rot > head_dim || p.n_rot % 2 != 0 {
+            if p.n_rot > head_dim || !p.n_rot.is_multiple_of(2) {
                 return Err(BackendError(format!("n_rot {} does not fit head size {head_dim}", p.n_rot)));
             }
             if let Some(f) = factors {
@@ -391,7 +515,7 @@ mod dispatch {
             }
             let (hd, hdv) = (p.head_dim, p.head_dim_v);
             let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
-            if p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+            if p.n_head_kv == 0 || !p.n_head.is_multiple_of(p.n_head_kv) {
                 return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
             }
             if hd > vk_ops::MAX_HEAD_DIM || hdv > vk_ops::MAX_HEAD_DIM || hd % 2 != 0 || hdv % 2 != 0 {
@@ -454,7 +578,7 @@ mod dispatch {
         }
 
         fn glu_fused(&self, act: Activation, fused: &Buf, out: &mut Buf, width: usize) -> Result<(), BackendError> {
-            if width == 0 || fused.len % (2 * width) != 0 {
+            if width == 0 || !fused.len.is_multiple_of(2 * width) {
                 return Err(shape("fused glu width", 2 * width, fused.len));
             }
             let n = fused.len / (2 * width);
@@ -502,7 +626,7 @@ mod dispatch {
         }
 
         fn split_cols(&self, src: &Buf, src_width: usize, c0: usize, dst: &mut Buf, dst_width: usize) -> Result<(), BackendError> {
-            if c0 + dst_width > src_width || src_width == 0 || src.len % src_width != 0 {
+            if c0 + dst_width > src_width || src_width == 0 || !src.len.is_multiple_of(src_width) {
                 return Err(shape("split columns", src_width, c0 + dst_width));
             }
             let n = src.len / src_width;
@@ -517,6 +641,50 @@ mod dispatch {
                 .u32(c0 as u32)
                 .u32(0);
             self.dev.launch("select", &push, groups(n * dst_width), 1).map_err(be)
+        }
+    }
+}
+
+/// Both sides of the integer-dot switch on whatever Vulkan device opens (CI:
+/// lavapipe, which has integer dot products): the conformance suite runs the
+/// integer-dot products for their kinds, and these run the float products
+/// that stand in for them where a device has none.
+#[cfg(all(test, feature = "vulkan"))]
+mod tests {
+    use super::Vulkan;
+    use crate::backend::conformance as c;
+    use crate::kernel_registry::Backend;
+    use ferrox_ops::vulkan as vk_ops;
+
+    fn open(int_dot: bool, what: &str) -> Option<ferrox_vulkan::Device> {
+        match ferrox_vulkan::Device::open_with(0, &ferrox_vulkan::Options { int_dot, ..Default::default() }) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                let required = std::env::var_os(c::require_var(Backend::Vulkan)).is_some_and(|v| v == "1");
+                assert!(!required, "the Vulkan device did not open: {e}");
+                eprintln!("NOT CHECKED on vulkan ({e}): {what}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn the_float_products_stand_in_for_the_integer_dot_ones() {
+        let Some(dev) = open(false, "the float products of the integer-dot kinds") else { return };
+        assert!(!dev.int_dot(), "integer dot products asked off and still on");
+        let be = Vulkan::on(dev, true);
+        // Every kind, the integer-dot ones among them, on the float products.
+        assert!(vk_ops::DP_KINDS.iter().all(|&k| vk_ops::suffix(k).is_some()));
+        c::matmul_matches_the_scalar_twin(&be, |k| vk_ops::suffix(k).is_some());
+    }
+
+    #[test]
+    fn lavapipe_takes_the_integer_dot_products() {
+        let Some(dev) = open(true, "integer dot products on lavapipe") else { return };
+        if dev.name().contains("llvmpipe") {
+            assert!(dev.int_dot(), "lavapipe offers shaderIntegerDotProduct, so CI runs the integer-dot products");
+        } else {
+            eprintln!("{}: integer dot products {}", dev.name(), if dev.int_dot() { "on" } else { "not offered" });
         }
     }
 }
