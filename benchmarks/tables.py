@@ -235,6 +235,8 @@ TABLES = {
               ("same ids", lambda l: "yes" if l["same_tokens"] else "NO"),
               ("llama-speculative t/s", lambda l: f"{l['ref_figure']:.2f}" if l.get("ref") else "-"),
               ("vs llama-speculative", lambda l: f"**{l['figure'] / l['ref_figure']:.2f}x**" if l.get("ref") else "-")]),
+    "moe-cpu-epyc": dict(BAR, file="moe.jsonl", where={"set": "moe-cpu", "machine": "epyc-avx512-2c"},
+                         model_col=True, size=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
     "cuda-side-by-side": dict(CUDA_CMP, where={"set": "side-by-side", "machine": "h200"},
                               command="D=target/h-cuda REPS=3 bash scripts/cuda-side-by-side.sh",
                               note="(`SHAPE=llama-8b` for the 8b rows; through the device tool, see the "
