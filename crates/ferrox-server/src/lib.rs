@@ -1372,6 +1372,35 @@ struct StreamState {
 }
 
 impl StreamState {
+    /// The end of a choice whose reply was parsed whole (tool calls,
+    /// harmony): what is left of its text (`delta`) with the parsed calls,
+    /// indexed, as one chunk where there is any, then the chunk carrying the
+    /// finish reason and the timings.
+    fn finish_parsed(&mut self, i: usize, mut delta: Value, message: &Value, fin: &'static str, s: SeqSummary) {
+        if let Some(calls) = message["tool_calls"].as_array() {
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let mut c = c.clone();
+                    c["index"] = json!(k);
+                    c
+                })
+                .collect();
+            delta["tool_calls"] = Value::Array(calls);
+        }
+        if delta != json!({}) {
+            let c = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
+            let line = self.chunk(vec![c]);
+            self.queued.push_back(line);
+        }
+        let c = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": fin});
+        let mut line = self.chunk_value(vec![c]);
+        line["timings"] = self.out.timings(std::iter::once(&s));
+        self.queued.push_back(line.to_string());
+        self.choices[i].summary = Some(s);
+    }
+
     fn chunk(&self, choices: Vec<Value>) -> String {
         self.chunk_value(choices).to_string()
     }
@@ -1458,29 +1487,8 @@ impl StreamState {
                 d.reasoning.push_str(&tail.reasoning);
                 d.content.push_str(&tail.content);
                 let (message, fin) = self.out.harmony_message(i, String::new(), String::new(), raw, finish_reason(&s));
-                let mut delta = harmony_delta(d);
-                if let Some(calls) = message["tool_calls"].as_array() {
-                    let calls: Vec<Value> = calls
-                        .iter()
-                        .enumerate()
-                        .map(|(k, c)| {
-                            let mut c = c.clone();
-                            c["index"] = json!(k);
-                            c
-                        })
-                        .collect();
-                    delta["tool_calls"] = Value::Array(calls);
-                }
-                if delta != json!({}) {
-                    let c = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
-                    let line = self.chunk(vec![c]);
-                    self.queued.push_back(line);
-                }
-                let c = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": fin});
-                let mut line = self.chunk_value(vec![c]);
-                line["timings"] = self.out.timings(std::iter::once(&s));
-                self.queued.push_back(line.to_string());
-                self.choices[i].summary = Some(s);
+                let delta = harmony_delta(d);
+                self.finish_parsed(i, delta, &message, fin, s);
             }
             SeqEvent::Token(t) if self.out.job.tools.is_some() => {
                 // A reply that may call tools is parsed whole: its text
@@ -1496,28 +1504,7 @@ impl StreamState {
                 if !message["content"].is_null() {
                     delta["content"] = message["content"].clone();
                 }
-                if let Some(calls) = message["tool_calls"].as_array() {
-                    let calls: Vec<Value> = calls
-                        .iter()
-                        .enumerate()
-                        .map(|(k, c)| {
-                            let mut c = c.clone();
-                            c["index"] = json!(k);
-                            c
-                        })
-                        .collect();
-                    delta["tool_calls"] = Value::Array(calls);
-                }
-                if delta != json!({}) {
-                    let c = json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null});
-                    let line = self.chunk(vec![c]);
-                    self.queued.push_back(line);
-                }
-                let c = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": fin});
-                let mut line = self.chunk_value(vec![c]);
-                line["timings"] = self.out.timings(std::iter::once(&s));
-                self.queued.push_back(line.to_string());
-                self.choices[i].summary = Some(s);
+                self.finish_parsed(i, delta, &message, fin, s);
             }
             SeqEvent::Token(t) => {
                 if !t.text.is_empty() || self.out.job.logprobs.is_some() {
