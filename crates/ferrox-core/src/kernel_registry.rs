@@ -185,10 +185,10 @@ pub struct LayerMats {
     pub qkv: Option<[ferrox_ops::Mat; 3]>,
     /// Gate (`None` where gate and up are one matrix) and up.
     pub gate_up: Option<[ferrox_ops::Mat; 2]>,
-    /// The attention's output projection and the FFN's down projection.
+    /// The attention's output projection.
     pub out: ferrox_ops::Mat,
-    /// The FFN's down projection.
-    pub down: ferrox_ops::Mat,
+    /// The FFN's down projection (`None` in a layer of experts).
+    pub down: Option<ferrox_ops::Mat>,
     /// Q, K and V go straight to RoPE (no biases, no Q/K norms): a backend's
     /// attention block may project, rotate and store them in one launch.
     pub qkv_direct: bool,

@@ -250,6 +250,10 @@ pub fn route(logits: &[f32], x: &crate::model::Experts) -> Vec<Route> {
         };
         order.sort_by(|&a, &b| key[b].partial_cmp(&key[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
         let chosen = &order[..n_used.min(n_expert)];
+        #[cfg(test)]
+        if let (Some(&last), Some(&next)) = (chosen.last(), order.get(n_used)) {
+            margins::note(token, row[last] - row[next]);
+        }
         if x.gating == crate::arch::MoeGating::SoftmaxAfterTopK {
             let top = chosen.iter().map(|&i| row[i]).fold(f32::NEG_INFINITY, f32::max);
             let w: Vec<f32> = chosen.iter().map(|&i| (row[i] - top).exp()).collect();
@@ -264,6 +268,39 @@ pub fn route(logits: &[f32], x: &crate::model::Experts) -> Vec<Route> {
         routes.extend(chosen.iter().map(|&expert| Route { token, expert, weight: e[expert] / z / sum * x.scale }));
     }
     routes
+}
+
+/// For tests: the smallest logit margin between the last expert [`route`]
+/// chose and the first it passed over, per token of a batch, over all
+/// layers. Where it is small another backend's rounding may route the token
+/// the other way, and its output then differs by a whole expert's
+/// contribution: the conformance tests' near-tie rule for experts.
+#[cfg(test)]
+pub(crate) mod margins {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static SEEN: RefCell<Option<Vec<f32>>> = const { RefCell::new(None) };
+    }
+
+    pub(crate) fn note(token: usize, margin: f32) {
+        SEEN.with(|s| {
+            if let Some(v) = s.borrow_mut().as_mut() {
+                if v.len() <= token {
+                    v.resize(token + 1, f32::INFINITY);
+                }
+                v[token] = v[token].min(margin);
+            }
+        })
+    }
+
+    /// `f`'s result and the margins of the routes taken on this thread
+    /// while it ran (empty: nothing was routed).
+    pub(crate) fn watch<R>(f: impl FnOnce() -> R) -> (R, Vec<f32>) {
+        SEEN.with(|s| *s.borrow_mut() = Some(Vec::new()));
+        let r = f();
+        (r, SEEN.with(|s| s.borrow_mut().take().unwrap_or_default()))
+    }
 }
 
 #[cfg(test)]
@@ -285,6 +322,10 @@ mod tests {
         // A three-way tie among experts 0, 1 and 3: the two lowest indices.
         assert_eq!((r[2].token, r[2].expert, r[3].expert), (1, 0, 1));
         assert!((r[2].weight - 0.5).abs() < 1e-6);
+        // The margins: row 0 chose 3 and 1 over 2 (ln 3 - ln 2); row 1's
+        // three-way tie leaves none.
+        let (_, m) = super::margins::watch(|| route(&l, &x));
+        assert!(m.len() == 2 && (m[0] - (3f32.ln() - 2f32.ln())).abs() < 1e-6 && m[1] == 0.0, "{m:?}");
         // Unnormalized (Qwen2-MoE): the softmax probabilities, times the scale.
         let r = route(&l[..4], &Experts { norm_weights: false, scale: 2.0, ..x });
         assert!((r[0].weight - 2.0 * 6.0 / 12.0).abs() < 1e-6 && (r[1].weight - 2.0 * 3.0 / 12.0).abs() < 1e-6, "{r:?}");

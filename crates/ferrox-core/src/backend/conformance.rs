@@ -654,7 +654,8 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
         let w = Weights::new(&t);
         let (norm, pn) = (rand_vec(&mut r, e, 1.0), rand_vec(&mut r, e, 1.0));
         let mut worst_kind = 0.0f64;
-        for (case, (norm_weights, scale, post)) in [(true, 1.0f32, false), (false, 2.5, true)].into_iter().enumerate() {
+        // The scale shows only without a post-norm (a norm undoes it).
+        for (case, (norm_weights, scale, post)) in [(true, 1.0f32, false), (false, 2.5, false), (false, 2.5, true)].into_iter().enumerate() {
             let experts = crate::model::Experts { n_expert: ne, n_used: k, n_ff: ff, norm_weights, scale, ..Default::default() };
             for n in [5usize, 1, 13] {
                 let x = rand_vec(&mut r, n * e, 1.0);
@@ -709,11 +710,77 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
     eprintln!("{name} experts block vs the CPU, largest relative error per kind: {}", worst.join(", "));
 }
 
-/// The tiny random-weight model of `arch`, written to a scratch file.
-fn tiny(case: crate::testing::TinyCase, tag: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("ferrox-conf-{tag}-{}-{}.gguf", case.label, std::process::id()));
-    crate::testing::tiny_model(case, 11).unwrap().write_to(&path).unwrap();
+/// The tiny random-weight model of `arch` drawn from `seed`, written to a
+/// scratch file.
+fn tiny(case: crate::testing::TinyCase, tag: &str, seed: u64) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("ferrox-conf-{tag}-{}-{seed}-{}.gguf", case.label, std::process::id()));
+    crate::testing::tiny_model(case, seed).unwrap().write_to(&path).unwrap();
     path
+}
+
+/// A routing margin (the logit gap between the last expert chosen and the
+/// first passed over, [`super::blocks::margins`]) below this is a near tie:
+/// another backend's rounding of the router's input (f16 GEMMs upstream,
+/// other summation orders) may choose the other expert, and the token's
+/// output then differs by a whole expert's share — no kernel's fault, as a
+/// near tie of the top two logits is none. Measured: CUDA chose otherwise
+/// at margins of about 5e-4 and 6e-3.
+const ROUTE_TIE: f32 = 2e-2;
+
+/// The greedy path [`every_architecture_follows_the_cpu`] takes on the CPU
+/// (the prompt, then 16 steps): the smallest routing margin along it.
+fn cpu_path_margin(path: &std::path::Path) -> f32 {
+    let cpu = Model::open(path, super::cpu::Cpu::new(2)).unwrap();
+    let n_vocab = cpu.n_vocab();
+    let prompt = crate::testing::tiny_tokens();
+    let mut ctx = cpu.new_context(96, 1).unwrap();
+    let mut b = Batch::default();
+    for (i, &t) in prompt.iter().enumerate() {
+        b.push(t, i as u32, 0, true);
+    }
+    let (mut h, m) = super::blocks::margins::watch(|| cpu.forward(&mut ctx, &b).unwrap());
+    let mut least = m.into_iter().fold(f32::INFINITY, f32::min);
+    for pos in (prompt.len() as u32..).take(16) {
+        let mut b = Batch::default();
+        b.push(top2(&h[h.len() - n_vocab..]).0 as u32, pos, 0, true);
+        let (next, m) = super::blocks::margins::watch(|| cpu.forward(&mut ctx, &b).unwrap());
+        h = next;
+        least = m.into_iter().fold(least, f32::min);
+    }
+    least
+}
+
+/// The seed of `case`'s tiny model for [`every_architecture_follows_the_cpu`]:
+/// 11, or for a mixture of experts the first seed from 11 whose CPU path
+/// routes every token with a margin of at least [`ROUTE_TIE`]. Chosen from
+/// the reference alone, before any device runs.
+fn calm_seed(case: crate::testing::TinyCase) -> u64 {
+    if !case.experts {
+        return 11;
+    }
+    for seed in 11..=74 {
+        let path = tiny(case, "calm", seed);
+        let least = cpu_path_margin(&path);
+        let _ = std::fs::remove_file(&path);
+        if least >= ROUTE_TIE {
+            eprintln!("{}: seed {seed} (its path's least routing margin {least:.1e})", case.label);
+            return seed;
+        }
+    }
+    panic!("{}: no seed in 11..=74 routes the test's path without a near tie", case.label)
+}
+
+/// The last position of `tokens` up to `upto` whose routing on the CPU is a
+/// near tie (margin below [`ROUTE_TIE`]), and that margin.
+fn routing_tie_before(path: &std::path::Path, tokens: &[u32], upto: usize) -> Option<(usize, f32)> {
+    let cpu = Model::open(path, super::cpu::Cpu::new(2)).unwrap();
+    let mut ctx = cpu.new_context(64, 1).unwrap();
+    let mut b = Batch::default();
+    for (i, &t) in tokens.iter().enumerate() {
+        b.push(t, i as u32, 0, true);
+    }
+    let (_, m) = super::blocks::margins::watch(|| cpu.forward(&mut ctx, &b).unwrap());
+    m.into_iter().enumerate().take(upto + 1).filter(|&(_, g)| g < ROUTE_TIE).last()
 }
 
 fn top2(v: &[f32]) -> (usize, f32) {
@@ -755,14 +822,16 @@ pub(crate) fn load_or_refused<B: DeviceBackend>(path: &std::path::Path, be: B, c
 /// Every architecture's tiny model: a prompt's logits at every position,
 /// then greedy decode steps one token a pass (each step's argmax also taken
 /// on the device, as `ferrox run` does), against the CPU — teacher-forced
-/// on the CPU's tokens so one near tie cannot cascade.
+/// on the CPU's tokens so one near tie cannot cascade. A mixture of experts
+/// is drawn from a seed whose path routes without a near tie ([`calm_seed`]).
 pub(crate) fn every_architecture_follows_the_cpu<B: DeviceBackend>(open: impl Fn() -> Option<B>) {
     use crate::backend::cpu::Cpu;
     for case in crate::testing::tiny_cases() {
         let arch = case.label;
         let Some(be) = open() else { return };
         let name = be.id();
-        let path = tiny(case, name.name());
+        let seed = calm_seed(case);
+        let path = tiny(case, name.name(), seed);
         let cpu = Model::open(&path, Cpu::new(2)).unwrap();
         let dev = load_or_refused(&path, be, case);
         let _ = std::fs::remove_file(&path);
@@ -845,10 +914,12 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
             .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
             .collect();
         let model = load_or_refused(&path, be, case);
-        if !committed {
-            let _ = std::fs::remove_file(&path);
-        }
-        let Some(model) = model else { continue };
+        let Some(model) = model else {
+            if !committed {
+                let _ = std::fs::remove_file(&path);
+            }
+            continue;
+        };
         let mut ctx = model.new_context(64, 1).unwrap();
         let mut b = Batch::default();
         for (i, &t) in tokens.iter().enumerate() {
@@ -857,14 +928,40 @@ pub(crate) fn every_architecture_matches_llama_cpp<B: DeviceBackend>(open: impl 
         let got = model.forward(&mut ctx, &b).unwrap();
         assert_eq!(want.len(), tokens.len(), "{arch}: reference positions");
         let tie = r["near_tie_threshold"].as_f64().unwrap() as f32;
-        let mut max = 0.0f32;
+        // Per position: the largest |diff| and what is wrong there, if anything.
+        let mut seen = Vec::new();
         for (p, (g, w)) in got.chunks(model.n_vocab()).zip(&want).enumerate() {
             assert_eq!(g.len(), w.len(), "{name} {arch}: vocabulary size");
             let (gm, wm) = (top2(g).0, top2(w).0);
-            assert!(gm == wm || w[wm] - w[gm] < tie, "{name} {arch}: top-1 differs at position {p}: {gm} vs llama.cpp's {wm}");
-            max = g.iter().zip(w).fold(max, |m, (a, b)| m.max((a - b).abs()));
+            let d = g.iter().zip(w).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            let wrong = if gm != wm && w[wm] - w[gm] >= tie {
+                Some(format!("top-1 differs at position {p}: {gm} vs llama.cpp's {wm}"))
+            } else if d >= 0.08 {
+                Some(format!("logits differ from llama.cpp's by up to {d} at position {p}"))
+            } else {
+                None
+            };
+            seen.push((d, wrong));
         }
-        assert!(max < 0.08, "{name} {arch}: logits differ from llama.cpp's by up to {max}");
+        // A mixture of experts may route a token the other way where its
+        // routing is a near tie: from the last such position before the
+        // first difference on (later ones attend to it), differences are
+        // excused, loudly.
+        let mut upto = seen.len();
+        if let Some(first) = seen.iter().position(|(_, w)| w.is_some()) {
+            let why = seen[first].1.clone().unwrap_or_default();
+            match case.experts.then(|| routing_tie_before(&path, &tokens, first)).flatten() {
+                Some((q, margin)) if q <= first => {
+                    eprintln!("NOT COMPARED on {name}: {arch} from position {q} (a routing near tie there, margin {margin:.1e} < {ROUTE_TIE:e}; {why})");
+                    upto = q;
+                }
+                _ => panic!("{name} {arch}: {why}"),
+            }
+        }
+        if !committed {
+            let _ = std::fs::remove_file(&path);
+        }
+        let max = seen[..upto].iter().fold(0.0f32, |m, s| m.max(s.0));
         checked.push(format!("{arch}: max |diff| {max:.4}"));
     }
     eprintln!("{}", checked.join("; "));

@@ -103,7 +103,7 @@ impl BackendCaps for Cuda {
                 })
             }
             Role::AttnOut | Role::FfnDown => {
-                let (m, direct) = if role == Role::AttnOut { (l.out, l.out_direct) } else { (l.down, l.down_direct) };
+                let (m, direct) = if role == Role::AttnOut { (l.out, l.out_direct) } else { (l.down?, l.down_direct) };
                 let kernel = cuda_ops::matvec(m.kind, m.cols)?.kernel(m.kind);
                 (direct && cuda_ops::adds_into_residual(m)).then(|| format!("cuda {kernel} (adds into the residual stream)"))
             }
@@ -677,7 +677,7 @@ mod caps_tests {
             qkv: Some([m(2048, 2048), m(512, 2048), m(512, 2048)]),
             gate_up: Some([m(8192, 2048); 2]),
             out: m(2048, 2048),
-            down: m(2048, 8192),
+            down: Some(m(2048, 8192)),
             qkv_direct: true,
             out_direct: direct,
             down_direct: direct,

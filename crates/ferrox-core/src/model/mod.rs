@@ -438,7 +438,7 @@ fn layer_mats(r: &Resolved<'_>, l: usize) -> Option<crate::kernel_registry::Laye
         qkv,
         gate_up: mat(Role::FfnGate).zip(mat(Role::FfnUp)).map(|(g, u)| [g, u]),
         out: mat(Role::AttnOut)?,
-        down: mat(Role::FfnDown)?,
+        down: mat(Role::FfnDown),
         qkv_direct: qkv.is_some() && !biased && !qk_norm,
         out_direct: !has(Role::AttnOutBias) && !has(Role::AttnPostNorm),
         down_direct: !has(Role::FfnPostNorm),
