@@ -10,6 +10,9 @@ set -u
 D=$1 LOG=$2 LL=/tmp/llama
 mkdir -p $LL/src $LOG
 tar xzf $D/llama-src.tgz -C $LL/src && cd $LL/src &&
+  # The stripped tree drops directories the top-level CMakeLists.txt still
+  # adds (pocs/, app/): empty ones let it configure.
+  for d in pocs app; do [ -d $d ] || { mkdir $d && : >$d/CMakeLists.txt; }; done &&
   cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
     -DCMAKE_BUILD_TYPE=Release >$LOG/llama-cmake.log 2>&1 &&
