@@ -49,6 +49,22 @@ import make_synthetic_gguf as m
 m.SHAPES["qwen3moe-30b-l8"] = dict(m.SHAPES["qwen3moe-30b"], layers=8)
 sys.exit(m.main())
 EOF
+# One figure a line: a bench line with the model, kind, engine and the bytes a token
+# reads. (A file, not a here-document: the bench lines arrive on stdin.)
+cat >$M/record.py <<'EOF'
+import json, sys
+shape, kind, bytes_line, engine = sys.argv[1:5]
+for line in sys.stdin:
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    d = json.loads(line)
+    d["model"] = f"{shape} (synthetic, seed 0)"
+    d["kind"] = kind
+    d["engine"] = engine
+    d["bytes_per_token"] = bytes_line
+    print(json.dumps(d))
+EOF
 for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
   python3 $M/synth.py --shape $shape --out $M/$shape-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth-$shape.log 2>&1
   echo "$(el) synthetic $shape F16 rc=$? ($(du -h $M/$shape-F16.gguf | cut -f1))"
@@ -81,21 +97,7 @@ for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
       src=/tmp/logs/bench-$shape-$k.jsonl
       [ $engine = llama.cpp ] && src=/tmp/logs/llama-bench-$shape-$k.jsonl
       [ -f $src ] || continue
-      python3 - "$shape" "$k" "$bytes" "$engine" <$src >>"$OUT/moe.jsonl" <<'PY'
-import json, sys
-shape, kind, bytes_line, engine = sys.argv[1:5]
-for line in sys.stdin:
-    line = line.strip()
-    if not line.startswith("{"):
-        continue
-    d = json.loads(line)
-    d["model"] = f"{shape} (synthetic, seed 0)"
-    d["kind"] = kind
-    d["engine"] = engine
-    d["bytes_per_token"] = bytes_line
-    print(json.dumps(d))
-PY
-    done
+      python3 $M/record.py "$shape" "$k" "$bytes" "$engine" <$src >>"$OUT/moe.jsonl"    done
   done
 done
 cat "$OUT/moe.jsonl" | cut -c1-400
