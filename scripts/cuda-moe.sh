@@ -97,7 +97,8 @@ for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
       src=/tmp/logs/bench-$shape-$k.jsonl
       [ $engine = llama.cpp ] && src=/tmp/logs/llama-bench-$shape-$k.jsonl
       [ -f $src ] || continue
-      python3 $M/record.py "$shape" "$k" "$bytes" "$engine" <$src >>"$OUT/moe.jsonl"    done
+      python3 $M/record.py "$shape" "$k" "$bytes" "$engine" <$src >>"$OUT/moe.jsonl"
+    done
   done
 done
 cat "$OUT/moe.jsonl" | cut -c1-400
