@@ -223,6 +223,14 @@ TABLES = {
         cols=[("streams", lambda l: str(l["streams"])), ("measure", lambda l: l["what"], LEFT),
               ("ferrox", lambda l: f"{l['figure']} {l['unit']}"),
               ("llama-server", lambda l: f"{l['ref_figure']} {l['unit']}")]),
+    "serve-cuda-h100": dict(
+        kind="list", file="serve.jsonl", where={"set": "serve-cuda", "what": "serve_tok_s"},
+        key=lambda l: (l["kind"], l["streams"]),
+        command="D=target/devmoe bash scripts/cuda-serve.sh",
+        cols=[("model", lambda l: f"{l['model']} {l['kind']}", LEFT), ("streams", lambda l: str(l["streams"])),
+              ("ferrox tok/s", lambda l: f"{l['figure']:.1f}"),
+              ("llama-server tok/s", lambda l: f"{l['ref_figure']:.0f} ({l['ref_machine']}, {l['ref_date']})"),
+              ("ratio", lambda l: f"{ratio(l)}x"), ("failures", lambda l: f"{l['failures']} / {l['ref_failures']}")]),
     "speculative": dict(
         kind="list", file="speculative.jsonl", where={"set": "speculative"}, key=lambda l: (l["what"], l["variant"]),
         command="FERROX=target/release/ferrox REPS=7 benchmarks/run_speculative.sh",
