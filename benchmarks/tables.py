@@ -229,8 +229,12 @@ TABLES = {
         command="D=target/devmoe bash scripts/cuda-serve.sh",
         cols=[("model", lambda l: f"{l['model']} {l['kind']}", LEFT), ("streams", lambda l: str(l["streams"])),
               ("ferrox tok/s", lambda l: f"{l['figure']:.1f}"),
-              ("llama-server tok/s", lambda l: f"{l['ref_figure']:.0f} ({l['ref_machine']}, {l['ref_date']})"),
-              ("ratio", lambda l: f"{ratio(l)}x"), ("failures", lambda l: f"{l['failures']} / {l['ref_failures']}")]),
+              ("llama-server tok/s", lambda l: f"{l['ref_figure']:.1f}"
+               + (f" ({l['ref_machine']}, {l['ref_date']})" if l.get("ref_machine") else " (same run)")),
+              ("ratio", lambda l: f"{ratio(l)}x"), ("failures", lambda l: f"{l['failures']} / {l['ref_failures']}"),
+              ("ferrox tokens / step", lambda l: f"{l['engine']['tokens_per_step']}" if l.get("engine") else "-"),
+              ("ferrox ms / step: forward, sampling", lambda l: "{:.1f}, {:.2f}".format(
+                  *(1e3 * l["engine"][k] / l["engine"]["steps"] for k in ("forward_s", "sample_s"))) if l.get("engine") else "-")]),
     "speculative": dict(
         kind="list", file="speculative.jsonl", where={"set": "speculative"}, key=lambda l: (l["what"], l["variant"]),
         command="FERROX=target/release/ferrox REPS=7 benchmarks/run_speculative.sh",

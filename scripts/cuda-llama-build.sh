@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench and llama-quantize (CUDA, sm_90) on the
-# device machine from the stripped tree a call carries ($1/llama-src.tgz)
+# Builds llama.cpp's llama-bench, llama-quantize, llama-simple and
+# llama-server (CUDA, sm_90; the server without its web UI) on the device
+# machine from the stripped tree a call carries ($1/llama-src.tgz, made by
+# scripts/llama-src-pack.sh)
 # into /tmp/llama/bin, logs in $2; /tmp/llama/.built marks success. About
 # four minutes on the H200 host: device-tool call scripts start it in the
 # background (`bash scripts/cuda-llama-build.sh $D $LOG & LLPID=$!`) and
@@ -9,12 +11,12 @@
 set -u
 D=$1 LOG=$2 LL=/tmp/llama
 mkdir -p $LL/src $LOG
-tar xzf $D/llama-src.tgz -C $LL/src && cd $LL/src &&
+tar xzf $D/llama-src.tgz -C $LL/src && cd $LL/src && { [ -f CMakeLists.txt ] || cd llama.cpp; } &&
   # The stripped tree drops directories the top-level CMakeLists.txt still
   # adds (pocs/, app/): empty ones let it configure.
   for d in pocs app; do [ -d $d ] || { mkdir $d && : >$d/CMakeLists.txt; }; done &&
   cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
+    -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
     -DCMAKE_BUILD_TYPE=Release >$LOG/llama-cmake.log 2>&1 &&
-  nice cmake --build build --target llama-bench llama-quantize llama-simple -j14 >$LOG/llama-build.log 2>&1 &&
-  mkdir -p $LL/bin && cp build/bin/llama-bench build/bin/llama-quantize build/bin/llama-simple $LL/bin/ && strip $LL/bin/* && touch $LL/.built
+  nice cmake --build build --target llama-bench llama-quantize llama-simple llama-server -j14 >$LOG/llama-build.log 2>&1 &&
+  mkdir -p $LL/bin && cp build/bin/llama-bench build/bin/llama-quantize build/bin/llama-simple build/bin/llama-server $LL/bin/ && strip $LL/bin/* && touch $LL/.built

@@ -287,6 +287,12 @@ pub struct SchedulerStats {
     pub batch_tokens: AtomicU64,
     /// Microseconds spent in forward passes and sampling.
     pub busy_us: AtomicU64,
+    /// Of those, nanoseconds in the forward passes (the logits read back
+    /// included).
+    pub forward_ns: AtomicU64,
+    /// Of those, nanoseconds drawing the samples (every sequence's, on the
+    /// host's threads).
+    pub sample_ns: AtomicU64,
     /// Sum of times to first token, microseconds.
     pub ttft_us_sum: AtomicU64,
     /// Sequences that reached a first token (or ended before one).
@@ -899,6 +905,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         stats
             .batch_tokens
             .fetch_add((batch.len() + ebatch.len()) as u64, Ordering::Relaxed);
+        let t_forward = Instant::now();
         let forward = match batch.is_empty() {
             true => Ok(Vec::new()),
             false => self.model.forward(&mut self.ctx, &batch),
@@ -958,6 +965,9 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 seq.prefill_pos = to;
             }
         }
+        stats
+            .forward_ns
+            .fetch_add(t_forward.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.take_hidden(&erows, &hidden, &chunks);
         let n_vocab = self.model.n_vocab().max(1);
         let mut logits = logits;
@@ -1022,7 +1032,11 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             }
             slot.history.truncate(base + *accepted);
         };
-        ferrox_quant::cpu::ThreadPool::global().run(self.model.backend().threads(), work.len(), &task);
+        let t_sample = Instant::now();
+        ferrox_quant::cpu::ThreadPool::global().run(self.model.backend().host_threads(), work.len(), &task);
+        stats
+            .sample_ns
+            .fetch_add(t_sample.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let results: Vec<(usize, Vec<Outcome>, usize, usize)> = work
             .into_iter()
             .map(|m| {

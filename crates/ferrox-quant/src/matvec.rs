@@ -262,6 +262,79 @@ pub fn matmul_many_with(isa: Isa, cols: usize, x: &[f32], n: usize, threads: usi
     Ok(())
 }
 
+/// One matrix of a [`matvec_routed`] call: a weight matrix over one chosen
+/// activation row, and its output.
+pub struct RoutedOut<'a> {
+    /// Storage kind.
+    pub kind: QuantKind,
+    /// The matrix's bytes, row-major (one expert's rows of a stack).
+    pub weights: &'a [u8],
+    /// Rows (the output's width).
+    pub rows: usize,
+    /// Which row of the activations it multiplies.
+    pub act: usize,
+    /// `rows` outputs.
+    pub y: &'a mut [f32],
+}
+
+/// `y_j = W_j x[act_j]` for many matrices of one width, each over one
+/// chosen row of the activations `x` (`cols` wide): the routed experts of a
+/// few tokens, where a loop of matvecs would dispatch and join the pool
+/// once per matrix (a decode step of a 128-expert model: 24 per layer) and
+/// quantize the same token once per matrix. Here each activation row used
+/// is quantized once and the rows of every matrix split into one set of
+/// pool tasks. Matrices whose kinds want different activation kinds run as
+/// separate [`matmul_with`] calls.
+pub fn matvec_routed(isa: Isa, cols: usize, x: &[f32], threads: usize, jobs: &mut [RoutedOut<'_>]) -> Result<(), CpuError> {
+    if cols == 0 || x.len() % cols != 0 {
+        return Err(CpuError::Shape { what: "activation length (whole rows)", expected: x.len().next_multiple_of(cols.max(1)), got: x.len() });
+    }
+    let n = x.len() / cols;
+    if let Some(j) = jobs.iter().find(|j| j.act >= n) {
+        return Err(CpuError::Shape { what: "activation row of a routed matrix", expected: n, got: j.act });
+    }
+    let first_act = jobs.first().and_then(|m| m.kind.vec_dot_kind());
+    if jobs.len() < 2 || !jobs.iter().all(|m| m.kind.vec_dot_kind() == first_act) {
+        for j in jobs.iter_mut() {
+            matmul_with(isa, j.kind, j.weights, j.rows, cols, &x[j.act * cols..(j.act + 1) * cols], j.y, 1, threads)?;
+        }
+        return Ok(());
+    }
+    let mut parts = Vec::with_capacity(jobs.len());
+    for j in jobs.iter_mut() {
+        let p = prepare(j.kind, isa, j.weights, j.rows, cols)?;
+        if j.y.len() != j.rows {
+            return Err(CpuError::Shape { what: "output length", expected: j.rows, got: j.y.len() });
+        }
+        let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || j.weights.len() > CACHE_BYTES;
+        parts.push((p, j.kind, j.weights, j.rows, OutPtr(j.y.as_mut_ptr()), rows_per_task(j.rows, threads), prefetch, j.act));
+    }
+    // Each activation row used, quantized once (with its four-row
+    // preparation where some matrix has that kernel).
+    let preps = parts.iter().any(|part| dot4_of(part.1, &part.0).is_some());
+    let mut acts: Vec<Option<Acts>> = (0..n).map(|_| None).collect();
+    for part in &parts {
+        let a = part.7;
+        if acts[a].is_none() {
+            acts[a] = Some(Acts::new(isa, &part.0, &x[a * cols..(a + 1) * cols], cols, 1, preps)?);
+        }
+    }
+    let tasks: Vec<(usize, usize)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, part)| (0..part.3).step_by(part.5).map(move |r0| (i, r0)))
+        .collect();
+    let task = |t: usize| {
+        let (i, r0) = tasks[t];
+        let (p, kind, weights, rows, out, per_task, prefetch, a) = &parts[i];
+        if let Some(acts) = &acts[*a] {
+            acts.rows(p, *kind, weights, *rows, *out, r0, (r0 + per_task).min(*rows), *prefetch);
+        }
+    };
+    ThreadPool::global().run(threads, tasks.len(), &task);
+    Ok(())
+}
+
 /// The four-row kernel `kind` has at the level `p` runs, if any.
 fn dot4_of(kind: QuantKind, p: &Prepared) -> Option<cpu::Dot4Fn> {
     cpu::dot4_kernel(kind, p.kernel.isa).and(cpu::dot4_fn(kind, p.kernel.isa))
@@ -514,6 +587,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Matrices over chosen activation rows in one dispatch give, bit for
+    /// bit, one `matmul_with` each over its own row: a stack's experts over
+    /// three tokens (repeated and unused rows), kinds sharing Q8_K, a mix of
+    /// activation kinds (which runs apart), odd row counts; and a row past
+    /// the activations is a typed error.
+    #[test]
+    fn matvec_routed_matches_one_matvec_per_matrix() {
+        let isa = Isa::detect();
+        let mut rng = SmallRng::seed_from_u64(29);
+        let cols = 512;
+        let x: Vec<f32> = (0..4 * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let sets: [&[(QuantKind, usize, usize)]; 3] = [
+            &[(QuantKind::Q4K, 36, 0), (QuantKind::Q4K, 36, 2), (QuantKind::Q6K, 21, 2), (QuantKind::Q4K, 36, 0), (QuantKind::Q6K, 64, 3)],
+            &[(QuantKind::Q8_0, 17, 1), (QuantKind::Q4_0, 40, 1), (QuantKind::Q5_0, 8, 3)],
+            &[(QuantKind::Q4_0, 16, 0), (QuantKind::Q4K, 9, 3)],
+        ];
+        for set in sets {
+            let ws: Vec<Vec<u64>> = set
+                .iter()
+                .map(|&(k, rows, _)| aligned_quantized(k, &(0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect::<Vec<f32>>()))
+                .collect();
+            let bytes: Vec<&[u8]> = set
+                .iter()
+                .zip(&ws)
+                .map(|(&(k, rows, _), w)| &bytemuck::cast_slice::<u64, u8>(w)[..rows * crate::row_bytes(k, cols).unwrap()])
+                .collect();
+            let mut got: Vec<Vec<f32>> = set.iter().map(|&(_, rows, _)| vec![f32::NAN; rows]).collect();
+            let mut jobs: Vec<RoutedOut<'_>> = set
+                .iter()
+                .zip(&bytes)
+                .zip(got.iter_mut())
+                .map(|((&(kind, rows, act), &weights), y)| RoutedOut { kind, weights, rows, act, y })
+                .collect();
+            matvec_routed(isa, cols, &x, 2, &mut jobs).unwrap();
+            for (i, &(kind, rows, act)) in set.iter().enumerate() {
+                let mut want = vec![f32::NAN; rows];
+                matmul_with(isa, kind, bytes[i], rows, cols, &x[act * cols..(act + 1) * cols], &mut want, 1, 2).unwrap();
+                assert!(
+                    want.iter().zip(&got[i]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kind} ({rows} rows, token {act}) of {set:?}: differs from its own matvec"
+                );
+            }
+        }
+        let w = aligned_quantized(QuantKind::Q8_0, &vec![0.5; 4 * cols]);
+        let w = &bytemuck::cast_slice::<u64, u8>(&w)[..4 * crate::row_bytes(QuantKind::Q8_0, cols).unwrap()];
+        let (mut y0, mut y1) = (vec![0.0; 4], vec![0.0; 4]);
+        let mut jobs = [
+            RoutedOut { kind: QuantKind::Q8_0, weights: w, rows: 4, act: 0, y: &mut y0 },
+            RoutedOut { kind: QuantKind::Q8_0, weights: w, rows: 4, act: 4, y: &mut y1 },
+        ];
+        let e = matvec_routed(isa, cols, &x, 2, &mut jobs);
+        assert!(matches!(e, Err(CpuError::Shape { what: "activation row of a routed matrix", expected: 4, got: 4 })), "{e:?}");
     }
 
     /// The interleaved Q8_0 decode matvec against the scalar twin (the same

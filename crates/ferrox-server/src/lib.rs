@@ -445,6 +445,18 @@ fn render_metrics(st: &AppState) -> String {
         "Time the engine spent in forward passes and sampling.",
         l(&s.busy_us) as f64 / 1e6,
     );
+    metric(
+        "engine_forward_seconds_total",
+        "counter",
+        "Of the busy time, the forward passes (logits read back included).",
+        l(&s.forward_ns) as f64 / 1e9,
+    );
+    metric(
+        "engine_sample_seconds_total",
+        "counter",
+        "Of the busy time, drawing the samples of every sequence.",
+        l(&s.sample_ns) as f64 / 1e9,
+    );
     let busy = l(&s.busy_us) as f64 / 1e6;
     metric(
         "generation_tokens_per_second",

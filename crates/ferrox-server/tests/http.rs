@@ -646,6 +646,28 @@ fn metrics_are_prometheus_text_with_the_engine_counters() {
         r.body
     );
     assert!(r.body.contains("\nferrox_requests_chat_total 1\n"));
+    // The busy time splits into its forward passes and its sampling, both
+    // seen moving, neither past the whole.
+    let value = |name: &str| -> f64 {
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in {}", r.body))
+            .parse()
+            .unwrap()
+    };
+    let busy = value("ferrox_engine_busy_seconds_total");
+    let (fwd, sample) = (
+        value("ferrox_engine_forward_seconds_total"),
+        value("ferrox_engine_sample_seconds_total"),
+    );
+    assert!(fwd > 0.0 && sample > 0.0, "forward {fwd} s, sampling {sample} s");
+    // (busy is counted in whole microseconds a step, the parts in nanoseconds.)
+    let steps = value("ferrox_engine_steps_total");
+    assert!(
+        fwd + sample <= busy + steps * 1e-6,
+        "forward {fwd} s + sampling {sample} s past busy {busy} s"
+    );
     assert!(r
         .body
         .contains("\nferrox_time_to_first_token_seconds_count 1\n"));

@@ -95,6 +95,31 @@ fn rms_norm_row(row: &mut [f32], w: &[f32], eps: f32) {
     row.iter_mut().zip(w).for_each(|(v, &g)| *v = (*v * scale) * g);
 }
 
+/// An expert's rows of a stack's matrix.
+fn expert_rows(m: &CpuWeight, expert: usize, rows: usize) -> Result<&[u8], BackendError> {
+    let rb = ferrox_quant::row_bytes(m.kind, m.cols).map_err(BackendError::new)?;
+    Ok(&m.bytes()[expert * rows * rb..(expert + 1) * rows * rb])
+}
+
+/// An expert's matrices (gate, up, down), its index in them and its width:
+/// routed experts index the first stack, the shared expert (`expert` past
+/// them) is the second stack's one.
+fn expert_of<'a>(stacks: &[([&'a CpuWeight; 3], usize, usize)], expert: usize) -> ([&'a CpuWeight; 3], usize, usize) {
+    match expert < stacks[0].1 {
+        true => (stacks[0].0, expert, stacks[0].2),
+        false => (stacks[1].0, 0, stacks[1].2),
+    }
+}
+
+/// The experts' gated activation, `h = act(gate) * up` (gpt-oss: its
+/// clamped SwiGLU).
+fn glu_experts(w: &super::MoeBlock<'_, Cpu>, g: &[f32], u: &[f32], h: &mut [f32]) {
+    match w.experts.swiglu_oai {
+        Some(oai) => h.iter_mut().zip(g.iter().zip(u)).for_each(|(h, (&g, &u))| *h = oai.apply(g, u)),
+        None => glu_span(w.act, g, u, h),
+    }
+}
+
 impl Cpu {
     /// A CPU backend on `threads` threads (0: all cores) at the best level
     /// this CPU has (lowered by `FERROX_CPU_ISA`).
@@ -105,6 +130,72 @@ impl Cpu {
             threads
         };
         Cpu { threads, isa: Isa::active(), rope_cache: Arc::default(), exact: Arc::default() }
+    }
+
+    /// The down products (`pairs.len() x n_embd`, in `pairs`' order) of
+    /// routed (token, expert) pairs: every pair's gate and up rows in one
+    /// [`ferrox_quant::matvec::matvec_routed`] dispatch, the GLU, then every
+    /// down row in one more (one per expert width: the shared expert's may
+    /// differ), biases added where the block has them.
+    fn expert_pairs(&self, w: &super::MoeBlock<'_, Cpu>, stacks: &[([&CpuWeight; 3], usize, usize)], x: &[f32], pairs: &[&super::Route]) -> Result<Vec<f32>, BackendError> {
+        use ferrox_quant::matvec::{matvec_routed, RoutedOut};
+        let e = w.n_embd;
+        let mut downs = vec![0.0f32; pairs.len() * e];
+        if pairs.is_empty() {
+            return Ok(downs);
+        }
+        let experts: Vec<_> = pairs.iter().map(|r| expert_of(stacks, r.expert)).collect();
+        let total: usize = experts.iter().map(|x| x.2).sum();
+        let (mut g, mut u, mut h) = (vec![0.0f32; total], vec![0.0f32; total], vec![0.0f32; total]);
+        {
+            let mut jobs = Vec::with_capacity(2 * pairs.len());
+            let (mut gs, mut us) = (g.as_mut_slice(), u.as_mut_slice());
+            for (r, &([gate, up, _], index, ff)) in pairs.iter().zip(&experts) {
+                let (gy, gr) = std::mem::take(&mut gs).split_at_mut(ff);
+                let (uy, ur) = std::mem::take(&mut us).split_at_mut(ff);
+                (gs, us) = (gr, ur);
+                jobs.push(RoutedOut { kind: gate.kind, weights: expert_rows(gate, index, ff)?, rows: ff, act: r.token, y: gy });
+                jobs.push(RoutedOut { kind: up.kind, weights: expert_rows(up, index, ff)?, rows: ff, act: r.token, y: uy });
+            }
+            matvec_routed(self.isa, e, x, self.threads, &mut jobs).map_err(BackendError::new)?;
+        }
+        let mut at = 0;
+        for (r, &(_, index, ff)) in pairs.iter().zip(&experts) {
+            let span = at..at + ff;
+            if let Some(b) = w.biases.as_ref().filter(|_| r.expert < w.experts.n_expert) {
+                g[span.clone()].iter_mut().zip(&b.gate[index * ff..(index + 1) * ff]).for_each(|(y, b)| *y += b);
+                u[span.clone()].iter_mut().zip(&b.up[index * ff..(index + 1) * ff]).for_each(|(y, b)| *y += b);
+            }
+            glu_experts(w, &g[span.clone()], &u[span.clone()], &mut h[span]);
+            at += ff;
+        }
+        // The downs, one dispatch per expert width, each pair over its own
+        // row of `h` (gathered per width).
+        let starts: Vec<usize> = experts.iter().scan(0, |at, x| Some(std::mem::replace(at, *at + x.2))).collect();
+        let mut widths: Vec<usize> = experts.iter().map(|x| x.2).collect();
+        widths.dedup();
+        widths.sort_unstable();
+        widths.dedup();
+        for ff in widths {
+            let mine: Vec<usize> = (0..pairs.len()).filter(|&p| experts[p].2 == ff).collect();
+            let hs: Vec<f32> = mine.iter().flat_map(|&p| h[starts[p]..starts[p] + ff].iter().copied()).collect();
+            let mut rows: Vec<Option<&mut [f32]>> = downs.chunks_exact_mut(e).map(Some).collect();
+            let mut jobs = Vec::with_capacity(mine.len());
+            for (i, &p) in mine.iter().enumerate() {
+                let ([_, _, down], index, _) = experts[p];
+                let y = rows[p].take().ok_or_else(|| BackendError("a routed pair's down row taken twice".into()))?;
+                jobs.push(RoutedOut { kind: down.kind, weights: expert_rows(down, index, e)?, rows: e, act: i, y });
+            }
+            matvec_routed(self.isa, ff, &hs, self.threads, &mut jobs).map_err(BackendError::new)?;
+        }
+        if let Some(b) = &w.biases {
+            for (r, dr) in pairs.iter().zip(downs.chunks_exact_mut(e)) {
+                if r.expert < w.experts.n_expert {
+                    dr.iter_mut().zip(&b.down[r.expert * e..(r.expert + 1) * e]).for_each(|(y, b)| *y += b);
+                }
+            }
+        }
+        Ok(downs)
     }
 
     /// The instruction-set level kernels are chosen for.
@@ -503,6 +594,10 @@ impl DeviceBackend for Cpu {
         self.threads
     }
 
+    fn host_threads(&self) -> usize {
+        self.threads
+    }
+
     fn describe(&self) -> String {
         format!("cpu ({}, {} threads)", self.isa, self.threads)
     }
@@ -839,10 +934,14 @@ impl DeviceBackend for Cpu {
         Ok(())
     }
 
-    /// Expert by expert: the tokens routed to it gathered, its gate and up
-    /// rows multiplied in place from the mapping (one batch per expert: the
-    /// GEMM when enough tokens share it), the GLU, its down rows, each
-    /// token's product added in with its weight.
+    /// The experts a few tokens share (fewer than a GEMM batch each: every
+    /// expert of a decode step) take all their (token, expert) pairs in two
+    /// pool dispatches — every gate and up row, then every down row — with
+    /// each token quantized once; the rest expert by expert: the tokens
+    /// routed to it gathered, its gate and up rows multiplied in place from
+    /// the mapping (the GEMM when enough tokens share it), the GLU, its down
+    /// rows. Products are added into each token's output with their weights
+    /// in expert order either way.
     fn moe_experts(&self, w: &super::MoeBlock<'_, Self>, x: &Vec<f32>, routes: &[super::Route], out: &mut Vec<f32>) -> Result<(), BackendError> {
         let (e, ne) = (w.n_embd, w.experts.n_expert);
         let n = out.len() / e.max(1);
@@ -861,8 +960,12 @@ impl DeviceBackend for Cpu {
                 }
             }
         }
-        if let Some(r) = routes.iter().find(|r| r.expert >= ne + usize::from(w.shared.is_some())) {
+        let n_experts = ne + usize::from(w.shared.is_some());
+        if let Some(r) = routes.iter().find(|r| r.expert >= n_experts) {
             return Err(BackendError(format!("a route to expert {} of {ne}", r.expert)));
+        }
+        if let Some(r) = routes.iter().find(|r| r.token >= n) {
+            return Err(BackendError(format!("a route for token {} of {n}", r.token)));
         }
         let ff = w.experts.n_ff;
         if let Some(b) = &w.biases {
@@ -871,24 +974,27 @@ impl DeviceBackend for Cpu {
             }
         }
         out.iter_mut().for_each(|v| *v = 0.0);
-        fn expert_rows(m: &CpuWeight, expert: usize, rows: usize) -> Result<&[u8], BackendError> {
-            let rb = ferrox_quant::row_bytes(m.kind, m.cols).map_err(BackendError::new)?;
-            Ok(&m.bytes()[expert * rows * rb..(expert + 1) * rows * rb])
-        }
+        let mut tokens = vec![0usize; n_experts];
+        routes.iter().for_each(|r| tokens[r.expert] += 1);
+        let few = |expert: usize| tokens[expert] < ferrox_quant::gemm::MIN_BATCH;
+        // The pairs of the experts few tokens share, in expert order, and
+        // their down products (one row each).
+        let mut pairs: Vec<&super::Route> = routes.iter().filter(|r| few(r.expert)).collect();
+        pairs.sort_by_key(|r| r.expert);
+        let downs = self.expert_pairs(w, &stacks, x, &pairs)?;
+        let mut done = 0;
         let (mut xs, mut g, mut u, mut h, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for expert in 0..ne + usize::from(w.shared.is_some()) {
-            let (mats, index, ff) = match expert < ne {
-                true => (stacks[0].0, expert, stacks[0].2),
-                false => (stacks[1].0, 0, stacks[1].2),
-            };
-            let [gate, up, down] = mats;
-            let mine: Vec<&super::Route> = routes.iter().filter(|r| r.expert == expert).collect();
-            if mine.is_empty() {
+        for expert in 0..n_experts {
+            if few(expert) {
+                let k = tokens[expert];
+                for (r, dr) in pairs[done..done + k].iter().zip(downs[done * e..].chunks_exact(e)) {
+                    out[r.token * e..(r.token + 1) * e].iter_mut().zip(dr).for_each(|(o, &v)| *o += r.weight * v);
+                }
+                done += k;
                 continue;
             }
-            if let Some(r) = mine.iter().find(|r| r.token >= n) {
-                return Err(BackendError(format!("a route for token {} of {n}", r.token)));
-            }
+            let ([gate, up, down], index, ff) = expert_of(&stacks, expert);
+            let mine: Vec<&super::Route> = routes.iter().filter(|r| r.expert == expert).collect();
             let k = mine.len();
             xs.clear();
             mine.iter().for_each(|r| xs.extend_from_slice(&x[r.token * e..(r.token + 1) * e]));
@@ -909,10 +1015,7 @@ impl DeviceBackend for Cpu {
                     y.chunks_exact_mut(ff).for_each(|row| row.iter_mut().zip(b).for_each(|(y, b)| *y += b));
                 }
             }
-            match w.experts.swiglu_oai {
-                Some(oai) => h.iter_mut().zip(g.iter().zip(&u)).for_each(|(h, (&g, &u))| *h = oai.apply(g, u)),
-                None => glu_span(w.act, &g, &u, &mut h),
-            }
+            glu_experts(w, &g, &u, &mut h);
             mm(down, e, ff, &h, &mut d)?;
             if let Some(b) = bias {
                 let b = &b.down[index * e..(index + 1) * e];

@@ -624,6 +624,13 @@ pub trait DeviceBackend: Send + Sync {
     fn id(&self) -> Backend;
     /// Threads (CPU) or streams the backend uses; reported, not tuned here.
     fn threads(&self) -> usize;
+    /// Host threads for the host's share of a step (the server samples one
+    /// sequence per task on them): the CPU backend's own compute threads,
+    /// which the step has just released; every core for a device backend,
+    /// whose host is idle while the device computes.
+    fn host_threads(&self) -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
     /// The device as `ferrox kernels` and the load line name it.
     fn describe(&self) -> String {
         self.id().name().to_string()

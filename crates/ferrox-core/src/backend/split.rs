@@ -364,6 +364,10 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
         self.cpu.threads()
     }
 
+    fn host_threads(&self) -> usize {
+        self.cpu.host_threads()
+    }
+
     fn describe(&self) -> String {
         let n = self.n_layer();
         format!("{} + {}: layers {}..{n} of {n} on {}", self.cpu.describe(), self.dev.describe(), n.saturating_sub(self.gpu_layers), self.dev.id())
