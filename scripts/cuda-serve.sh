@@ -11,7 +11,8 @@
 #   $D/gguf/, $D/make_synthetic_gguf.py, $D/load_completions.py   gguf-py and ../shared/tools
 #   $D/llama-src.tgz           optional (scripts/llama-src-pack.sh): llama-server built in the
 #                              background while ferrox runs, then run the same way (NO_LLAMA=1: not)
-# Env: CLIENTS ("1 16 64"), KIND (Q4_K_M), SHAPE (llama-8b), PARALLEL (64), CTX (65536).
+# Env: CLIENTS ("1 16 64"), KIND (Q4_K_M), SHAPE (llama-8b), PARALLEL (64), CTX (65536),
+# LLAMA_BUILD_S (420: the llama.cpp build is stopped past it, so a call stays under 10 minutes).
 # Results: $OUT/serve.jsonl (one line per client count, ready for
 # benchmarks/results/serve.jsonl; COMMIT and MACHINE label it), logs in $OUT/logs.tgz.
 set -u
@@ -26,7 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 # ferrox's figures are taken beside a compile, never the other way round —
 # then run on the same file under the same load (the side by side the bar asks for).
 LLPID=
-[ -f $D/llama-src.tgz ] && [ "${NO_LLAMA:-0}" != 1 ] && { bash scripts/cuda-llama-build.sh $D /tmp/logs/llama & LLPID=$!; }
+[ -f $D/llama-src.tgz ] && [ "${NO_LLAMA:-0}" != 1 ] && { timeout ${LLAMA_BUILD_S:-420} bash scripts/cuda-llama-build.sh $D /tmp/logs/llama & LLPID=$!; }
 SHAPE=${SHAPE:-llama-8b} KIND=${KIND:-Q4_K_M}
 M=/tmp/models/$SHAPE
 PYTHONPATH=$PWD/$D python3 $D/make_synthetic_gguf.py --shape $SHAPE --out $M-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth.log 2>&1
