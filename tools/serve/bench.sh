@@ -23,7 +23,7 @@ wait_up() { for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/d
 for n in ${LEVELS:-1 4 16 32}; do
   for server in ${SERVERS:-ferrox llama}; do
     if [[ $server == ferrox ]]; then
-      "$fbin" serve "$model" --port $port --parallel "$n" -c 1024 -t 2 >"${LOG_DIR:-/tmp}/bench-ferrox-$n.log" 2>&1 &
+      "$fbin" serve "$model" --port $port --parallel "$n" -c $((n * 1024)) -t 2 >"${LOG_DIR:-/tmp}/bench-ferrox-$n.log" 2>&1 &
     else
       LD_LIBRARY_PATH=$ldir "$ldir/llama-server" -m "$model" --port $port --parallel "$n" -c $((n * 1024)) -t 2 >"${LOG_DIR:-/tmp}/bench-llama-$n.log" 2>&1 &
     fi

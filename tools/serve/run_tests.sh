@@ -17,7 +17,7 @@ port=${PORT:-8397}
 key=test-key
 export FERROX_API_KEY=$key
 log=$(mktemp)
-"$bin" serve "$model" --port "$port" --parallel 8 -c 1024 --api-key "$key" --shutdown-grace 20 >"$log" 2>&1 &
+"$bin" serve "$model" --port "$port" --parallel 8 -c 8192 --api-key "$key" --shutdown-grace 20 >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.2; done

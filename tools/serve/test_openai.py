@@ -212,7 +212,9 @@ def tool_choice_required_yields_a_valid_call():
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=WEATHER,
         tool_choice="required",
-        max_tokens=120,
+        # Room for the most parallel calls the grammar allows (8 of ~26 tokens): a small model may
+        # keep calling, and the call list must still end.
+        max_tokens=300,
         temperature=0,
     )
     c = r.choices[0]

@@ -819,6 +819,10 @@ fn top_logprobs(logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
             top.truncate(n);
         }
     }
+    // A token that cannot be drawn (its logit -inf: masked by a grammar)
+    // is no alternative: fewer than `n` come back rather than a -inf
+    // logprob, which JSON cannot carry.
+    top.retain(|e| e.1.is_finite());
     for e in top.iter_mut() {
         e.1 -= lse;
     }

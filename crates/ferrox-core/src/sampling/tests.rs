@@ -694,3 +694,16 @@ fn bad_bias_vocab_and_logits_length_are_typed_errors() {
         Err(SamplingError::LogitsLength { got: 5, n_vocab: 4 })
     ));
 }
+
+/// Alternatives are tokens that can be drawn: with a grammar's mask leaving
+/// two, four asked for give those two, in order, finite.
+#[test]
+fn top_logprobs_leave_out_masked_tokens() {
+    let mut logits = vec![f32::NEG_INFINITY; 16];
+    logits[3] = 1.0;
+    logits[9] = 2.5;
+    let s = sample_once(params(|p| p.top_logprobs = 4), &logits, &[]).unwrap();
+    let ids: Vec<u32> = s.top.iter().map(|&(id, _)| id).collect();
+    assert_eq!(ids, [9, 3], "{:?}", s.top);
+    assert!(s.top.iter().all(|&(_, lp)| lp.is_finite() && lp <= 0.0), "{:?}", s.top);
+}
