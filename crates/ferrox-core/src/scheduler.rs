@@ -394,7 +394,10 @@ impl Scheduler {
             )));
         }
         // Batches here depend on load, and prompt prefixes are reused: one
-        // rounding at every batch size keeps a seeded request reproducible.
+        // rounding (8-bit activations) at every batch size. The batched
+        // GEMM still sums in another order than one token's dot products,
+        // so a request is reproduced exactly only at the same batch sizes
+        // (README, "CPU kernels").
         model.backend().prefer_exact_products();
         let ctx = model.new_context(cfg.n_ctx, cfg.n_slots)?;
         let draft_ctx = match spec.as_ref().map(|s| &s.drafter) {
