@@ -224,7 +224,7 @@ TABLES = {
               ("ferrox", lambda l: f"{l['figure']} {l['unit']}"),
               ("llama-server", lambda l: f"{l['ref_figure']} {l['unit']}")]),
     "serve-cuda-h100": dict(
-        kind="list", file="serve.jsonl", where={"set": "serve-cuda", "what": "serve_tok_s"},
+        kind="list", file="serve.jsonl", where={"set": "serve-cuda", "machine": "h100", "what": "serve_tok_s"},
         key=lambda l: (l["kind"], l["streams"]),
         command="D=target/devmoe bash scripts/cuda-serve.sh",
         cols=[("model", lambda l: f"{l['model']} {l['kind']}", LEFT), ("streams", lambda l: str(l["streams"])),
@@ -235,6 +235,28 @@ TABLES = {
               ("ferrox tokens / step", lambda l: f"{l['engine']['tokens_per_step']}" if l.get("engine") else "-"),
               ("ferrox ms / step: forward, sampling", lambda l: "{:.1f}, {:.2f}".format(
                   *(1e3 * l["engine"][k] / l["engine"]["steps"] for k in ("forward_s", "sample_s"))) if l.get("engine") else "-")]),
+    "serve-cuda-h200": dict(
+        kind="list", file="serve.jsonl", where={"set": "serve-cuda", "machine": "h200", "what": "serve_tok_s"},
+        key=lambda l: (l["kind"], l["streams"]),
+        command="COMMIT=<sha> MACHINE=h200 D=target/devmoe bash scripts/cuda-serve.sh",
+        cols=[("model", lambda l: f"{l['model']} {l['kind']}", LEFT), ("streams", lambda l: str(l["streams"])),
+              ("ferrox tok/s", lambda l: f"{l['figure']:.1f}"),
+              ("llama-server tok/s", lambda l: f"{l['ref_figure']:.1f}"
+               + (f" ({l['ref_machine']}, {l['ref_date']})" if l.get("ref_machine") else " (same run)")),
+              ("ratio", lambda l: f"{ratio(l)}x"), ("failures", lambda l: f"{l['failures']} / {l['ref_failures']}"),
+              ("ferrox tokens / step", lambda l: f"{l['engine']['tokens_per_step']}" if l.get("engine") else "-"),
+              ("ferrox ms / step: forward, sampling", lambda l: "{:.1f}, {:.2f}".format(
+                  *(1e3 * l["engine"][k] / l["engine"]["steps"] for k in ("forward_s", "sample_s"))) if l.get("engine") else "-")]),
+    "vulkan-h200": dict(kind="compare", file="vulkan.jsonl", where={"set": "vulkan", "machine": "h200"},
+                        refs=["ferrox Vulkan, replay off", "ferrox Vulkan, float products (FERROX_VULKAN_INT_DOT=0)", "ferrox CUDA"],
+                        unit="t/s", model_col=True,
+                        ref_names={"ferrox Vulkan, replay off": "Vulkan, replay off",
+                                   "ferrox Vulkan, float products (FERROX_VULKAN_INT_DOT=0)": "Vulkan, float products",
+                                   "ferrox CUDA": "ferrox CUDA"},
+                        ref_short={"ferrox Vulkan, replay off": "no replay",
+                                   "ferrox Vulkan, float products (FERROX_VULKAN_INT_DOT=0)": "float",
+                                   "ferrox CUDA": "CUDA"},
+                        command="COMMIT=<sha> MACHINE=h200 SHAPES=llama-1b bash scripts/vulkan-h200.sh (a device-tool call carrying target/devvk)"),
     "speculative": dict(
         kind="list", file="speculative.jsonl", where={"set": "speculative"}, key=lambda l: (l["what"], l["variant"]),
         command="FERROX=target/release/ferrox REPS=7 benchmarks/run_speculative.sh",

@@ -48,9 +48,11 @@ load() {
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 >/tmp/logs/gpu-mem-$engine.csv 2>/dev/null &
   local smi=$!
   for n in ${CLIENTS:-1 16 64}; do
-    curl -s http://127.0.0.1:$port/metrics >"$OUT/metrics-$engine-$n-before.txt"
+    # /metrics before and after the level, one file per engine (the device
+    # tool brings back a handful of files, not one per level).
+    curl -s http://127.0.0.1:$port/metrics | grep -v '^#' | sed "s/^/$n before /" >>"$OUT/metrics-$engine.txt"
     line=$(timeout 240 python3 $D/load_completions.py http://127.0.0.1:$port $n 128 2 2>&1 | tail -1)
-    curl -s http://127.0.0.1:$port/metrics >"$OUT/metrics-$engine-$n-after.txt"
+    curl -s http://127.0.0.1:$port/metrics | grep -v '^#' | sed "s/^/$n after /" >>"$OUT/metrics-$engine.txt"
     echo "$(el) $engine $line"
     echo "$n $(ps -o rss= -p $pid | tr -d ' ') $line" >>"$OUT/load-$engine.txt"
   done
@@ -90,12 +92,12 @@ def levels(engine):
 def engine_split(n):
     """ferrox's /metrics over one level: steps, tokens a step, and the busy time's split (s)."""
     def read(when):
-        path = os.path.join(out, f"metrics-ferrox-{n}-{when}.txt")
+        path = os.path.join(out, "metrics-ferrox.txt")
         vals = {}
         for line in open(path) if os.path.exists(path) else []:
-            if line.startswith("ferrox_engine_"):
-                k, v = line.rsplit(" ", 1)
-                vals[k[len("ferrox_engine_"):]] = float(v)
+            parts = line.split()
+            if len(parts) == 4 and parts[0] == str(n) and parts[1] == when and parts[2].startswith("ferrox_engine_"):
+                vals[parts[2][len("ferrox_engine_"):]] = float(parts[3])
         return vals
     a, b = read("before"), read("after")
     d = {k: b[k] - a.get(k, 0.0) for k in b}
