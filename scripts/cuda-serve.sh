@@ -12,6 +12,7 @@
 #   $D/llama-src.tgz           optional (scripts/llama-src-pack.sh): llama-server built in the
 #                              background while ferrox runs, then run the same way (NO_LLAMA=1: not)
 # Env: CLIENTS ("1 16 64"), KIND (Q4_K_M), SHAPE (llama-8b), PARALLEL (64), CTX (65536),
+# VARIANTS ("name=VAR=value,VAR=value ...": ferrox again under measuring knobs, set "serve-cuda-ab"),
 # LLAMA_BUILD_S (420: the llama.cpp build is stopped past it, so a call stays under 10 minutes).
 # Results: $OUT/serve.jsonl (one line per client count, ready for
 # benchmarks/results/serve.jsonl; COMMIT and MACHINE label it), logs in $OUT/logs.tgz.
@@ -63,6 +64,14 @@ load() {
 $D/ferrox serve "$f" --backend cuda --port $port --parallel ${PARALLEL:-64} -c ${CTX:-65536} -v >/tmp/logs/serve.log 2>&1 &
 load ferrox $!
 grep -iE "error|panick" /tmp/logs/serve.log | head -5
+# VARIANTS="name=VAR=value,VAR=value ...": ferrox again under each set of
+# measuring knobs (a `measure` build reads them), recorded beside the default.
+for v in ${VARIANTS:-}; do
+  name=${v%%=*} envs=${v#*=}
+  env ${envs//,/ } $D/ferrox serve "$f" --backend cuda --port $port --parallel ${PARALLEL:-64} -c ${CTX:-65536} -v \
+    >/tmp/logs/serve-$name.log 2>&1 &
+  load ferrox-$name $!
+done
 if [ -n "$LLPID" ]; then
   wait $LLPID
   if [ -f /tmp/llama/.built ]; then
@@ -89,10 +98,10 @@ def levels(engine):
         if m:
             got[int(n)] = dict(tok_s=float(m[3]), failed=int(m[5]), rss_kib=int(rss or 0))
     return got
-def engine_split(n):
+def engine_split(n, engine="ferrox"):
     """ferrox's /metrics over one level: steps, tokens a step, and the busy time's split (s)."""
     def read(when):
-        path = os.path.join(out, "metrics-ferrox.txt")
+        path = os.path.join(out, f"metrics-{engine}.txt")
         vals = {}
         for line in open(path) if os.path.exists(path) else []:
             parts = line.split()
@@ -111,13 +120,27 @@ for n, f in sorted(fx.items()):
     d = {"what": "serve_tok_s", "model": f"{shape} (synthetic, seed 0)", "file": f"{shape}-{kind}.gguf", "kind": kind,
          "backend": "cuda", "streams": n, "failures": f["failed"], "stat": "one run", "figure": f["tok_s"], "unit": "tok/s",
          "host_rss_kib": f["rss_kib"], "gpu": gpu, "commit": commit, "machine": machine,
-         "date": datetime.date.today().isoformat(), "set": "serve-cuda", "source": "scripts/cuda-serve.sh"}
+         "date": datetime.date.today().isoformat(), "set": "serve-cuda" if n in ll else "serve-cuda-solo",
+         "source": "scripts/cuda-serve.sh"}
     split = engine_split(n)
     if split:
         d["engine"] = split
     if n in ll:
         d.update(ref="llama-server", ref_figure=ll[n]["tok_s"], ref_failures=ll[n]["failed"])
     print(json.dumps(d))
+for v in os.environ.get("VARIANTS", "").split():
+    name, envs = v.split("=", 1)
+    for n, f in sorted(levels(f"ferrox-{name}").items()):
+        d = {"what": "serve_tok_s", "model": f"{shape} (synthetic, seed 0)", "file": f"{shape}-{kind}.gguf", "kind": kind,
+             "backend": "cuda", "streams": n, "failures": f["failed"], "stat": "one run", "figure": f["tok_s"], "unit": "tok/s",
+             "variant": name, "knobs": envs, "gpu": gpu, "commit": commit, "machine": machine,
+             "date": datetime.date.today().isoformat(), "set": "serve-cuda-ab", "source": "scripts/cuda-serve.sh"}
+        split = engine_split(n, f"ferrox-{name}")
+        if split:
+            d["engine"] = split
+        if n in fx:
+            d.update(ref="ferrox default", ref_figure=fx[n]["tok_s"], ref_failures=fx[n]["failed"])
+        print(json.dumps(d))
 PY
 cat "$OUT/serve.jsonl" | cut -c1-300
 tar czf "$OUT/logs.tgz" -C /tmp/logs .

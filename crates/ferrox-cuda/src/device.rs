@@ -516,6 +516,11 @@ struct Knobs {
     /// Prefill attention on the tensor cores (`attention_mma`: sm_80 and
     /// later; `FERROX_CUDA_MMA_ATTN=0` turns it off, for measuring).
     mma_attn: bool,
+    /// Batches above this many tokens take the F16 GEMM where cuBLAS
+    /// loaded, smaller ones the int8/F16 matvecs per token
+    /// (`FERROX_CUDA_GEMM_MIN`, default [`GEMM_MIN_TOKENS`]): the crossover
+    /// a server's 9–64-token decode steps fall on either side of.
+    gemm_min: usize,
     /// Measuring only: launches skipped (`FERROX_CUDA_SKIP`, a comma list
     /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
     /// time without them bounds what making them faster can give.
@@ -539,6 +544,7 @@ impl Knobs {
         dec_split_heads: 0,
         read_mode: 2,
         mma_attn: true,
+        gemm_min: GEMM_MIN_TOKENS,
         skip: Skip { norm: false, attn: false, rope: false },
     };
 
@@ -618,6 +624,7 @@ impl Knobs {
             dec_split_heads: any("FERROX_CUDA_DEC_SPLIT_HEADS", d.dec_split_heads)?,
             read_mode: parse_count("FERROX_CUDA_READ", get("FERROX_CUDA_READ"), d.read_mode, "0, 1 or 2", |n| n <= 2)?,
             mma_attn: sw("FERROX_CUDA_MMA_ATTN", d.mma_attn)?,
+            gemm_min: any("FERROX_CUDA_GEMM_MIN", d.gemm_min)?,
             skip: skip.unwrap_or_default(),
         })
     }
@@ -626,6 +633,7 @@ impl Knobs {
 /// Every knob [`Knobs::read`] reads in a `measure` build.
 #[cfg(feature = "measure")]
 const MEASURE_KNOBS: &[&str] = &[
+    "FERROX_CUDA_GEMM_MIN",
     "FERROX_CUDA_MMVQ_UNITS",
     "FERROX_CUDA_FUSE",
     "FERROX_CUDA_NORM_FUSE",
@@ -912,6 +920,11 @@ impl Device {
     /// Whether cuBLAS was found (the GEMM prefill path).
     pub fn has_blas(&self) -> bool {
         self.blas.is_some()
+    }
+
+    /// Whether `n` tokens take the matvec path ([`Device::matmul_path`]).
+    pub fn takes_matvec(&self, n: usize) -> bool {
+        self.matmul_path(n) == MatmulPath::Matvec
     }
 
     /// Waits for everything enqueued so far.
@@ -1364,7 +1377,7 @@ impl Device {
 
     /// Which path [`Device::matmul`] takes for `n` tokens.
     pub fn matmul_path(&self, n: usize) -> MatmulPath {
-        if n > GEMM_MIN_TOKENS && self.blas.is_some() {
+        if n > self.knobs.gemm_min && self.blas.is_some() {
             MatmulPath::Gemm
         } else {
             MatmulPath::Matvec

@@ -1511,7 +1511,7 @@ mod tests {
                 .collect();
             let nw = d.upload_f32(&rand_vec(&mut r, cols, 1.0)).unwrap();
             for n in [1usize, 3, 16] {
-                let fused = d.norm_fuses() && (n <= ferrox_cuda::GEMM_MIN_TOKENS || !d.has_blas());
+                let fused = d.norm_fuses() && d.takes_matvec(n);
                 let what = format!("{rows}x{cols} n={n}");
                 let x0 = rand_vec(&mut r, n * cols, 2.0);
                 let mut x = d.upload_f32(&x0).unwrap();
@@ -1561,7 +1561,7 @@ mod tests {
             let (b, _) = matrix(&mut r, kind, rows, cols);
             let w = d.upload_matrix(kind, &b, rows, cols).unwrap();
             for n in [1usize, 3, 16] {
-                let fused = d.norm_fuses() && (n <= ferrox_cuda::GEMM_MIN_TOKENS || !d.has_blas());
+                let fused = d.norm_fuses() && d.takes_matvec(n);
                 let x = d.upload_f32(&rand_vec(&mut r, n * cols, 1.0)).unwrap();
                 let acc0 = rand_vec(&mut r, n * rows, 1.0);
                 let mut prod = c.alloc(n * rows).unwrap();
