@@ -166,6 +166,22 @@ CUDA_CMP = dict(kind="compare", file="cuda-h200.jsonl", refs=[CUDA], unit="t/s",
                 ref_names={CUDA: "llama.cpp"}, ref_short={CUDA: "llama.cpp"})
 LEFT = "---"
 
+
+def serve_cuda(machine, command):
+    """`ferrox serve --backend cuda` beside llama-server on `machine`, with ferrox's per-step split."""
+    return dict(
+        kind="list", file="serve.jsonl", where={"set": "serve-cuda", "machine": machine, "what": "serve_tok_s"},
+        key=lambda l: (l["kind"], l["streams"]), command=command,
+        cols=[("model", lambda l: f"{l['model']} {l['kind']}", LEFT), ("streams", lambda l: str(l["streams"])),
+              ("ferrox tok/s", lambda l: f"{l['figure']:.1f}"),
+              ("llama-server tok/s", lambda l: f"{l['ref_figure']:.1f}"
+               + (f" ({l['ref_machine']}, {l['ref_date']})" if l.get("ref_machine") else " (same run)")),
+              ("ratio", lambda l: f"{ratio(l)}x"), ("failures", lambda l: f"{l['failures']} / {l['ref_failures']}"),
+              ("ferrox tokens / step", lambda l: f"{l['engine']['tokens_per_step']}" if l.get("engine") else "-"),
+              ("ferrox ms / step: forward, sampling", lambda l: "{:.1f}, {:.2f}".format(
+                  *(1e3 * l["engine"][k] / l["engine"]["steps"] for k in ("forward_s", "sample_s"))) if l.get("engine") else "-")])
+
+
 TABLES = {
     "bar-xeon": dict(BAR, where={"set": "bar", "machine": "xeon-amx-2c"},
                      command="FERROX=target/release/ferrox REPS=5 benchmarks/run_bar.sh"),
@@ -223,30 +239,8 @@ TABLES = {
         cols=[("streams", lambda l: str(l["streams"])), ("measure", lambda l: l["what"], LEFT),
               ("ferrox", lambda l: f"{l['figure']} {l['unit']}"),
               ("llama-server", lambda l: f"{l['ref_figure']} {l['unit']}")]),
-    "serve-cuda-h100": dict(
-        kind="list", file="serve.jsonl", where={"set": "serve-cuda", "machine": "h100", "what": "serve_tok_s"},
-        key=lambda l: (l["kind"], l["streams"]),
-        command="D=target/devmoe bash scripts/cuda-serve.sh",
-        cols=[("model", lambda l: f"{l['model']} {l['kind']}", LEFT), ("streams", lambda l: str(l["streams"])),
-              ("ferrox tok/s", lambda l: f"{l['figure']:.1f}"),
-              ("llama-server tok/s", lambda l: f"{l['ref_figure']:.1f}"
-               + (f" ({l['ref_machine']}, {l['ref_date']})" if l.get("ref_machine") else " (same run)")),
-              ("ratio", lambda l: f"{ratio(l)}x"), ("failures", lambda l: f"{l['failures']} / {l['ref_failures']}"),
-              ("ferrox tokens / step", lambda l: f"{l['engine']['tokens_per_step']}" if l.get("engine") else "-"),
-              ("ferrox ms / step: forward, sampling", lambda l: "{:.1f}, {:.2f}".format(
-                  *(1e3 * l["engine"][k] / l["engine"]["steps"] for k in ("forward_s", "sample_s"))) if l.get("engine") else "-")]),
-    "serve-cuda-h200": dict(
-        kind="list", file="serve.jsonl", where={"set": "serve-cuda", "machine": "h200", "what": "serve_tok_s"},
-        key=lambda l: (l["kind"], l["streams"]),
-        command="COMMIT=<sha> MACHINE=h200 D=target/devmoe bash scripts/cuda-serve.sh",
-        cols=[("model", lambda l: f"{l['model']} {l['kind']}", LEFT), ("streams", lambda l: str(l["streams"])),
-              ("ferrox tok/s", lambda l: f"{l['figure']:.1f}"),
-              ("llama-server tok/s", lambda l: f"{l['ref_figure']:.1f}"
-               + (f" ({l['ref_machine']}, {l['ref_date']})" if l.get("ref_machine") else " (same run)")),
-              ("ratio", lambda l: f"{ratio(l)}x"), ("failures", lambda l: f"{l['failures']} / {l['ref_failures']}"),
-              ("ferrox tokens / step", lambda l: f"{l['engine']['tokens_per_step']}" if l.get("engine") else "-"),
-              ("ferrox ms / step: forward, sampling", lambda l: "{:.1f}, {:.2f}".format(
-                  *(1e3 * l["engine"][k] / l["engine"]["steps"] for k in ("forward_s", "sample_s"))) if l.get("engine") else "-")]),
+    "serve-cuda-h100": serve_cuda("h100", "D=target/devmoe bash scripts/cuda-serve.sh"),
+    "serve-cuda-h200": serve_cuda("h200", "COMMIT=<sha> MACHINE=h200 D=target/devmoe bash scripts/cuda-serve.sh"),
     "vulkan-h200": dict(kind="compare", file="vulkan.jsonl", where={"set": "vulkan", "machine": "h200"},
                         refs=["ferrox Vulkan, replay off", "ferrox Vulkan, float products (FERROX_VULKAN_INT_DOT=0)", "ferrox CUDA"],
                         unit="t/s", model_col=True,

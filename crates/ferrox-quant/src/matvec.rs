@@ -247,12 +247,7 @@ pub fn matmul_many_with(isa: Isa, cols: usize, x: &[f32], n: usize, threads: usi
     // One preparation serves every matrix with a four-row kernel.
     let preps = parts.iter().any(|part| dot4_of(part.1, &part.0).is_some());
     let acts = Acts::new(isa, &parts[0].0, x, cols, n, preps)?;
-    // Tasks in matrix order: (part, first row).
-    let tasks: Vec<(usize, usize)> = parts
-        .iter()
-        .enumerate()
-        .flat_map(|(i, part)| (0..part.3).step_by(part.5).map(move |r0| (i, r0)))
-        .collect();
+    let tasks = row_tasks(parts.iter().map(|part| (part.3, part.5)));
     let task = |t: usize| {
         let (i, r0) = tasks[t];
         let (p, kind, weights, rows, out, per_task, prefetch) = &parts[i];
@@ -319,11 +314,7 @@ pub fn matvec_routed(isa: Isa, cols: usize, x: &[f32], threads: usize, jobs: &mu
             acts[a] = Some(Acts::new(isa, &part.0, &x[a * cols..(a + 1) * cols], cols, 1, preps)?);
         }
     }
-    let tasks: Vec<(usize, usize)> = parts
-        .iter()
-        .enumerate()
-        .flat_map(|(i, part)| (0..part.3).step_by(part.5).map(move |r0| (i, r0)))
-        .collect();
+    let tasks = row_tasks(parts.iter().map(|part| (part.3, part.5)));
     let task = |t: usize| {
         let (i, r0) = tasks[t];
         let (p, kind, weights, rows, out, per_task, prefetch, a) = &parts[i];
@@ -333,6 +324,15 @@ pub fn matvec_routed(isa: Isa, cols: usize, x: &[f32], threads: usize, jobs: &mu
     };
     ThreadPool::global().run(threads, tasks.len(), &task);
     Ok(())
+}
+
+/// The pool tasks over several matrices' rows, in matrix order: per matrix
+/// of `(rows, rows a task)`, its `(matrix, first row)` pairs.
+fn row_tasks(parts: impl Iterator<Item = (usize, usize)>) -> Vec<(usize, usize)> {
+    parts
+        .enumerate()
+        .flat_map(|(i, (rows, per_task))| (0..rows).step_by(per_task).map(move |r0| (i, r0)))
+        .collect()
 }
 
 /// The four-row kernel `kind` has at the level `p` runs, if any.
