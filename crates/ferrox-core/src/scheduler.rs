@@ -248,6 +248,11 @@ pub struct SeqRequest {
     pub sampling: SamplingParams,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Reuse the cached prefix a slot holds of the prompt (llama-server's
+    /// `cache_prompt`). The batched products round differently from one
+    /// token's, so a reused prefix can move a token at a near tie; false
+    /// evaluates the whole prompt, as the first request for it did.
+    pub cache_prompt: bool,
     /// Restricts the tokens sampled.
     pub constraint: Option<Box<dyn TokenConstraint>>,
     /// Draft sizes for this sequence (`None`: the engine's; `max` 0: no
@@ -758,7 +763,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             let prompt = &item.req.prompt;
             // Pooling other than the last token's needs the hidden state of
             // every token the pooling reads from the start, which no cache holds.
-            let reuse = matches!(item.req.embed, None | Some(Pooling::Last));
+            let reuse = item.req.cache_prompt && matches!(item.req.embed, None | Some(Pooling::Last));
             let lcp = |h: &[u32]| match reuse {
                 true => h.iter().zip(prompt).take_while(|(a, b)| a == b).count(),
                 false => 0,
@@ -1457,6 +1462,7 @@ mod tests {
             stop: Vec::new(),
             sampling: SamplingParams::greedy(),
             ignore_eos: true,
+            cache_prompt: true,
             constraint: None,
             draft: None,
             embed: None,

@@ -60,6 +60,7 @@ fn request(prompt: Vec<u32>, pooling: Pooling) -> (SeqRequest, mpsc::Receiver<Se
         stop: Vec::new(),
         sampling: SamplingParams::default(),
         ignore_eos: false,
+        cache_prompt: true,
         constraint: None,
         draft: None,
         embed: Some(pooling),

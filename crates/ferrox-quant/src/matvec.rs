@@ -169,6 +169,42 @@ pub fn matmul_with(
     n: usize,
     threads: usize,
 ) -> Result<(), CpuError> {
+    product(isa, kind, weights, rows, cols, x, y, n, threads, true)
+}
+
+/// [`matmul_with`] on the per-token kernels at every batch size, never the
+/// GEMM: each token's outputs are bit for bit what it gets alone (the GEMM
+/// sums in another order, ≤ 5e-7 relative apart), at the cost of the
+/// GEMM's speed on large batches.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_rows_with(
+    isa: Isa,
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+) -> Result<(), CpuError> {
+    product(isa, kind, weights, rows, cols, x, y, n, threads, false)
+}
+
+/// [`matmul_with`]; `gemm`: large batches may take the GEMM.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    isa: Isa,
+    kind: QuantKind,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+    gemm: bool,
+) -> Result<(), CpuError> {
     let p = prepare(kind, isa, weights, rows, cols)?;
     let want_x = n.saturating_mul(cols);
     if x.len() != want_x {
@@ -181,8 +217,8 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    if (n >= crate::gemm::MIN_BATCH_UNPACKED
-        || (n >= crate::gemm::MIN_BATCH && crate::gemm::reads_in_place(kind, isa)))
+    if gemm
+        && (n >= crate::gemm::MIN_BATCH_UNPACKED || (n >= crate::gemm::MIN_BATCH && crate::gemm::reads_in_place(kind, isa)))
         && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads)?
     {
         return Ok(());

@@ -216,6 +216,7 @@ pub(crate) async fn run(st: &Arc<AppState>, inputs: &[Vec<u32>], pooling: Poolin
                 stop: Vec::new(),
                 sampling: SamplingParams::default(),
                 ignore_eos: false,
+                cache_prompt: true,
                 constraint: None,
                 draft: None,
                 embed: Some(pooling),

@@ -1035,6 +1035,7 @@ fn submit_job(st: &Arc<AppState>, job: &Job) -> Result<mpsc::UnboundedReceiver<T
             stop: job.v.stop.clone(),
             sampling,
             ignore_eos: job.v.ignore_eos,
+            cache_prompt: job.v.cache_prompt,
             constraint,
             draft: job.draft,
             embed: None,

@@ -182,6 +182,9 @@ pub struct Common {
     pub logit_bias: Option<BTreeMap<String, f64>>,
     /// Keep going past end-of-generation tokens (llama-server extension).
     pub ignore_eos: Option<bool>,
+    /// Reuse the cached prefix a slot holds of the prompt (llama-server
+    /// extension, default true); false evaluates the whole prompt.
+    pub cache_prompt: Option<bool>,
     /// Most drafted tokens per step (llama-server's `speculative.n_max`;
     /// 0: this request decodes plainly).
     #[serde(rename = "speculative.n_max")]
@@ -278,6 +281,8 @@ pub struct Validated {
     pub include_usage: bool,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Reuse a slot's cached prefix of the prompt.
+    pub cache_prompt: bool,
 }
 
 fn finite(param: &str, v: f64) -> Result<f64, ApiError> {
@@ -453,6 +458,7 @@ pub fn validate_sampling(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         ignore_eos: c.ignore_eos.unwrap_or(false),
+        cache_prompt: c.cache_prompt.unwrap_or(true),
     })
 }
 

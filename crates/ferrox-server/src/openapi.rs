@@ -34,6 +34,7 @@ fn common_props() -> Value {
         "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
         "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
         "ignore_eos": {"type": "boolean"},
+        "cache_prompt": {"type": "boolean", "description": "Reuse the cached prefix a slot holds of the prompt (default true, as llama-server). Products over a batch and over one token round differently, so a reused prefix can move a token at a near tie; false evaluates the whole prompt every time."},
         "speculative.n_max": {"type": "integer", "minimum": 0, "maximum": ferrox_core::speculative::MAX_DRAFT, "description": "Most drafted tokens per step (llama-server's; 0: no speculation); a server started with a drafter only."},
         "speculative.n_min": {"type": "integer", "minimum": 0, "maximum": ferrox_core::speculative::MAX_DRAFT, "description": "Fewer drafts than this are not verified; at most speculative.n_max."},
         "user": {"type": "string"},

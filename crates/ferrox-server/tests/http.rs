@@ -2262,3 +2262,26 @@ fn ollama_chat_takes_think_under_harmony() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.json()["message"]["content"].is_string(), "{}", r.body);
 }
+
+/// A repeated prompt reuses the slot's cached prefix unless the request
+/// says `cache_prompt: false` (llama-server's field): then the whole prompt
+/// is evaluated again and the usage reports nothing cached.
+#[test]
+fn cache_prompt_false_evaluates_the_whole_prompt() {
+    let srv = TestServer::start(cfg(1, 4), None);
+    let cached = |body: &Value| -> u64 {
+        let r = post(srv.addr, "/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let mut body = greedy_chat(4);
+    assert_eq!(cached(&body), 0, "a fresh slot has nothing cached");
+    assert!(cached(&body) > 0, "the same prompt again reuses its prefix");
+    body["cache_prompt"] = json!(false);
+    assert_eq!(cached(&body), 0, "cache_prompt false still reused the prefix");
+    body["cache_prompt"] = json!("no");
+    let r = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+}

@@ -60,6 +60,12 @@ pub struct Args {
     /// speculative decoding the tokens drafted and accepted.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// Every product on the per-token kernels (CPU only): a request's reply
+    /// is then bit for bit the same whatever it is batched with and whether
+    /// its prompt prefix was cached; prompts and busy steps run slower (no
+    /// batched GEMM).
+    #[arg(long = "batch-invariant")]
+    batch_invariant: bool,
     /// Serve embeddings: /v1/embeddings (OpenAI) and /embeddings (llama-server's).
     #[arg(long = "embeddings", visible_alias = "embedding")]
     embeddings: bool,
@@ -132,6 +138,13 @@ fn serve<B: DeviceBackend + 'static>(
     tok: Tokenizer,
 ) -> Result<()> {
     let n_ctx = slot_context(a.ctx_size, a.parallel, &model)?;
+    if a.batch_invariant {
+        anyhow::ensure!(
+            model.backend().prefer_row_products(),
+            "--batch-invariant: {} has no per-token products at every batch size (its batched products round differently); serve with --backend cpu",
+            model.backend().describe()
+        );
+    }
     let template = ChatTemplate::from_gguf(model.file().metadata_file()).map_err(|e| e.to_string());
     if let Err(e) = &template {
         eprintln!("ferrox: warning: {e}; /v1/chat/completions will refuse requests");

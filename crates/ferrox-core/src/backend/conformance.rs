@@ -1225,3 +1225,34 @@ macro_rules! accelerator_suites {
     };
 }
 crate::backend::gpu_backend_table!(accelerator_suites);
+
+/// With `prefer_row_products` the CPU's products over a 40-token batch
+/// are bit for bit each token's alone, for kinds the GEMM takes (packed at
+/// load under AMX, per call from 32 tokens under VNNI): what
+/// `ferrox serve --batch-invariant` promises. Without it they differ in the
+/// last bits (the GEMM sums in another order).
+#[test]
+fn cpu_row_products_are_batch_invariant() {
+    let cpu = super::cpu::Cpu::new(2);
+    assert!(cpu.prefer_row_products(), "the CPU has per-token products at every batch size");
+    let mut r = rng(0x5eed_00b1);
+    let (rows, cols, n) = (64usize, 512usize, 40usize);
+    for kind in [QuantKind::Q4_0, QuantKind::Q8_0, QuantKind::Q4K, QuantKind::Q6K] {
+        let name = "blk.0.ffn_down.weight";
+        let w = Weights::new(&[(name.into(), kind, rows, cols, matrix(&mut r, kind, rows, cols).0)]);
+        let m = w.place(&cpu, name);
+        let x = rand_vec(&mut r, n * cols, 1.0);
+        let mut y = vec![f32::NAN; n * rows];
+        cpu.matmul(&m, &x, &mut y, n).unwrap();
+        for c in 0..n {
+            let xc = x[c * cols..(c + 1) * cols].to_vec();
+            let mut yc = vec![f32::NAN; rows];
+            cpu.matmul(&m, &xc, &mut yc, 1).unwrap();
+            let batch = &y[c * rows..(c + 1) * rows];
+            assert!(
+                yc.iter().zip(batch).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kind}: token {c} of a {n}-token batch differs from the token alone"
+            );
+        }
+    }
+}

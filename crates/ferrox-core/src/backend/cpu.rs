@@ -30,6 +30,9 @@ pub struct Cpu {
     rope_cache: Arc<Mutex<RopeCache>>,
     /// No bf16 products for large batches ([`DeviceBackend::prefer_exact_products`]).
     exact: Arc<std::sync::atomic::AtomicBool>,
+    /// Every product on the per-token kernels, never the GEMM
+    /// ([`DeviceBackend::prefer_row_products`]).
+    rows_only: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Below this many elements an element-wise op runs on the calling thread:
@@ -129,7 +132,7 @@ impl Cpu {
         } else {
             threads
         };
-        Cpu { threads, isa: Isa::active(), rope_cache: Arc::default(), exact: Arc::default() }
+        Cpu { threads, isa: Isa::active(), rope_cache: Arc::default(), exact: Arc::default(), rows_only: Arc::default() }
     }
 
     /// The down products (`pairs.len() x n_embd`, in `pairs`' order) of
@@ -196,6 +199,23 @@ impl Cpu {
             }
         }
         Ok(downs)
+    }
+
+    /// Whether every product takes the per-token kernels
+    /// ([`DeviceBackend::prefer_row_products`]).
+    fn rows_only(&self) -> bool {
+        self.rows_only.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `y = x W^T` over `n` rows from a matrix's stored bytes: the GEMM for
+    /// large batches, unless every product must take the per-token kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn product(&self, kind: QuantKind, bytes: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32], n: usize) -> Result<(), BackendError> {
+        let f = match self.rows_only() {
+            true => ferrox_quant::matvec::matmul_rows_with,
+            false => ferrox_quant::matvec::matmul_with,
+        };
+        f(self.isa, kind, bytes, rows, cols, x, y, n, self.threads).map_err(BackendError::new)
     }
 
     /// The instruction-set level kernels are chosen for.
@@ -606,6 +626,12 @@ impl DeviceBackend for Cpu {
         self.exact.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    fn prefer_row_products(&self) -> bool {
+        self.exact.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.rows_only.store(true, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
     fn place_vector(&self, t: &HostTensor<'_>) -> Result<Vec<f32>, BackendError> {
         super::vector_values(t)
     }
@@ -728,12 +754,16 @@ impl DeviceBackend for Cpu {
         // mapped pages were released: reading them would fault them back).
         let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(m) = inter {
-            return m.matmul(x, y, n, self.threads, bf16).map_err(BackendError::new);
+            return match self.rows_only() {
+                true => m.matmul_per_token(x, y, n, self.threads),
+                false => m.matmul(x, y, n, self.threads, bf16),
+            }
+            .map_err(BackendError::new);
         }
-        if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH) {
+        if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH && !self.rows_only()) {
             return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);
         }
-        ferrox_quant::matvec::matmul_with(self.isa, *kind, w.bytes(), *rows, *cols, x, y, n, self.threads).map_err(BackendError::new)
+        self.product(*kind, w.bytes(), *rows, *cols, x, y, n)
     }
 
     /// Q, K and V (or gate and up) read in place at decode batches: one
@@ -1003,8 +1033,7 @@ impl DeviceBackend for Cpu {
             }
             d.resize(k * e, 0.0);
             let mm = |m: &CpuWeight, rows: usize, cols: usize, x: &[f32], y: &mut [f32]| {
-                ferrox_quant::matvec::matmul_with(self.isa, m.kind, expert_rows(m, index, rows)?, rows, cols, x, y, k, self.threads)
-                    .map_err(BackendError::new)
+                self.product(m.kind, expert_rows(m, index, rows)?, rows, cols, x, y, k)
             };
             mm(gate, ff, e, &xs, &mut g)?;
             mm(up, ff, e, &xs, &mut u)?;

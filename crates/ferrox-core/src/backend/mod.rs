@@ -661,6 +661,15 @@ pub trait DeviceBackend: Send + Sync {
     /// goes and it reuses cached prompt prefixes: the same request with the
     /// same seed would sample differently. The default does nothing.
     fn prefer_exact_products(&self) {}
+    /// Every product from now on on the per-token kernels, at every batch
+    /// size: a token's outputs are then bit for bit what it gets alone,
+    /// so a request's reply does not depend on what it is batched with or
+    /// on a reused prompt prefix (`ferrox serve --batch-invariant`), at
+    /// the cost of the batched products' speed. Returns whether the
+    /// backend can; the default cannot.
+    fn prefer_row_products(&self) -> bool {
+        false
+    }
     /// Places a matrix for its whole lifetime (upload, repack, or borrow).
     fn place_matrix(&self, t: &HostTensor<'_>) -> Result<Self::Matrix, BackendError>;
     /// Places a vector (one row; any kind, read as f32 values).
