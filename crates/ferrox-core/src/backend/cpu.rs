@@ -754,11 +754,9 @@ impl DeviceBackend for Cpu {
         // mapped pages were released: reading them would fault them back).
         let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(m) = inter {
-            return match self.rows_only() {
-                true => m.matmul_per_token(x, y, n, self.threads),
-                false => m.matmul(x, y, n, self.threads, bf16),
-            }
-            .map_err(BackendError::new);
+            // Its integer batches are each token's bits already (one VNNI
+            // group kernel or AMX tiles summing in the same order).
+            return m.matmul(x, y, n, self.threads, bf16).map_err(BackendError::new);
         }
         if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH && !self.rows_only()) {
             return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);
