@@ -973,9 +973,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 seq.prefill_pos = to;
             }
         }
-        stats
-            .forward_ns
-            .fetch_add(t_forward.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let forward_ns = t_forward.elapsed().as_nanos() as u64;
         self.take_hidden(&erows, &hidden, &chunks);
         let n_vocab = self.model.n_vocab().max(1);
         let mut logits = logits;
@@ -1042,9 +1040,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         };
         let t_sample = Instant::now();
         ferrox_quant::cpu::ThreadPool::global().run(self.model.backend().host_threads(), work.len(), &task);
-        stats
-            .sample_ns
-            .fetch_add(t_sample.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let sample_ns = t_sample.elapsed().as_nanos() as u64;
         let results: Vec<(usize, Vec<Outcome>, usize, usize)> = work
             .into_iter()
             .map(|m| {
@@ -1068,9 +1064,14 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 self.sample_one(i, o);
             }
         }
+        // The whole step first, then its parts: a reader between the adds
+        // never sees the parts past the whole (the step's replies went out
+        // above, so a client may read /metrics before this).
         stats
             .busy_us
             .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        stats.forward_ns.fetch_add(forward_ns, Ordering::Release);
+        stats.sample_ns.fetch_add(sample_ns, Ordering::Release);
     }
 
     /// Drafts for every decoding sequence that speculates: per slot, the

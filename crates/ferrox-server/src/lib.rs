@@ -439,25 +439,29 @@ fn render_metrics(st: &AppState) -> String {
         "Tokens evaluated in all forward passes.",
         l(&s.batch_tokens) as f64,
     );
+    // The parts before the whole: the engine adds a step's busy time
+    // first and its parts after it (Release), so parts read here (Acquire)
+    // never hold a step the busy time read after them lacks.
+    let (forward, sample) = (s.forward_ns.load(Ordering::Acquire), s.sample_ns.load(Ordering::Acquire));
+    let busy = l(&s.busy_us) as f64 / 1e6;
     metric(
         "engine_busy_seconds_total",
         "counter",
         "Time the engine spent in forward passes and sampling.",
-        l(&s.busy_us) as f64 / 1e6,
+        busy,
     );
     metric(
         "engine_forward_seconds_total",
         "counter",
         "Of the busy time, the forward passes (logits read back included).",
-        l(&s.forward_ns) as f64 / 1e9,
+        forward as f64 / 1e9,
     );
     metric(
         "engine_sample_seconds_total",
         "counter",
         "Of the busy time, drawing the samples of every sequence.",
-        l(&s.sample_ns) as f64 / 1e9,
+        sample as f64 / 1e9,
     );
-    let busy = l(&s.busy_us) as f64 / 1e6;
     metric(
         "generation_tokens_per_second",
         "gauge",
