@@ -169,31 +169,15 @@ pub fn matmul_with(
     n: usize,
     threads: usize,
 ) -> Result<(), CpuError> {
-    product(isa, kind, weights, rows, cols, x, y, n, threads, true)
+    matmul_on(isa, kind, weights, rows, cols, x, y, n, threads, true)
 }
 
-/// [`matmul_with`] on the per-token kernels at every batch size, never the
-/// GEMM: each token's outputs are bit for bit what it gets alone (the GEMM
-/// sums in another order, ≤ 5e-7 relative apart), at the cost of the
-/// GEMM's speed on large batches.
+/// [`matmul_with`], where `gemm` says whether large batches may take the
+/// GEMM. Without it every batch takes the per-token kernels: each token's
+/// outputs are then bit for bit what it gets alone (the GEMM sums in
+/// another order, ≤ 5e-7 relative apart), at the cost of the GEMM's speed.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_rows_with(
-    isa: Isa,
-    kind: QuantKind,
-    weights: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    y: &mut [f32],
-    n: usize,
-    threads: usize,
-) -> Result<(), CpuError> {
-    product(isa, kind, weights, rows, cols, x, y, n, threads, false)
-}
-
-/// [`matmul_with`]; `gemm`: large batches may take the GEMM.
-#[allow(clippy::too_many_arguments)]
-fn product(
+pub fn matmul_on(
     isa: Isa,
     kind: QuantKind,
     weights: &[u8],

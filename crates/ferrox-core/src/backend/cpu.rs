@@ -211,11 +211,7 @@ impl Cpu {
     /// large batches, unless every product must take the per-token kernels.
     #[allow(clippy::too_many_arguments)]
     fn product(&self, kind: QuantKind, bytes: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32], n: usize) -> Result<(), BackendError> {
-        let f = match self.rows_only() {
-            true => ferrox_quant::matvec::matmul_rows_with,
-            false => ferrox_quant::matvec::matmul_with,
-        };
-        f(self.isa, kind, bytes, rows, cols, x, y, n, self.threads).map_err(BackendError::new)
+        ferrox_quant::matvec::matmul_on(self.isa, kind, bytes, rows, cols, x, y, n, self.threads, !self.rows_only()).map_err(BackendError::new)
     }
 
     /// The instruction-set level kernels are chosen for.
