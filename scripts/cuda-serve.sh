@@ -115,29 +115,26 @@ def engine_split(n, engine="ferrox"):
     return dict(steps=int(d["steps_total"]), tokens_per_step=round(d["batch_tokens_total"] / d["steps_total"], 2) if "batch_tokens_total" in d else None,
                 busy_s=round(d.get("busy_seconds_total", 0), 3), forward_s=round(d.get("forward_seconds_total", 0), 3),
                 sample_s=round(d.get("sample_seconds_total", 0), 3))
-fx, ll = levels("ferrox"), levels("llama-server")
-for n, f in sorted(fx.items()):
+def line(n, f, engine, **fields):
+    """One level of `engine` as a results line, with its /metrics split where ferrox kept one."""
     d = {"what": "serve_tok_s", "model": f"{shape} (synthetic, seed 0)", "file": f"{shape}-{kind}.gguf", "kind": kind,
          "backend": "cuda", "streams": n, "failures": f["failed"], "stat": "one run", "figure": f["tok_s"], "unit": "tok/s",
          "host_rss_kib": f["rss_kib"], "gpu": gpu, "commit": commit, "machine": machine,
-         "date": datetime.date.today().isoformat(), "set": "serve-cuda" if n in ll else "serve-cuda-solo",
-         "source": "scripts/cuda-serve.sh"}
-    split = engine_split(n)
+         "date": datetime.date.today().isoformat(), "source": "scripts/cuda-serve.sh", **fields}
+    split = engine_split(n, engine)
     if split:
         d["engine"] = split
+    return d
+fx, ll = levels("ferrox"), levels("llama-server")
+for n, f in sorted(fx.items()):
+    d = line(n, f, "ferrox", set="serve-cuda" if n in ll else "serve-cuda-solo")
     if n in ll:
         d.update(ref="llama-server", ref_figure=ll[n]["tok_s"], ref_failures=ll[n]["failed"])
     print(json.dumps(d))
 for v in os.environ.get("VARIANTS", "").split():
     name, envs = v.split("=", 1)
     for n, f in sorted(levels(f"ferrox-{name}").items()):
-        d = {"what": "serve_tok_s", "model": f"{shape} (synthetic, seed 0)", "file": f"{shape}-{kind}.gguf", "kind": kind,
-             "backend": "cuda", "streams": n, "failures": f["failed"], "stat": "one run", "figure": f["tok_s"], "unit": "tok/s",
-             "variant": name, "knobs": envs, "gpu": gpu, "commit": commit, "machine": machine,
-             "date": datetime.date.today().isoformat(), "set": "serve-cuda-ab", "source": "scripts/cuda-serve.sh"}
-        split = engine_split(n, f"ferrox-{name}")
-        if split:
-            d["engine"] = split
+        d = line(n, f, f"ferrox-{name}", set="serve-cuda-ab", variant=name, knobs=envs)
         if n in fx:
             d.update(ref="ferrox default", ref_figure=fx[n]["tok_s"], ref_failures=fx[n]["failed"])
         print(json.dumps(d))

@@ -209,7 +209,7 @@ pub fn matmul_on(
     }
     let acts = Acts::new(isa, &p, x, cols, n, dot4_of(kind, &p).is_some())?;
     let out = OutPtr(y.as_mut_ptr());
-    let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || weights.len() > CACHE_BYTES;
+    let prefetch = prefetches(weights);
     let per_task = rows_per_task(rows, threads);
     let n_tasks = rows.div_ceil(per_task);
     let task = |t: usize| {
@@ -251,27 +251,20 @@ pub fn matmul_many_with(isa: Isa, cols: usize, x: &[f32], n: usize, threads: usi
     if x.len() != want_x {
         return Err(CpuError::Shape { what: "activation length", expected: want_x, got: x.len() });
     }
-    let mut parts = Vec::with_capacity(mats.len());
-    for m in mats.iter_mut() {
-        let p = prepare(m.kind, isa, m.weights, m.rows, cols)?;
-        let want_y = n.saturating_mul(m.rows);
-        if m.y.len() != want_y {
-            return Err(CpuError::Shape { what: "output length", expected: want_y, got: m.y.len() });
-        }
-        let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || m.weights.len() > CACHE_BYTES;
-        parts.push((p, m.kind, m.weights, m.rows, OutPtr(m.y.as_mut_ptr()), rows_per_task(m.rows, threads), prefetch));
-    }
+    let parts = mats
+        .iter_mut()
+        .map(|m| Part::new(isa, m.kind, m.weights, m.rows, cols, m.y, n, threads))
+        .collect::<Result<Vec<_>, _>>()?;
     if n == 0 {
         return Ok(());
     }
     // One preparation serves every matrix with a four-row kernel.
-    let preps = parts.iter().any(|part| dot4_of(part.1, &part.0).is_some());
-    let acts = Acts::new(isa, &parts[0].0, x, cols, n, preps)?;
-    let tasks = row_tasks(parts.iter().map(|part| (part.3, part.5)));
+    let preps = parts.iter().any(Part::has_dot4);
+    let acts = Acts::new(isa, &parts[0].p, x, cols, n, preps)?;
+    let tasks = row_tasks(&parts);
     let task = |t: usize| {
         let (i, r0) = tasks[t];
-        let (p, kind, weights, rows, out, per_task, prefetch) = &parts[i];
-        acts.rows(p, *kind, weights, *rows, *out, r0, (r0 + per_task).min(*rows), *prefetch);
+        parts[i].run(&acts, r0);
     };
     ThreadPool::global().run(threads, tasks.len(), &task);
     Ok(())
@@ -301,7 +294,7 @@ pub struct RoutedOut<'a> {
 /// pool tasks. Matrices whose kinds want different activation kinds run as
 /// separate [`matmul_with`] calls.
 pub fn matvec_routed(isa: Isa, cols: usize, x: &[f32], threads: usize, jobs: &mut [RoutedOut<'_>]) -> Result<(), CpuError> {
-    if cols == 0 || x.len() % cols != 0 {
+    if cols == 0 || !x.len().is_multiple_of(cols) {
         return Err(CpuError::Shape { what: "activation length (whole rows)", expected: x.len().next_multiple_of(cols.max(1)), got: x.len() });
     }
     let n = x.len() / cols;
@@ -315,43 +308,82 @@ pub fn matvec_routed(isa: Isa, cols: usize, x: &[f32], threads: usize, jobs: &mu
         }
         return Ok(());
     }
-    let mut parts = Vec::with_capacity(jobs.len());
-    for j in jobs.iter_mut() {
-        let p = prepare(j.kind, isa, j.weights, j.rows, cols)?;
-        if j.y.len() != j.rows {
-            return Err(CpuError::Shape { what: "output length", expected: j.rows, got: j.y.len() });
-        }
-        let prefetch = STREAMING.load(std::sync::atomic::Ordering::Relaxed) || j.weights.len() > CACHE_BYTES;
-        parts.push((p, j.kind, j.weights, j.rows, OutPtr(j.y.as_mut_ptr()), rows_per_task(j.rows, threads), prefetch, j.act));
-    }
+    let rows_of: Vec<usize> = jobs.iter().map(|j| j.act).collect();
+    let parts = jobs
+        .iter_mut()
+        .map(|j| Part::new(isa, j.kind, j.weights, j.rows, cols, j.y, 1, threads))
+        .collect::<Result<Vec<_>, _>>()?;
     // Each activation row used, quantized once (with its four-row
     // preparation where some matrix has that kernel).
-    let preps = parts.iter().any(|part| dot4_of(part.1, &part.0).is_some());
+    let preps = parts.iter().any(Part::has_dot4);
     let mut acts: Vec<Option<Acts>> = (0..n).map(|_| None).collect();
-    for part in &parts {
-        let a = part.7;
+    for (part, &a) in parts.iter().zip(&rows_of) {
         if acts[a].is_none() {
-            acts[a] = Some(Acts::new(isa, &part.0, &x[a * cols..(a + 1) * cols], cols, 1, preps)?);
+            acts[a] = Some(Acts::new(isa, &part.p, &x[a * cols..(a + 1) * cols], cols, 1, preps)?);
         }
     }
-    let tasks = row_tasks(parts.iter().map(|part| (part.3, part.5)));
+    let tasks = row_tasks(&parts);
     let task = |t: usize| {
         let (i, r0) = tasks[t];
-        let (p, kind, weights, rows, out, per_task, prefetch, a) = &parts[i];
-        if let Some(acts) = &acts[*a] {
-            acts.rows(p, *kind, weights, *rows, *out, r0, (r0 + per_task).min(*rows), *prefetch);
+        if let Some(acts) = &acts[rows_of[i]] {
+            parts[i].run(acts, r0);
         }
     };
     ThreadPool::global().run(threads, tasks.len(), &task);
     Ok(())
 }
 
-/// The pool tasks over several matrices' rows, in matrix order: per matrix
-/// of `(rows, rows a task)`, its `(matrix, first row)` pairs.
-fn row_tasks(parts: impl Iterator<Item = (usize, usize)>) -> Vec<(usize, usize)> {
+/// Whether a matrix's rows are prefetched: always once the resident
+/// weights outgrew the cache ([`add_resident_weights`]), else when the
+/// matrix alone is larger than it.
+fn prefetches(weights: &[u8]) -> bool {
+    STREAMING.load(std::sync::atomic::Ordering::Relaxed) || weights.len() > CACHE_BYTES
+}
+
+/// One matrix of a dispatch over several ([`matmul_many_with`],
+/// [`matvec_routed`]): its kernels, bytes, output and rows a pool task.
+struct Part<'a> {
+    p: Prepared,
+    kind: QuantKind,
+    weights: &'a [u8],
+    rows: usize,
+    out: OutPtr,
+    per_task: usize,
+    prefetch: bool,
+}
+
+impl<'a> Part<'a> {
+    /// `weights` (`rows x cols` of `kind`) prepared for `n` activation rows
+    /// into `y` (`n * rows` outputs, checked).
+    #[allow(clippy::too_many_arguments)]
+    fn new(isa: Isa, kind: QuantKind, weights: &'a [u8], rows: usize, cols: usize, y: &mut [f32], n: usize, threads: usize) -> Result<Part<'a>, CpuError> {
+        let p = prepare(kind, isa, weights, rows, cols)?;
+        let want_y = n.saturating_mul(rows);
+        if y.len() != want_y {
+            return Err(CpuError::Shape { what: "output length", expected: want_y, got: y.len() });
+        }
+        let (out, per_task, prefetch) = (OutPtr(y.as_mut_ptr()), rows_per_task(rows, threads), prefetches(weights));
+        Ok(Part { p, kind, weights, rows, out, per_task, prefetch })
+    }
+
+    /// Whether the level has a four-row kernel for this matrix.
+    fn has_dot4(&self) -> bool {
+        dot4_of(self.kind, &self.p).is_some()
+    }
+
+    /// The task at row `r0`: its rows against `acts`.
+    fn run(&self, acts: &Acts, r0: usize) {
+        acts.rows(&self.p, self.kind, self.weights, self.rows, self.out, r0, (r0 + self.per_task).min(self.rows), self.prefetch);
+    }
+}
+
+/// The pool tasks over several matrices' rows, in matrix order: their
+/// `(matrix, first row)` pairs.
+fn row_tasks(parts: &[Part<'_>]) -> Vec<(usize, usize)> {
     parts
+        .iter()
         .enumerate()
-        .flat_map(|(i, (rows, per_task))| (0..rows).step_by(per_task).map(move |r0| (i, r0)))
+        .flat_map(|(i, part)| (0..part.rows).step_by(part.per_task).map(move |r0| (i, r0)))
         .collect()
 }
 

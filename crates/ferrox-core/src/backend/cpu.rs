@@ -176,7 +176,6 @@ impl Cpu {
         // row of `h` (gathered per width).
         let starts: Vec<usize> = experts.iter().scan(0, |at, x| Some(std::mem::replace(at, *at + x.2))).collect();
         let mut widths: Vec<usize> = experts.iter().map(|x| x.2).collect();
-        widths.dedup();
         widths.sort_unstable();
         widths.dedup();
         for ff in widths {
