@@ -102,23 +102,38 @@ pub fn defined_kernels(src: &str) -> std::collections::BTreeSet<String> {
 pub fn kernel_signatures(src: &str) -> std::collections::BTreeMap<String, Vec<String>> {
     // Macro bodies as one logical line each.
     let joined = src.replace("\\\n", " ");
-    let mut macros: std::collections::HashMap<&str, (&str, Vec<(String, Vec<String>)>)> = Default::default();
+    // Per macro: its parameters, and its kernels' names (as pieces between
+    // `##`) with their parameter types.
+    let mut macros: std::collections::HashMap<String, (Vec<String>, Vec<(Vec<String>, Vec<String>)>)> = Default::default();
     let mut out = std::collections::BTreeMap::new();
     let mut plain = String::new();
     for line in joined.lines() {
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("#define ") {
-            let head = rest.split_whitespace().next().unwrap_or("");
-            let (mac, param) = head.split_once('(').map_or((head, ""), |(m, p)| (m, p.trim_end_matches(')')));
-            let kernels: Vec<(String, Vec<String>)> = globals(rest)
-                .filter_map(|(name, params)| Some((name.strip_suffix(&format!("##{param}")).filter(|_| !param.is_empty())?.to_string(), params)))
+            // `#define MAC(A, B) ... name_##A##_x##B(...)`: the parameters,
+            // and each kernel's name as pasted pieces.
+            let rest = rest.replace(", ", ",");
+            let head = rest.split_whitespace().next().unwrap_or("").to_string();
+            let (mac, params) = head.split_once('(').map_or((head.as_str(), ""), |(m, p)| (m, p.trim_end_matches(')')));
+            let params: Vec<&str> = params.split(',').filter(|p| !p.is_empty()).collect();
+            let kernels: Vec<(Vec<String>, Vec<String>)> = globals(&rest)
+                .map(|(name, types)| (name.split("##").map(str::to_string).collect::<Vec<_>>(), types))
+                .filter(|(pieces, _)| pieces.iter().any(|p| params.contains(&p.as_str())))
                 .collect();
             if !kernels.is_empty() {
-                macros.insert(mac, (param, kernels));
+                let params = params.iter().map(|p| p.to_string()).collect();
+                macros.insert(mac.to_string(), (params, kernels));
             }
-        } else if let Some((mac, arg)) = t.strip_suffix(')').and_then(|c| c.split_once('(')) {
+        } else if let Some((mac, args)) = t.strip_suffix(')').and_then(|c| c.split_once('(')) {
+            let args: Vec<&str> = args.split(',').map(str::trim).collect();
             match macros.get(mac) {
-                Some((_, kernels)) => out.extend(kernels.iter().map(|(stem, params)| (format!("{stem}{arg}"), params.clone()))),
+                Some((params, kernels)) => out.extend(kernels.iter().map(|(pieces, types)| {
+                    let name: String = pieces
+                        .iter()
+                        .map(|p| params.iter().position(|q| q == p).and_then(|i| args.get(i).copied()).unwrap_or(p))
+                        .collect();
+                    (name, types.clone())
+                })),
                 None => {
                     plain.push_str(line);
                     plain.push('\n');

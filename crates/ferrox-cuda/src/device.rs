@@ -204,9 +204,21 @@ pub enum MatmulPath {
     /// Weights dequantized to f16, activations converted to f16, cuBLAS
     /// GEMM with f32 accumulation and output (prefill).
     Gemm,
+    /// The small-batch tensor-core GEMM (`mmq_<kind>_n<t>`): weights
+    /// dequantized to f16 in registers, activations converted to f16 once,
+    /// f32 sums (a server's 9–64-token decode steps).
+    Mma,
 }
 
 
+
+/// The most warps a block of the small-batch GEMM takes (`MMQ_MAX_WARPS`
+/// in `kernels.cu`), 16 rows each.
+const MMQ_MAX_WARPS: usize = 8;
+/// The most k splits of one small-batch GEMM, and the fewest groups of
+/// four 32-element units a split takes.
+const MMQ_MAX_SPLITS: usize = 4;
+const MMQ_MIN_GROUPS: usize = 4;
 
 /// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu_stream` kernels.
 fn act_code(a: Activation) -> i32 {
@@ -227,6 +239,9 @@ struct KindFns {
     dequant: CudaFunction,
     /// The routed experts' matvec (`matvec_id_<kind>`).
     matvec_id: CudaFunction,
+    /// The small-batch tensor-core GEMM, one per `cuda_ops::MMA_TILES`
+    /// entry (`mmq_<kind>_n<t>`), for the kinds that have one.
+    mma: Option<Vec<CudaFunction>>,
 }
 
 /// The activations as the mmvq kernels see them: quantized per 32 elements
@@ -247,6 +262,8 @@ pub fn mmvq_quantize_activations(x: &[f32]) -> Vec<f32> {
 struct Fns {
     kinds: HashMap<QuantKind, KindFns>,
     f32_to_f16: CudaFunction,
+    /// Adds the small-batch GEMM's split-k partial sums.
+    mmq_reduce: CudaFunction,
     quantize_q8: CudaFunction,
     rms_norm: CudaFunction,
     add_rms_norm: CudaFunction,
@@ -276,6 +293,10 @@ struct Fns {
 struct Scratch {
     w16: Option<CudaSlice<u16>>,
     x16: Option<CudaSlice<u16>>,
+    /// The small-batch GEMM's f16 activations and split-k partial sums
+    /// (outgrown: `retired`, as the q8 slots).
+    mmq_x: Option<CudaSlice<u8>>,
+    mmq_part: Option<CudaSlice<u8>>,
     /// `argmax_rows`: the ids, the slices' keys and the per-row u32
     /// counters (zero between launches).
     ids: Option<CudaSlice<u32>>,
@@ -428,8 +449,8 @@ pub struct Device {
     name: String,
     arch: String,
     scratch: Mutex<Scratch>,
-    /// The measuring knobs it opened with (`pdl` and `mma_attn` only where
-    /// the architecture has them).
+    /// The measuring knobs it opened with (`pdl`, `mma_attn` and `mma_max`
+    /// only where the architecture has them).
     knobs: Knobs,
     q8_tag: Mutex<Option<Q8Tag>>,
     /// The device's multiprocessors.
@@ -521,6 +542,15 @@ struct Knobs {
     /// (`FERROX_CUDA_GEMM_MIN`, default [`GEMM_MIN_TOKENS`]): the crossover
     /// a server's 9–64-token decode steps fall on either side of.
     gemm_min: usize,
+    /// Batches of up to this many tokens above `gemm_min` take the
+    /// small-batch tensor-core GEMM where the kind has one
+    /// (`FERROX_CUDA_MMA_MAX`, default [`cuda_ops::MMA_MAX_TOKENS`]; 0 turns
+    /// it off: the dequantize + cuBLAS GEMM, for measuring the crossover).
+    mma_max: usize,
+    /// Warps a block of the small-batch GEMM takes, 16 rows each
+    /// (`FERROX_CUDA_MMQ_WARPS`, 1 to 8, default 4): the warps of a block
+    /// share the activations they read through L1.
+    mmq_warps: usize,
     /// Measuring only: launches skipped (`FERROX_CUDA_SKIP`, a comma list
     /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
     /// time without them bounds what making them faster can give.
@@ -545,6 +575,8 @@ impl Knobs {
         read_mode: 2,
         mma_attn: true,
         gemm_min: GEMM_MIN_TOKENS,
+        mma_max: cuda_ops::MMA_MAX_TOKENS,
+        mmq_warps: 4,
         skip: Skip { norm: false, attn: false, rope: false },
     };
 
@@ -625,6 +657,14 @@ impl Knobs {
             read_mode: parse_count("FERROX_CUDA_READ", get("FERROX_CUDA_READ"), d.read_mode, "0, 1 or 2", |n| n <= 2)?,
             mma_attn: sw("FERROX_CUDA_MMA_ATTN", d.mma_attn)?,
             gemm_min: any("FERROX_CUDA_GEMM_MIN", d.gemm_min)?,
+            mma_max: any("FERROX_CUDA_MMA_MAX", d.mma_max)?,
+            mmq_warps: parse_count(
+                "FERROX_CUDA_MMQ_WARPS",
+                get("FERROX_CUDA_MMQ_WARPS"),
+                d.mmq_warps,
+                "a count from 1 to 8",
+                |n| (1..=MMQ_MAX_WARPS).contains(&n),
+            )?,
             skip: skip.unwrap_or_default(),
         })
     }
@@ -634,6 +674,8 @@ impl Knobs {
 #[cfg(feature = "measure")]
 const MEASURE_KNOBS: &[&str] = &[
     "FERROX_CUDA_GEMM_MIN",
+    "FERROX_CUDA_MMA_MAX",
+    "FERROX_CUDA_MMQ_WARPS",
     "FERROX_CUDA_MMVQ_UNITS",
     "FERROX_CUDA_FUSE",
     "FERROX_CUDA_NORM_FUSE",
@@ -763,6 +805,10 @@ impl Device {
                         get_rows: f(&names.get_rows)?,
                         dequant: f(&names.dequant_f16)?,
                         matvec_id: f(&names.matvec_id)?,
+                        mma: match &names.mma {
+                            Some(v) => Some(v.iter().map(|n| f(n)).collect::<Result<_, _>>()?),
+                            None => None,
+                        },
                     },
                 );
             }
@@ -770,6 +816,7 @@ impl Device {
         let fns = Fns {
             kinds,
             f32_to_f16: f("f32_to_f16")?,
+            mmq_reduce: f("mmq_reduce")?,
             quantize_q8: f("quantize_q8")?,
             rms_norm: f("rms_norm")?,
             add_rms_norm: f("add_rms_norm")?,
@@ -837,7 +884,12 @@ impl Device {
             name,
             arch,
             scratch: Mutex::new(Scratch::default()),
-            knobs: Knobs { pdl: major >= 9 && k.pdl, mma_attn: major >= 8 && k.mma_attn, ..k },
+            knobs: Knobs {
+                pdl: major >= 9 && k.pdl,
+                mma_attn: major >= 8 && k.mma_attn,
+                mma_max: if major >= 8 { k.mma_max } else { 0 },
+                ..k
+            },
             q8_tag: Mutex::new(None),
             sms: sms.max(1) as usize,
             dec_smem,
@@ -1386,10 +1438,34 @@ impl Device {
 
     /// `y = x W^T` for `n` rows of `x` (`[n, cols]` into `[n, rows]`).
     pub fn matmul(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {
-        self.matmul_with(self.matmul_path(n), w, x, y, n)
+        self.matmul_with(self.matmul_path_for(w, n), w, x, y, n)
     }
 
-    /// [`Device::matmul`] on a chosen path (tests check both).
+    /// The path [`Device::matmul`] takes for `w` over `n` tokens: the
+    /// small-batch tensor-core GEMM where [`Device::matmul_path`] says GEMM
+    /// and `w`'s kind, width and `n` fit it (sm_80 and later).
+    pub fn matmul_path_for(&self, w: &Matrix, n: usize) -> MatmulPath {
+        match self.matmul_path(n) {
+            MatmulPath::Gemm if self.mma_fits(w, n) => MatmulPath::Mma,
+            p => p,
+        }
+    }
+
+    /// Whether the small-batch tensor-core GEMM is on here (sm_80 and
+    /// later, unless `FERROX_CUDA_MMA_MAX=0` turned it off).
+    pub fn small_batch_gemm(&self) -> bool {
+        self.knobs.mma_max > 0
+    }
+
+    /// Whether `w` over `n` tokens can take the small-batch tensor-core
+    /// GEMM here (its kernel loaded, sm_80 and later, the knob's bound).
+    pub fn mma_fits(&self, w: &Matrix, n: usize) -> bool {
+        n <= self.knobs.mma_max
+            && cuda_ops::mma_fits(w.kind, w.cols, n)
+            && self.fns.kinds.get(&w.kind).is_some_and(|k| k.mma.is_some())
+    }
+
+    /// [`Device::matmul`] on a chosen path (tests check each).
     pub fn matmul_with(
         &self,
         path: MatmulPath,
@@ -1436,6 +1512,10 @@ impl Device {
                 )
             }
             MatmulPath::Gemm => self.gemm(w, x, y, n),
+            MatmulPath::Mma => {
+                let x16 = self.x_f16(x, n * w.cols)?;
+                self.mma(w, x16, y, n)
+            }
         }
     }
 
@@ -1453,6 +1533,18 @@ impl Device {
         let mats: Vec<cuda_ops::Mat> = outs.iter().map(|(w, _)| mat(w)).collect();
         let one = cuda_ops::one_launch(&mats).is_some() && outs.iter().all(|(w, _)| mmvq_fits(w) || f16_fits(w));
         let fused = one && self.stream_path(n);
+        let mma = outs.len() > 1 && outs.iter().all(|(w, _)| self.matmul_path_for(w, n) == MatmulPath::Mma && w.cols == outs[0].0.cols);
+        if mma {
+            // The activations converted to f16 once for all the matrices.
+            for (w, y) in outs.iter() {
+                matmul_shape(w, x, y, n)?;
+            }
+            let x16 = self.x_f16(x, n * outs[0].0.cols)?;
+            for (w, y) in outs.iter_mut() {
+                self.mma(w, x16, y, n)?;
+            }
+            return Ok(());
+        }
         if !fused {
             for (w, y) in outs.iter_mut() {
                 self.matmul(w, x, y, n)?;
@@ -1829,6 +1921,84 @@ impl Device {
             return Ok(fits);
         }
         self.f16_glu(act, x, n, wg, wu, h, Some((norm, eps))).map(|()| true)
+    }
+
+    /// The f16 copy of the first `elems` floats of `x` for the small-batch
+    /// GEMM, converted now: its address.
+    fn x_f16(&self, x: &Buf, elems: usize) -> Result<u64, CudaError> {
+        let p = {
+            let mut guard = self.scratch_guard("mma activations")?;
+            let sc = &mut *guard;
+            grow_retiring(&self.stream, &mut sc.mmq_x, &mut sc.retired, 2 * elems, "mma activations")?;
+            sc.mmq_x.as_ref().map_or(0, |b| self.ptr(b))
+        };
+        let ne = elems as i64;
+        self.launch(&self.fns.f32_to_f16, grid(elems, 256), "f32 to f16", &[&self.ptr(&x.s), &p, &ne])?;
+        Ok(p)
+    }
+
+    /// `y = x W^T` on the small-batch tensor-core GEMM (`mmq_<kind>_n<t>`),
+    /// `x16` the f16 activations ([`Device::x_f16`]; the caller checked the
+    /// shapes and [`Device::mma_fits`]). Where a block of rows a multiprocessor
+    /// is too few to fill the device, blocks split k, and `mmq_reduce` adds
+    /// their partial sums in a fixed order.
+    fn mma(&self, w: &Matrix, x16: u64, y: &mut Buf, n: usize) -> Result<(), CudaError> {
+        let fns = self.kind_fns(w.kind, "mma")?;
+        let piece = 8 * cuda_ops::MMA_TILES[cuda_ops::MMA_TILES.len() - 1];
+        let warps = self.knobs.mmq_warps;
+        let blocks = w.rows.div_ceil(16 * warps);
+        let groups = (w.cols / 32).div_ceil(4);
+        let want = (2 * self.sms).div_ceil(blocks).clamp(1, MMQ_MAX_SPLITS);
+        let splits = want.min((groups / MMQ_MIN_GROUPS).max(1));
+        let gps = groups.div_ceil(splits);
+        let splits = groups.div_ceil(gps);
+        self.set_q8_tag(None);
+        let part = if splits > 1 {
+            let mut guard = self.scratch_guard("mma partial sums")?;
+            let sc = &mut *guard;
+            let bytes = 4 * splits * n.min(piece) * w.rows;
+            grow_retiring(&self.stream, &mut sc.mmq_part, &mut sc.retired, bytes, "mma partial sums")?;
+            sc.mmq_part.as_ref().map_or(0, |b| self.ptr(b))
+        } else {
+            0
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Pieces of up to `piece` tokens, each its own launch.
+        for start in (0..n).step_by(piece) {
+            let m = piece.min(n - start);
+            let t = cuda_ops::MMA_TILES.iter().position(|t| 8 * t >= m);
+            let Some(f) = fns.mma.as_ref().zip(t).and_then(|(v, i)| v.get(i)) else {
+                return Err(shape("mma", format!("no small-batch GEMM for {:?} at {m} tokens", w.kind)));
+            };
+            let xp = x16 + (2 * start * w.cols) as u64;
+            let yp = self.ptr(&y.s) + (4 * start * w.rows) as u64;
+            self.launch(
+                f,
+                cfg,
+                "small-batch GEMM",
+                &[
+                    &self.ptr(&w.data),
+                    &xp,
+                    &yp,
+                    &part,
+                    &int("mma", w.rows)?,
+                    &int("mma", w.cols)?,
+                    &(w.row_bytes as i64),
+                    &int("mma", m)?,
+                    &int("mma", gps)?,
+                ],
+            )?;
+            if splits > 1 {
+                let count = m * w.rows;
+                let (c, sp) = (count as i64, int("mma", splits)?);
+                self.launch(&self.fns.mmq_reduce, grid(count, 256), "mma split sums", &[&part, &yp, &c, &sp])?;
+            }
+        }
+        Ok(())
     }
 
     fn gemm(&self, w: &Matrix, x: &Buf, y: &mut Buf, n: usize) -> Result<(), CudaError> {

@@ -2705,3 +2705,212 @@ extern "C" __global__ void copy_cols(const float* src, const u32* rows, float* d
     size_t sr = rows ? rows[r] : (u32)r;
     dst[(size_t)r * width + c] = src[sr * src_width + c0 + c];
 }
+
+// ---- small batches on the tensor cores: y = x W^T for up to 128 tokens a launch
+// (mma.sync m16n8k16, sm_80+), the weights dequantized to f16 in registers.
+//
+// A warp takes 16 rows and every token (NT tiles of 8). The k dimension
+// goes in groups of four 32-element units: lane (g, t) (g = lane / 4,
+// t = lane % 4) decodes unit 4q + t of rows g and g + 8 into 16 f16x2
+// pairs each, in element order, and k-step j of the unit gives the mma
+// fragment's columns 2t, 2t + 1 its elements 4j, 4j + 1 and columns
+// 2t + 8, 2t + 9 its elements 4j + 2, 4j + 3. The sum over k does not care
+// which column holds which element, so the activations' fragment is the
+// same four elements of the same unit: 8 contiguous bytes of the f16 copy
+// of x (row-major, `cols` halves a token). No shared memory, no staging:
+// the warps of a block (up to MMQ_MAX_WARPS, as the host launches it) read
+// the same activations through L1.
+// Blocks split k (`blockIdx.y`) where the rows alone are too few to fill
+// the device; each split writes its partial sums to `part` and
+// `mmq_reduce` adds them in split order (the same sum every run).
+
+#define MMQ_MAX_WARPS 8
+
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Bytes 0, 1 (`hi` false) or 2, 3 of `v`, each 0..255, as the f16x2
+// (1024 + b0, 1024 + b1): 0x64 is the high byte of 1024.0 in f16, whose
+// mantissa's unit is 1.
+__device__ __forceinline__ u32 bytes_h2(u32 v, bool hi) {
+    return __byte_perm(v, 0x64646464u, hi ? 0x7362 : 0x5140);
+}
+
+// Unit `u` of a row as 16 f16x2 pairs (a[i]: elements 2i, 2i + 1), per kind.
+// The generic form expands the unit decoder; the hot kinds read their
+// device layouts with 16-byte loads and convert with byte permutes.
+#define DEFINE_MMQ_UNIT_GENERIC(NAME)                                                              \
+    __device__ __forceinline__ void mmq_unit_##NAME(const u8* row, int u, int cols, u32 a[16]) {  \
+        float v[32];                                                                              \
+        deq_##NAME(row, u, cols, v);                                                              \
+        _Pragma("unroll") for (int i = 0; i < 16; i++) a[i] = pack_h2(v[2 * i], v[2 * i + 1]);    \
+    }
+
+DEFINE_MMQ_UNIT_GENERIC(q5_0)
+
+// Four quant words holding nibbles (byte b: element b low, b + 16 high),
+// each element v = q * scale - sub... as (h - 1024 - off) * d - m.
+__device__ __forceinline__ void nibbles_h2(const uint4 q, u32 off, u32 d, u32 m, u32 a[16]) {
+    u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
+        a[2 * k] = hfma2(hsub2(bytes_h2(lo, false), off), d, m);
+        a[2 * k + 1] = hfma2(hsub2(bytes_h2(lo, true), off), d, m);
+        a[8 + 2 * k] = hfma2(hsub2(bytes_h2(hi, false), off), d, m);
+        a[8 + 2 * k + 1] = hfma2(hsub2(bytes_h2(hi, true), off), d, m);
+    }
+}
+
+__device__ __forceinline__ void mmq_unit_q4_k(const u8* row, int u, int cols, u32 a[16]) {
+    uint4 q = ldw4(row + u * 16);
+    uint4 h = ldw4(row + (cols >> 8) * 128 + (u >> 3) * 16);
+    int sc, m;
+    scale_min_k4w(u & 7, h.y, h.z, h.w, &sc, &m);
+    float d = h2f((u16)h.x), dmin = h2f((u16)(h.x >> 16));
+    float d1 = d * sc, m1 = -dmin * m;
+    nibbles_h2(q, 0x64006400u, pack_h2(d1, d1), pack_h2(m1, m1), a);
+}
+
+__device__ __forceinline__ void mmq_unit_q4_0(const u8* row, int u, int cols, u32 a[16]) {
+    uint4 q = ldw4(row + u * 16);
+    float d = h2f(*(const u16*)(row + (cols >> 5) * 16 + 2 * u));
+    // (1024 + q) - 1032 = q - 8, exact.
+    nibbles_h2(q, 0x64086408u, pack_h2(d, d), 0u, a);
+}
+
+__device__ __forceinline__ void mmq_unit_q8_0(const u8* row, int u, int cols, u32 a[16]) {
+    uint4 q0 = ldw4(row + u * 32), q1 = ldw4(row + u * 32 + 16);
+    float d = h2f(*(const u16*)(row + (cols >> 5) * 32 + 2 * u));
+    u32 dd = pack_h2(d, d);
+    u32 w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 b = w[k] ^ 0x80808080u;  // q + 128
+        // (1024 + q + 128) - 1152 = q, exact.
+        a[2 * k] = hmul2(hsub2(bytes_h2(b, false), 0x64806480u), dd);
+        a[2 * k + 1] = hmul2(hsub2(bytes_h2(b, true), 0x64806480u), dd);
+    }
+}
+
+__device__ __forceinline__ void mmq_unit_q6_k(const u8* row, int u, int cols, u32 a[16]) {
+    const u8* b = row + (u >> 3) * 208;  // repacked: ql, qh, scales; then the d's
+    int s = u & 7, half = s >> 2, quarter = s & 3;
+    const u8* ql = b + half * 64 + (quarter & 1) * 32;
+    const u8* qh = b + 128 + half * 32;
+    const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
+    float d = h2f(*(const u16*)(row + (cols >> 8) * 208 + 2 * (u >> 3)));
+    int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+    uint4 l0 = ldw4(ql), l1 = ldw4(ql + 16), h0 = ldw4(qh), h1 = ldw4(qh + 16);
+    u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    float s0 = d * sc[0], s1 = d * sc[1];
+    u32 d0 = pack_h2(s0, s0), d1 = pack_h2(s1, s1);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 q = ((lw[k] >> lshift) & 0x0F0F0F0Fu) | (((hw[k] >> hshift) & 0x03030303u) << 4);
+        u32 dk = k < 4 ? d0 : d1;
+        // (1024 + q) - 1056 = q - 32, exact.
+        a[2 * k] = hmul2(hsub2(bytes_h2(q, false), 0x64206420u), dk);
+        a[2 * k + 1] = hmul2(hsub2(bytes_h2(q, true), 0x64206420u), dk);
+    }
+}
+
+// `mmq_<kind>_n<NT>`: rows [16 w, 16 w + 16) of block x's warps, groups [y * gps, (y + 1) * gps) of k, tokens [0, n) (n <= 8 NT).
+#define DEFINE_MMQ(NAME, NT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_MAX_WARPS) mmq_##NAME##_n##NT(          \
+        const u8* w, const u16* x, float* y, float* part, int rows, int cols, long long row_bytes, \
+        int n, int gps) {                                                                         \
+        int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;                                 \
+        int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 16;                      \
+        PDL_ENTER();                                                                              \
+        if (r0 >= rows) return;                                                                   \
+        const u8* wa = w + (size_t)min(r0 + g, rows - 1) * row_bytes;                             \
+        const u8* wb = w + (size_t)min(r0 + g + 8, rows - 1) * row_bytes;                         \
+        int n_units = cols >> 5, n_groups = (n_units + 3) >> 2;                                   \
+        int q0 = blockIdx.y * gps, q1 = min(q0 + gps, n_groups);                                  \
+        float acc[NT][4];                                                                         \
+        _Pragma("unroll") for (int m = 0; m < NT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f; \
+        for (int q = q0; q < q1; q++) {                                                           \
+            int u = 4 * q + t;                                                                    \
+            bool ok = u < n_units;                                                                \
+            u32 aa[16], ab[16];                                                                   \
+            if (ok) {                                                                             \
+                mmq_unit_##NAME(wa, u, cols, aa);                                                 \
+                mmq_unit_##NAME(wb, u, cols, ab);                                                 \
+            } else {                                                                              \
+                _Pragma("unroll") for (int i = 0; i < 16; i++) aa[i] = ab[i] = 0u;                \
+            }                                                                                     \
+            _Pragma("unroll") for (int m = 0; m < NT; m++) {                                      \
+                int tok = min(8 * m + g, n - 1);                                                  \
+                const uint4* xp = (const uint4*)(x + (size_t)tok * cols + (size_t)(ok ? u : 0) * 32); \
+                u32 xw[16];                                                                       \
+                _Pragma("unroll") for (int i = 0; i < 4; i++) {                                   \
+                    uint4 v = ok ? __ldg(xp + i) : make_uint4(0, 0, 0, 0);                        \
+                    xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w; \
+                }                                                                                 \
+                _Pragma("unroll") for (int j = 0; j < 8; j++) {                                   \
+                    u32 af[4] = {aa[2 * j], ab[2 * j], aa[2 * j + 1], ab[2 * j + 1]};             \
+                    mma16816(acc[m], af, xw[2 * j], xw[2 * j + 1]);                               \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+        float* out = gridDim.y > 1 ? part + (size_t)blockIdx.y * n * rows : y;                    \
+        _Pragma("unroll") for (int m = 0; m < NT; m++) {                                          \
+            int ta = 8 * m + 2 * t, ra = r0 + g, rb = r0 + g + 8;                                 \
+            if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];                     \
+            if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];           \
+            if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];                     \
+            if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];           \
+        }                                                                                         \
+    }
+
+// Every int8 kind at every token tile (`MMA_TILES` in ferrox-ops).
+DEFINE_MMQ(q4_0, 16)
+DEFINE_MMQ(q5_0, 16)
+DEFINE_MMQ(q8_0, 16)
+DEFINE_MMQ(q4_k, 16)
+DEFINE_MMQ(q6_k, 16)
+DEFINE_MMQ(q4_0, 1)
+DEFINE_MMQ(q4_0, 2)
+DEFINE_MMQ(q4_0, 4)
+DEFINE_MMQ(q4_0, 8)
+DEFINE_MMQ(q5_0, 1)
+DEFINE_MMQ(q5_0, 2)
+DEFINE_MMQ(q5_0, 4)
+DEFINE_MMQ(q5_0, 8)
+DEFINE_MMQ(q8_0, 1)
+DEFINE_MMQ(q8_0, 2)
+DEFINE_MMQ(q8_0, 4)
+DEFINE_MMQ(q8_0, 8)
+DEFINE_MMQ(q4_k, 1)
+DEFINE_MMQ(q4_k, 2)
+DEFINE_MMQ(q4_k, 4)
+DEFINE_MMQ(q4_k, 8)
+DEFINE_MMQ(q6_k, 1)
+DEFINE_MMQ(q6_k, 2)
+DEFINE_MMQ(q6_k, 4)
+DEFINE_MMQ(q6_k, 8)
+
+// y[i] = the sum of the `splits` partial sums of element i, in split order.
+extern "C" __global__ void mmq_reduce(const float* part, float* y, long long count, int splits) {
+    PDL_ENTER();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float s = 0.0f;
+    for (int k = 0; k < splits; k++) s += part[(size_t)k * count + i];
+    y[i] = s;
+}

@@ -26,7 +26,8 @@ fn every_kind_in_the_launch_table_has_its_kernels_in_the_source() {
             let s = ferrox_cuda::kernel_suffix(k).unwrap();
             assert!(src.contains(&format!("deq_{s}(")), "{k}: no deq_{s} in kernels.cu");
             let int8 = names.int8.iter().flat_map(|(a, b)| [a, b]);
-            for name in [&names.matvec, &names.get_rows, &names.dequant_f16].into_iter().chain(int8) {
+            let mma = names.mma.iter().flatten();
+            for name in [&names.matvec, &names.get_rows, &names.dequant_f16].into_iter().chain(int8).chain(mma) {
                 assert!(defined.contains(name), "{k}: kernels.cu defines no {name}");
             }
             n += 1;
@@ -45,6 +46,10 @@ fn defined_kernels_expands_the_kind_macros() {
     let want: std::collections::BTreeSet<String> =
         ["matvec_q9_0", "get_rows_q9_0", "rms_norm"].iter().map(|s| s.to_string()).collect();
     assert_eq!(d, want);
+    // Several parameters, pasted inside the name.
+    let src = "#define DEFINE_TILE(NAME, NT) \\\n    extern \"C\" __global__ void tile_##NAME##_n##NT(int a) {}\nDEFINE_TILE(q9_0, 4)\n";
+    let d = ferrox_cuda::defined_kernels(src);
+    assert_eq!(d.into_iter().collect::<Vec<_>>(), ["tile_q9_0_n4"]);
 }
 
 /// Each kernel's parameter types as a launch must pass them, read through

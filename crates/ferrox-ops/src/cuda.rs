@@ -77,6 +77,32 @@ cuda_kinds!(kind_fns);
 /// f16, cuBLAS) where cuBLAS loaded; smaller ones the matvec per token.
 pub const GEMM_MIN_TOKENS: usize = 8;
 
+/// The token tiles of the small-batch tensor-core GEMM: `mmq_<suffix>_n<t>`
+/// takes up to `8 t` tokens, a larger batch goes in pieces of the largest.
+/// Batches above [`GEMM_MIN_TOKENS`] and up to [`MMA_MAX_TOKENS`] of an
+/// [`int8_kind`] whose width is a multiple of 32 take it on sm_80 and later
+/// instead of dequantizing every weight to f16 for cuBLAS (a whole f16
+/// copy of the weights written and read again per matmul, which made a
+/// server's 9–80-token decode steps slower than 8-token ones).
+pub const MMA_TILES: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// The largest batch the small-batch tensor-core GEMM takes by default.
+pub const MMA_MAX_TOKENS: usize = 256;
+
+/// The `mmq_<suffix>_n<t>` kernel for a piece of `n` tokens (1 to 128).
+pub fn mma_kernel(kind: QuantKind, n: usize) -> Option<String> {
+    let s = kernel_suffix(kind).filter(|_| int8_kind(kind))?;
+    let t = MMA_TILES.into_iter().find(|t| 8 * t >= n)?;
+    (n > 0).then(|| format!("mmq_{s}_n{t}"))
+}
+
+/// Whether a `kind` matrix of `cols` columns has a small-batch tensor-core
+/// GEMM kernel for `n` tokens (taken on sm_80 and later above
+/// [`GEMM_MIN_TOKENS`]).
+pub fn mma_fits(kind: QuantKind, cols: usize, n: usize) -> bool {
+    cols.is_multiple_of(32) && mma_kernel(kind, n.min(8 * MMA_TILES[MMA_TILES.len() - 1])).is_some()
+}
+
 /// The kernels a kind's matrices need loaded, by name: what `Device::open`
 /// looks up and what the claims⇔launch test finds in the source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +119,9 @@ pub struct KindKernels {
     /// The int8-activation streaming matvec and gate/up GLU, for the
     /// [`int8_kind`]s.
     pub int8: Option<(String, String)>,
+    /// The small-batch tensor-core GEMM, one kernel per [`MMA_TILES`]
+    /// entry, for the [`int8_kind`]s.
+    pub mma: Option<Vec<String>>,
 }
 
 /// The kernels `kind` needs, or `None` where CUDA claims none.
@@ -104,6 +133,7 @@ pub fn kind_kernels(kind: QuantKind) -> Option<KindKernels> {
         dequant_f16: format!("dequant_f16_{s}"),
         matvec_id: format!("matvec_id_{s}"),
         int8: int8_kind(kind).then(|| (format!("mmvq_stream_{s}"), format!("mmvq_glu_{s}"))),
+        mma: int8_kind(kind).then(|| MMA_TILES.iter().map(|t| format!("mmq_{s}_n{t}")).collect()),
     })
 }
 

@@ -121,10 +121,17 @@ impl BackendCaps for Cuda {
         let (Some(k), Some(m)) = (cuda_ops::kind_kernels(kind), cuda_ops::matvec(kind, cols)) else {
             return "none".into();
         };
+        let small = cuda_ops::GEMM_MIN_TOKENS + 1;
+        let (gemm_from, mma) = match k.mma.as_ref().filter(|_| cuda_ops::mma_fits(kind, cols, small)) {
+            Some(tiles) => (
+                cuda_ops::MMA_MAX_TOKENS + 1,
+                format!("; {small}-{}: cuda {} on the tensor cores, sm_80+", cuda_ops::MMA_MAX_TOKENS, tiles.join("/")),
+            ),
+            None => (small, String::new()),
+        };
         format!(
-            "cuda {} + cuBLAS f16 GEMM (batches of {}+; smaller ones {}; without cuBLAS: {})",
+            "cuda {} + cuBLAS f16 GEMM (batches of {gemm_from}+{mma}; smaller ones {}; without cuBLAS: {})",
             k.dequant_f16,
-            cuda_ops::GEMM_MIN_TOKENS + 1,
             m.kernel(kind),
             Self::GEMM_FALLBACK
         )
@@ -823,6 +830,60 @@ mod tests {
                 if mmvq {
                     let e = rel(&got, &dot(&x));
                     assert!(e < 2e-2, "{kind} {path:?}: {e:e} from the f32 dot");
+                }
+            }
+        }
+    }
+
+    /// The small-batch tensor-core GEMM (`mmq_<kind>_n<t>`, every kind
+    /// that has one) against the f64 dot, every element: each token tile
+    /// (1, 9, 16, 17, 40, 64 and 100 tokens) and a batch in two pieces
+    /// (130: 128 and 2), rows that are not a multiple of a
+    /// warp's 16 or a block's 64, a width whose last group of four units
+    /// is partial, and a width whose blocks split k (their partial sums
+    /// added by `mmq_reduce`). The server's 9–64-token decode steps must
+    /// take it: the path is checked too.
+    #[test]
+    fn small_batch_gemm_matches_the_f64_dot_at_every_tile() {
+        let Some(c) = gpu("CUDA small-batch tensor-core GEMM (mmq_<kind>_n<t>) vs the f64 dot") else {
+            return;
+        };
+        let d = c.device();
+        if !d.small_batch_gemm() {
+            eprintln!("NOT CHECKED: the small-batch GEMM is off on {} ({}: mma.sync needs sm_80, or FERROX_CUDA_MMA_MAX=0)", d.name(), d.arch());
+            return;
+        }
+        let mut r = rng();
+        let kinds: Vec<QuantKind> = claimed()
+            .into_iter()
+            .filter(|&k| ferrox_ops::cuda::kind_kernels(k).is_some_and(|k| k.mma.is_some()))
+            .collect();
+        assert!(kinds.len() >= 5, "the small-batch GEMM lost kinds: {kinds:?}");
+        for kind in kinds {
+            let be = kind.block_elems();
+            // 13 units (a partial last group); 128 units, 32 groups in 4 splits.
+            let shapes = [(1001, be.max(32 * 13).next_multiple_of(be)), (37, 4096), (200, 4096)];
+            for (rows, cols) in shapes {
+                let (bytes, deq) = matrix(&mut r, kind, rows, cols);
+                let w = d.upload_matrix(kind, &bytes, rows, cols).unwrap();
+                for n in [1usize, 9, 16, 17, 40, 64, 100, 130] {
+                    if n > 8 {
+                        assert_eq!(d.matmul_path_for(&w, n), MatmulPath::Mma, "{kind} {rows}x{cols} n={n}");
+                    }
+                    let x = rand_vec(&mut r, n * cols, 1.0);
+                    let want = f64_dot(&deq, &x, rows, cols);
+                    let xb = d.upload_f32(&x).unwrap();
+                    let mut y = d.upload_f32(&vec![f32::NAN; n * rows]).unwrap();
+                    d.matmul_with(MatmulPath::Mma, &w, &xb, &mut y, n).unwrap();
+                    let got = read(c, &y);
+                    let top = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    let worst = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(g, w)| (g - w).abs() / top)
+                        .fold(0.0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) });
+                    assert!(worst < 4e-3, "{kind} {rows}x{cols} n={n}: worst element off by {worst:e} of the largest");
+                    assert!(rel(&got, &want) < 4e-3, "{kind} {rows}x{cols} n={n}: {:e}", rel(&got, &want));
                 }
             }
         }
