@@ -5,41 +5,57 @@
 # ferrox binary built with `--features cuda,measure`):
 #   1. The CUDA tests (`backend::cuda`, the conformance suite): the new GEMM against the f64 dot
 #      at every token tile, and the model-level batches that now take it against the CPU.
-#   2. scripts/cuda-serve.sh at $CLIENTS streams, ferrox at the default and with
-#      FERROX_CUDA_MMA_MAX=0 (the dequantize + cuBLAS GEMM it replaces): set "serve-cuda-ab";
-#      with $D/llama-src.tgz and LLAMA=1, llama-server too (set "serve-cuda").
-#   3. `ferrox bench` prefill of 16 to 512 tokens on the same file, both ways:
-#      $OUT/bench-mma.jsonl; and where a 64-token forward's time goes, both ways, from a kernel
-#      trace (tools/cuda/trace.py): $OUT/trace-mma.txt.
-# Env: CLIENTS ("16 64"), VARIANTS (more "name=VAR=value" sets for cuda-serve.sh), COMMIT,
-# MACHINE, SKIP_TESTS=1, LLAMA=1.
+#   2. With SERVE=1 (default): scripts/cuda-serve.sh at $CLIENTS streams, ferrox at the default
+#      and with FERROX_CUDA_MMA_MAX=0 (the dequantize + cuBLAS GEMM it replaces): set
+#      "serve-cuda-ab"; with $D/llama-src.tgz and LLAMA=1, llama-server too (set "serve-cuda").
+#      With SERVE=0 the model is only made.
+#   3. `ferrox bench` prefill of 16 to 256 tokens on the same file under each of $BENCH
+#      (space-separated; `default`, or VAR=value[,VAR=value]): $OUT/bench-mma.jsonl; and where
+#      a 64-token forward's time goes at the default, from a kernel trace (tools/cuda/trace.py):
+#      $OUT/trace-mma.txt.
+# Env: CLIENTS ("16 64"), VARIANTS (more "name=VAR=value" sets for cuda-serve.sh), BENCH
+# ("default FERROX_CUDA_MMA_MAX=0"), PP (the prefill sizes), COMMIT, MACHINE, SKIP_TESTS=1,
+# SERVE, LLAMA=1.
 set -u
 D=${D:-target/devmoe}
 OUT=${OUT:-/tmp/ferrox-out}
-mkdir -p "$OUT" /tmp/logs
+mkdir -p "$OUT" /tmp/logs /tmp/models
 export FERROX_CUDA_CACHE=/tmp/ferrox-cuda-cache FERROX_REQUIRE_GPU=1 HOME=${HOME:-/root}
+# LLAMA=1: llama-server built in the background from the start (niced; LLAMA_BUILD_S, 400),
+# run by cuda-serve.sh once built, beside ferrox on the same file and load.
+if [ "${LLAMA:-0}" = 1 ] && [ -f $D/llama-src.tgz ]; then
+  (timeout ${LLAMA_BUILD_S:-400} bash scripts/cuda-llama-build.sh $D /tmp/logs/llama; touch /tmp/llama-build.done) &
+  export LLAMA_BUILDING=1
+fi
 if [ -x $D/tests/ferrox_core ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 240 $D/tests/ferrox_core backend::cuda conformance::Cuda --test-threads=1 >/tmp/logs/tests-mma.log 2>&1
   echo "CUDA tests rc=$?: $(grep -E '^test result' /tmp/logs/tests-mma.log | tail -1)"
   grep -E "panicked|FAILED|NOT CHECKED" /tmp/logs/tests-mma.log | head -8
   cp /tmp/logs/tests-mma.log "$OUT/"
 fi
-NO_LLAMA=$([ "${LLAMA:-0}" = 1 ] && echo 0 || echo 1) CLIENTS=${CLIENTS:-16 64} \
-  VARIANTS="nomma=FERROX_CUDA_MMA_MAX=0 ${VARIANTS:-}" D=$D OUT=$OUT bash scripts/cuda-serve.sh
 f=/tmp/models/llama-8b-Q4_K_M.gguf
-for v in default FERROX_CUDA_MMA_MAX=0; do
-  env $([ $v = default ] || echo $v) $D/ferrox bench --backend cuda -m $f -p 16,32,64,128,256,512 -n 0 -r 5 -o jsonl 2>/tmp/logs/bench-$v.log |
+PYTHONPATH=$PWD/$D python3 $D/make_synthetic_gguf.py --shape llama-8b --out /tmp/models/llama-8b-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth.log 2>&1
+$D/ferrox quantize /tmp/models/llama-8b-F16.gguf $f Q4_K_M -f >/tmp/logs/quantize.log 2>&1
+echo "model rc=$? ($(du -h $f | cut -f1))"
+rm -f /tmp/models/llama-8b-F16.gguf
+for v in ${BENCH:-default FERROX_CUDA_MMA_MAX=0}; do
+  envs=$([ $v = default ] || echo ${v//,/ })
+  env $envs $D/ferrox bench --backend cuda -m $f -p ${PP:-16,32,64,96,128,256} -n 0 -r 5 -o jsonl 2>>/tmp/logs/bench.log |
     python3 -c "import json,sys
 for l in sys.stdin:
-    d = json.loads(l); print(json.dumps(dict(variant='$v', n_prompt=d['n_prompt'], avg_ts=d['avg_ts'], stddev_ts=d['stddev_ts'])))" >>"$OUT/bench-mma.jsonl"
+    d = json.loads(l); print(json.dumps(dict(variant='$v', n_prompt=d['n_prompt'], avg_ts=round(d['avg_ts'], 1), stddev_ts=round(d['stddev_ts'], 1))))" >>"$OUT/bench-mma.jsonl"
 done
 cat "$OUT/bench-mma.jsonl"
-for v in default FERROX_CUDA_MMA_MAX=0; do
-  env $([ $v = default ] || echo $v) FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace-$v.txt \
-    $D/ferrox bench --backend cuda -m $f -p 64 -n 0 -r 3 >/dev/null 2>>/tmp/logs/bench-$v.log
-  { echo "== $v: bench -p 64"; python3 tools/cuda/trace.py /tmp/logs/trace-$v.txt --positions 0; } >>"$OUT/trace-mma.txt" 2>&1
-done
+if [ "${SERVE:-1}" = 1 ]; then
+  # (cuda-serve.sh takes the file made above)
+  NO_LLAMA=1 CLIENTS=${CLIENTS:-16 64} \
+    VARIANTS="nomma=FERROX_CUDA_MMA_MAX=0 ${VARIANTS:-}" D=$D OUT=$OUT bash scripts/cuda-serve.sh
+fi
+FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace.txt \
+  $D/ferrox bench --backend cuda -m $f -p 64 -n 0 -r 3 >/dev/null 2>>/tmp/logs/bench.log
+{ echo "== bench -p 64"; python3 tools/cuda/trace.py /tmp/logs/trace.txt --positions 0 --skip 1; } >"$OUT/trace-mma.txt" 2>&1
 cat "$OUT/trace-mma.txt"
 # The device tool brings back a handful of files: the raw per-engine ones in one.
-tar czf "$OUT/raw.tgz" -C "$OUT" $(cd "$OUT" && ls load-*.txt metrics-*.txt gpu.txt 2>/dev/null) && rm -f "$OUT"/load-*.txt "$OUT"/metrics-*.txt "$OUT"/gpu.txt
+raw=$(cd "$OUT" && ls load-*.txt metrics-*.txt gpu.txt 2>/dev/null)
+[ -n "$raw" ] && tar czf "$OUT/raw.tgz" -C "$OUT" $raw && (cd "$OUT" && rm -f $raw)
 tar czf "$OUT/logs.tgz" -C /tmp/logs .

@@ -31,12 +31,15 @@ LLPID=
 [ -f $D/llama-src.tgz ] && [ "${NO_LLAMA:-0}" != 1 ] && { timeout ${LLAMA_BUILD_S:-420} bash scripts/cuda-llama-build.sh $D /tmp/logs/llama & LLPID=$!; }
 SHAPE=${SHAPE:-llama-8b} KIND=${KIND:-Q4_K_M}
 M=/tmp/models/$SHAPE
-PYTHONPATH=$PWD/$D python3 $D/make_synthetic_gguf.py --shape $SHAPE --out $M-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth.log 2>&1
-echo "$(el) synthetic $SHAPE F16 rc=$? ($(du -h $M-F16.gguf | cut -f1))"
-if [ "$KIND" != F16 ]; then
-  $D/ferrox quantize $M-F16.gguf $M-$KIND.gguf $KIND -f >/tmp/logs/quantize.log 2>&1
-  echo "$(el) quantize $KIND rc=$?"
-  rm -f $M-F16.gguf
+# (a file a caller made already, the same way, is taken as it is)
+if [ ! -f $M-$KIND.gguf ]; then
+  PYTHONPATH=$PWD/$D python3 $D/make_synthetic_gguf.py --shape $SHAPE --out $M-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth.log 2>&1
+  echo "$(el) synthetic $SHAPE F16 rc=$? ($(du -h $M-F16.gguf | cut -f1))"
+  if [ "$KIND" != F16 ]; then
+    $D/ferrox quantize $M-F16.gguf $M-$KIND.gguf $KIND -f >/tmp/logs/quantize.log 2>&1
+    echo "$(el) quantize $KIND rc=$?"
+    rm -f $M-F16.gguf
+  fi
 fi
 f=$M-$KIND.gguf
 port=8411
@@ -72,8 +75,11 @@ for v in ${VARIANTS:-}; do
     >/tmp/logs/serve-$name.log 2>&1 &
   load ferrox-$name $!
 done
-if [ -n "$LLPID" ]; then
-  wait $LLPID
+# LLAMA_BUILDING=1: the caller started the build (scripts/cuda-mma.sh) and touches
+# /tmp/llama-build.done when it ends.
+if [ -n "$LLPID" ] || [ "${LLAMA_BUILDING:-0}" = 1 ]; then
+  [ -n "$LLPID" ] && wait $LLPID
+  while [ "${LLAMA_BUILDING:-0}" = 1 ] && [ ! -f /tmp/llama-build.done ]; do sleep 2; done
   if [ -f /tmp/llama/.built ]; then
     echo "$(el) llama.cpp built"
     /tmp/llama/bin/llama-server -m "$f" -ngl 99 -fa on --parallel ${PARALLEL:-64} -c ${CTX:-65536} --port $port \

@@ -217,7 +217,7 @@ pub enum MatmulPath {
 const MMQ_MAX_WARPS: usize = 8;
 /// The most k splits of one small-batch GEMM, and the fewest groups of
 /// four 32-element units a split takes.
-const MMQ_MAX_SPLITS: usize = 4;
+const MMQ_MAX_SPLITS: usize = 8;
 const MMQ_MIN_GROUPS: usize = 4;
 
 /// The `act` argument of the `glu`, `mmvq_glu_<kind>` and `matvec_f16_glu_stream` kernels.
@@ -551,6 +551,10 @@ struct Knobs {
     /// (`FERROX_CUDA_MMQ_WARPS`, 1 to 8, default 4): the warps of a block
     /// share the activations they read through L1.
     mmq_warps: usize,
+    /// Blocks a multiprocessor the small-batch GEMM's grid aims at: where
+    /// the rows give fewer, blocks split k (`FERROX_CUDA_MMQ_WAVES`, default
+    /// 2; at most 8 splits).
+    mmq_waves: usize,
     /// Measuring only: launches skipped (`FERROX_CUDA_SKIP`, a comma list
     /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
     /// time without them bounds what making them faster can give.
@@ -577,6 +581,7 @@ impl Knobs {
         gemm_min: GEMM_MIN_TOKENS,
         mma_max: cuda_ops::MMA_MAX_TOKENS,
         mmq_warps: 4,
+        mmq_waves: 2,
         skip: Skip { norm: false, attn: false, rope: false },
     };
 
@@ -658,6 +663,7 @@ impl Knobs {
             mma_attn: sw("FERROX_CUDA_MMA_ATTN", d.mma_attn)?,
             gemm_min: any("FERROX_CUDA_GEMM_MIN", d.gemm_min)?,
             mma_max: any("FERROX_CUDA_MMA_MAX", d.mma_max)?,
+            mmq_waves: parse_count("FERROX_CUDA_MMQ_WAVES", get("FERROX_CUDA_MMQ_WAVES"), d.mmq_waves, "a count of at least 1", |n| n > 0)?,
             mmq_warps: parse_count(
                 "FERROX_CUDA_MMQ_WARPS",
                 get("FERROX_CUDA_MMQ_WARPS"),
@@ -676,6 +682,7 @@ const MEASURE_KNOBS: &[&str] = &[
     "FERROX_CUDA_GEMM_MIN",
     "FERROX_CUDA_MMA_MAX",
     "FERROX_CUDA_MMQ_WARPS",
+    "FERROX_CUDA_MMQ_WAVES",
     "FERROX_CUDA_MMVQ_UNITS",
     "FERROX_CUDA_FUSE",
     "FERROX_CUDA_NORM_FUSE",
@@ -1945,34 +1952,34 @@ impl Device {
     fn mma(&self, w: &Matrix, x16: u64, y: &mut Buf, n: usize) -> Result<(), CudaError> {
         let fns = self.kind_fns(w.kind, "mma")?;
         let piece = 8 * cuda_ops::MMA_TILES[cuda_ops::MMA_TILES.len() - 1];
-        let warps = self.knobs.mmq_warps;
-        let blocks = w.rows.div_ceil(16 * warps);
-        let groups = (w.cols / 32).div_ceil(4);
-        let want = (2 * self.sms).div_ceil(blocks).clamp(1, MMQ_MAX_SPLITS);
-        let splits = want.min((groups / MMQ_MIN_GROUPS).max(1));
-        let gps = groups.div_ceil(splits);
-        let splits = groups.div_ceil(gps);
-        self.set_q8_tag(None);
-        let part = if splits > 1 {
-            let mut guard = self.scratch_guard("mma partial sums")?;
-            let sc = &mut *guard;
-            let bytes = 4 * splits * n.min(piece) * w.rows;
-            grow_retiring(&self.stream, &mut sc.mmq_part, &mut sc.retired, bytes, "mma partial sums")?;
-            sc.mmq_part.as_ref().map_or(0, |b| self.ptr(b))
-        } else {
-            0
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, splits as u32, 1),
-            block_dim: (32 * warps as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // Pieces of up to `piece` tokens, each its own launch.
         for start in (0..n).step_by(piece) {
             let m = piece.min(n - start);
             let t = cuda_ops::MMA_TILES.iter().position(|t| 8 * t >= m);
             let Some(f) = fns.mma.as_ref().zip(t).and_then(|(v, i)| v.get(i)) else {
                 return Err(shape("mma", format!("no small-batch GEMM for {:?} at {m} tokens", w.kind)));
+            };
+            let warps = self.knobs.mmq_warps;
+            let blocks = w.rows.div_ceil(16 * warps);
+            let groups = (w.cols / 32).div_ceil(4);
+            let want = (self.knobs.mmq_waves * self.sms).div_ceil(blocks).clamp(1, MMQ_MAX_SPLITS);
+            let splits = want.min((groups / MMQ_MIN_GROUPS).max(1));
+            let gps = groups.div_ceil(splits);
+            let splits = groups.div_ceil(gps);
+            self.set_q8_tag(None);
+            let part = if splits > 1 {
+                let mut guard = self.scratch_guard("mma partial sums")?;
+                let sc = &mut *guard;
+                let bytes = 4 * splits * m * w.rows;
+                grow_retiring(&self.stream, &mut sc.mmq_part, &mut sc.retired, bytes, "mma partial sums")?;
+                sc.mmq_part.as_ref().map_or(0, |b| self.ptr(b))
+            } else {
+                0
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, splits as u32, 1),
+                block_dim: (32 * warps as u32, 1, 1),
+                shared_mem_bytes: 0,
             };
             let xp = x16 + (2 * start * w.cols) as u64;
             let yp = self.ptr(&y.s) + (4 * start * w.rows) as u64;

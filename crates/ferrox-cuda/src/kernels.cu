@@ -2725,6 +2725,13 @@ extern "C" __global__ void copy_cols(const float* src, const u32* rows, float* d
 // `mmq_reduce` adds them in split order (the same sum every run).
 
 #define MMQ_MAX_WARPS 8
+// MMQ_UNROLL (FERROX_CUDA_DEFINES, measuring): groups of k a warp's loop
+// takes at once (their weight loads issued together).
+#ifndef MMQ_UNROLL
+#define MMQ_UNROLL 1
+#endif
+#define MMQ_PRAGMA_(x) _Pragma(#x)
+#define MMQ_PRAGMA(n) MMQ_PRAGMA_(unroll n)
 
 __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     u32 r;
@@ -2749,20 +2756,30 @@ __device__ __forceinline__ u32 bytes_h2(u32 v, bool hi) {
     return __byte_perm(v, 0x64646464u, hi ? 0x7362 : 0x5140);
 }
 
-// Unit `u` of a row as 16 f16x2 pairs (a[i]: elements 2i, 2i + 1), per kind.
-// The generic form expands the unit decoder; the hot kinds read their
-// device layouts with 16-byte loads and convert with byte permutes.
+// Unit `u` of a row as 16 f16x2 pairs (a[i]: elements 2i, 2i + 1), per
+// kind, in two steps so a warp can load the next group's weights before it
+// computes on this one's: `load` brings the unit's bytes into registers
+// (`Raw`), `dec` turns them into the pairs. The generic form's `load` only
+// keeps the address (the unit decoder reads as it expands); the hot kinds
+// read their device layouts with 16-byte loads and convert with byte
+// permutes.
 #define DEFINE_MMQ_UNIT_GENERIC(NAME)                                                              \
-    __device__ __forceinline__ void mmq_unit_##NAME(const u8* row, int u, int cols, u32 a[16]) {  \
-        float v[32];                                                                              \
-        deq_##NAME(row, u, cols, v);                                                              \
-        _Pragma("unroll") for (int i = 0; i < 16; i++) a[i] = pack_h2(v[2 * i], v[2 * i + 1]);    \
-    }
+    struct Mmq_##NAME {                                                                           \
+        struct Raw { const u8* row; int u, cols; };                                               \
+        static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {      \
+            r.row = row; r.u = u; r.cols = cols;                                                  \
+        }                                                                                         \
+        static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {                      \
+            float v[32];                                                                          \
+            deq_##NAME(r.row, r.u, r.cols, v);                                                    \
+            _Pragma("unroll") for (int i = 0; i < 16; i++) a[i] = pack_h2(v[2 * i], v[2 * i + 1]); \
+        }                                                                                         \
+    };
 
 DEFINE_MMQ_UNIT_GENERIC(q5_0)
 
 // Four quant words holding nibbles (byte b: element b low, b + 16 high),
-// each element v = q * scale - sub... as (h - 1024 - off) * d - m.
+// each element v = (q - off) * d + m, as ((1024 + q) - (1024 + off)) * d + m.
 __device__ __forceinline__ void nibbles_h2(const uint4 q, u32 off, u32 d, u32 m, u32 a[16]) {
     u32 w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
@@ -2775,107 +2792,183 @@ __device__ __forceinline__ void nibbles_h2(const uint4 q, u32 off, u32 d, u32 m,
     }
 }
 
-__device__ __forceinline__ void mmq_unit_q4_k(const u8* row, int u, int cols, u32 a[16]) {
-    uint4 q = ldw4(row + u * 16);
-    uint4 h = ldw4(row + (cols >> 8) * 128 + (u >> 3) * 16);
-    int sc, m;
-    scale_min_k4w(u & 7, h.y, h.z, h.w, &sc, &m);
-    float d = h2f((u16)h.x), dmin = h2f((u16)(h.x >> 16));
-    float d1 = d * sc, m1 = -dmin * m;
-    nibbles_h2(q, 0x64006400u, pack_h2(d1, d1), pack_h2(m1, m1), a);
-}
+struct Mmq_q4_k {
+    struct Raw { uint4 q, h; int s; };
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
+        r.q = ldw4(row + u * 16);
+        r.h = ldw4(row + (cols >> 8) * 128 + (u >> 3) * 16);
+        r.s = u & 7;
+    }
+    static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
+        int sc, m;
+        scale_min_k4w(r.s, r.h.y, r.h.z, r.h.w, &sc, &m);
+        float d = h2f((u16)r.h.x), dmin = h2f((u16)(r.h.x >> 16));
+        float d1 = d * sc, m1 = -dmin * m;
+        nibbles_h2(r.q, 0x64006400u, pack_h2(d1, d1), pack_h2(m1, m1), a);
+    }
+};
 
-__device__ __forceinline__ void mmq_unit_q4_0(const u8* row, int u, int cols, u32 a[16]) {
-    uint4 q = ldw4(row + u * 16);
-    float d = h2f(*(const u16*)(row + (cols >> 5) * 16 + 2 * u));
-    // (1024 + q) - 1032 = q - 8, exact.
-    nibbles_h2(q, 0x64086408u, pack_h2(d, d), 0u, a);
-}
+struct Mmq_q4_0 {
+    struct Raw { uint4 q; u16 d; };
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
+        r.q = ldw4(row + u * 16);
+        r.d = *(const u16*)(row + (cols >> 5) * 16 + 2 * u);
+    }
+    static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
+        float d = h2f(r.d);
+        // (1024 + q) - 1032 = q - 8, exact.
+        nibbles_h2(r.q, 0x64086408u, pack_h2(d, d), 0u, a);
+    }
+};
 
-__device__ __forceinline__ void mmq_unit_q8_0(const u8* row, int u, int cols, u32 a[16]) {
-    uint4 q0 = ldw4(row + u * 32), q1 = ldw4(row + u * 32 + 16);
-    float d = h2f(*(const u16*)(row + (cols >> 5) * 32 + 2 * u));
-    u32 dd = pack_h2(d, d);
-    u32 w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+struct Mmq_q8_0 {
+    struct Raw { uint4 q0, q1; u16 d; };
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
+        r.q0 = ldw4(row + u * 32);
+        r.q1 = ldw4(row + u * 32 + 16);
+        r.d = *(const u16*)(row + (cols >> 5) * 32 + 2 * u);
+    }
+    static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
+        float d = h2f(r.d);
+        u32 dd = pack_h2(d, d);
+        u32 w[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        u32 b = w[k] ^ 0x80808080u;  // q + 128
-        // (1024 + q + 128) - 1152 = q, exact.
-        a[2 * k] = hmul2(hsub2(bytes_h2(b, false), 0x64806480u), dd);
-        a[2 * k + 1] = hmul2(hsub2(bytes_h2(b, true), 0x64806480u), dd);
+        for (int k = 0; k < 8; k++) {
+            u32 b = w[k] ^ 0x80808080u;  // q + 128
+            // (1024 + q + 128) - 1152 = q, exact.
+            a[2 * k] = hmul2(hsub2(bytes_h2(b, false), 0x64806480u), dd);
+            a[2 * k + 1] = hmul2(hsub2(bytes_h2(b, true), 0x64806480u), dd);
+        }
+    }
+};
+
+struct Mmq_q6_k {
+    // (repacked: per block ql, qh, scales; the d's after the row's blocks)
+    struct Raw { uint4 l0, l1, h0, h1; u32 sc; u16 d; int s; };
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
+        const u8* b = row + (u >> 3) * 208;
+        int s = u & 7, half = s >> 2, quarter = s & 3;
+        const u8* ql = b + half * 64 + (quarter & 1) * 32;
+        const u8* qh = b + 128 + half * 32;
+        r.l0 = ldw4(ql);
+        r.l1 = ldw4(ql + 16);
+        r.h0 = ldw4(qh);
+        r.h1 = ldw4(qh + 16);
+        r.sc = *(const u16*)(b + 192 + half * 8 + quarter * 2);
+        r.d = *(const u16*)(row + (cols >> 8) * 208 + 2 * (u >> 3));
+        r.s = s;
+    }
+    static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
+        int quarter = r.s & 3, lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+        u32 lw[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
+        u32 hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+        float d = h2f(r.d);
+        float s0 = d * (float)(i8)(r.sc & 0xFF), s1 = d * (float)(i8)(r.sc >> 8);
+        u32 d0 = pack_h2(s0, s0), d1 = pack_h2(s1, s1);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            u32 q = ((lw[k] >> lshift) & 0x0F0F0F0Fu) | (((hw[k] >> hshift) & 0x03030303u) << 4);
+            u32 dk = k < 4 ? d0 : d1;
+            // (1024 + q) - 1056 = q - 32, exact.
+            a[2 * k] = hmul2(hsub2(bytes_h2(q, false), 0x64206420u), dk);
+            a[2 * k + 1] = hmul2(hsub2(bytes_h2(q, true), 0x64206420u), dk);
+        }
+    }
+};
+
+// MMQ_PREFETCH (FERROX_CUDA_DEFINES, measuring): 1 loads the next group's
+// weights before computing on this one's, 0 loads each group as it comes.
+#ifndef MMQ_PREFETCH
+#define MMQ_PREFETCH 1
+#endif
+
+// One warp's share of `mmq_<kind>_n<NT>`: rows [r0, r0 + 16), groups
+// [q0, q1) of k, tokens [0, n) (n <= 8 NT), sums stored to `out`. A lane
+// past the last unit (a partial last group) loads the last unit again and
+// zeroes what it decodes.
+template <int NT, class K>
+__device__ __forceinline__ void mmq_tile(const u8* w, const u16* x, float* out, int rows, int cols,
+                                         long long row_bytes, int n, int q0, int q1, int r0) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const u8* wa = w + (size_t)min(r0 + g, rows - 1) * row_bytes;
+    const u8* wb = w + (size_t)min(r0 + g + 8, rows - 1) * row_bytes;
+    int n_units = cols >> 5;
+    float acc[NT][4];
+#pragma unroll
+    for (int m = 0; m < NT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+    typename K::Raw ca, cb, na, nb;
+    if (MMQ_PREFETCH && q0 < q1) {
+        int uc = min(4 * q0 + t, n_units - 1);
+        K::load(wa, uc, cols, ca);
+        K::load(wb, uc, cols, cb);
+    }
+    MMQ_PRAGMA(MMQ_UNROLL) for (int q = q0; q < q1; q++) {
+        int u = 4 * q + t;
+        bool ok = u < n_units;
+        if (!MMQ_PREFETCH) {
+            int uc = min(u, n_units - 1);
+            K::load(wa, uc, cols, ca);
+            K::load(wb, uc, cols, cb);
+        } else if (q + 1 < q1) {
+            int un = min(u + 4, n_units - 1);
+            K::load(wa, un, cols, na);
+            K::load(wb, un, cols, nb);
+        }
+        u32 aa[16], ab[16];
+        K::dec(ca, aa);
+        K::dec(cb, ab);
+        if (!ok) {
+#pragma unroll
+            for (int k = 0; k < 16; k++) aa[k] = ab[k] = 0u;
+        }
+#pragma unroll
+        for (int m = 0; m < NT; m++) {
+            int tok = min(8 * m + g, n - 1);
+            const uint4* xp = (const uint4*)(x + (size_t)tok * cols + (size_t)(ok ? u : 0) * 32);
+            u32 xw[16];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                uint4 v = ok ? __ldg(xp + k) : make_uint4(0, 0, 0, 0);
+                xw[4 * k] = v.x;
+                xw[4 * k + 1] = v.y;
+                xw[4 * k + 2] = v.z;
+                xw[4 * k + 3] = v.w;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                u32 af[4] = {aa[2 * j], ab[2 * j], aa[2 * j + 1], ab[2 * j + 1]};
+                mma16816(acc[m], af, xw[2 * j], xw[2 * j + 1]);
+            }
+        }
+        if (MMQ_PREFETCH) {
+            ca = na;
+            cb = nb;
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < NT; m++) {
+        int ta = 8 * m + 2 * t, ra = r0 + g, rb = ra + 8;
+        if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];
+        if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];
+        if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];
+        if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];
     }
 }
 
-__device__ __forceinline__ void mmq_unit_q6_k(const u8* row, int u, int cols, u32 a[16]) {
-    const u8* b = row + (u >> 3) * 208;  // repacked: ql, qh, scales; then the d's
-    int s = u & 7, half = s >> 2, quarter = s & 3;
-    const u8* ql = b + half * 64 + (quarter & 1) * 32;
-    const u8* qh = b + 128 + half * 32;
-    const i8* sc = (const i8*)(b + 192) + half * 8 + quarter * 2;
-    float d = h2f(*(const u16*)(row + (cols >> 8) * 208 + 2 * (u >> 3)));
-    int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
-    uint4 l0 = ldw4(ql), l1 = ldw4(ql + 16), h0 = ldw4(qh), h1 = ldw4(qh + 16);
-    u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-    u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    float s0 = d * sc[0], s1 = d * sc[1];
-    u32 d0 = pack_h2(s0, s0), d1 = pack_h2(s1, s1);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        u32 q = ((lw[k] >> lshift) & 0x0F0F0F0Fu) | (((hw[k] >> hshift) & 0x03030303u) << 4);
-        u32 dk = k < 4 ? d0 : d1;
-        // (1024 + q) - 1056 = q - 32, exact.
-        a[2 * k] = hmul2(hsub2(bytes_h2(q, false), 0x64206420u), dk);
-        a[2 * k + 1] = hmul2(hsub2(bytes_h2(q, true), 0x64206420u), dk);
-    }
-}
-
-// `mmq_<kind>_n<NT>`: rows [16 w, 16 w + 16) of block x's warps, groups [y * gps, (y + 1) * gps) of k, tokens [0, n) (n <= 8 NT).
+// `mmq_<kind>_n<NT>`: a warp takes 16 rows, the warps of block x
+// consecutive ones; groups [y * gps, (y + 1) * gps) of k; tokens [0, n)
+// (n <= 8 NT).
 #define DEFINE_MMQ(NAME, NT)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * MMQ_MAX_WARPS) mmq_##NAME##_n##NT(          \
         const u8* w, const u16* x, float* y, float* part, int rows, int cols, long long row_bytes, \
         int n, int gps) {                                                                         \
-        int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;                                 \
         int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 16;                      \
         PDL_ENTER();                                                                              \
         if (r0 >= rows) return;                                                                   \
-        const u8* wa = w + (size_t)min(r0 + g, rows - 1) * row_bytes;                             \
-        const u8* wb = w + (size_t)min(r0 + g + 8, rows - 1) * row_bytes;                         \
-        int n_units = cols >> 5, n_groups = (n_units + 3) >> 2;                                   \
+        int n_groups = ((cols >> 5) + 3) >> 2;                                                    \
         int q0 = blockIdx.y * gps, q1 = min(q0 + gps, n_groups);                                  \
-        float acc[NT][4];                                                                         \
-        _Pragma("unroll") for (int m = 0; m < NT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f; \
-        for (int q = q0; q < q1; q++) {                                                           \
-            int u = 4 * q + t;                                                                    \
-            bool ok = u < n_units;                                                                \
-            u32 aa[16], ab[16];                                                                   \
-            if (ok) {                                                                             \
-                mmq_unit_##NAME(wa, u, cols, aa);                                                 \
-                mmq_unit_##NAME(wb, u, cols, ab);                                                 \
-            } else {                                                                              \
-                _Pragma("unroll") for (int i = 0; i < 16; i++) aa[i] = ab[i] = 0u;                \
-            }                                                                                     \
-            _Pragma("unroll") for (int m = 0; m < NT; m++) {                                      \
-                int tok = min(8 * m + g, n - 1);                                                  \
-                const uint4* xp = (const uint4*)(x + (size_t)tok * cols + (size_t)(ok ? u : 0) * 32); \
-                u32 xw[16];                                                                       \
-                _Pragma("unroll") for (int i = 0; i < 4; i++) {                                   \
-                    uint4 v = ok ? __ldg(xp + i) : make_uint4(0, 0, 0, 0);                        \
-                    xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w; \
-                }                                                                                 \
-                _Pragma("unroll") for (int j = 0; j < 8; j++) {                                   \
-                    u32 af[4] = {aa[2 * j], ab[2 * j], aa[2 * j + 1], ab[2 * j + 1]};             \
-                    mma16816(acc[m], af, xw[2 * j], xw[2 * j + 1]);                               \
-                }                                                                                 \
-            }                                                                                     \
-        }                                                                                         \
         float* out = gridDim.y > 1 ? part + (size_t)blockIdx.y * n * rows : y;                    \
-        _Pragma("unroll") for (int m = 0; m < NT; m++) {                                          \
-            int ta = 8 * m + 2 * t, ra = r0 + g, rb = r0 + g + 8;                                 \
-            if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];                     \
-            if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];           \
-            if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];                     \
-            if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];           \
-        }                                                                                         \
+        mmq_tile<NT, Mmq_##NAME>(w, x, out, rows, cols, row_bytes, n, q0, q1, r0);                \
     }
 
 // Every int8 kind at every token tile (`MMA_TILES` in ferrox-ops).

@@ -87,7 +87,7 @@ pub const GEMM_MIN_TOKENS: usize = 8;
 pub const MMA_TILES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// The largest batch the small-batch tensor-core GEMM takes by default.
-pub const MMA_MAX_TOKENS: usize = 256;
+pub const MMA_MAX_TOKENS: usize = 128;
 
 /// The `mmq_<suffix>_n<t>` kernel for a piece of `n` tokens (1 to 128).
 pub fn mma_kernel(kind: QuantKind, n: usize) -> Option<String> {

@@ -867,7 +867,7 @@ mod tests {
                 let (bytes, deq) = matrix(&mut r, kind, rows, cols);
                 let w = d.upload_matrix(kind, &bytes, rows, cols).unwrap();
                 for n in [1usize, 9, 16, 17, 40, 64, 100, 130] {
-                    if n > 8 {
+                    if n > ferrox_ops::cuda::GEMM_MIN_TOKENS && n <= ferrox_ops::cuda::MMA_MAX_TOKENS {
                         assert_eq!(d.matmul_path_for(&w, n), MatmulPath::Mma, "{kind} {rows}x{cols} n={n}");
                     }
                     let x = rand_vec(&mut r, n * cols, 1.0);
