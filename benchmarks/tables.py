@@ -250,6 +250,26 @@ TABLES = {
               ("ratio", lambda l: f"{ratio(l)}x"),
               ("tokens / step", lambda l: f"{l['engine']['tokens_per_step']}"),
               ("forward ms / step with the knobs", lambda l: f"{1e3 * l['engine']['forward_s'] / l['engine']['steps']:.1f}")]),
+    "serve-cuda-mma": dict(
+        kind="list", file="serve.jsonl", where={"set": "serve-cuda-mma"},
+        key=lambda l: (l["commit"], l.get("variant", "default"), l["streams"]),
+        command="COMMIT=<sha> MACHINE=<card> VARIANTS=\"mma64=FERROX_CUDA_MMA_MAX=64\" CLIENTS=\"1 16 64\" bash scripts/cuda-mma.sh",
+        note="(through the device tool, carrying target/devmoe; see the script's header)",
+        cols=[("commit", lambda l: l["commit"], LEFT),
+              ("knobs", lambda l: f"`{l['knobs']}`" if l.get("knobs") else "default", LEFT),
+              ("streams", lambda l: str(l["streams"])), ("tok/s", lambda l: f"{l['figure']:.1f}"),
+              ("vs the default", lambda l: f"{ratio(l)}x" if l.get("ref_figure") else "-"),
+              ("tokens / step", lambda l: f"{l['engine']['tokens_per_step']}"),
+              ("forward ms / step", lambda l: f"{1e3 * l['engine']['forward_s'] / l['engine']['steps']:.1f}")]),
+    "cuda-mma-prefill": dict(
+        kind="list", file="cuda-mma.jsonl", where={"set": "mma-prefill"},
+        key=lambda l: (l["commit"], l.get("commit_note", ""), l["variant"]),
+        command="COMMIT=<sha> MACHINE=<card> SERVE=0 BENCH=\"default FERROX_CUDA_MMA_MAX=0 ...\" bash scripts/cuda-mma.sh",
+        note="(through the device tool, carrying target/devmoe)",
+        cols=[("commit", lambda l: l["commit"] + (" (variant)" if l.get("commit_note") else ""), LEFT),
+              ("knobs", lambda l: f"`{l['knobs']}`" if l["knobs"] else "default", LEFT)]
+             + [(f"{n} tokens", (lambda n: lambda l: f"{l['tok_s'][n]:.0f}" if n in l["tok_s"] else "-")(n))
+                for n in ("16", "32", "64", "96", "128", "256")]),
     "vulkan-h200": dict(kind="compare", file="vulkan.jsonl", where={"set": "vulkan", "machine": "h200"},
                         refs=["ferrox Vulkan, replay off", "ferrox Vulkan, float products (FERROX_VULKAN_INT_DOT=0)", "ferrox CUDA"],
                         unit="t/s", model_col=True,

@@ -12,7 +12,8 @@
 #   3. `ferrox bench` prefill of 16 to 256 tokens on the same file under each of $BENCH
 #      (space-separated; `default`, or VAR=value[,VAR=value]): $OUT/bench-mma.jsonl; and where
 #      a 64-token forward's time goes at the default, from a kernel trace (tools/cuda/trace.py):
-#      $OUT/trace-mma.txt.
+#      $OUT/trace-mma.txt; $OUT/mma.jsonl the results lines (scripts/mma-results.py) for
+#      benchmarks/results/cuda-mma.jsonl, $OUT/serve.jsonl those for benchmarks/results/serve.jsonl.
 # Env: CLIENTS ("16 64"), VARIANTS (more "name=VAR=value" sets for cuda-serve.sh), BENCH
 # ("default FERROX_CUDA_MMA_MAX=0"), PP (the prefill sizes), COMMIT, MACHINE, SKIP_TESTS=1,
 # SERVE, LLAMA=1.
@@ -50,7 +51,11 @@ if [ "${SERVE:-1}" = 1 ]; then
   # (cuda-serve.sh takes the file made above)
   NO_LLAMA=1 CLIENTS=${CLIENTS:-16 64} \
     VARIANTS="nomma=FERROX_CUDA_MMA_MAX=0 ${VARIANTS:-}" D=$D OUT=$OUT bash scripts/cuda-serve.sh
+  # ferrox alone (and its variants) as set "serve-cuda-mma"; beside llama-server, "serve-cuda".
+  sed -i 's/"set": "serve-cuda-solo"/"set": "serve-cuda-mma"/; s/"set": "serve-cuda-ab"/"set": "serve-cuda-mma"/' "$OUT/serve.jsonl"
 fi
+python3 scripts/mma-results.py "$OUT/bench-mma.jsonl" "${COMMIT:-unknown}" "${MACHINE:-h100}" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" >"$OUT/mma.jsonl"
 FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace.txt \
   $D/ferrox bench --backend cuda -m $f -p 64 -n 0 -r 3 >/dev/null 2>>/tmp/logs/bench.log
 { echo "== bench -p 64"; python3 tools/cuda/trace.py /tmp/logs/trace.txt --positions 0 --skip 1; } >"$OUT/trace-mma.txt" 2>&1

@@ -104,7 +104,8 @@ pub fn kernel_signatures(src: &str) -> std::collections::BTreeMap<String, Vec<St
     let joined = src.replace("\\\n", " ");
     // Per macro: its parameters, and its kernels' names (as pieces between
     // `##`) with their parameter types.
-    let mut macros: std::collections::HashMap<String, (Vec<String>, Vec<(Vec<String>, Vec<String>)>)> = Default::default();
+    type Kernel = (Vec<String>, Vec<String>);
+    let mut macros: std::collections::HashMap<String, (Vec<String>, Vec<Kernel>)> = Default::default();
     let mut out = std::collections::BTreeMap::new();
     let mut plain = String::new();
     for line in joined.lines() {
@@ -116,7 +117,7 @@ pub fn kernel_signatures(src: &str) -> std::collections::BTreeMap<String, Vec<St
             let head = rest.split_whitespace().next().unwrap_or("").to_string();
             let (mac, params) = head.split_once('(').map_or((head.as_str(), ""), |(m, p)| (m, p.trim_end_matches(')')));
             let params: Vec<&str> = params.split(',').filter(|p| !p.is_empty()).collect();
-            let kernels: Vec<(Vec<String>, Vec<String>)> = globals(&rest)
+            let kernels: Vec<Kernel> = globals(&rest)
                 .map(|(name, types)| (name.split("##").map(str::to_string).collect::<Vec<_>>(), types))
                 .filter(|(pieces, _)| pieces.iter().any(|p| params.contains(&p.as_str())))
                 .collect();

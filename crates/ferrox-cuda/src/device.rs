@@ -213,7 +213,8 @@ pub enum MatmulPath {
 
 
 /// The most warps a block of the small-batch GEMM takes (`MMQ_MAX_WARPS`
-/// in `kernels.cu`), 16 rows each.
+/// in `kernels.cu`, its launch bound), 16 rows each: the knob's range.
+#[cfg(any(test, feature = "measure"))]
 const MMQ_MAX_WARPS: usize = 8;
 /// The most k splits of one small-batch GEMM, and the fewest groups of
 /// four 32-element units a split takes.
@@ -553,7 +554,7 @@ struct Knobs {
     mmq_warps: usize,
     /// Blocks a multiprocessor the small-batch GEMM's grid aims at: where
     /// the rows give fewer, blocks split k (`FERROX_CUDA_MMQ_WAVES`, default
-    /// 2; at most 8 splits).
+    /// 8; at most 8 splits).
     mmq_waves: usize,
     /// Measuring only: launches skipped (`FERROX_CUDA_SKIP`, a comma list
     /// of `norm`, `attn`, `rope`). The output is then wrong; the decode
@@ -581,7 +582,7 @@ impl Knobs {
         gemm_min: GEMM_MIN_TOKENS,
         mma_max: cuda_ops::MMA_MAX_TOKENS,
         mmq_warps: 4,
-        mmq_waves: 2,
+        mmq_waves: 8,
         skip: Skip { norm: false, attn: false, rope: false },
     };
 
@@ -884,7 +885,7 @@ impl Device {
             stream,
             fns,
             names: names.into_inner(),
-            signatures: if cfg!(debug_assertions) { crate::kernel_signatures(&crate::kernel_source()) } else { Default::default() },
+            signatures: if cfg!(debug_assertions) { crate::kernel_signatures(crate::kernel_source()) } else { Default::default() },
             launched: Mutex::new(None),
             logging: std::sync::atomic::AtomicBool::new(false),
             blas,
@@ -1449,13 +1450,15 @@ impl Device {
     }
 
     /// The path [`Device::matmul`] takes for `w` over `n` tokens: the
-    /// small-batch tensor-core GEMM where [`Device::matmul_path`] says GEMM
-    /// and `w`'s kind, width and `n` fit it (sm_80 and later).
+    /// small-batch tensor-core GEMM above the matvecs' batches where `w`'s
+    /// kind, width and `n` fit it (sm_80 and later), else
+    /// [`Device::matmul_path`]'s.
     pub fn matmul_path_for(&self, w: &Matrix, n: usize) -> MatmulPath {
-        match self.matmul_path(n) {
-            MatmulPath::Gemm if self.mma_fits(w, n) => MatmulPath::Mma,
-            p => p,
+        // (cuBLAS or not: the small-batch GEMM needs none)
+        if n > self.knobs.gemm_min && self.mma_fits(w, n) {
+            return MatmulPath::Mma;
         }
+        self.matmul_path(n)
     }
 
     /// Whether the small-batch tensor-core GEMM is on here (sm_80 and

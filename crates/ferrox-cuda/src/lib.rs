@@ -46,6 +46,16 @@
 //! order, then the blocks' 16-byte heads: two loads a unit, not three);
 //! every `deq_`/`dot_` of those kinds reads that layout.
 //!
+//! **Small batches on the tensor cores** (`mmq_<kind>_n<t>`, the int8 kinds,
+//! sm_80+): batches of 9 to `MMA_MAX_TOKENS` (64) tokens. A warp takes 16
+//! rows and every token; each lane decodes one 32-element unit of two rows
+//! into f16x2 mma fragments in registers (its `load` and `dec` apart, so the
+//! next group's bytes are in flight while this one's multiply), and since the
+//! k order inside an mma is free, the activations' fragment is 8 contiguous
+//! bytes of their f16 copy. Blocks split k where rows are few and
+//! `mmq_reduce` adds the splits in order. Larger batches dequantize to f16
+//! and call cuBLAS (docs/decisions/0041).
+//!
 //! **Streaming decode matvecs** (`mmvq_stream_<kind>`, and for F16
 //! `matvec_f16_stream` / `matvec_f16_glu_stream`). A warp takes a row; the
 //! grid is one wave of blocks (two 256-thread blocks an SM,

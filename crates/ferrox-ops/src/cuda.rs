@@ -86,8 +86,10 @@ pub const GEMM_MIN_TOKENS: usize = 8;
 /// server's 9–80-token decode steps slower than 8-token ones).
 pub const MMA_TILES: [usize; 5] = [1, 2, 4, 8, 16];
 
-/// The largest batch the small-batch tensor-core GEMM takes by default.
-pub const MMA_MAX_TOKENS: usize = 128;
+/// The largest batch the small-batch tensor-core GEMM takes by default:
+/// on an H100 (8b Q4_K_M prefill, docs/decisions/0041) it is 2.5x the
+/// dequantize + cuBLAS path at 16 tokens, 1.07x at 64, 0.68x at 96.
+pub const MMA_MAX_TOKENS: usize = 64;
 
 /// The `mmq_<suffix>_n<t>` kernel for a piece of `n` tokens (1 to 128).
 pub fn mma_kernel(kind: QuantKind, n: usize) -> Option<String> {
@@ -253,6 +255,30 @@ mod tests {
         assert_eq!(matvec(QuantKind::Q5K, 4096), Some(Matvec::Unit));
         assert_eq!(matvec(QuantKind::F64, 4096), None);
         assert_eq!(Matvec::Int8Stream.kernel(QuantKind::Q6K), "mmvq_stream_q6_k");
+    }
+
+    /// The small-batch GEMM's tile is the smallest that holds the batch (a
+    /// larger batch goes in 128-token pieces), for the int8 kinds and whole
+    /// 32-element units only.
+    #[test]
+    fn the_small_batch_gemm_takes_the_smallest_tile_that_holds_the_batch() {
+        let k = |n| mma_kernel(QuantKind::Q4K, n);
+        assert_eq!(k(0), None);
+        assert_eq!(k(1).as_deref(), Some("mmq_q4_k_n1"));
+        assert_eq!(k(8).as_deref(), Some("mmq_q4_k_n1"));
+        assert_eq!(k(9).as_deref(), Some("mmq_q4_k_n2"));
+        assert_eq!(k(64).as_deref(), Some("mmq_q4_k_n8"));
+        assert_eq!(k(65).as_deref(), Some("mmq_q4_k_n16"));
+        assert_eq!(k(128).as_deref(), Some("mmq_q4_k_n16"));
+        assert_eq!(k(129), None, "a piece is at most 128 tokens");
+        assert!(mma_fits(QuantKind::Q6K, 4096, 300), "larger batches go in pieces");
+        assert!(!mma_fits(QuantKind::Q6K, 4096 + 16, 16), "a partial unit");
+        assert!(!mma_fits(QuantKind::Q5K, 4096, 16), "not an int8 kind");
+        assert!(!mma_fits(QuantKind::F16, 4096, 16), "F16 keeps cuBLAS");
+        let tiles = kind_kernels(QuantKind::Q8_0).and_then(|k| k.mma).unwrap_or_default();
+        assert_eq!(tiles.len(), MMA_TILES.len());
+        assert!(tiles.iter().all(|t| t.starts_with("mmq_q8_0_n")));
+        assert!(MMA_MAX_TOKENS > GEMM_MIN_TOKENS && MMA_MAX_TOKENS <= 8 * MMA_TILES[MMA_TILES.len() - 1]);
     }
 
     /// Fusions need matrices alike: one kind, one width (and for the GLU

@@ -122,12 +122,14 @@ impl BackendCaps for Cuda {
             return "none".into();
         };
         let small = cuda_ops::GEMM_MIN_TOKENS + 1;
-        let (gemm_from, mma) = match k.mma.as_ref().filter(|_| cuda_ops::mma_fits(kind, cols, small)) {
-            Some(tiles) => (
-                cuda_ops::MMA_MAX_TOKENS + 1,
-                format!("; {small}-{}: cuda {} on the tensor cores, sm_80+", cuda_ops::MMA_MAX_TOKENS, tiles.join("/")),
-            ),
-            None => (small, String::new()),
+        let (gemm_from, mma) = if cuda_ops::mma_fits(kind, cols, small) {
+            // The tiles batches of `small..=MMA_MAX_TOKENS` take.
+            let mut tiles: Vec<String> = (small..=cuda_ops::MMA_MAX_TOKENS).filter_map(|n| cuda_ops::mma_kernel(kind, n)).collect();
+            tiles.dedup();
+            let range = format!("{small}-{}", cuda_ops::MMA_MAX_TOKENS);
+            (cuda_ops::MMA_MAX_TOKENS + 1, format!("; {range}: cuda {} on the tensor cores, sm_80+", tiles.join("/")))
+        } else {
+            (small, String::new())
         };
         format!(
             "cuda {} + cuBLAS f16 GEMM (batches of {gemm_from}+{mma}; smaller ones {}; without cuBLAS: {})",
@@ -793,6 +795,25 @@ mod tests {
             .collect()
     }
 
+    /// `x W^T` for `n` tokens on `path`, read back; the output starts NaN,
+    /// so an element the kernel skips shows.
+    fn matmul_read(c: &Cuda, path: MatmulPath, w: &ferrox_cuda::Matrix, x: &[f32], n: usize) -> Vec<f32> {
+        let xb = c.device().upload_f32(x).unwrap();
+        let mut y = c.device().upload_f32(&vec![f32::NAN; n * w.rows]).unwrap();
+        c.device().matmul_with(path, w, &xb, &mut y, n).unwrap();
+        read(c, &y)
+    }
+
+    /// The largest error of an element, over the largest wanted magnitude
+    /// (a NaN is infinitely wrong).
+    fn worst_of_largest(got: &[f32], want: &[f32]) -> f32 {
+        let top = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        got.iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs() / top)
+            .fold(0.0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) })
+    }
+
     #[test]
     fn every_claimed_kind_matvec_and_gemm_match_the_scalar_twin() {
         let Some(c) = gpu("CUDA matvec and GEMM vs the scalar twin, every claimed kind") else {
@@ -818,10 +839,7 @@ mod tests {
                 };
                 let dot = |xs: &[f32]| f64_dot(&deq, xs, rows, cols);
                 let want = dot(&xr);
-                let xb = c.device().upload_f32(&x).unwrap();
-                let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
-                c.device().matmul_with(path, &w, &xb, &mut y, n).unwrap();
-                let got = read(c, &y);
+                let got = matmul_read(c, path, &w, &x, n);
                 let e = rel(&got, &want);
                 assert!(
                     e < tol,
@@ -872,16 +890,8 @@ mod tests {
                     }
                     let x = rand_vec(&mut r, n * cols, 1.0);
                     let want = f64_dot(&deq, &x, rows, cols);
-                    let xb = d.upload_f32(&x).unwrap();
-                    let mut y = d.upload_f32(&vec![f32::NAN; n * rows]).unwrap();
-                    d.matmul_with(MatmulPath::Mma, &w, &xb, &mut y, n).unwrap();
-                    let got = read(c, &y);
-                    let top = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                    let worst = got
-                        .iter()
-                        .zip(&want)
-                        .map(|(g, w)| (g - w).abs() / top)
-                        .fold(0.0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) });
+                    let got = matmul_read(c, MatmulPath::Mma, &w, &x, n);
+                    let worst = worst_of_largest(&got, &want);
                     assert!(worst < 4e-3, "{kind} {rows}x{cols} n={n}: worst element off by {worst:e} of the largest");
                     assert!(rel(&got, &want) < 4e-3, "{kind} {rows}x{cols} n={n}: {:e}", rel(&got, &want));
                 }
@@ -924,18 +934,10 @@ mod tests {
                         x.chunks(cols).flat_map(ferrox_cuda::mmvq_quantize_activations).collect()
                     };
                     let want = f64_dot(&deq, &xr, rows, cols);
-                    let xb = c.device().upload_f32(&x).unwrap();
-                    let mut y = c.device().upload_f32(&vec![f32::NAN; n * rows]).unwrap();
-                    c.device().matmul_with(MatmulPath::Matvec, &w, &xb, &mut y, n).unwrap();
-                    let got = read(c, &y);
+                    let got = matmul_read(c, MatmulPath::Matvec, &w, &x, n);
                     // Every row, against the largest: a row skipped (NaN) or
                     // taken from the wrong place shows even among 20 011.
-                    let top = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                    let worst = got
-                        .iter()
-                        .zip(&want)
-                        .map(|(g, w)| (g - w).abs() / top)
-                        .fold(0.0f32, |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) });
+                    let worst = worst_of_largest(&got, &want);
                     assert!(worst < 1e-5, "{kind} {rows}x{cols} n={n}: worst row off by {worst:e} of the largest");
                     assert!(rel(&got, &want) < 1e-5, "{kind} {rows}x{cols} n={n}: {:e}", rel(&got, &want));
                 }
