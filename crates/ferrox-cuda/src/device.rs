@@ -1450,15 +1450,15 @@ impl Device {
     }
 
     /// The path [`Device::matmul`] takes for `w` over `n` tokens: the
-    /// small-batch tensor-core GEMM above the matvecs' batches where `w`'s
-    /// kind, width and `n` fit it (sm_80 and later), else
-    /// [`Device::matmul_path`]'s.
+    /// small-batch tensor-core GEMM where [`Device::matmul_path`] says GEMM
+    /// and `w`'s kind, width and `n` fit it (sm_80 and later).
     pub fn matmul_path_for(&self, w: &Matrix, n: usize) -> MatmulPath {
-        // (cuBLAS or not: the small-batch GEMM needs none)
-        if n > self.knobs.gemm_min && self.mma_fits(w, n) {
-            return MatmulPath::Mma;
+        // Only where the GEMM would run: without cuBLAS every batch stays on
+        // the matvecs, whose fused launches (`stream_path`) decide by `n` alone.
+        match self.matmul_path(n) {
+            MatmulPath::Gemm if self.mma_fits(w, n) => MatmulPath::Mma,
+            p => p,
         }
-        self.matmul_path(n)
     }
 
     /// Whether the small-batch tensor-core GEMM is on here (sm_80 and
