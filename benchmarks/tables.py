@@ -281,9 +281,10 @@ TABLES = {
                                    "ferrox CUDA": "CUDA"},
                         command="COMMIT=<sha> MACHINE=h200 SHAPES=llama-1b bash scripts/vulkan-h200.sh (a device-tool call carrying target/devvk)"),
     "speculative": dict(
-        kind="list", file="speculative.jsonl", where={"set": "speculative"}, key=lambda l: (l["what"], l["variant"]),
-        command="FERROX=target/release/ferrox REPS=7 benchmarks/run_speculative.sh",
-        cols=[("test", lambda l: l["what"], LEFT), ("case", lambda l: l["variant"], LEFT),
+        kind="list", file="speculative.jsonl", where={"set": "speculative"},
+        key=lambda l: (l["machine"], l["what"], l["variant"]),
+        command="FERROX=target/release/ferrox MACHINE=<label> REPS=7 benchmarks/run_speculative.sh",
+        cols=[("machine", lambda l: l["machine"], LEFT), ("test", lambda l: l["what"], LEFT), ("case", lambda l: l["variant"], LEFT),
               ("ferrox plain t/s", lambda l: f"{l['plain']:.2f}"),
               ("ferrox speculative t/s", lambda l: f"{l['figure']:.2f} ± {l['sd']:.2f}"),
               ("speedup", lambda l: f"**{l['speedup']:.2f}x**"),
