@@ -7,7 +7,9 @@
 //! random valid blocks: ferrox has no quantizer for them); `KB_GEMM=0` skips the GEMM column.
 //! The "chained" line times 24 launches back to back (per launch): what a
 //! decode step sees; the table's single launches include the host's launch
-//! latency, which dominates below ~20 MB.
+//! latency, which dominates below ~20 MB. The int8 kinds also get the
+//! small-batch tensor-core GEMM against dequantize + cuBLAS at 16, 32 and
+//! 64 tokens (sm_80+; decision 0041).
 
 use std::time::Instant;
 
@@ -189,6 +191,29 @@ fn main() {
             (f64::NAN, f64::NAN)
         };
         println!("{:<6} matmul_many x3 {:.1} us, three matvecs {:.1} us", kind.name(), many * 1e3, three * 1e3);
+        // The small-batch tensor-core GEMM (the int8 kinds, sm_80+) at a
+        // server's decode-step sizes, chained, against dequantize + cuBLAS:
+        // per launch, and the weights' bytes over that time.
+        if dev.small_batch_gemm() && ferrox_cuda::mmvq_kind(kind) && cols.is_multiple_of(32) {
+            for n in [16usize, 32, 64] {
+                let mut per_path = |path: MatmulPath| {
+                    time_chain(&mut || {
+                        dev.matmul_with(path, &w[i % copies], &x, &mut y, n).unwrap();
+                        i += 1;
+                    })
+                };
+                let (mma, gemm16) = (per_path(MatmulPath::Mma), per_path(MatmulPath::Gemm));
+                let gbs = |ms: f64| bytes.len() as f64 / (ms * 1e-3) / 1e9;
+                println!(
+                    "{:<6} {n:>3} tokens: mmq {:.1} us ({:.0} GB/s), dequantize + cuBLAS {:.1} us ({:.0} GB/s)",
+                    kind.name(),
+                    mma * 1e3,
+                    gbs(mma),
+                    gemm16 * 1e3,
+                    gbs(gemm16)
+                );
+            }
+        }
         let gbs = |ms: f64, n: f64| n * bytes.len() as f64 / (ms * 1e-3) / 1e9;
         println!(
             "{:<6} chained x{CHAIN}: matvec {:.2} us ({:.0} GB/s), gate/up+GLU {:.2} us ({:.0} GB/s)",
