@@ -15,8 +15,11 @@
 #      $OUT/trace-mma.txt; $OUT/mma.jsonl the results lines (scripts/mma-results.py) for
 #      benchmarks/results/cuda-mma.jsonl, $OUT/serve.jsonl those for benchmarks/results/serve.jsonl.
 # Env: CLIENTS ("16 64"), VARIANTS (more "name=VAR=value" sets for cuda-serve.sh), BENCH
-# ("default FERROX_CUDA_MMA_MAX=0"), PP (the prefill sizes), COMMIT, MACHINE, SKIP_TESTS=1,
-# SERVE, LLAMA=1.
+# ("default FERROX_CUDA_MMA_MAX=0"; empty: none), PP (the prefill sizes), COMMIT, MACHINE,
+# SKIP_TESTS=1, SERVE, TRACE=0, LLAMA=1 (with LLAMA_BUILD_S: the build needs ~400 s of the host's
+# 14 cores; 380 s stopped it at 98% beside the bench runs). The side by side alone, in one call:
+#   COMMIT=<sha> MACHINE=h200 LLAMA=1 LLAMA_BUILD_S=460 SKIP_TESTS=1 BENCH= TRACE=0 \
+#     CLIENTS="1 16 64" bash scripts/cuda-mma.sh
 set -u
 D=${D:-target/devmoe}
 OUT=${OUT:-/tmp/ferrox-out}
@@ -39,7 +42,7 @@ PYTHONPATH=$PWD/$D python3 $D/make_synthetic_gguf.py --shape llama-8b --out /tmp
 $D/ferrox quantize /tmp/models/llama-8b-F16.gguf $f Q4_K_M -f >/tmp/logs/quantize.log 2>&1
 echo "model rc=$? ($(du -h $f | cut -f1))"
 rm -f /tmp/models/llama-8b-F16.gguf
-for v in ${BENCH:-default FERROX_CUDA_MMA_MAX=0}; do
+for v in ${BENCH-default FERROX_CUDA_MMA_MAX=0}; do
   envs=$([ $v = default ] || echo ${v//,/ })
   env $envs $D/ferrox bench --backend cuda -m $f -p ${PP:-16,32,64,96,128,256} -n 0 -r 5 -o jsonl 2>>/tmp/logs/bench.log |
     python3 -c "import json,sys
@@ -56,10 +59,12 @@ if [ "${SERVE:-1}" = 1 ]; then
 fi
 python3 scripts/mma-results.py "$OUT/bench-mma.jsonl" "${COMMIT:-unknown}" "${MACHINE:-h100}" \
   "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" >"$OUT/mma.jsonl"
-FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace.txt \
-  $D/ferrox bench --backend cuda -m $f -p 64 -n 0 -r 3 >/dev/null 2>>/tmp/logs/bench.log
-{ echo "== bench -p 64"; python3 tools/cuda/trace.py /tmp/logs/trace.txt --positions 0 --skip 1; } >"$OUT/trace-mma.txt" 2>&1
-cat "$OUT/trace-mma.txt"
+if [ "${TRACE:-1}" = 1 ]; then
+  FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace.txt \
+    $D/ferrox bench --backend cuda -m $f -p 64 -n 0 -r 3 >/dev/null 2>>/tmp/logs/bench.log
+  { echo "== bench -p 64"; python3 tools/cuda/trace.py /tmp/logs/trace.txt --positions 0 --skip 1; } >"$OUT/trace-mma.txt" 2>&1
+  cat "$OUT/trace-mma.txt"
+fi
 # The device tool brings back a handful of files: the raw per-engine ones in one.
 raw=$(cd "$OUT" && ls load-*.txt metrics-*.txt gpu.txt 2>/dev/null)
 [ -n "$raw" ] && tar czf "$OUT/raw.tgz" -C "$OUT" $raw && (cd "$OUT" && rm -f $raw)
