@@ -49,7 +49,7 @@ for v in ${BENCH-default FERROX_CUDA_MMA_MAX=0}; do
 for l in sys.stdin:
     d = json.loads(l); print(json.dumps(dict(variant='$v', n_prompt=d['n_prompt'], avg_ts=round(d['avg_ts'], 1), stddev_ts=round(d['stddev_ts'], 1))))" >>"$OUT/bench-mma.jsonl"
 done
-cat "$OUT/bench-mma.jsonl"
+[ -f "$OUT/bench-mma.jsonl" ] && cat "$OUT/bench-mma.jsonl"
 if [ "${SERVE:-1}" = 1 ]; then
   # (cuda-serve.sh takes the file made above)
   NO_LLAMA=1 CLIENTS=${CLIENTS:-16 64} \
@@ -57,8 +57,8 @@ if [ "${SERVE:-1}" = 1 ]; then
   # ferrox alone (and its variants) as set "serve-cuda-mma"; beside llama-server, "serve-cuda".
   sed -i 's/"set": "serve-cuda-solo"/"set": "serve-cuda-mma"/; s/"set": "serve-cuda-ab"/"set": "serve-cuda-mma"/' "$OUT/serve.jsonl"
 fi
-python3 scripts/mma-results.py "$OUT/bench-mma.jsonl" "${COMMIT:-unknown}" "${MACHINE:-h100}" \
-  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" >"$OUT/mma.jsonl"
+[ -s "$OUT/bench-mma.jsonl" ] && python3 scripts/mma-results.py "$OUT/bench-mma.jsonl" "${COMMIT:-unknown}" \
+  "${MACHINE:-h100}" "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" >"$OUT/mma.jsonl"
 if [ "${TRACE:-1}" = 1 ]; then
   FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace.txt \
     $D/ferrox bench --backend cuda -m $f -p 64 -n 0 -r 3 >/dev/null 2>>/tmp/logs/bench.log
