@@ -62,6 +62,8 @@ load() {
   done
   kill $smi 2>/dev/null
   echo "$engine device memory used (MiB): min $(sort -n /tmp/logs/gpu-mem-$engine.csv | head -1), max $(sort -n /tmp/logs/gpu-mem-$engine.csv | tail -1)"
+  # ferrox's own gauges (ferrox_device_memory_*_bytes, last /metrics read), beside nvidia-smi's.
+  grep -h "device_memory" "$OUT/metrics-$engine.txt" 2>/dev/null | tail -2
   kill -TERM $pid; wait $pid; echo "$(el) $engine exit rc=$?"
 }
 $D/ferrox serve "$f" --backend cuda --port $port --parallel ${PARALLEL:-64} -c ${CTX:-65536} -v >/tmp/logs/serve.log 2>&1 &

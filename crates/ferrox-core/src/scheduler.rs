@@ -306,6 +306,11 @@ pub struct SchedulerStats {
     pub active: AtomicU64,
     /// Gauge: sequences waiting for a slot.
     pub waiting: AtomicU64,
+    /// Gauge: the device's memory in use, bytes, read at most once a second
+    /// by the engine (0 on the host: [`DeviceBackend::device_memory`]).
+    pub device_memory_used: AtomicU64,
+    /// Gauge: the device's memory in all, bytes (0 on the host).
+    pub device_memory_total: AtomicU64,
     /// Time to first token histogram: counts at or below each bound of [`TTFT_BUCKETS_S`] (cumulative).
     pub ttft_buckets: [AtomicU64; TTFT_BUCKETS_S.len()],
     /// Drafted tokens the target verified.
@@ -639,6 +644,8 @@ struct Engine<'a, B: DeviceBackend> {
     slots: Vec<Slot<'a>>,
     admitted: u64,
     drafter: Option<EngineDrafter<'a, B>>,
+    /// When the device's memory was last read into the stats.
+    memory_read: Option<Instant>,
 }
 
 /// Where logits rows go after a forward pass: `rows` rows of one slot.
@@ -665,6 +672,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             slots,
             admitted: 0,
             drafter,
+            memory_read: None,
         }
     }
 
@@ -673,6 +681,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
     }
 
     fn run(mut self) {
+        self.read_memory();
         loop {
             let stop = {
                 let mut q = self.shared.lock();
@@ -1072,6 +1081,21 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         stats.forward_ns.fetch_add(forward_ns, Ordering::Release);
         stats.sample_ns.fetch_add(sample_ns, Ordering::Release);
+        self.read_memory();
+    }
+
+    /// The device's memory into the stats, at most once a second (a driver
+    /// call, not free at every step).
+    fn read_memory(&mut self) {
+        if self.memory_read.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        self.memory_read = Some(Instant::now());
+        if let Some((used, total)) = self.model.backend().device_memory() {
+            let stats = &self.shared.stats;
+            stats.device_memory_used.store(used, Ordering::Relaxed);
+            stats.device_memory_total.store(total, Ordering::Relaxed);
+        }
     }
 
     /// Drafts for every decoding sequence that speculates: per slot, the

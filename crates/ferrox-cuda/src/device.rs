@@ -965,8 +965,14 @@ impl Device {
 
     /// Free device memory in bytes (what a model's weights must fit in).
     pub fn free_memory(&self) -> Result<u64, CudaError> {
-        let (free, _) = self.ctx.mem_get_info().map_err(drv("reading the free device memory"))?;
-        Ok(free as u64)
+        Ok(self.memory()?.0)
+    }
+
+    /// The device's free and total memory, bytes, as the driver counts them
+    /// (every process's allocations).
+    pub fn memory(&self) -> Result<(u64, u64), CudaError> {
+        let (free, total) = self.ctx.mem_get_info().map_err(drv("reading the device memory"))?;
+        Ok((free as u64, total as u64))
     }
 
     /// Starts a log of the kernels launched (by name), or stops it and

@@ -513,6 +513,17 @@ fn render_metrics(st: &AppState) -> String {
         "KV slots.",
         st.sched.config().n_slots as f64,
     );
+    // Only where the model runs on a device of its own (CUDA).
+    let device_total = l(&s.device_memory_total);
+    if device_total > 0 {
+        metric(
+            "device_memory_used_bytes",
+            "gauge",
+            "The device's memory in use (every process's, as its driver counts), read at most once a second.",
+            l(&s.device_memory_used) as f64,
+        );
+        metric("device_memory_total_bytes", "gauge", "The device's memory.", device_total as f64);
+    }
     let _ = writeln!(
         o,
         "# HELP ferrox_time_to_first_token_seconds From submission to the first generated token."

@@ -416,6 +416,10 @@ mod dispatch {
             self.dev.free_memory().ok()
         }
 
+        fn device_memory(&self) -> Option<(u64, u64)> {
+            self.dev.memory().ok().map(|(free, total)| (total.saturating_sub(free), total))
+        }
+
         fn place_matrix(&self, t: &HostTensor<'_>) -> Result<Matrix, BackendError> {
             if ferrox_cuda::kernel_suffix(t.kind).is_none() {
                 return Err(BackendError(format!("{}: no CUDA kernel for {} matrices", t.name, t.kind)));

@@ -648,6 +648,12 @@ pub trait DeviceBackend: Send + Sync {
     fn free_memory(&self) -> Option<u64> {
         None
     }
+    /// The device's memory in use and in all, in bytes, as its driver
+    /// counts them (every process's), where the backend has a device of its
+    /// own: what the server's `/metrics` reports. `None` on the host.
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// The backend the tensor `name` is placed on (a split places by
     /// layer); the default is [`DeviceBackend::id`].
     fn backend_of(&self, name: &str) -> Backend {

@@ -389,6 +389,10 @@ impl<D: DeviceBackend> DeviceBackend for Split<D> {
         self.dev.free_memory()
     }
 
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        self.dev.device_memory()
+    }
+
     fn prefer_exact_products(&self) {
         self.cpu.prefer_exact_products();
         self.dev.prefer_exact_products();
