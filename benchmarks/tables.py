@@ -167,6 +167,12 @@ CUDA_CMP = dict(kind="compare", file="cuda-h200.jsonl", refs=[CUDA], unit="t/s",
 LEFT = "---"
 
 
+def step_cols(forward):
+    """ferrox's /metrics split of a serving level: tokens a step, and forward ms a step (column `forward`)."""
+    return [("tokens / step", lambda l: f"{l['engine']['tokens_per_step']}"),
+            (forward, lambda l: f"{1e3 * l['engine']['forward_s'] / l['engine']['steps']:.1f}")]
+
+
 def serve_cuda(machine, command):
     """`ferrox serve --backend cuda` beside llama-server on `machine`, with ferrox's per-step split."""
     return dict(
@@ -247,9 +253,7 @@ TABLES = {
         command="COMMIT=<sha> MACHINE=<card> MIN=64 SKIP_TESTS=1 D=target/devmoe bash scripts/cuda-gemm-min.sh",
         cols=[("knobs", lambda l: f"`{l['knobs']}`", LEFT), ("streams", lambda l: str(l["streams"])),
               ("ferrox default tok/s", lambda l: f"{l['ref_figure']:.1f}"), ("with the knobs tok/s", lambda l: f"{l['figure']:.1f}"),
-              ("ratio", lambda l: f"{ratio(l)}x"),
-              ("tokens / step", lambda l: f"{l['engine']['tokens_per_step']}"),
-              ("forward ms / step with the knobs", lambda l: f"{1e3 * l['engine']['forward_s'] / l['engine']['steps']:.1f}")]),
+              ("ratio", lambda l: f"{ratio(l)}x")] + step_cols("forward ms / step with the knobs")),
     "serve-cuda-mma": dict(
         kind="list", file="serve.jsonl", where={"set": "serve-cuda-mma"},
         key=lambda l: (l["commit"], l.get("variant", "default"), l["streams"]),
@@ -258,9 +262,7 @@ TABLES = {
         cols=[("commit", lambda l: l["commit"], LEFT),
               ("knobs", lambda l: f"`{l['knobs']}`" if l.get("knobs") else "default", LEFT),
               ("streams", lambda l: str(l["streams"])), ("tok/s", lambda l: f"{l['figure']:.1f}"),
-              ("vs the default", lambda l: f"{ratio(l)}x" if l.get("ref_figure") else "-"),
-              ("tokens / step", lambda l: f"{l['engine']['tokens_per_step']}"),
-              ("forward ms / step", lambda l: f"{1e3 * l['engine']['forward_s'] / l['engine']['steps']:.1f}")]),
+              ("vs the default", lambda l: f"{ratio(l)}x" if l.get("ref_figure") else "-")] + step_cols("forward ms / step")),
     "cuda-mma-prefill": dict(
         kind="list", file="cuda-mma.jsonl", where={"set": "mma-prefill"},
         key=lambda l: (l["commit"], l.get("commit_note", ""), l["variant"]),
