@@ -1961,34 +1961,34 @@ impl Device {
     fn mma(&self, w: &Matrix, x16: u64, y: &mut Buf, n: usize) -> Result<(), CudaError> {
         let fns = self.kind_fns(w.kind, "mma")?;
         let piece = 8 * cuda_ops::MMA_TILES[cuda_ops::MMA_TILES.len() - 1];
+        let warps = self.knobs.mmq_warps;
+        let blocks = w.rows.div_ceil(16 * warps);
+        let groups = (w.cols / 32).div_ceil(4);
+        let want = (self.knobs.mmq_waves * self.sms).div_ceil(blocks).clamp(1, MMQ_MAX_SPLITS);
+        let splits = want.min((groups / MMQ_MIN_GROUPS).max(1));
+        let gps = groups.div_ceil(splits);
+        let splits = groups.div_ceil(gps);
+        self.set_q8_tag(None);
+        let part = if splits > 1 {
+            let mut guard = self.scratch_guard("mma partial sums")?;
+            let sc = &mut *guard;
+            let bytes = 4 * splits * n.min(piece) * w.rows;
+            grow_retiring(&self.stream, &mut sc.mmq_part, &mut sc.retired, bytes, "mma partial sums")?;
+            sc.mmq_part.as_ref().map_or(0, |b| self.ptr(b))
+        } else {
+            0
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // Pieces of up to `piece` tokens, each its own launch.
         for start in (0..n).step_by(piece) {
             let m = piece.min(n - start);
             let t = cuda_ops::MMA_TILES.iter().position(|t| 8 * t >= m);
             let Some(f) = fns.mma.as_ref().zip(t).and_then(|(v, i)| v.get(i)) else {
                 return Err(shape("mma", format!("no small-batch GEMM for {:?} at {m} tokens", w.kind)));
-            };
-            let warps = self.knobs.mmq_warps;
-            let blocks = w.rows.div_ceil(16 * warps);
-            let groups = (w.cols / 32).div_ceil(4);
-            let want = (self.knobs.mmq_waves * self.sms).div_ceil(blocks).clamp(1, MMQ_MAX_SPLITS);
-            let splits = want.min((groups / MMQ_MIN_GROUPS).max(1));
-            let gps = groups.div_ceil(splits);
-            let splits = groups.div_ceil(gps);
-            self.set_q8_tag(None);
-            let part = if splits > 1 {
-                let mut guard = self.scratch_guard("mma partial sums")?;
-                let sc = &mut *guard;
-                let bytes = 4 * splits * m * w.rows;
-                grow_retiring(&self.stream, &mut sc.mmq_part, &mut sc.retired, bytes, "mma partial sums")?;
-                sc.mmq_part.as_ref().map_or(0, |b| self.ptr(b))
-            } else {
-                0
-            };
-            let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, splits as u32, 1),
-                block_dim: (32 * warps as u32, 1, 1),
-                shared_mem_bytes: 0,
             };
             let xp = x16 + (2 * start * w.cols) as u64;
             let yp = self.ptr(&y.s) + (4 * start * w.rows) as u64;

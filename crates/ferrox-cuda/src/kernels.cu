@@ -2761,8 +2761,8 @@ __device__ __forceinline__ u32 bytes_h2(u32 v, bool hi) {
 // computes on this one's: `load` brings the unit's bytes into registers
 // (`Raw`), `dec` turns them into the pairs. The generic form's `load` only
 // keeps the address (the unit decoder reads as it expands); the hot kinds
-// read their device layouts with 16-byte loads and convert with byte
-// permutes.
+// load with the decode matvecs' `ld_<kind>` (16-byte loads of their device
+// layouts) and convert with byte permutes.
 #define DEFINE_MMQ_UNIT_GENERIC(NAME)                                                              \
     struct Mmq_##NAME {                                                                           \
         struct Raw { const u8* row; int u, cols; };                                               \
@@ -2793,12 +2793,8 @@ __device__ __forceinline__ void nibbles_h2(const uint4 q, u32 off, u32 d, u32 m,
 }
 
 struct Mmq_q4_k {
-    struct Raw { uint4 q, h; int s; };
-    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
-        r.q = ldw4(row + u * 16);
-        r.h = ldw4(row + (cols >> 8) * 128 + (u >> 3) * 16);
-        r.s = u & 7;
-    }
+    typedef Wq4_k Raw;
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) { r = ld_q4_k(row, u, cols); }
     static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
         int sc, m;
         scale_min_k4w(r.s, r.h.y, r.h.z, r.h.w, &sc, &m);
@@ -2809,11 +2805,8 @@ struct Mmq_q4_k {
 };
 
 struct Mmq_q4_0 {
-    struct Raw { uint4 q; u16 d; };
-    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
-        r.q = ldw4(row + u * 16);
-        r.d = *(const u16*)(row + (cols >> 5) * 16 + 2 * u);
-    }
+    typedef Wq4_0 Raw;
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) { r = ld_q4_0(row, u, cols); }
     static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
         float d = h2f(r.d);
         // (1024 + q) - 1032 = q - 8, exact.
@@ -2822,16 +2815,12 @@ struct Mmq_q4_0 {
 };
 
 struct Mmq_q8_0 {
-    struct Raw { uint4 q0, q1; u16 d; };
-    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
-        r.q0 = ldw4(row + u * 32);
-        r.q1 = ldw4(row + u * 32 + 16);
-        r.d = *(const u16*)(row + (cols >> 5) * 32 + 2 * u);
-    }
+    typedef Wq8_0 Raw;
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) { r = ld_q8_0(row, u, cols); }
     static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
         float d = h2f(r.d);
         u32 dd = pack_h2(d, d);
-        u32 w[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+        u32 w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.c.x, r.c.y, r.c.z, r.c.w};
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             u32 b = w[k] ^ 0x80808080u;  // q + 128
@@ -2843,23 +2832,10 @@ struct Mmq_q8_0 {
 };
 
 struct Mmq_q6_k {
-    // (repacked: per block ql, qh, scales; the d's after the row's blocks)
-    struct Raw { uint4 l0, l1, h0, h1; u32 sc; u16 d; int s; };
-    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) {
-        const u8* b = row + (u >> 3) * 208;
-        int s = u & 7, half = s >> 2, quarter = s & 3;
-        const u8* ql = b + half * 64 + (quarter & 1) * 32;
-        const u8* qh = b + 128 + half * 32;
-        r.l0 = ldw4(ql);
-        r.l1 = ldw4(ql + 16);
-        r.h0 = ldw4(qh);
-        r.h1 = ldw4(qh + 16);
-        r.sc = *(const u16*)(b + 192 + half * 8 + quarter * 2);
-        r.d = *(const u16*)(row + (cols >> 8) * 208 + 2 * (u >> 3));
-        r.s = s;
-    }
+    typedef Wq6_k Raw;
+    static __device__ __forceinline__ void load(const u8* row, int u, int cols, Raw& r) { r = ld_q6_k(row, u, cols); }
     static __device__ __forceinline__ void dec(const Raw& r, u32 a[16]) {
-        int quarter = r.s & 3, lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+        int lshift = (r.quarter >> 1) * 4, hshift = r.quarter * 2;
         u32 lw[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
         u32 hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
         float d = h2f(r.d);
