@@ -15,7 +15,8 @@
 #      $OUT/trace-mma.txt; $OUT/mma.jsonl the results lines (scripts/mma-results.py) for
 #      benchmarks/results/cuda-mma.jsonl, $OUT/serve.jsonl those for benchmarks/results/serve.jsonl.
 # Env: CLIENTS ("16 64"), VARIANTS (more "name=VAR=value" sets for cuda-serve.sh), BENCH
-# ("default FERROX_CUDA_MMA_MAX=0"; empty: none), PP (the prefill sizes), COMMIT, MACHINE,
+# ("default FERROX_CUDA_MMA_MAX=0"; empty: none), PP (the prefill sizes), NOMMA=0 (no serving
+# run with FERROX_CUDA_MMA_MAX=0), COMMIT, MACHINE,
 # SKIP_TESTS=1, SERVE, TRACE=0, LLAMA=1 (with LLAMA_BUILD_S: the build needs ~400 s of the host's
 # 14 cores; 380 s stopped it at 98% beside the bench runs). The side by side alone, in one call:
 #   COMMIT=<sha> MACHINE=h200 LLAMA=1 LLAMA_BUILD_S=460 SKIP_TESTS=1 BENCH= TRACE=0 \
@@ -53,7 +54,7 @@ done
 if [ "${SERVE:-1}" = 1 ]; then
   # (cuda-serve.sh takes the file made above)
   NO_LLAMA=1 CLIENTS=${CLIENTS:-16 64} \
-    VARIANTS="nomma=FERROX_CUDA_MMA_MAX=0 ${VARIANTS:-}" D=$D OUT=$OUT bash scripts/cuda-serve.sh
+    VARIANTS="$([ "${NOMMA:-1}" = 1 ] && echo nomma=FERROX_CUDA_MMA_MAX=0) ${VARIANTS:-}" D=$D OUT=$OUT bash scripts/cuda-serve.sh
   # ferrox alone (and its variants) as set "serve-cuda-mma"; beside llama-server, "serve-cuda".
   sed -i 's/"set": "serve-cuda-solo"/"set": "serve-cuda-mma"/; s/"set": "serve-cuda-ab"/"set": "serve-cuda-mma"/' "$OUT/serve.jsonl"
 fi

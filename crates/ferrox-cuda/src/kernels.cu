@@ -2706,7 +2706,7 @@ extern "C" __global__ void copy_cols(const float* src, const u32* rows, float* d
     dst[(size_t)r * width + c] = src[sr * src_width + c0 + c];
 }
 
-// ---- small batches on the tensor cores: y = x W^T for up to 128 tokens a launch
+// ---- small batches on the tensor cores: y = x W^T for up to 64 tokens a launch
 // (mma.sync m16n8k16, sm_80+), the weights dequantized to f16 in registers.
 //
 // A warp takes 16 rows and every token (NT tiles of 8). The k dimension
@@ -2717,9 +2717,12 @@ extern "C" __global__ void copy_cols(const float* src, const u32* rows, float* d
 // 2t + 8, 2t + 9 its elements 4j + 2, 4j + 3. The sum over k does not care
 // which column holds which element, so the activations' fragment is the
 // same four elements of the same unit: 8 contiguous bytes of the f16 copy
-// of x (row-major, `cols` halves a token). No shared memory, no staging:
-// the warps of a block (up to MMQ_MAX_WARPS, as the host launches it) read
-// the same activations through L1.
+// of x (row-major, `cols` halves a token). The warps of a block (up to
+// MMQ_MAX_WARPS, as the host launches it) share those activations: with
+// MMQ_SMEM (the default) the block stages each group's 128 columns of every
+// token in shared memory (2 x 16 KB at 64 tokens), the next group's copy in
+// flight (cp.async) while this one's is multiplied; without, every warp
+// reads them from global memory through L1.
 // Blocks split k (`blockIdx.y`) where the rows alone are too few to fill
 // the device; each split writes its partial sums to `part` and
 // `mmq_reduce` adds them in split order (the same sum every run).
@@ -2931,6 +2934,117 @@ __device__ __forceinline__ void mmq_tile(const u8* w, const u16* x, float* out, 
     }
 }
 
+// MMQ_SMEM (FERROX_CUDA_DEFINES, measuring): 1 (default) stages the
+// activations in shared memory, 0 reads them from global memory in every
+// warp.
+#ifndef MMQ_SMEM
+#define MMQ_SMEM 1
+#endif
+
+// Where 16-byte chunk `c` (0..15) of staged token row `r` lies in its
+// 256-byte row: the low two bits flipped by bit 3 of c and bit 0 of r, so
+// the eight lanes of a quarter warp (two tokens x four units, one chunk
+// each) read eight different bank groups.
+__device__ __forceinline__ int mmq_swz(int r, int c) { return c ^ ((c >> 3) & 1) ^ ((r & 1) << 1); }
+
+// Group q's 128 columns of tokens [0, 8 NT) into `sx` (8 NT rows of 128
+// halves), zeros past the n tokens and the cols columns; one cp.async
+// group committed.
+template <int NT>
+__device__ __forceinline__ void mmq_stage(const u16* x, u16* sx, int cols, int n, int q) {
+    for (int c = threadIdx.x; c < 8 * NT * 16; c += blockDim.x) {
+        int r = c >> 4, ch = c & 15, k0 = q * 128 + ch * 8;
+        u16* dst = sx + r * 128 + mmq_swz(r, ch) * 8;
+        if (r < n && k0 < cols) cp_async16(dst, x + (size_t)r * cols + k0);
+        else *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
+    }
+    cp_async_commit();
+}
+
+// `mmq_tile` with the activations staged in shared memory (`sx`: two
+// stages of 8 NT x 128 halves), every warp of the block taking part in the
+// staging and the barriers; a warp past the last row (`r0 >= rows`) only
+// stages.
+template <int NT, class K>
+__device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out, int rows, int cols,
+                                           long long row_bytes, int n, int q0, int q1, int r0, u16* sx) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    bool active = r0 < rows;
+    const u8* wa = w + (size_t)min(r0 + g, rows - 1) * row_bytes;
+    const u8* wb = w + (size_t)min(r0 + g + 8, rows - 1) * row_bytes;
+    int n_units = cols >> 5;
+    float acc[NT][4];
+#pragma unroll
+    for (int m = 0; m < NT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+    typename K::Raw ca, cb, na, nb;
+    if (q0 < q1) {
+        mmq_stage<NT>(x, sx, cols, n, q0);
+        if (active) {
+            int uc = min(4 * q0 + t, n_units - 1);
+            K::load(wa, uc, cols, ca);
+            K::load(wb, uc, cols, cb);
+        }
+    }
+    for (int q = q0; q < q1; q++) {
+        const u16* cur = sx + ((q - q0) & 1) * (8 * NT * 128);
+        // The next group's copy goes out before this one's is waited for
+        // (an empty cp.async group past the last, so one wait fits both).
+        if (q + 1 < q1) mmq_stage<NT>(x, sx + (((q - q0) & 1) ^ 1) * (8 * NT * 128), cols, n, q + 1);
+        else cp_async_commit();
+        cp_async_wait1();
+        __syncthreads();
+        if (active) {
+            int u = 4 * q + t;
+            bool ok = u < n_units;
+            if (q + 1 < q1) {
+                int un = min(u + 4, n_units - 1);
+                K::load(wa, un, cols, na);
+                K::load(wb, un, cols, nb);
+            }
+            u32 aa[16], ab[16];
+            K::dec(ca, aa);
+            K::dec(cb, ab);
+            if (!ok) {
+#pragma unroll
+                for (int k = 0; k < 16; k++) aa[k] = ab[k] = 0u;
+            }
+#pragma unroll
+            for (int m = 0; m < NT; m++) {
+                int r = 8 * m + g;
+                const uint4* row = (const uint4*)(cur + r * 128);
+                u32 xw[16];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    uint4 v = row[mmq_swz(r, 4 * t + k)];
+                    xw[4 * k] = v.x;
+                    xw[4 * k + 1] = v.y;
+                    xw[4 * k + 2] = v.z;
+                    xw[4 * k + 3] = v.w;
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    u32 af[4] = {aa[2 * j], ab[2 * j], aa[2 * j + 1], ab[2 * j + 1]};
+                    mma16816(acc[m], af, xw[2 * j], xw[2 * j + 1]);
+                }
+            }
+            ca = na;
+            cb = nb;
+        }
+        // Every warp is done reading this stage before the next loop
+        // copies group q + 2 into it.
+        __syncthreads();
+    }
+    if (!active) return;
+#pragma unroll
+    for (int m = 0; m < NT; m++) {
+        int ta = 8 * m + 2 * t, ra = r0 + g, rb = ra + 8;
+        if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];
+        if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];
+        if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];
+        if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];
+    }
+}
+
 // `mmq_<kind>_n<NT>`: a warp takes 16 rows, the warps of block x
 // consecutive ones; groups [y * gps, (y + 1) * gps) of k; tokens [0, n)
 // (n <= 8 NT).
@@ -2939,20 +3053,19 @@ __device__ __forceinline__ void mmq_tile(const u8* w, const u16* x, float* out, 
         const u8* w, const u16* x, float* y, float* part, int rows, int cols, long long row_bytes, \
         int n, int gps) {                                                                         \
         int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 16;                      \
+        __shared__ __align__(16) u16 sx[MMQ_SMEM ? 2 * 8 * NT * 128 : 8];                        \
         PDL_ENTER();                                                                              \
-        if (r0 >= rows) return;                                                                   \
         int n_groups = ((cols >> 5) + 3) >> 2;                                                    \
         int q0 = blockIdx.y * gps, q1 = min(q0 + gps, n_groups);                                  \
         float* out = gridDim.y > 1 ? part + (size_t)blockIdx.y * n * rows : y;                    \
-        mmq_tile<NT, Mmq_##NAME>(w, x, out, rows, cols, row_bytes, n, q0, q1, r0);                \
+        if (MMQ_SMEM) {                                                                           \
+            mmq_tile_s<NT, Mmq_##NAME>(w, x, out, rows, cols, row_bytes, n, q0, q1, r0, sx);      \
+        } else if (r0 < rows) {                                                                   \
+            mmq_tile<NT, Mmq_##NAME>(w, x, out, rows, cols, row_bytes, n, q0, q1, r0);            \
+        }                                                                                         \
     }
 
 // Every int8 kind at every token tile (`MMA_TILES` in ferrox-ops).
-DEFINE_MMQ(q4_0, 16)
-DEFINE_MMQ(q5_0, 16)
-DEFINE_MMQ(q8_0, 16)
-DEFINE_MMQ(q4_k, 16)
-DEFINE_MMQ(q6_k, 16)
 DEFINE_MMQ(q4_0, 1)
 DEFINE_MMQ(q4_0, 2)
 DEFINE_MMQ(q4_0, 4)

@@ -47,14 +47,16 @@
 //! every `deq_`/`dot_` of those kinds reads that layout.
 //!
 //! **Small batches on the tensor cores** (`mmq_<kind>_n<t>`, the int8 kinds,
-//! sm_80+): batches of 9 to `MMA_MAX_TOKENS` (64) tokens. A warp takes 16
-//! rows and every token; each lane decodes one 32-element unit of two rows
-//! into f16x2 mma fragments in registers (its `load` and `dec` apart, so the
-//! next group's bytes are in flight while this one's multiply), and since the
-//! k order inside an mma is free, the activations' fragment is 8 contiguous
-//! bytes of their f16 copy. Blocks split k where rows are few and
-//! `mmq_reduce` adds the splits in order. Larger batches dequantize to f16
-//! and call cuBLAS (docs/decisions/0041).
+//! sm_80+): batches of 9 to `MMA_MAX_TOKENS` (128) tokens, in pieces of up
+//! to 64. A warp takes 16 rows and every token; each lane decodes one
+//! 32-element unit of two rows into f16x2 mma fragments in registers (its
+//! `load` and `dec` apart, so the next group's bytes are in flight while this
+//! one's multiply), and since the k order inside an mma is free, the
+//! activations' fragment is 8 contiguous bytes of their f16 copy, which the
+//! block stages in shared memory a 128-column group at a time (two stages,
+//! cp.async). Blocks split k where rows are few and `mmq_reduce` adds the
+//! splits in order. Larger batches dequantize to f16 and call cuBLAS
+//! (docs/decisions/0041).
 //!
 //! **Streaming decode matvecs** (`mmvq_stream_<kind>`, and for F16
 //! `matvec_f16_stream` / `matvec_f16_glu_stream`). A warp takes a row; the

@@ -78,20 +78,23 @@ cuda_kinds!(kind_fns);
 pub const GEMM_MIN_TOKENS: usize = 8;
 
 /// The token tiles of the small-batch tensor-core GEMM: `mmq_<suffix>_n<t>`
-/// takes up to `8 t` tokens, a larger batch goes in pieces of the largest.
+/// takes up to `8 t` tokens, a larger batch goes in pieces of the largest
+/// (64 tokens: the largest whose two stages of activations fit the 48 KiB of
+/// static shared memory; a 128-token tile measured no faster than two 64s).
 /// Batches above [`GEMM_MIN_TOKENS`] and up to [`MMA_MAX_TOKENS`] of an
 /// [`int8_kind`] whose width is a multiple of 32 take it on sm_80 and later
 /// instead of dequantizing every weight to f16 for cuBLAS (a whole f16
 /// copy of the weights written and read again per matmul, which made a
 /// server's 9–80-token decode steps slower than 8-token ones).
-pub const MMA_TILES: [usize; 5] = [1, 2, 4, 8, 16];
+pub const MMA_TILES: [usize; 4] = [1, 2, 4, 8];
 
 /// The largest batch the small-batch tensor-core GEMM takes by default:
-/// on an H100 (8b Q4_K_M prefill, docs/decisions/0041) it is 2.5x the
-/// dequantize + cuBLAS path at 16 tokens, 1.07x at 64, 0.68x at 96.
-pub const MMA_MAX_TOKENS: usize = 64;
+/// on an H100 (8b Q4_K_M prefill, docs/decisions/0041) the staged GEMM is
+/// 3.2x the dequantize + cuBLAS path at 16 tokens and 2.0x at 64; two
+/// 64-token pieces still beat cuBLAS at 128.
+pub const MMA_MAX_TOKENS: usize = 128;
 
-/// The `mmq_<suffix>_n<t>` kernel for a piece of `n` tokens (1 to 128).
+/// The `mmq_<suffix>_n<t>` kernel for a piece of `n` tokens (1 to 64).
 pub fn mma_kernel(kind: QuantKind, n: usize) -> Option<String> {
     let s = kernel_suffix(kind).filter(|_| int8_kind(kind))?;
     let t = MMA_TILES.into_iter().find(|t| 8 * t >= n)?;
@@ -268,9 +271,7 @@ mod tests {
         assert_eq!(k(8).as_deref(), Some("mmq_q4_k_n1"));
         assert_eq!(k(9).as_deref(), Some("mmq_q4_k_n2"));
         assert_eq!(k(64).as_deref(), Some("mmq_q4_k_n8"));
-        assert_eq!(k(65).as_deref(), Some("mmq_q4_k_n16"));
-        assert_eq!(k(128).as_deref(), Some("mmq_q4_k_n16"));
-        assert_eq!(k(129), None, "a piece is at most 128 tokens");
+        assert_eq!(k(65), None, "a piece is at most 64 tokens");
         assert!(mma_fits(QuantKind::Q6K, 4096, 300), "larger batches go in pieces");
         assert!(!mma_fits(QuantKind::Q6K, 4096 + 16, 16), "a partial unit");
         assert!(!mma_fits(QuantKind::Q5K, 4096, 16), "not an int8 kind");
@@ -278,7 +279,7 @@ mod tests {
         let tiles = kind_kernels(QuantKind::Q8_0).and_then(|k| k.mma).unwrap_or_default();
         assert_eq!(tiles.len(), MMA_TILES.len());
         assert!(tiles.iter().all(|t| t.starts_with("mmq_q8_0_n")));
-        assert!(MMA_MAX_TOKENS > GEMM_MIN_TOKENS && MMA_MAX_TOKENS <= 8 * MMA_TILES[MMA_TILES.len() - 1]);
+        assert!(MMA_MAX_TOKENS > GEMM_MIN_TOKENS && mma_fits(QuantKind::Q4K, 4096, MMA_MAX_TOKENS));
     }
 
     /// Fusions need matrices alike: one kind, one width (and for the GLU
