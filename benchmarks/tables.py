@@ -256,10 +256,10 @@ TABLES = {
               ("ratio", lambda l: f"{ratio(l)}x")] + step_cols("forward ms / step with the knobs")),
     "serve-cuda-mma": dict(
         kind="list", file="serve.jsonl", where={"set": "serve-cuda-mma"},
-        key=lambda l: (l["commit"], l.get("variant", "default"), l["streams"]),
+        key=lambda l: (l["commit"], l.get("commit_note", ""), l.get("variant", "default"), l["streams"]),
         command="COMMIT=<sha> MACHINE=<card> VARIANTS=\"mma64=FERROX_CUDA_MMA_MAX=64\" CLIENTS=\"1 16 64\" bash scripts/cuda-mma.sh",
         note="(through the device tool, carrying target/devmoe; see the script's header)",
-        cols=[("commit", lambda l: l["commit"], LEFT),
+        cols=[("commit", lambda l: l["commit"] + (" (variant)" if l.get("commit_note") else ""), LEFT),
               ("knobs", lambda l: f"`{l['knobs']}`" if l.get("knobs") else "default", LEFT),
               ("streams", lambda l: str(l["streams"])), ("tok/s", lambda l: f"{l['figure']:.1f}"),
               ("vs the default", lambda l: f"{ratio(l)}x" if l.get("ref_figure") else "-")] + step_cols("forward ms / step")),
