@@ -17,7 +17,7 @@
 # Env: CLIENTS ("16 64"), VARIANTS (more "name=VAR=value" sets for cuda-serve.sh), BENCH
 # ("default FERROX_CUDA_MMA_MAX=0"; empty: none), PP (the prefill sizes), NOMMA=0 (no serving
 # run with FERROX_CUDA_MMA_MAX=0), COMMIT, MACHINE,
-# SKIP_TESTS=1, SERVE, TRACE=0, LLAMA=1 (with LLAMA_BUILD_S: the build needs ~400 s of the host's
+# SKIP_TESTS=1, SERVE, TRACE=0, SERVE_TRACE=1 (a kernel trace of a serving run), LLAMA=1 (with LLAMA_BUILD_S: the build needs ~400 s of the host's
 # 14 cores; 380 s stopped it at 98% beside the bench runs). The side by side alone, in one call:
 #   COMMIT=<sha> MACHINE=h200 LLAMA=1 LLAMA_BUILD_S=460 SKIP_TESTS=1 BENCH= TRACE=0 \
 #     CLIENTS="1 16 64" bash scripts/cuda-mma.sh
@@ -65,6 +65,25 @@ if [ "${TRACE:-1}" = 1 ]; then
     $D/ferrox bench --backend cuda -m $f -p 64 -n 0 -r 3 >/dev/null 2>>/tmp/logs/bench.log
   { echo "== bench -p 64"; python3 tools/cuda/trace.py /tmp/logs/trace.txt --positions 0 --skip 1; } >"$OUT/trace-mma.txt" 2>&1
   cat "$OUT/trace-mma.txt"
+fi
+# SERVE_TRACE=1: where a serving step's time goes, from a kernel trace of ferrox serving
+# $SERVE_TRACE_CLIENTS (64) clients (the gap after a step's last kernel is the host's share:
+# sampling, the next batch's staging and buffers): $OUT/trace-serve.txt.
+if [ "${SERVE_TRACE:-0}" = 1 ]; then
+  FERROX_CUDA_DEFINES="FERROX_TRACE=1 TRACE_MAX=400000" FERROX_CUDA_TRACE=/tmp/logs/serve-trace.txt \
+    $D/ferrox serve $f --backend cuda --port 8419 --parallel 64 -c 65536 >/tmp/logs/serve-trace.log 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do curl -sf http://127.0.0.1:8419/health >/dev/null && break; sleep 0.5; done
+  timeout 240 python3 $D/load_completions.py http://127.0.0.1:8419 ${SERVE_TRACE_CLIENTS:-64} 128 2 2>&1 | tail -1
+  curl -s http://127.0.0.1:8419/metrics | grep -E "^ferrox_(engine|batch|steps)" >>/tmp/logs/serve-trace.log
+  kill -TERM $pid; wait $pid
+  # A step from one output norm (`rms_norm`, once a step) to the next: the head, the host's
+  # gap, then the next step's layers (the embedding's get_rows shares its name with the
+  # dequantize kernels of larger steps).
+  { echo "== serve, ${SERVE_TRACE_CLIENTS:-64} clients"; python3 tools/cuda/trace.py /tmp/logs/serve-trace.txt --start rms_norm --positions 0 --skip 20;
+    grep -E "^ferrox_" /tmp/logs/serve-trace.log; } >"$OUT/trace-serve.txt" 2>&1
+  gzip -c /tmp/logs/serve-trace.txt >"$OUT/serve-trace.txt.gz"; rm -f /tmp/logs/serve-trace.txt
+  cat "$OUT/trace-serve.txt"
 fi
 # The device tool brings back a handful of files: the raw per-engine ones in one.
 raw=$(cd "$OUT" && ls load-*.txt metrics-*.txt gpu.txt 2>/dev/null)

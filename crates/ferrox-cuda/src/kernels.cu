@@ -29,7 +29,11 @@ typedef signed char i8;
 #ifndef FERROX_TRACE
 #define FERROX_TRACE 0
 #endif
+// TRACE_MAX (with FERROX_TRACE): the records kept; the host reads however
+// many the array holds.
+#ifndef TRACE_MAX
 #define TRACE_MAX 32768
+#endif
 #if FERROX_TRACE
 __device__ unsigned long long ferrox_trace[3 * TRACE_MAX];
 __device__ unsigned int ferrox_trace_n;
