@@ -405,8 +405,16 @@ pub(crate) fn cpu_placement(
                         Some((ferrox_quant::cpu::Isa::Amx, g)) if crate::backend::cpu::prepacks(name) => {
                             format!("cpu gemm: {g}, packed at load (batches of {}+){}", ferrox_quant::gemm::MIN_BATCH, bf16_note(dims))
                         }
-                        Some((_, g)) => {
-                            format!("cpu gemm: {g}, packed per call (batches of {}+)", ferrox_quant::gemm::MIN_BATCH_UNPACKED)
+                        Some((isa, g)) => {
+                            let cols = dims.first().copied().unwrap_or(0) as usize;
+                            let bf16 = match ferrox_quant::gemm::bf16_kernel(cols) {
+                                Some(b) if ferrox_quant::gemm::bf16_per_call(kind, isa, cols, usize::MAX) => format!(
+                                    "; {b}, widened to bf16 per call (batches of {}+, not in exact mode)",
+                                    ferrox_quant::gemm::BF16_PER_CALL_MIN_BATCH
+                                ),
+                                _ => String::new(),
+                            };
+                            format!("cpu gemm: {g}, packed per call (batches of {}+){bf16}", ferrox_quant::gemm::MIN_BATCH_UNPACKED)
                         }
                         None => format!("cpu matmul: act quantized once per batch, {} per (row, token)", k.name),
                     },

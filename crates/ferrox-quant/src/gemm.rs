@@ -312,7 +312,9 @@ fn run_fallible(
 }
 
 /// `Y = X W^T` by the packed GEMM, or `Ok(false)` when neither `isa` nor a
-/// fallback of it has one (the caller then takes the row-by-row path).
+/// fallback of it has one (the caller then takes the row-by-row path);
+/// with `bf16`, batches of [`BF16_PER_CALL_MIN_BATCH`]+ take the bf16
+/// product where the CPU has it.
 /// Shapes, alignment and lengths are the caller's checked contract
 /// ([`crate::matvec::matmul_with`]).
 #[allow(clippy::too_many_arguments)]
@@ -326,6 +328,7 @@ pub(crate) fn matmul(
     y: &mut [f32],
     n: usize,
     threads: usize,
+    bf16: bool,
 ) -> Result<bool, CpuError> {
     let (Some((level, _)), Some(info)) = (select_gemm(kind, isa), pack_info(kind)) else {
         return Ok(false);
@@ -344,6 +347,7 @@ pub(crate) fn matmul(
         x,
         n,
         threads,
+        bf16,
     };
     match engine(level) {
         Some(Engine::Vnni(tile)) => m.vnni(tile, y)?,
@@ -367,6 +371,8 @@ struct Matmul<'a> {
     x: &'a [f32],
     n: usize,
     threads: usize,
+    /// Whether the bf16 product may run ([`matmul`]).
+    bf16: bool,
 }
 
 impl Matmul<'_> {
@@ -475,6 +481,10 @@ impl Matmul<'_> {
     #[cfg(target_arch = "x86_64")]
     fn amx(&self, y: &mut [f32]) -> Result<(), CpuError> {
         let shape = AmxShape::new(self.info.sub, self.cols);
+        if self.bf16 && bf16_per_call(self.kind, self.level, self.cols, self.n) {
+            self.amx_bf16(&shape, y);
+            return Ok(());
+        }
         let acts = AmxActs::new(self, &shape)?;
         let out = Shared(y.as_mut_ptr());
         let in_place = reads_in_place(self.kind, self.level);
@@ -518,6 +528,64 @@ impl Matmul<'_> {
         });
         Ok(())
     }
+}
+
+impl Matmul<'_> {
+    /// The bf16 product on weights packed per call: each pool task packs
+    /// two 16-row panels (as the integer path does), widens them to bf16 and
+    /// runs every token tile against them, the sums kept in the tiles for the
+    /// whole row.
+    #[cfg(target_arch = "x86_64")]
+    fn amx_bf16(&self, shape: &AmxShape, y: &mut [f32]) {
+        let acts = Bf16Acts::new(self.x, self.n, self.cols, self.threads);
+        let out = Shared(y.as_mut_ptr());
+        let panels = self.rows.div_ceil(AMX_T);
+        ThreadPool::global().run(self.threads, panels.div_ceil(2), &|pp| {
+            PANEL.with_borrow_mut(|a| {
+                PANEL_B.with_borrow_mut(|b| {
+                    let p0 = 2 * pp;
+                    let mut biased = [false; 2];
+                    for (i, panel) in [&mut *a, &mut *b].into_iter().enumerate().take((panels - p0).min(2)) {
+                        panel.reset(AMX_T * shape.stride, AMX_T * shape.subs, AMX_T * shape.subs);
+                        biased[i] = pack_panel(
+                            self.info,
+                            self.weights,
+                            self.row_bytes,
+                            self.rows,
+                            p0 + i,
+                            shape,
+                            &mut panel.u,
+                            &mut panel.s,
+                            &mut panel.bias,
+                        );
+                    }
+                    let w = [
+                        Some(PanelRef::packed(&a.u, shape, &a.s, biased[0].then_some(&a.bias[..]))),
+                        (p0 + 1 < panels).then(|| PanelRef::packed(&b.u, shape, &b.s, biased[1].then_some(&b.bias[..]))),
+                    ];
+                    // SAFETY: AMX-BF16 available (`amx_bf16`, checked by the
+                    // caller); panels p0 and p0 + 1's rows are this task's alone.
+                    unsafe { amx_panels_bf16(w, self.info.offset, shape, &acts, p0 * AMX_T, self.rows, self.n, out) };
+                })
+            })
+        });
+    }
+}
+
+/// Batches from which a matrix packed per call (a mixture's experts) takes
+/// the bf16 product where its caller allows it: the per-block scaling of
+/// the integer path costs more than widening the panels it packs anyway
+/// (synthetic qwen3moe-30b Q4_K_M cut to 8 layers, pp512, 2 threads on the
+/// AMX Xeon: 417–436 vs 349–352 t/s, where an expert sees ~32 tokens).
+pub const BF16_PER_CALL_MIN_BATCH: usize = 16;
+
+/// Whether `n` tokens against a `kind` matrix of `cols` packed per call at
+/// `isa` take the bf16 product when the caller allows it: AMX with
+/// AMX-BF16 for the row length, a kind the GEMM packs (Q8_0 read in place
+/// keeps its integer path), and [`BF16_PER_CALL_MIN_BATCH`]+ tokens.
+pub fn bf16_per_call(kind: QuantKind, isa: Isa, cols: usize, n: usize) -> bool {
+    let level = select_gemm(kind, isa).map(|(l, _)| l);
+    level == Some(Isa::Amx) && n >= BF16_PER_CALL_MIN_BATCH && amx_bf16(cols) && !reads_in_place(kind, Isa::Amx)
 }
 
 /// Tokens per AMX tile, and rows per AMX panel.
@@ -1233,6 +1301,8 @@ impl PackedMatrix {
             x,
             n,
             threads,
+            // (the prepacked matrix takes its own bf16 product below)
+            bf16: false,
         };
         let shape = AmxShape::new(self.info.sub, self.cols);
         #[cfg(not(target_arch = "x86_64"))]
@@ -1284,6 +1354,7 @@ impl Panel {
 thread_local! {
     static PANEL_BF16: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
     static PANEL: std::cell::RefCell<Panel> = std::cell::RefCell::new(Panel::default());
+    static PANEL_B: std::cell::RefCell<Panel> = std::cell::RefCell::new(Panel::default());
 }
 
 #[cfg(test)]
@@ -1449,9 +1520,18 @@ mod tests {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
                 let mut y = vec![f32::NAN; n * rows];
                 assert!(
-                    matmul(isa, kind, wb, rows, cols, &x, &mut y, n, 2).unwrap(),
+                    matmul(isa, kind, wb, rows, cols, &x, &mut y, n, 2, false).unwrap(),
                     "{kind}: claimed but not run"
                 );
+                // Packed per call with bf16 allowed: the bf16 product where
+                // the batch and the CPU take it, else the integer path's sums.
+                let mut yb = vec![f32::NAN; n * rows];
+                matmul(isa, kind, wb, rows, cols, &x, &mut yb, n, 2, true).unwrap();
+                if bf16_per_call(kind, isa, cols, n) {
+                    check_bf16_product(kind, wb, rows, cols, &x, &yb);
+                } else {
+                    assert_eq!(yb, y, "{kind} at {isa}, n={n}: bf16 allowed but not taken, yet the sums differ");
+                }
                 if let Some(pm) = PackedMatrix::new(isa, kind, wb, rows, cols, 2).unwrap() {
                     let mut yp = vec![f32::NAN; n * rows];
                     pm.matmul(wb, &x, &mut yp, n, 2, true).unwrap();

@@ -169,13 +169,27 @@ pub fn matmul_with(
     n: usize,
     threads: usize,
 ) -> Result<(), CpuError> {
-    matmul_on(isa, kind, weights, rows, cols, x, y, n, threads, true)
+    matmul_on(isa, kind, weights, rows, cols, x, y, n, threads, Products::Exact)
 }
 
-/// [`matmul_with`], where `gemm` says whether large batches may take the
-/// GEMM. Without it every batch takes the per-token kernels: each token's
-/// outputs are then bit for bit what it gets alone (the GEMM sums in
-/// another order, ≤ 5e-7 relative apart), at the cost of the GEMM's speed.
+/// Which products a batch of several tokens may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    /// The per-token kernels only: each token's outputs are bit for bit
+    /// what it gets alone (the GEMM sums in another order, ≤ 5e-7 relative
+    /// apart), at the cost of the GEMM's speed.
+    Rows,
+    /// The integer GEMM for large batches: the same sums whatever the
+    /// batch around a token (a server's seeded requests depend on it).
+    Exact,
+    /// As `Exact`, and where the CPU has AMX-BF16 the bf16 product for
+    /// batches of [`crate::gemm::BF16_PER_CALL_MIN_BATCH`]+ (weights and
+    /// activations rounded to bf16, f32 sums).
+    Any,
+}
+
+/// [`matmul_with`], where `products` says which products large batches
+/// may take.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_on(
     isa: Isa,
@@ -187,7 +201,7 @@ pub fn matmul_on(
     y: &mut [f32],
     n: usize,
     threads: usize,
-    gemm: bool,
+    products: Products,
 ) -> Result<(), CpuError> {
     let p = prepare(kind, isa, weights, rows, cols)?;
     let want_x = n.saturating_mul(cols);
@@ -201,9 +215,11 @@ pub fn matmul_on(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    if gemm
-        && (n >= crate::gemm::MIN_BATCH_UNPACKED || (n >= crate::gemm::MIN_BATCH && crate::gemm::reads_in_place(kind, isa)))
-        && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads)?
+    if products != Products::Rows
+        && (n >= crate::gemm::MIN_BATCH_UNPACKED
+            || (n >= crate::gemm::MIN_BATCH && crate::gemm::reads_in_place(kind, isa))
+            || (products == Products::Any && crate::gemm::bf16_per_call(kind, isa, cols, n)))
+        && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads, products == Products::Any)?
     {
         return Ok(());
     }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ferrox_quant::cpu::{attn_scores, attn_values, softmax, Isa, ThreadPool};
 use ferrox_quant::QuantKind;
+use ferrox_quant::matvec::Products;
 use half::slice::HalfFloatSliceExt;
 use half::f16;
 
@@ -210,7 +211,14 @@ impl Cpu {
     /// large batches, unless every product must take the per-token kernels.
     #[allow(clippy::too_many_arguments)]
     fn product(&self, kind: QuantKind, bytes: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32], n: usize) -> Result<(), BackendError> {
-        ferrox_quant::matvec::matmul_on(self.isa, kind, bytes, rows, cols, x, y, n, self.threads, !self.rows_only()).map_err(BackendError::new)
+        let products = if self.rows_only() {
+            Products::Rows
+        } else if self.exact.load(std::sync::atomic::Ordering::Relaxed) {
+            Products::Exact
+        } else {
+            Products::Any
+        };
+        ferrox_quant::matvec::matmul_on(self.isa, kind, bytes, rows, cols, x, y, n, self.threads, products).map_err(BackendError::new)
     }
 
     /// The instruction-set level kernels are chosen for.
