@@ -229,6 +229,7 @@ pub fn simd_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
             Q8_0 => Some("avx512::dot_q8_0_q8_0"),
             Q4_0 => Some("avx512::dot_q4_0_q8_0"),
             Q5_0 => Some("avx512::dot_q5_0_q8_0"),
+            Q5_1 => Some("avx512::dot_q5_1_q8_1"),
             IQ4NL => Some("avx512::dot_iq4_nl_q8_0"),
             MXFP4 => Some("avx512::dot_mxfp4_q8_0"),
             Q4K => Some("avx512::dot_q4_k_q8_k"),
@@ -368,6 +369,9 @@ pub struct ActPrep {
     pub d: Vec<f32>,
     /// Sums of each block's quants.
     pub sum: Vec<i32>,
+    /// Q8_1 only: each block's stored `d * sum` (its f16 `s`), for the
+    /// weight kinds with a per-block min.
+    pub s: Vec<f32>,
     /// The blocks' quants without their scales, 32 bytes a block, padded
     /// with zeros to an even block count: two blocks are one 64-byte load
     /// for the 512-bit four-row kernels of the 32-element kinds.
@@ -376,11 +380,13 @@ pub struct ActPrep {
 
 impl ActPrep {
     /// Prepares an activation row of `act` for the four-row kernels: Q8_0
-    /// as [`ActPrep::q8_0`]; Q8_K is only checked (whole, aligned blocks),
-    /// since its blocks already hold an f32 scale and 16-element sums.
+    /// as [`ActPrep::q8_0`], Q8_1 as [`ActPrep::q8_1`]; Q8_K is only checked
+    /// (whole, aligned blocks), since its blocks already hold an f32 scale
+    /// and 16-element sums.
     pub fn prepare(&mut self, act: QuantKind, a: &[u8]) -> Result<(), CpuError> {
         match act {
             QuantKind::Q8_0 => self.q8_0(a),
+            QuantKind::Q8_1 => self.q8_1(a),
             QuantKind::Q8K => {
                 check_aligned(act, a)?;
                 let bb = act.block_bytes();
@@ -389,6 +395,7 @@ impl ActPrep {
                 }
                 self.d.clear();
                 self.sum.clear();
+                self.s.clear();
                 self.qs.clear();
                 Ok(())
             }
@@ -406,10 +413,34 @@ impl ActPrep {
         let blocks = unsafe { blocks_of::<BlockQ8_0>(a) };
         self.d.clear();
         self.sum.clear();
+        self.s.clear();
         self.qs.clear();
         for b in blocks {
             self.d.push(b.d.to_f32());
             self.sum.push(b.qs.iter().map(|&q| i32::from(q)).sum());
+            self.qs.extend_from_slice(&b.qs);
+        }
+        self.qs.resize(blocks.len().next_multiple_of(2) * 32, 0);
+        Ok(())
+    }
+
+    /// Prepares a Q8_1 activation row (whole, aligned blocks): as Q8_0, and
+    /// each block's stored `s` (`d * sum`, f16) for the min term.
+    pub fn q8_1(&mut self, a: &[u8]) -> Result<(), CpuError> {
+        check_aligned(QuantKind::Q8_1, a)?;
+        if !a.len().is_multiple_of(core::mem::size_of::<BlockQ8_1>()) {
+            return Err(CpuError::Shape { what: "Q8_1 activation bytes", expected: a.len() / 36 * 36, got: a.len() });
+        }
+        // SAFETY: aligned (checked) whole blocks (checked).
+        let blocks = unsafe { blocks_of::<BlockQ8_1>(a) };
+        self.d.clear();
+        self.sum.clear();
+        self.s.clear();
+        self.qs.clear();
+        for b in blocks {
+            self.d.push(b.d.to_f32());
+            self.sum.push(b.qs.iter().map(|&q| i32::from(q)).sum());
+            self.s.push(b.s.to_f32());
             self.qs.extend_from_slice(&b.qs);
         }
         self.qs.resize(blocks.len().next_multiple_of(2) * 32, 0);
@@ -426,13 +457,14 @@ pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: &[u8], p: &ActPrep) -
 
 /// The four-row kernel `(kind, isa)` claims, by name (hand-written; a test
 /// ties it to [`dot4_fn`]). Only kinds whose activation [`ActPrep::prepare`]
-/// takes: Q8_0 (prepared) and Q8_K (carries its f32 scale and sums itself).
+/// takes: Q8_0 and Q8_1 (prepared) and Q8_K (carries its f32 scale and sums itself).
 pub fn dot4_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     use QuantKind::*;
     match (isa, kind) {
         (Isa::Avx512Vnni, Q8_0) => Some("avx512::dot4_q8_0"),
         (Isa::Avx512Vnni, Q4_0) => Some("avx512::dot4_q4_0"),
         (Isa::Avx512Vnni, Q5_0) => Some("avx512::dot4_q5_0"),
+        (Isa::Avx512Vnni, Q5_1) => Some("avx512::dot4_q5_1"),
         (Isa::Avx512Vnni, Q4K) => Some("avx512::dot4_q4_k"),
         (Isa::Avx512Vnni, Q5K) => Some("avx512::dot4_q5_k"),
         (Isa::Avx512Vnni, Q6K) => Some("avx512::dot4_q6_k"),

@@ -245,7 +245,7 @@ fn every_claimed_four_row_kernel_is_dispatched_and_nothing_else() {
             if dot4_kernel(k, isa).is_some() {
                 let act = k.vec_dot_kind();
                 assert!(
-                    matches!(act, Some(QuantKind::Q8_0 | QuantKind::Q8K)),
+                    matches!(act, Some(QuantKind::Q8_0 | QuantKind::Q8_1 | QuantKind::Q8K)),
                     "{k}: activation {act:?} has no four-row prep (ActPrep::prepare)"
                 );
             }

@@ -90,6 +90,24 @@ pub(crate) unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
     })
 }
 
+/// Q5_1 against Q8_1: the codes are unsigned (0..31), so they go straight
+/// into `vpdpbusd`; each block's `m * s` is summed apart.
+///
+/// # Safety
+/// See the module doc.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = (blocks_of::<BlockQ5_1>(w), blocks_of::<BlockQ8_1>(a));
+    let b4 = _mm256_set1_epi8(0x10);
+    let mins: f32 = w.iter().zip(a).map(|(x, y)| f16_to_f32(x.m) * f16_to_f32(y.s)).sum();
+    mins + sum_blocks(w, a, |x, y| {
+        let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+        let qx = _mm256_or_si256(nibbles_32(&x.qs), _mm256_and_si256(bytes_from_bits_32(x.qh), b4));
+        let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, loadu(y.qs.as_ptr().cast()));
+        (d, _mm256_cvtepi32_ps(s))
+    })
+}
+
 /// # Safety
 /// See the module doc.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -166,17 +184,20 @@ unsafe fn hsum4_512(v: [__m512; 4]) -> [f32; 4] {
 /// Four rows of `nb` blocks against one activation row prepared as `p`, two
 /// blocks per step. `code` turns two weight blocks into their 64 unsigned
 /// codes `q + off` (the first block's in the low 256 bits, each block's
-/// elements in order); `d` reads a block's f16 scale bits. The rows are
-/// `row_bytes` apart, and the rows `PREFETCH_ROWS` further on are
-/// prefetched.
+/// elements in order); `d` reads a block's f16 scale bits. With `MIN` (the
+/// kinds with a per-block min, Q5_1 against Q8_1) each block also adds
+/// `m * s`, `m` its min's f16 bits and `s` the activation block's `d *
+/// sum` (`p.s`). The rows are `row_bytes` apart, and the rows
+/// `PREFETCH_ROWS` further on are prefetched.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot4_pairs<X>(
+unsafe fn dot4_pairs<X, const MIN: bool>(
     w: [&[X]; 4],
     p: &crate::cpu::ActPrep,
     off: i32,
     code: impl Fn(&X, &X) -> __m512i,
     d: impl Fn(&X) -> u16,
+    m: impl Fn(&X) -> u16,
     row_bytes: usize,
 ) -> [f32; 4] {
     let nb = w[0].len();
@@ -185,6 +206,7 @@ unsafe fn dot4_pairs<X>(
     let table = f16_table();
     let aq = p.qs.as_ptr();
     let mut acc = [_mm512_setzero_ps(); 4];
+    let mut mins = [0f32; 4];
     for b in (0..nb).step_by(2) {
         // An odd row's last block pairs with itself: its twin's activation
         // (`qs`'s zero padding), offset sum and scale are zero.
@@ -209,9 +231,15 @@ unsafe fn dot4_pairs<X>(
             let dw0 = _mm512_set1_ps(*table.get_unchecked(usize::from(d(x0))));
             let dw = _mm512_mask_mov_ps(dw0, HI_LANES, _mm512_set1_ps(*table.get_unchecked(usize::from(d(x1)))));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, da), acc[r]);
+            if MIN {
+                let s1 = if b + 1 < nb { *p.s.get_unchecked(b + 1) } else { 0.0 };
+                mins[r] += *table.get_unchecked(usize::from(m(x0))) * *p.s.get_unchecked(b)
+                    + *table.get_unchecked(usize::from(m(x1))) * s1;
+            }
         }
     }
-    hsum4_512(acc)
+    let sums = hsum4_512(acc);
+    core::array::from_fn(|r| sums[r] + mins[r])
 }
 
 /// Two Q4_0 blocks' 64 codes (unsigned, `q + 8`): each 16-byte nibble array
@@ -255,7 +283,7 @@ pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
         let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(loadu(x0.qs.as_ptr().cast())), loadu(x1.qs.as_ptr().cast()));
         _mm512_xor_si512(v, flip)
     };
-    dot4_pairs(rows, p, 128, code, |x| x.d.to_bits(), row_bytes)
+    dot4_pairs::<_, false>(rows, p, 128, code, |x| x.d.to_bits(), |_| 0, row_bytes)
 }
 
 /// # Safety
@@ -263,7 +291,7 @@ pub(crate) unsafe fn dot4_q8_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
-    dot4_pairs(rows, p, 8, |x0, x1| nibbles_64(&x0.qs, &x1.qs), |x| x.d.to_bits(), row_bytes)
+    dot4_pairs::<_, false>(rows, p, 8, |x0, x1| nibbles_64(&x0.qs, &x1.qs), |x| x.d.to_bits(), |_| 0, row_bytes)
 }
 
 /// # Safety
@@ -271,7 +299,7 @@ pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
 pub(crate) unsafe fn dot4_q4_0_gfni(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
-    dot4_pairs(rows, p, 8, |x0, x1| nibbles_64_gfni(&x0.qs, &x1.qs), |x| x.d.to_bits(), row_bytes)
+    dot4_pairs::<_, false>(rows, p, 8, |x0, x1| nibbles_64_gfni(&x0.qs, &x1.qs), |x| x.d.to_bits(), |_| 0, row_bytes)
 }
 
 /// # Safety
@@ -280,7 +308,7 @@ pub(crate) unsafe fn dot4_q4_0_gfni(w: &[u8], row_bytes: usize, _a: &[u8], p: &c
 pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockQ5_0, 4>(w, row_bytes);
     let bit4 = _mm512_set1_epi8(0x10);
-    dot4_pairs(
+    dot4_pairs::<_, false>(
         rows,
         p,
         16,
@@ -291,6 +319,31 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
             _mm512_mask_add_epi8(nib, hi, nib, bit4)
         },
         |x| x.d.to_bits(),
+        |_| 0,
+        row_bytes,
+    )
+}
+
+/// Q5_1 against Q8_1: Q5_0's codes with no offset (`q` is already 0..31),
+/// and each block's `m * s` added ([`dot4_pairs`]'s `MIN`).
+///
+/// # Safety
+/// As [`dot4_q8_0`], `p` prepared from a Q8_1 row.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_q5_1(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows_n::<BlockQ5_1, 4>(w, row_bytes);
+    let bit4 = _mm512_set1_epi8(0x10);
+    dot4_pairs::<_, true>(
+        rows,
+        p,
+        0,
+        |x0, x1| {
+            let nib = nibbles_64(&x0.qs, &x1.qs);
+            let hi = u64::from(u32::from_le_bytes(x0.qh)) | u64::from(u32::from_le_bytes(x1.qh)) << 32;
+            _mm512_mask_add_epi8(nib, hi, nib, bit4)
+        },
+        |x| x.d.to_bits(),
+        |x| x.m.to_bits(),
         row_bytes,
     )
 }
