@@ -465,6 +465,7 @@ pub fn dot4_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
         (Isa::Avx512Vnni, Q4_0) => Some("avx512::dot4_q4_0"),
         (Isa::Avx512Vnni, Q5_0) => Some("avx512::dot4_q5_0"),
         (Isa::Avx512Vnni, Q5_1) => Some("avx512::dot4_q5_1"),
+        (Isa::Avx512Vnni, IQ4NL) => Some("avx512::dot4_iq4_nl"),
         (Isa::Avx512Vnni, Q4K) => Some("avx512::dot4_q4_k"),
         (Isa::Avx512Vnni, Q5K) => Some("avx512::dot4_q5_k"),
         (Isa::Avx512Vnni, Q6K) => Some("avx512::dot4_q6_k"),

@@ -324,6 +324,27 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
     )
 }
 
+/// IQ4_NL: Q4_0's nibbles looked up in the codebook shifted to unsigned
+/// (`v + 128`, 1..241: one byte shuffle per pair of blocks), offset 128.
+///
+/// # Safety
+/// As [`dot4_q8_0`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_iq4_nl(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows_n::<BlockIQ4NL, 4>(w, row_bytes);
+    let shifted: [u8; 16] = core::array::from_fn(|i| (IQ4NL_VALUES[i] as u8) ^ 0x80);
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(shifted.as_ptr().cast()));
+    dot4_pairs::<_, false>(
+        rows,
+        p,
+        128,
+        |x0, x1| _mm512_shuffle_epi8(table, nibbles_64(&x0.qs, &x1.qs)),
+        |x| x.d.to_bits(),
+        |_| 0,
+        row_bytes,
+    )
+}
+
 /// Q5_1 against Q8_1: Q5_0's codes with no offset (`q` is already 0..31),
 /// and each block's `m * s` added ([`dot4_pairs`]'s `MIN`).
 ///

@@ -47,6 +47,7 @@ pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
         Q4_0 => avx512::dot4_q4_0,
         Q5_0 => avx512::dot4_q5_0,
         Q5_1 => avx512::dot4_q5_1,
+        IQ4NL => avx512::dot4_iq4_nl,
         Q4K => avx512::dot4_q4_k,
         Q5K => avx512::dot4_q5_k,
         Q6K => avx512::dot4_q6_k,
