@@ -405,43 +405,35 @@ impl ActPrep {
 
     /// Prepares a Q8_0 activation row (whole, aligned blocks).
     pub fn q8_0(&mut self, a: &[u8]) -> Result<(), CpuError> {
-        check_aligned(QuantKind::Q8_0, a)?;
-        if !a.len().is_multiple_of(core::mem::size_of::<BlockQ8_0>()) {
-            return Err(CpuError::Shape { what: "Q8_0 activation bytes", expected: a.len() / 34 * 34, got: a.len() });
-        }
-        // SAFETY: aligned (checked) whole blocks (checked).
-        let blocks = unsafe { blocks_of::<BlockQ8_0>(a) };
-        self.d.clear();
-        self.sum.clear();
-        self.s.clear();
-        self.qs.clear();
-        for b in blocks {
-            self.d.push(b.d.to_f32());
-            self.sum.push(b.qs.iter().map(|&q| i32::from(q)).sum());
-            self.qs.extend_from_slice(&b.qs);
-        }
-        self.qs.resize(blocks.len().next_multiple_of(2) * 32, 0);
-        Ok(())
+        self.blocks::<BlockQ8_0>(QuantKind::Q8_0, a, |b| (b.d.to_f32(), &b.qs, None))
     }
 
     /// Prepares a Q8_1 activation row (whole, aligned blocks): as Q8_0, and
     /// each block's stored `s` (`d * sum`, f16) for the min term.
     pub fn q8_1(&mut self, a: &[u8]) -> Result<(), CpuError> {
-        check_aligned(QuantKind::Q8_1, a)?;
-        if !a.len().is_multiple_of(core::mem::size_of::<BlockQ8_1>()) {
-            return Err(CpuError::Shape { what: "Q8_1 activation bytes", expected: a.len() / 36 * 36, got: a.len() });
+        self.blocks::<BlockQ8_1>(QuantKind::Q8_1, a, |b| (b.d.to_f32(), &b.qs, Some(b.s.to_f32())))
+    }
+
+    /// The blocks of `a` (kind `kind`, whole and aligned: checked) into the
+    /// prepared arrays; `parts` gives a block's scale, 32 codes and stored `s`.
+    fn blocks<B: Block>(&mut self, kind: QuantKind, a: &[u8], parts: impl Fn(&B) -> (f32, &[i8; 32], Option<f32>)) -> Result<(), CpuError> {
+        check_aligned(kind, a)?;
+        let bb = core::mem::size_of::<B>();
+        if !a.len().is_multiple_of(bb) {
+            return Err(CpuError::Shape { what: "activation bytes", expected: a.len() / bb * bb, got: a.len() });
         }
         // SAFETY: aligned (checked) whole blocks (checked).
-        let blocks = unsafe { blocks_of::<BlockQ8_1>(a) };
+        let blocks = unsafe { blocks_of::<B>(a) };
         self.d.clear();
         self.sum.clear();
         self.s.clear();
         self.qs.clear();
         for b in blocks {
-            self.d.push(b.d.to_f32());
-            self.sum.push(b.qs.iter().map(|&q| i32::from(q)).sum());
-            self.s.push(b.s.to_f32());
-            self.qs.extend_from_slice(&b.qs);
+            let (d, qs, s) = parts(b);
+            self.d.push(d);
+            self.sum.push(qs.iter().map(|&q| i32::from(q)).sum());
+            self.s.extend(s);
+            self.qs.extend_from_slice(qs);
         }
         self.qs.resize(blocks.len().next_multiple_of(2) * 32, 0);
         Ok(())

@@ -312,16 +312,21 @@ pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
         rows,
         p,
         16,
-        // The fifth bit of element k is bit k of qh: a byte mask, OR-ed in.
-        |x0, x1| {
-            let nib = nibbles_64(&x0.qs, &x1.qs);
-            let hi = u64::from(u32::from_le_bytes(x0.qh)) | u64::from(u32::from_le_bytes(x1.qh)) << 32;
-            _mm512_mask_add_epi8(nib, hi, nib, bit4)
-        },
+        |x0, x1| q5_codes(&x0.qs, &x1.qs, x0.qh, x1.qh, bit4),
         |x| x.d.to_bits(),
         |_| 0,
         row_bytes,
     )
+}
+
+/// The 5-bit codes (0..31) of two Q5_0/Q5_1 blocks: their nibbles, and the
+/// fifth bit of element k (bit k of `qh`) added as 16 through a byte mask.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q5_codes(qs0: &[u8; 16], qs1: &[u8; 16], qh0: [u8; 4], qh1: [u8; 4], bit4: __m512i) -> __m512i {
+    let nib = nibbles_64(qs0, qs1);
+    let hi = u64::from(u32::from_le_bytes(qh0)) | u64::from(u32::from_le_bytes(qh1)) << 32;
+    _mm512_mask_add_epi8(nib, hi, nib, bit4)
 }
 
 /// IQ4_NL: Q4_0's nibbles looked up in the codebook shifted to unsigned
@@ -358,11 +363,7 @@ pub(crate) unsafe fn dot4_q5_1(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate:
         rows,
         p,
         0,
-        |x0, x1| {
-            let nib = nibbles_64(&x0.qs, &x1.qs);
-            let hi = u64::from(u32::from_le_bytes(x0.qh)) | u64::from(u32::from_le_bytes(x1.qh)) << 32;
-            _mm512_mask_add_epi8(nib, hi, nib, bit4)
-        },
+        |x0, x1| q5_codes(&x0.qs, &x1.qs, x0.qh, x1.qh, bit4),
         |x| x.d.to_bits(),
         |x| x.m.to_bits(),
         row_bytes,
