@@ -34,6 +34,13 @@ flock 9
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "llama.cpp: $("$llama/llama-bench" --version 2>&1 | head -1 || true); ferrox: $(git rev-parse --short HEAD)"
 echo
+# The read bandwidth the decode figures are held against (issue 36's bar: decode >= 85% of it),
+# before and after the run, without and with the prefetch; the best of the four is recorded.
+bw_bin=$(mktemp)
+gcc -O2 -march=native -fopenmp benchmarks/harness/read_bw.c -o "$bw_bin"
+bw_runs=()
+read_bw() { for pf in 0 8192; do bw_runs+=("$("$bw_bin" "$threads" "$pf" | awk '{print $5}')"); done; }
+read_bw
 raw=$(mktemp)
 for k in "${kinds[@]}"; do
   f=$(file_for "$k")
@@ -43,7 +50,9 @@ for k in "${kinds[@]}"; do
   done
   "$ferrox" bench -m "$f" -p 512 -n 128 -t "$threads" -r "$reps" -o jsonl 2>/dev/null | sed "s/^/ferrox $k /" >> "$raw"
 done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+read_bw
+bw=$(printf '%s\n' "${bw_runs[@]}" | sort -g | tail -1)
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); read bandwidth ($threads threads, before/after, plain/prefetch): ${bw_runs[*]} GB/s"
 echo
 python3 - "$raw" <<'PY'
 import json, sys
@@ -72,5 +81,8 @@ if [ "${RECORD:-1}" = 1 ]; then
   python3 benchmarks/harness/record.py bench --out benchmarks/results/cpu-e2e.jsonl --set bar --rss \
     --source benchmarks/run_bar.sh --ref "llama1=llama.cpp default (repack)" \
     --ref "llama0=llama.cpp --repack 0" "$raw" > /dev/null
+  python3 benchmarks/harness/record.py line --out benchmarks/results/cpu-e2e.jsonl --set bar \
+    --source "benchmarks/run_bar.sh (benchmarks/harness/read_bw.c)" what=read_bw threads="$threads" \
+    figure="$bw" unit=GB/s stat="best of before/after x plain/prefetch 8 KiB: ${bw_runs[*]}" > /dev/null
   echo "recorded in benchmarks/results/cpu-e2e.jsonl"
 fi
