@@ -39,10 +39,13 @@ if [ -x $D/tests/ferrox_core ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
   cp /tmp/logs/tests-mma.log "$OUT/"
 fi
 f=/tmp/models/llama-8b-Q4_K_M.gguf
-PYTHONPATH=$PWD/$D python3 $D/make_synthetic_gguf.py --shape llama-8b --out /tmp/models/llama-8b-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth.log 2>&1
-$D/ferrox quantize /tmp/models/llama-8b-F16.gguf $f Q4_K_M -f >/tmp/logs/quantize.log 2>&1
-echo "model rc=$? ($(du -h $f | cut -f1))"
-rm -f /tmp/models/llama-8b-F16.gguf
+# (a file an earlier step of the same call made is taken as it is)
+if [ ! -f $f ]; then
+  PYTHONPATH=$PWD/$D python3 $D/make_synthetic_gguf.py --shape llama-8b --out /tmp/models/llama-8b-F16.gguf --seed 0 --jobs 16 >/tmp/logs/synth.log 2>&1
+  $D/ferrox quantize /tmp/models/llama-8b-F16.gguf $f Q4_K_M -f >/tmp/logs/quantize.log 2>&1
+  echo "model rc=$? ($(du -h $f | cut -f1))"
+  rm -f /tmp/models/llama-8b-F16.gguf
+fi
 for v in ${BENCH-default FERROX_CUDA_MMA_MAX=0}; do
   envs=$([ $v = default ] || echo ${v//,/ })
   env $envs $D/ferrox bench --backend cuda -m $f -p ${PP:-16,32,64,96,128,256} -n 0 -r 5 -o jsonl 2>>/tmp/logs/bench.log |

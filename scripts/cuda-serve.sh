@@ -12,7 +12,8 @@
 #   $D/llama-src.tgz           optional (scripts/llama-src-pack.sh): llama-server built in the
 #                              background while ferrox runs, then run the same way (NO_LLAMA=1: not)
 # Env: CLIENTS ("1 16 64"), KIND (Q4_K_M), SHAPE (llama-8b), PARALLEL (64), CTX (65536),
-# VARIANTS ("name=VAR=value,VAR=value ...": ferrox again under measuring knobs, set "serve-cuda-ab"),
+# VARIANTS ("name=VAR=value,VAR=value ...": ferrox again under measuring knobs, set "serve-cuda-ab";
+# a first setting BIN=PATH runs another ferrox binary, for an A/B of two builds in one call),
 # LLAMA_BUILD_S (420: the llama.cpp build is stopped past it, so a call stays under 10 minutes).
 # Results: $OUT/serve.jsonl (one line per client count, ready for
 # benchmarks/results/serve.jsonl; COMMIT and MACHINE label it), logs in $OUT/logs.tgz.
@@ -71,9 +72,11 @@ load ferrox $!
 grep -iE "error|panick" /tmp/logs/serve.log | head -5
 # VARIANTS="name=VAR=value,VAR=value ...": ferrox again under each set of
 # measuring knobs (a `measure` build reads them), recorded beside the default.
+# A variant whose first setting is BIN=PATH runs that binary (another build, beside this one).
 for v in ${VARIANTS:-}; do
-  name=${v%%=*} envs=${v#*=}
-  env ${envs//,/ } $D/ferrox serve "$f" --backend cuda --port $port --parallel ${PARALLEL:-64} -c ${CTX:-65536} -v \
+  name=${v%%=*} envs=${v#*=} bin=$D/ferrox
+  case $envs in BIN=*) bin=${envs%%,*}; bin=${bin#BIN=}; envs=${envs#BIN=$bin}; envs=${envs#,} ;; esac
+  env ${envs//,/ } $bin serve "$f" --backend cuda --port $port --parallel ${PARALLEL:-64} -c ${CTX:-65536} -v \
     >/tmp/logs/serve-$name.log 2>&1 &
   load ferrox-$name $!
 done

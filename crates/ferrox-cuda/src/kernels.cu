@@ -2865,6 +2865,46 @@ struct Mmq_q6_k {
 #define MMQ_PREFETCH 1
 #endif
 
+// One group's products into `acc`: the two 16-row halves' units `ca`, `cb`
+// decoded (zeros where `ok` is false: a unit past the last), against each
+// token tile's 16 activation words, which `xrow(m, xw)` fetches.
+template <int NT, class K, class XRow>
+__device__ __forceinline__ void mmq_group(float (&acc)[NT][4], const typename K::Raw& ca,
+                                          const typename K::Raw& cb, bool ok, XRow xrow) {
+    u32 aa[16], ab[16];
+    K::dec(ca, aa);
+    K::dec(cb, ab);
+    if (!ok) {
+#pragma unroll
+        for (int k = 0; k < 16; k++) aa[k] = ab[k] = 0u;
+    }
+#pragma unroll
+    for (int m = 0; m < NT; m++) {
+        u32 xw[16];
+        xrow(m, xw);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            u32 af[4] = {aa[2 * j], ab[2 * j], aa[2 * j + 1], ab[2 * j + 1]};
+            mma16816(acc[m], af, xw[2 * j], xw[2 * j + 1]);
+        }
+    }
+}
+
+// A warp's sums (rows [r0, r0 + 16), tokens [0, 8 NT)) stored to `out`
+// (token-major, `rows` a token), within `rows` and `n`.
+template <int NT>
+__device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* out, int rows, int n, int r0) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int m = 0; m < NT; m++) {
+        int ta = 8 * m + 2 * t, ra = r0 + g, rb = ra + 8;
+        if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];
+        if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];
+        if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];
+        if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];
+    }
+}
+
 // One warp's share of `mmq_<kind>_n<NT>`: rows [r0, r0 + 16), groups
 // [q0, q1) of k, tokens [0, n) (n <= 8 NT), sums stored to `out`. A lane
 // past the last unit (a partial last group) loads the last unit again and
@@ -2897,18 +2937,9 @@ __device__ __forceinline__ void mmq_tile(const u8* w, const u16* x, float* out, 
             K::load(wa, un, cols, na);
             K::load(wb, un, cols, nb);
         }
-        u32 aa[16], ab[16];
-        K::dec(ca, aa);
-        K::dec(cb, ab);
-        if (!ok) {
-#pragma unroll
-            for (int k = 0; k < 16; k++) aa[k] = ab[k] = 0u;
-        }
-#pragma unroll
-        for (int m = 0; m < NT; m++) {
+        mmq_group<NT, K>(acc, ca, cb, ok, [&](int m, u32 (&xw)[16]) {
             int tok = min(8 * m + g, n - 1);
             const uint4* xp = (const uint4*)(x + (size_t)tok * cols + (size_t)(ok ? u : 0) * 32);
-            u32 xw[16];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 uint4 v = ok ? __ldg(xp + k) : make_uint4(0, 0, 0, 0);
@@ -2917,25 +2948,13 @@ __device__ __forceinline__ void mmq_tile(const u8* w, const u16* x, float* out, 
                 xw[4 * k + 2] = v.z;
                 xw[4 * k + 3] = v.w;
             }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                u32 af[4] = {aa[2 * j], ab[2 * j], aa[2 * j + 1], ab[2 * j + 1]};
-                mma16816(acc[m], af, xw[2 * j], xw[2 * j + 1]);
-            }
-        }
+        });
         if (MMQ_PREFETCH) {
             ca = na;
             cb = nb;
         }
     }
-#pragma unroll
-    for (int m = 0; m < NT; m++) {
-        int ta = 8 * m + 2 * t, ra = r0 + g, rb = ra + 8;
-        if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];
-        if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];
-        if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];
-        if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];
-    }
+    mmq_store<NT>(acc, out, rows, n, r0);
 }
 
 // MMQ_SMEM (FERROX_CUDA_DEFINES, measuring): 1 (default) stages the
@@ -3005,18 +3024,9 @@ __device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out
                 K::load(wa, un, cols, na);
                 K::load(wb, un, cols, nb);
             }
-            u32 aa[16], ab[16];
-            K::dec(ca, aa);
-            K::dec(cb, ab);
-            if (!ok) {
-#pragma unroll
-                for (int k = 0; k < 16; k++) aa[k] = ab[k] = 0u;
-            }
-#pragma unroll
-            for (int m = 0; m < NT; m++) {
+            mmq_group<NT, K>(acc, ca, cb, ok, [&](int m, u32 (&xw)[16]) {
                 int r = 8 * m + g;
                 const uint4* row = (const uint4*)(cur + r * 128);
-                u32 xw[16];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     uint4 v = row[mmq_swz(r, 4 * t + k)];
@@ -3025,12 +3035,7 @@ __device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out
                     xw[4 * k + 2] = v.z;
                     xw[4 * k + 3] = v.w;
                 }
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    u32 af[4] = {aa[2 * j], ab[2 * j], aa[2 * j + 1], ab[2 * j + 1]};
-                    mma16816(acc[m], af, xw[2 * j], xw[2 * j + 1]);
-                }
-            }
+            });
             ca = na;
             cb = nb;
         }
@@ -3039,14 +3044,7 @@ __device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out
         __syncthreads();
     }
     if (!active) return;
-#pragma unroll
-    for (int m = 0; m < NT; m++) {
-        int ta = 8 * m + 2 * t, ra = r0 + g, rb = ra + 8;
-        if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];
-        if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];
-        if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];
-        if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];
-    }
+    mmq_store<NT>(acc, out, rows, n, r0);
 }
 
 // `mmq_<kind>_n<NT>`: a warp takes 16 rows, the warps of block x
