@@ -35,6 +35,107 @@ use rng::Xoshiro256;
 /// The most alternatives [`Sampled::top`] may report (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// The most candidates a row's selection ([`TopRows`]) keeps; a sampler
+/// that needs more takes the whole row.
+pub const TOP_ROWS_MAX_K: usize = 256;
+
+/// What a top-k sampler needs of each row of logits, taken where the
+/// logits are (a device's kernel; [`TopRows::select`] is the host's, the
+/// reference the kernels are held to): the row's largest canonical logit
+/// (NaN as -inf, +inf as `f32::MAX`, -0 as +0), its log-sum-exp, and its
+/// best `k` finite logits — by logit, then lower id — in any order, so
+/// only `k` values a row cross the bus instead of the vocabulary.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopRows {
+    /// Candidates a row holds room for.
+    pub k: usize,
+    /// Per row: how many candidates it has (`k`, or its finite logits if fewer).
+    pub counts: Vec<u32>,
+    /// Per row: the largest canonical logit (-inf when none is finite).
+    pub max: Vec<f32>,
+    /// Per row: `max + ln Σ e^(l - max)` (-inf when none is finite).
+    pub lse: Vec<f32>,
+    /// `rows x k`: the candidates' ids (the first `counts[r]` of a row).
+    pub ids: Vec<u32>,
+    /// `rows x k`: their canonical logits.
+    pub logits: Vec<f32>,
+}
+
+/// One row of a [`TopRows`].
+#[derive(Clone, Copy, Debug)]
+pub struct TopRow<'a> {
+    /// Candidates the selection had room for (the row has fewer only when
+    /// fewer logits are finite).
+    pub k: usize,
+    /// The candidates' ids, any order.
+    pub ids: &'a [u32],
+    /// Their canonical logits.
+    pub logits: &'a [f32],
+    /// The row's largest canonical logit.
+    pub max: f32,
+    /// The row's log-sum-exp.
+    pub lse: f32,
+}
+
+impl TopRows {
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Room for `rows` rows of `k` candidates (contents unspecified).
+    pub fn reset(&mut self, rows: usize, k: usize) {
+        self.k = k;
+        self.counts.resize(rows, 0);
+        self.max.resize(rows, 0.0);
+        self.lse.resize(rows, 0.0);
+        self.ids.resize(rows * k, 0);
+        self.logits.resize(rows * k, 0.0);
+    }
+
+    /// Row `r`.
+    pub fn row(&self, r: usize) -> TopRow<'_> {
+        let n = (self.counts[r] as usize).min(self.k);
+        let at = r * self.k;
+        TopRow { k: self.k, ids: &self.ids[at..at + n], logits: &self.logits[at..at + n], max: self.max[r], lse: self.lse[r] }
+    }
+
+    /// The selection on the host, of each `width`-wide row of `x`.
+    pub fn select(&mut self, x: &[f32], width: usize, k: usize) {
+        let width = width.max(1);
+        let rows = x.len() / width;
+        self.reset(rows, k);
+        let mut canon_row = Vec::with_capacity(width);
+        let mut cands: Vec<Cand> = Vec::new();
+        for (r, row) in x.chunks_exact(width).enumerate() {
+            canon_row.clear();
+            canon_row.extend_from_slice(row);
+            let max = canon_max(&mut canon_row);
+            self.max[r] = max;
+            self.lse[r] = if max == f32::NEG_INFINITY { max } else { max + sum_exp(&canon_row, max).ln() };
+            cands.clear();
+            cands.extend(
+                canon_row
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| **l != f32::NEG_INFINITY)
+                    .map(|(id, &logit)| Cand { id: id as u32, logit, p: 0.0, s: 0.0 }),
+            );
+            if k < cands.len() {
+                if k > 0 {
+                    cands.select_nth_unstable_by(k - 1, by_rank);
+                }
+                cands.truncate(k);
+            }
+            self.counts[r] = cands.len() as u32;
+            for (j, c) in cands.iter().enumerate() {
+                self.ids[r * k + j] = c.id;
+                self.logits[r * k + j] = c.logit;
+            }
+        }
+    }
+}
+
 /// Up to this `top_k`, top-k keeps a bounded heap while scanning the logits
 /// instead of materializing every token as a candidate first.
 const HEAP_TOP_K_MAX: usize = 1024;
@@ -278,6 +379,10 @@ pub enum SamplingError {
     /// Every logit is NaN or -inf once bias and penalties are applied.
     #[error("no token can be sampled: every logit is NaN or -inf after logit bias and penalties")]
     NoCandidates,
+    /// [`Sampler::sample_top`] was given fewer candidates than the
+    /// sampler needs, or the sampler needs the whole row.
+    #[error("this sampler needs the whole row of logits, not a top-k selection")]
+    NeedsWholeRow,
 }
 
 /// A surviving token; `p` and `s` are scratch (probability, typical-p score).
@@ -502,6 +607,54 @@ impl Sampler {
         })
     }
 
+    /// How many of a row's best candidates ([`TopRows`]) this sampler needs
+    /// to choose exactly the token [`Sampler::sample`] would on the whole
+    /// row, or `None` when it needs the whole row: logit bias and
+    /// penalties edit arbitrary tokens, top-k off (`0`) keeps every token,
+    /// more than [`TOP_ROWS_MAX_K`] is more than a selection holds.
+    pub fn needs_top(&self) -> Option<usize> {
+        let p = &self.params;
+        if !p.logit_bias.is_empty() || p.penalties_active() {
+            return None;
+        }
+        let k = if p.temperature <= 0.0 { 1 } else { p.top_k };
+        let k = k.max(p.top_logprobs);
+        (k > 0 && k <= TOP_ROWS_MAX_K).then_some(k)
+    }
+
+    /// [`Sampler::sample`] from a row's best candidates instead of the row:
+    /// the same token for the same random stream, whenever
+    /// [`Sampler::needs_top`] is at most the candidates the selection kept
+    /// (checked). Only the log-probabilities may differ, in their last
+    /// bits, where the row's log-sum-exp was summed in another order.
+    pub fn sample_top(&mut self, row: TopRow<'_>) -> Result<Sampled, SamplingError> {
+        let need = self.needs_top().ok_or(SamplingError::NeedsWholeRow)?;
+        if need > row.k {
+            return Err(SamplingError::NeedsWholeRow);
+        }
+        if row.max == f32::NEG_INFINITY {
+            return Err(SamplingError::NoCandidates);
+        }
+        self.cands.clear();
+        self.cands.extend(row.ids.iter().zip(row.logits).map(|(&id, &logit)| Cand { id, logit, p: 0.0, s: 0.0 }));
+        self.cands.sort_unstable_by(by_rank);
+        let top: Vec<(u32, f32)> =
+            self.cands.iter().take(self.params.top_logprobs).map(|c| (c.id, c.logit - row.lse)).collect();
+        let Some(best) = self.cands.first().copied() else {
+            return Err(SamplingError::NoCandidates);
+        };
+        let (token, raw) = if self.params.temperature <= 0.0 {
+            (best.id, best.logit)
+        } else {
+            self.cands.truncate(self.params.top_k);
+            self.truncate_rest()?;
+            let id = self.draw_cands();
+            let raw = self.cands.iter().find(|c| c.id == id).map_or(best.logit, |c| c.logit);
+            (id, raw)
+        };
+        Ok(Sampled { token, logprob: raw - row.lse, top })
+    }
+
     /// Speculative verification at one position: keeps `draft` (a token
     /// proposed with certainty — a greedy draft model, a prompt lookup) or
     /// samples the token that replaces it, so that the token returned is
@@ -625,6 +778,11 @@ impl Sampler {
     /// draw from the seeded stream.
     fn draw(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
         self.truncate(logits)?;
+        Ok(self.draw_cands())
+    }
+
+    /// Temperature and one draw over `self.cands` (truncated, not empty).
+    fn draw_cands(&mut self) -> u32 {
         let t = self.params.temperature;
         let max = self
             .cands
@@ -642,16 +800,15 @@ impl Sampler {
             run += c.p as f64;
             // Strictly greater: a zero-weight candidate is never chosen.
             if run > target {
-                return Ok(c.id);
+                return c.id;
             }
         }
         // Rounding left `target` at `sum`: take the last candidate with weight.
-        Ok(self
-            .cands
+        self.cands
             .iter()
             .rev()
             .find(|c| c.p > 0.0)
-            .map_or(self.cands[0].id, |c| c.id))
+            .map_or(self.cands[0].id, |c| c.id)
     }
 
     /// Leaves in `self.cands` the tokens the truncation samplers keep, in an
@@ -705,6 +862,12 @@ impl Sampler {
                 self.cands.sort_unstable_by(by_rank);
             }
         }
+        self.truncate_rest()
+    }
+
+    /// The truncation after top-k (typical-p, top-p, min-p) over `self.cands`.
+    fn truncate_rest(&mut self) -> Result<(), SamplingError> {
+        let p = &self.params;
         if self.cands.is_empty() {
             return Err(SamplingError::NoCandidates);
         }

@@ -709,3 +709,81 @@ fn top_logprobs_leave_out_masked_tokens() {
     assert_eq!(ids, [9, 3], "{:?}", s.top);
     assert!(s.top.iter().all(|&(_, lp)| lp.is_finite() && lp <= 0.0), "{:?}", s.top);
 }
+
+/// Logits with what a selection must get right: ties at the cut (ids
+/// decide), NaN, both infinities, -0.0, and a few large ones.
+fn awkward_logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Xoshiro256::from_seed(seed);
+    let mut v: Vec<f32> = (0..n).map(|_| ((rng.next_f64() * 8.0).floor() - 4.0) as f32 * 0.5).collect();
+    v[3] = f32::NAN;
+    v[5] = f32::NEG_INFINITY;
+    v[n / 2] = -0.0;
+    v[n - 1] = 3.0;
+    v[n - 2] = 3.0;
+    v
+}
+
+#[test]
+fn a_top_k_selection_samples_what_the_whole_row_samples() {
+    let n = 3000;
+    let cases: Vec<(&str, SamplingParams)> = vec![
+        ("defaults", SamplingParams { seed: Some(11), ..SamplingParams::default() }),
+        ("greedy", params(|p| p.temperature = 0.0)),
+        ("top-k 1 hot", params(|p| (p.top_k, p.temperature) = (1, 1.5))),
+        ("top-k 200, top-p 0.5", params(|p| (p.top_k, p.top_p) = (200, 0.5))),
+        ("top-k 64, typical 0.8, logprobs 5", params(|p| (p.top_k, p.typical_p, p.top_logprobs) = (64, 0.8, 5))),
+        ("top-k 256, min-p 0.2", params(|p| (p.top_k, p.min_p) = (256, 0.2))),
+    ];
+    for (name, p) in cases {
+        let mut whole = Sampler::new(p.clone(), n).unwrap();
+        let mut top = Sampler::new(p.clone(), n).unwrap();
+        let k = top.needs_top().unwrap_or_else(|| panic!("{name}: should take a selection"));
+        let mut sel = TopRows::default();
+        for draw in 0..200 {
+            let logits = awkward_logits(n, draw);
+            // The kernel may keep more than the sampler needs.
+            sel.select(&logits, n, (k + draw as usize % 3).min(TOP_ROWS_MAX_K));
+            let want = whole.sample(&mut logits.clone(), &[]).unwrap();
+            let got = top.sample_top(sel.row(0)).unwrap();
+            assert_eq!(got, want, "{name}, draw {draw}");
+        }
+    }
+}
+
+#[test]
+fn a_selection_keeps_the_best_finite_logits_ties_to_lower_ids() {
+    let logits = [1.0, f32::NAN, 2.0, 2.0, f32::NEG_INFINITY, 2.0, f32::INFINITY, -0.0];
+    let mut sel = TopRows::default();
+    sel.select(&logits, 8, 3);
+    let r = sel.row(0);
+    let mut got: Vec<(u32, f32)> = r.ids.iter().copied().zip(r.logits.iter().copied()).collect();
+    got.sort_by_key(|e| e.0);
+    assert_eq!(got, vec![(2, 2.0), (3, 2.0), (6, f32::MAX)]);
+    assert_eq!(r.max, f32::MAX);
+    // Fewer finite logits than k: every finite one, no -inf or NaN.
+    sel.select(&logits, 8, 8);
+    assert_eq!(sel.counts[0], 6);
+    assert!(sel.row(0).ids.iter().all(|&i| i != 1 && i != 4));
+    // Nothing finite: no candidates, and sampling says so.
+    sel.select(&[f32::NAN, f32::NEG_INFINITY], 2, 4);
+    assert_eq!((sel.counts[0], sel.max[0]), (0, f32::NEG_INFINITY));
+    let mut s = Sampler::new(params(|p| p.top_k = 4), 2).unwrap();
+    assert!(matches!(s.sample_top(sel.row(0)), Err(SamplingError::NoCandidates)));
+}
+
+#[test]
+fn samplers_that_edit_the_row_or_keep_every_token_need_the_whole_row() {
+    let needs = |f: fn(&mut SamplingParams)| Sampler::new(params(f), 100).unwrap().needs_top();
+    assert_eq!(needs(|p| p.top_k = 40), Some(40));
+    assert_eq!(needs(|p| (p.top_k, p.top_logprobs) = (4, 9)), Some(9));
+    assert_eq!(needs(|p| p.temperature = 0.0), Some(1));
+    assert_eq!(needs(|p| p.top_k = 0), None);
+    assert_eq!(needs(|p| p.top_k = TOP_ROWS_MAX_K + 1), None);
+    assert_eq!(needs(|p| (p.top_k, p.repeat_penalty) = (40, 1.1)), None);
+    assert_eq!(needs(|p| (p.top_k, p.logit_bias) = (40, vec![(3, 1.0)])), None);
+    // Too few candidates for the sampler: an error, not a different token.
+    let mut sel = TopRows::default();
+    sel.select(&awkward_logits(100, 1), 100, 8);
+    let mut s = Sampler::new(params(|p| p.top_k = 40), 100).unwrap();
+    assert!(matches!(s.sample_top(sel.row(0)), Err(SamplingError::NeedsWholeRow)));
+}
