@@ -56,7 +56,7 @@ use crate::backend::{Batch, DeviceBackend};
 use crate::embed::Pooling;
 use crate::generate::{FinishReason, GeneratedToken};
 use crate::model::{Context, Model, ModelError};
-use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
+use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams, TopRows};
 use crate::speculative::{DraftParams, Drafter, Lookup, MAX_DRAFT};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
@@ -356,6 +356,9 @@ struct Shared {
     /// Default draft sizes, when the engine speculates.
     spec: Option<DraftParams>,
     n_embd: usize,
+    /// Sample from top-k selections made where the logits are
+    /// ([`DeviceBackend::selects_top_k`]) when the samplers can.
+    select_top: bool,
     queue: Mutex<QueueState>,
     wake: Condvar,
     stats: SchedulerStats,
@@ -394,6 +397,29 @@ impl Scheduler {
         cfg: SchedulerConfig,
         spec: Option<SpecConfig<B>>,
     ) -> Result<(Scheduler, JoinHandle<()>), SchedulerError> {
+        let select_top = model.backend().selects_top_k();
+        Scheduler::launch(model, tokenizer, cfg, spec, select_top)
+    }
+
+    /// As [`Scheduler::start`], sampling from top-k selections wherever the
+    /// samplers can, whatever the backend (the tests' way onto the path a
+    /// GPU takes, with the host's selection).
+    #[cfg(test)]
+    fn start_selecting_top_k<B: DeviceBackend + 'static>(
+        model: Model<B>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+    ) -> Result<(Scheduler, JoinHandle<()>), SchedulerError> {
+        Scheduler::launch(model, tokenizer, cfg, None, true)
+    }
+
+    fn launch<B: DeviceBackend + 'static>(
+        model: Model<B>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+        spec: Option<SpecConfig<B>>,
+        select_top: bool,
+    ) -> Result<(Scheduler, JoinHandle<()>), SchedulerError> {
         if let Some(p) = spec.as_ref().map(|s| s.params).filter(|p| !p.is_valid()) {
             return Err(SchedulerError::Config(SubmitError::Draft { max: p.max, min: p.min }.to_string()));
         }
@@ -430,6 +456,7 @@ impl Scheduler {
             n_vocab: model.n_vocab(),
             spec: spec.as_ref().map(|s| s.params),
             n_embd: model.config().n_embd,
+            select_top,
             queue: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 draining: false,
@@ -613,11 +640,18 @@ enum Outcome {
 struct SampleJob<'s, 't> {
     slot_index: usize,
     slot: &'s mut Slot<'t>,
-    logits: &'s mut [f32],
+    rows: JobRows<'s>,
     /// The drafts verified after the pending token.
     drafts: &'s [u32],
     outcomes: Vec<Outcome>,
     accepted: usize,
+}
+
+/// A [`SampleJob`]'s rows: whole logits rows, or those rows' top-k
+/// selections (`count` rows of `top` from row `first`).
+enum JobRows<'s> {
+    Logits(&'s mut [f32]),
+    Top { top: &'s TopRows, first: usize, count: usize },
 }
 
 struct Slot<'t> {
@@ -922,10 +956,16 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         stats
             .batch_tokens
             .fetch_add((batch.len() + ebatch.len()) as u64, Ordering::Relaxed);
+        // A device that selects the samplers' candidates where the logits
+        // are sends back those instead of the rows, when every row's
+        // sampler can take them (`Sampler::needs_top`).
+        let top_k = self.top_k_for(&owners);
+        let mut top = TopRows::default();
         let t_forward = Instant::now();
-        let forward = match batch.is_empty() {
-            true => Ok(Vec::new()),
-            false => self.model.forward(&mut self.ctx, &batch),
+        let forward = match (batch.is_empty(), top_k) {
+            (true, _) => Ok(Vec::new()),
+            (false, Some(k)) => self.model.forward_top_k(&mut self.ctx, &batch, k, &mut top).map(|()| Vec::new()),
+            (false, None) => self.model.forward(&mut self.ctx, &batch),
         };
         let logits = match forward {
             Ok(l) => l,
@@ -993,15 +1033,23 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         let mut by_slot: Vec<Option<&mut Slot<'_>>> = self.slots.iter_mut().map(Some).collect();
         let mut rest: &mut [f32] = &mut logits;
         let mut work: Vec<Mutex<SampleJob<'_, '_>>> = Vec::with_capacity(owners.len());
+        let mut first = 0;
         for owner in &owners {
-            let take = (owner.rows * n_vocab).min(rest.len());
-            let (l, r) = std::mem::take(&mut rest).split_at_mut(take);
-            rest = r;
+            let rows = match top_k {
+                Some(_) => JobRows::Top { top: &top, first, count: owner.rows.min(top.rows().saturating_sub(first)) },
+                None => {
+                    let take = (owner.rows * n_vocab).min(rest.len());
+                    let (l, r) = std::mem::take(&mut rest).split_at_mut(take);
+                    rest = r;
+                    JobRows::Logits(l)
+                }
+            };
+            first += owner.rows;
             if let Some(slot) = by_slot.get_mut(owner.slot).and_then(Option::take) {
                 work.push(Mutex::new(SampleJob {
                     slot_index: owner.slot,
                     slot,
-                    logits: l,
+                    rows,
                     drafts: &drafts[owner.slot][..owner.rows - 1],
                     outcomes: Vec::new(),
                     accepted: 0,
@@ -1010,21 +1058,33 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         }
         let task = |k: usize| {
             let mut job = work[k].lock().unwrap_or_else(|e| e.into_inner());
-            let SampleJob { slot, logits, drafts, outcomes, accepted, .. } = &mut *job;
+            let SampleJob { slot, rows, drafts, outcomes, accepted, .. } = &mut *job;
             // The history before the pending token's successor: the rows
             // sample at base, base + 1, ... (each seeing its own history).
             let base = slot.history.len() - drafts.len();
             let Some(seq) = slot.seq.as_mut() else { return };
-            for (r, row) in logits.chunks_exact_mut(n_vocab).enumerate() {
+            let n_rows = match rows {
+                JobRows::Logits(l) => l.len() / n_vocab,
+                JobRows::Top { count, .. } => *count,
+            };
+            for r in 0..n_rows {
                 let len = base + r;
                 if len >= n_ctx {
                     outcomes.push(Outcome::Full); // the context is full
                     break;
                 }
-                if let Some(c) = seq.req.constraint.as_mut() {
-                    c.mask(row);
-                }
-                match seq.sampler.sample(row, &slot.history[..len]) {
+                let sampled = match rows {
+                    JobRows::Logits(l) => {
+                        let row = &mut l[r * n_vocab..(r + 1) * n_vocab];
+                        if let Some(c) = seq.req.constraint.as_mut() {
+                            c.mask(row);
+                        }
+                        seq.sampler.sample(row, &slot.history[..len])
+                    }
+                    // (no constraint: `top_k_for` took the whole rows for one)
+                    JobRows::Top { top, first, .. } => seq.sampler.sample_top(top.row(*first + r)),
+                };
+                match sampled {
                     Err(e) => {
                         outcomes.push(Outcome::Failed(e));
                         break;
@@ -1082,6 +1142,25 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         stats.forward_ns.fetch_add(forward_ns, Ordering::Release);
         stats.sample_ns.fetch_add(sample_ns, Ordering::Release);
         self.read_memory();
+    }
+
+    /// The candidates a row this step's top-k selection keeps, when the
+    /// backend selects on the device and every sampler with rows this step
+    /// can sample from a selection (no constraint, no bias or penalties,
+    /// top-k on); `None`: the whole rows.
+    fn top_k_for(&self, owners: &[RowOwner]) -> Option<usize> {
+        if owners.is_empty() || !self.shared.select_top || self.model.n_logits() != self.model.n_vocab() {
+            return None;
+        }
+        let mut k = 0;
+        for o in owners {
+            let seq = self.slots.get(o.slot)?.seq.as_ref()?;
+            if seq.req.constraint.is_some() {
+                return None;
+            }
+            k = k.max(seq.sampler.needs_top()?);
+        }
+        Some(k)
     }
 
     /// The device's memory into the stats, at most once a second (a driver
@@ -1691,6 +1770,63 @@ mod tests {
         );
         sched.shutdown();
         engine.join().unwrap();
+    }
+
+    /// What a GPU's engine does — sampling from top-k selections of the
+    /// rows instead of the rows — gives every request the tokens and
+    /// log-probabilities the whole rows give, seeded sampling and greedy
+    /// alike, and a request that needs whole rows (penalties) in the same
+    /// passes still gets them.
+    #[test]
+    fn sampling_from_top_k_selections_generates_what_whole_rows_generate() {
+        let cfg = SchedulerConfig { n_slots: 3, n_ctx: 64, n_batch: 5, queue_capacity: 8 };
+        let sampling = |i: usize| match i {
+            0 => SamplingParams::greedy(),
+            1 => SamplingParams { repeat_penalty: 1.3, seed: Some(5), ..SamplingParams::default() },
+            _ => SamplingParams { temperature: 1.5, top_k: 30, top_p: 0.9, top_logprobs: 3, seed: Some(i as u64), ..SamplingParams::default() },
+        };
+        let run = |select: bool| {
+            let (model, tok) = tiny("select");
+            let (sched, engine) = match select {
+                true => Scheduler::start_selecting_top_k(model, tok, cfg).unwrap(),
+                false => Scheduler::start(model, tok, cfg).unwrap(),
+            };
+            let mut rxs = Vec::new();
+            let reqs: Vec<SeqRequest> = prompts()
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let (mut r, rx, _) = request(p, 10);
+                    r.sampling = sampling(i);
+                    rxs.push(rx);
+                    r
+                })
+                .collect();
+            sched.submit_all(reqs).unwrap();
+            let got: Vec<Vec<Sampled>> = rxs
+                .iter()
+                .map(|rx| {
+                    let mut toks = Vec::new();
+                    loop {
+                        match rx.recv_timeout(Duration::from_secs(60)).expect("the sequence never ended") {
+                            SeqEvent::Token(t) => toks.push(t.sampled),
+                            SeqEvent::Done(_) => break toks,
+                            SeqEvent::Failed(e) => panic!("failed: {e}"),
+                            _ => {}
+                        }
+                    }
+                })
+                .collect();
+            sched.shutdown();
+            engine.join().unwrap();
+            got
+        };
+        let (whole, selected) = (run(false), run(true));
+        for (i, (w, s)) in whole.iter().zip(&selected).enumerate() {
+            assert_eq!(w.len(), 10, "sequence {i}");
+            assert_eq!(s, w, "sequence {i}: tokens and log-probabilities");
+        }
+        assert!(selected[2].iter().all(|t| t.top.len() == 3), "top_logprobs come from the selection");
     }
 
     #[test]

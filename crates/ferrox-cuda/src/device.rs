@@ -269,6 +269,7 @@ struct Fns {
     rms_norm: CudaFunction,
     add_rms_norm: CudaFunction,
     argmax_rows: CudaFunction,
+    top_k_rows: CudaFunction,
     matvec_f16_stream: CudaFunction,
     matvec_f16_glu_stream: CudaFunction,
     matvec_f16_norm_stream: CudaFunction,
@@ -303,6 +304,9 @@ struct Scratch {
     ids: Option<CudaSlice<u32>>,
     amax_keys: Option<CudaSlice<u8>>,
     amax_cnt: Option<CudaSlice<u8>>,
+    /// `top_k_rows`: its ids, values and per-row words, in one buffer
+    /// read back at once.
+    topk: Option<CudaSlice<u8>>,
     /// The page-locked buffer read-backs land in (`read`, the argmax ids)
     /// and the events of a chunked read's two halves.
     host: Option<Pinned>,
@@ -829,6 +833,7 @@ impl Device {
             rms_norm: f("rms_norm")?,
             add_rms_norm: f("add_rms_norm")?,
             argmax_rows: f("argmax_rows")?,
+            top_k_rows: f("top_k_rows")?,
             matvec_f16_stream: f("matvec_f16_stream")?,
             matvec_f16_glu_stream: f("matvec_f16_glu_stream")?,
             matvec_f16_norm_stream: f("matvec_f16_norm_stream")?,
@@ -2273,6 +2278,39 @@ impl Device {
         self.read_pinned(&mut sc.host, ids0, out)
     }
 
+    /// What a top-k sampler needs of each `width`-wide row of `x` (logits),
+    /// read back in one copy into `out` (`rows * (2 k + 4)` words): the
+    /// ids of each row's best `k` finite canonical logits (NaN as -inf,
+    /// +inf as `f32::MAX`, -0 as +0; by logit, then lower id; any order)
+    /// as `rows x k`, their values' bits as `rows x k`, then per row four
+    /// words: how many it kept (`k`, or fewer finite), its largest
+    /// canonical logit and its log-sum-exp as bits, and 0.
+    pub fn top_k_rows(&self, x: &Buf, width: usize, k: usize, out: &mut [u32]) -> Result<(), CudaError> {
+        let per_row = 2 * k + 4;
+        if width == 0 || k == 0 || !out.len().is_multiple_of(per_row) || x.len != width * (out.len() / per_row) {
+            return Err(shape(
+                "top_k_rows",
+                format!("{} words of top-{k} rows of {width} from {} floats", out.len(), x.len),
+            ));
+        }
+        let rows = out.len() / per_row;
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut guard = self.scratch_guard("top_k_rows")?;
+        let sc = &mut *guard;
+        grow_retiring(&self.stream, &mut sc.topk, &mut sc.retired, 4 * out.len(), "top-k rows")?;
+        let Some(buf) = &sc.topk else {
+            return Err(shape("top_k_rows", "scratch not allocated".into()));
+        };
+        let b0 = self.ptr(buf);
+        let (ids, vals, stats) = (b0, b0 + 4 * (rows * k) as u64, b0 + 8 * (rows * k) as u64);
+        let cfg = LaunchConfig { grid_dim: (int("top_k_rows", rows)? as u32, 1, 1), block_dim: (TOPK_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (x0, w, kk) = (self.ptr(&x.s), int("top_k_rows", width)?, int("top_k_rows", k)?);
+        self.launch(&self.fns.top_k_rows, cfg, "top_k_rows", &[&x0, &w, &kk, &ids, &vals, &stats])?;
+        self.read_pinned(&mut sc.host, b0, out)
+    }
+
     /// RoPE on `x` (`[pos.len(), n_heads * head_dim]`) in place.
     pub fn rope(
         &self,
@@ -3186,6 +3224,9 @@ fn glu_shape(x: &Buf, h: &Buf, n: usize, rows: usize, cols: usize) -> Result<(),
 
 /// The pieces a read-back is copied out in (`Device::read`).
 const READ_CHUNK: usize = 256 << 10;
+
+/// Threads of a `top_k_rows` block (`TOPK_THREADS` in kernels.cu).
+const TOPK_THREADS: u32 = 512;
 
 /// Elements of a row one `argmax_rows` block reduces (`ARGMAX_SPAN` in
 /// kernels.cu), and the most rows one launch takes (the grid's y limit).

@@ -1663,6 +1663,143 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* x, in
     }
 }
 
+// ---- a top-k sampler's share of a logits row, on the device: the row's
+// largest canonical logit (NaN as -inf, +inf as FLT_MAX, -0 as +0), its
+// log-sum-exp, and its best k finite logits (by logit, then lower id), so
+// k values a row cross the bus instead of the vocabulary. The host twin is
+// ferrox-core's `TopRows::select`. A block a row; the k-th best key by a
+// radix select (four passes of 8 bits over an order-preserving u32 key of
+// the float), then one ordered pass that keeps every key above it and the
+// lowest ids of those equal to it.
+
+#define TOPK_THREADS 512
+
+__device__ __forceinline__ float topk_canon(float v) {
+    if (v != v) return -INF_F;
+    if (v == INF_F) return 3.402823466e38f;
+    return v + 0.0f;
+}
+
+// Larger float, larger key (-inf is never keyed: it is never a candidate).
+__device__ __forceinline__ u32 topk_key(float v) {
+    u32 u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+template <class T, class Op>
+__device__ __forceinline__ T topk_reduce(T v, T* red, Op op) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < TOPK_THREADS / 32; w++) v = op(v, red[w]);
+    return v;
+}
+
+// x: rows x width; ids, vals: rows x k; stats: rows x 4 words (the
+// candidates kept, max and log-sum-exp as float bits, unused).
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) top_k_rows(const float* x, int width, int k, u32* ids,
+                                                                      float* vals, u32* stats) {
+    PDL_ENTER();
+    __shared__ u32 hist[256];
+    __shared__ float redf[TOPK_THREADS / 32];
+    __shared__ u32 redu[TOPK_THREADS / 32];
+    __shared__ u32 s_pick[2];
+    __shared__ u32 s_gt, s_eq;
+    const float* r = x + (size_t)blockIdx.x * width;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float m = -INF_F;
+    u32 fin = 0;
+    for (int i = tid; i < width; i += TOPK_THREADS) {
+        float v = topk_canon(__ldcg(r + i));
+        m = fmaxf(m, v);
+        fin += v != -INF_F;
+    }
+    m = topk_reduce(m, redf, [](float a, float b) { return fmaxf(a, b); });
+    fin = topk_reduce(fin, redu, [](u32 a, u32 b) { return a + b; });
+    float sum = 0.0f;
+    if (m != -INF_F)
+        for (int i = tid; i < width; i += TOPK_THREADS) sum += expf(topk_canon(__ldcg(r + i)) - m);
+    sum = topk_reduce(sum, redf, [](float a, float b) { return a + b; });
+    float lse = m == -INF_F ? -INF_F : m + logf(sum);
+    u32 kk = min((u32)k, fin);
+    // The kk-th best key, a byte at a time from the top: `prefix` the bytes
+    // found, `rem` how many keys equal to it so far are still to be taken.
+    u32 prefix = 0u, mask = 0u, rem = kk;
+    for (int shift = 24; shift >= 0 && kk > 0; shift -= 8) {
+        for (int b = tid; b < 256; b += TOPK_THREADS) hist[b] = 0u;
+        __syncthreads();
+        for (int base = 0; base < width; base += TOPK_THREADS) {
+            int i = base + tid;
+            float v = i < width ? topk_canon(__ldcg(r + i)) : -INF_F;
+            u32 key = topk_key(v);
+            bool in = v != -INF_F && (key & mask) == prefix;
+            u32 bin = in ? (key >> shift) & 255u : 256u;
+            // One shared atomic per distinct byte a warp holds: the top
+            // bytes of a row's keys are nearly all the same.
+            u32 peers = __match_any_sync(0xffffffffu, bin);
+            if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int b = 255;
+            for (; b > 0 && hist[b] < rem; b--) rem -= hist[b];
+            s_pick[0] = prefix | ((u32)b << shift);
+            s_pick[1] = rem;
+        }
+        __syncthreads();
+        prefix = s_pick[0];
+        rem = s_pick[1];
+        mask |= 255u << shift;
+    }
+    // Keys above the kk-th: all kept, in any order, first; keys equal to it:
+    // the `rem` lowest ids after them.
+    u32 gt_total = kk - rem;
+    if (tid == 0) s_gt = s_eq = 0u;
+    __syncthreads();
+    u32* out_ids = ids + (size_t)blockIdx.x * k;
+    float* out_vals = vals + (size_t)blockIdx.x * k;
+    for (int base = 0; base < width && kk > 0; base += TOPK_THREADS) {
+        int i = base + tid;
+        float v = i < width ? topk_canon(__ldcg(r + i)) : -INF_F;
+        u32 key = topk_key(v);
+        bool fin_v = v != -INF_F;
+        if (fin_v && key > prefix) {
+            u32 at = atomicAdd(&s_gt, 1u);
+            out_ids[at] = (u32)i;
+            out_vals[at] = v;
+        }
+        bool eq = fin_v && key == prefix;
+        u32 ballot = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0) redu[warp] = __popc(ballot);
+        __syncthreads();
+        u32 before = s_eq;
+        for (int w = 0; w < warp; w++) before += redu[w];
+        before += __popc(ballot & ((1u << lane) - 1u));
+        if (eq && before < rem) {
+            out_ids[gt_total + before] = (u32)i;
+            out_vals[gt_total + before] = v;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            u32 t = 0u;
+            for (int w = 0; w < TOPK_THREADS / 32; w++) t += redu[w];
+            s_eq += t;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        u32* st = stats + (size_t)blockIdx.x * 4;
+        st[0] = kk;
+        st[1] = __float_as_uint(m);
+        st[2] = __float_as_uint(lse);
+        st[3] = 0u;
+    }
+}
+
 // ---- element-wise and row operations on f32 activations.
 
 extern "C" __global__ void f32_to_f16(const float* x, u16* y, long long n) { PDL_ENTER();

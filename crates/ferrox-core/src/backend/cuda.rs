@@ -624,6 +624,35 @@ mod dispatch {
             self.dev.argmax_rows(x, width, out).map_err(be)
         }
 
+        fn top_k_rows(
+            &self,
+            x: &Buf,
+            width: usize,
+            rows: usize,
+            k: usize,
+            out: &mut crate::sampling::TopRows,
+        ) -> Result<(), BackendError> {
+            let mut words = vec![0u32; rows * (2 * k + 4)];
+            self.dev.top_k_rows(x, width, k, &mut words).map_err(be)?;
+            out.reset(rows, k);
+            let (ids, rest) = words.split_at(rows * k);
+            let (vals, stats) = rest.split_at(rows * k);
+            out.ids.copy_from_slice(ids);
+            for (o, &v) in out.logits.iter_mut().zip(vals) {
+                *o = f32::from_bits(v);
+            }
+            for (r, st) in stats.chunks_exact(4).enumerate() {
+                out.counts[r] = st[0].min(k as u32);
+                out.max[r] = f32::from_bits(st[1]);
+                out.lse[r] = f32::from_bits(st[2]);
+            }
+            Ok(())
+        }
+
+        fn selects_top_k(&self) -> bool {
+            true
+        }
+
         /// Records `f` as a CUDA graph the first time `key` comes with
         /// `may_record`, and replays it after. A capture that fails turns
         /// recording off for this backend and runs `f` directly.
@@ -1150,6 +1179,55 @@ mod tests {
         let mut got = vec![u32::MAX; 2];
         c.argmax_rows(&c.device().upload_f32(&x).unwrap(), width, &mut got).unwrap();
         assert_eq!(got, want, "minus infinity, NaN and signed zeros");
+    }
+
+    #[test]
+    fn top_k_on_the_device_matches_the_host_selection() {
+        use crate::sampling::TopRows;
+        let Some(c) = gpu("CUDA top_k_rows vs the host's TopRows::select (ties at the cut, NaN, infinities, -0, vocabulary rows)")
+        else {
+            return;
+        };
+        let mut r = rng();
+        // Logits on a coarse grid, so many tie at the k-th (ids decide),
+        // with the values a selection must canonicalize or leave out.
+        let awkward = |r: &mut SplitMix64, n: usize| -> Vec<f32> {
+            let mut v: Vec<f32> = rand_vec(r, n, 4.0).iter().map(|x| (x * 2.0).round() * 0.5).collect();
+            v[n / 3] = f32::NAN;
+            v[n / 4] = f32::NEG_INFINITY;
+            v[n / 5] = -0.0;
+            v[n / 7] = f32::INFINITY;
+            v
+        };
+        let sorted = |t: &TopRows, row: usize| {
+            let w = t.row(row);
+            let mut e: Vec<(u32, u32)> = w.ids.iter().zip(w.logits).map(|(&i, &l)| (i, l.to_bits())).collect();
+            e.sort_unstable();
+            e
+        };
+        for (rows, width, k) in [(3usize, 128_256usize, 40usize), (64, 128_256, 256), (5, 1000, 1), (2, 7, 40), (4, 3000, 64)] {
+            let mut x: Vec<f32> = (0..rows).flat_map(|_| awkward(&mut r, width)).collect();
+            // A row with nothing finite, and one with fewer finite than k.
+            if rows > 2 {
+                x[width..2 * width].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { f32::NAN } else { f32::NEG_INFINITY });
+                x[2 * width..3 * width].iter_mut().skip(3).for_each(|v| *v = f32::NEG_INFINITY);
+            }
+            let mut want = TopRows::default();
+            want.select(&x, width, k);
+            let d = c.device().upload_f32(&x).unwrap();
+            let mut got = TopRows::default();
+            c.top_k_rows(&d, width, rows, k, &mut got).unwrap();
+            for row in 0..rows {
+                let at = format!("{rows} rows of {width}, k {k}, row {row}");
+                assert_eq!(got.counts[row], want.counts[row], "{at}: candidates kept");
+                assert_eq!(sorted(&got, row), sorted(&want, row), "{at}: the candidates");
+                assert_eq!(got.max[row].to_bits(), want.max[row].to_bits(), "{at}: max");
+                let (g, w) = (got.lse[row], want.lse[row]);
+                assert!(g == w || (g - w).abs() <= 1e-5 * w.abs().max(1.0), "{at}: log-sum-exp {g} vs {w}");
+            }
+        }
+        let d = c.device().upload_f32(&[0.0; 10]).unwrap();
+        assert!(c.top_k_rows(&d, 3, 3, 4, &mut TopRows::default()).is_err(), "rows that do not fill the buffer must be an error");
     }
 
     #[test]

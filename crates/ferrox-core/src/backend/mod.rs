@@ -813,6 +813,34 @@ pub trait DeviceBackend: Send + Sync {
         Ok(())
     }
 
+    /// What a top-k sampler needs of each of the `rows` `width`-wide rows
+    /// of `x` (logits), `k` candidates a row, into `out`
+    /// ([`crate::sampling::TopRows`]). The default reads the rows back and
+    /// selects on the host ([`crate::sampling::TopRows::select`], the
+    /// reference); a device backend overrides it so only the selection
+    /// crosses the bus, and says so in [`DeviceBackend::selects_top_k`].
+    fn top_k_rows(
+        &self,
+        x: &Self::Buf,
+        width: usize,
+        rows: usize,
+        k: usize,
+        out: &mut crate::sampling::TopRows,
+    ) -> Result<(), BackendError> {
+        let mut host = vec![0.0f32; width * rows];
+        self.read(x, &mut host)?;
+        out.select(&host, width, k);
+        Ok(())
+    }
+
+    /// Whether [`DeviceBackend::top_k_rows`] runs where the logits are, so a
+    /// batch whose samplers can take a selection should ask for one rather
+    /// than for the rows (a GPU, whose rows would cross a bus). The default:
+    /// no.
+    fn selects_top_k(&self) -> bool {
+        false
+    }
+
     /// Enqueues a forward pass's ops by calling `f`, or replays a recording
     /// of them. A backend that records (CUDA graphs) records `f` the first
     /// time it sees `key` with `may_record` set, then replays that recording

@@ -753,6 +753,28 @@ impl<B: DeviceBackend> Model<B> {
         Ok(())
     }
 
+    /// As [`Model::forward`], but returns what a top-k sampler needs of each
+    /// flagged token's logits ([`crate::sampling::TopRows`], `k` candidates
+    /// a row) instead of the rows: on a device that selects
+    /// ([`DeviceBackend::selects_top_k`]), a few hundred bytes a row cross
+    /// the bus instead of the vocabulary.
+    pub fn forward_top_k(
+        &self,
+        ctx: &mut Context<B>,
+        batch: &Batch,
+        k: usize,
+        out: &mut crate::sampling::TopRows,
+    ) -> Result<(), ModelError> {
+        let rows = self.forward_with(ctx, batch, true, |be, logits, rows| {
+            be.top_k_rows(logits, self.n_logits(), rows, k, out)?;
+            Ok(rows)
+        })?;
+        if rows.is_none() {
+            out.reset(0, k);
+        }
+        Ok(())
+    }
+
     /// As [`Model::forward`], but returns only the greedy choice (the argmax
     /// of the logits, ties to the lowest id) of each flagged token: on a
     /// device backend the logits never leave the device.
