@@ -127,7 +127,11 @@
 //!
 //! **Read-backs.** `argmax_rows` is greedy decode's only read-back
 //! (2048-wide slices of a row a block, the last block of a row merging their
-//! u64 keys). Read-backs ([`Device::read`], the argmax ids) land in one
+//! u64 keys). A server's sampled steps read back `top_k_rows` (a block a
+//! row: max, log-sum-exp, and the best k finite logits by a radix select
+//! over an order-preserving u32 key, ties to lower ids; ferrox-core's
+//! `TopRows::select` is its host twin) instead of the rows.
+//! Read-backs ([`Device::read`], the argmax ids, the selections) land in one
 //! page-locked buffer, a long one in pipelined 256 KiB pieces (a pageable
 //! destination costs the step ~4% at 1b F16).
 //!
