@@ -80,10 +80,9 @@ if [ "${SERVE_TRACE:-0}" = 1 ]; then
   timeout 240 python3 $D/load_completions.py http://127.0.0.1:8419 ${SERVE_TRACE_CLIENTS:-64} 128 2 2>&1 | tail -1
   curl -s http://127.0.0.1:8419/metrics | grep -E "^ferrox_(engine|batch|steps)" >>/tmp/logs/serve-trace.log
   kill -TERM $pid; wait $pid
-  # A step from one output norm (`rms_norm`, once a step) to the next: the head, the host's
-  # gap, then the next step's layers (the embedding's get_rows shares its name with the
-  # dequantize kernels of larger steps).
-  { echo "== serve, ${SERVE_TRACE_CLIENTS:-64} clients"; python3 tools/cuda/trace.py /tmp/logs/serve-trace.txt --start rms_norm --positions 0 --skip 20;
+  # Steps cut where the GPU waited over 250 us (a server's steps differ in size and share
+  # their first kernel's name with other kernels): each size's span and the wait after it.
+  { echo "== serve, ${SERVE_TRACE_CLIENTS:-64} clients"; python3 tools/cuda/trace.py /tmp/logs/serve-trace.txt --gap 250 --positions 0;
     grep -E "^ferrox_" /tmp/logs/serve-trace.log; } >"$OUT/trace-serve.txt" 2>&1
   gzip -c /tmp/logs/serve-trace.txt >"$OUT/serve-trace.txt.gz"; rm -f /tmp/logs/serve-trace.txt
   cat "$OUT/trace-serve.txt"

@@ -20,6 +20,14 @@ DEFINE_KIND: the embedding's get_rows opens a decode step); the first --skip
 steps (default 2) are warm-up. Prints, per kernel name, calls a step, mean
 exposed and early us, and its share of the step; then the first --positions
 kernels of a step one by one (Q/K/V, O, gate/up and down share a name).
+
+A server's steps differ in size, and their first kernel is no mark: with
+--gap US, runs of kernels are cut where the GPU waited over US between two
+releases (the host's share: read-back, sampling, the next batch). Each size
+of run (kernels in it) is listed with its count, median span and the median
+wait after it; the per-kernel table is then over the runs of the size that
+takes the most time (a server's full steps), the wait after each counted in
+its last kernel.
 """
 import argparse
 import collections
@@ -32,6 +40,8 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--start", default="DEFINE_KIND")
     ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="cut steps where the GPU idled over this many us (a server's steps)")
     ap.add_argument("--positions", type=int, default=12,
                     help="also list the first N kernels of a step by position (one matrix each)")
     a = ap.parse_args()
@@ -43,8 +53,11 @@ def main():
     recs.sort()
     if len(recs) < 2:
         sys.exit("fewer than two trace records")
-    starts = [i for i, r in enumerate(recs) if r[3].startswith(a.start)]
-    steps = list(zip(starts, starts[1:]))[a.skip:]
+    if a.gap > 0:
+        steps = runs_between_gaps(recs, a.gap)
+    else:
+        starts = [i for i, r in enumerate(recs) if r[3].startswith(a.start)]
+        steps = list(zip(starts, starts[1:]))[a.skip:]
     if not steps:
         sys.exit(f"no whole step after {a.skip} warm-up ones ({len(starts)} starts named {a.start}*)")
     exposed = collections.defaultdict(list)
@@ -73,6 +86,31 @@ def main():
         ex = [(recs[s + p + 1][2] - recs[s + p][2]) / 1e3 for s, _ in steps]
         ea = [(recs[s + p][2] - recs[s + p][1]) / 1e3 for s, _ in steps]
         print(f"{p:>3} {recs[steps[0][0] + p][3][:34]:<34} exposed {statistics.median(ex):>8.2f} us  early {statistics.median(ea):>8.2f} us")
+
+
+def runs_between_gaps(recs, gap_us):
+    """Runs of kernels between waits over gap_us; prints each run size's count,
+    median span and median wait after; returns the runs of the most common
+    size as (first index, first index of the next run)."""
+    cuts = [i for i in range(1, len(recs)) if (recs[i][2] - recs[i - 1][2]) / 1e3 > gap_us]
+    runs = list(zip([0] + cuts, cuts))
+    if not runs:
+        sys.exit(f"no wait over {gap_us} us between two kernels")
+    sizes = collections.Counter(e - s for s, e in runs)
+    print(f"runs of kernels between waits over {gap_us:g} us:")
+    print(f"{'kernels':>8} {'runs':>6} {'span ms':>9} {'wait after ms':>14}  first kernel")
+    for size, count in sizes.most_common(8):
+        sel = [(s, e) for s, e in runs if e - s == size]
+        span = statistics.median((recs[e - 1][2] - recs[s][2]) / 1e6 for s, e in sel)
+        wait = statistics.median((recs[e][2] - recs[e - 1][2]) / 1e6 for s, e in sel)
+        print(f"{size:>8} {count:>6} {span:>9.2f} {wait:>14.2f}  {recs[sel[0][0]][3][:40]}")
+    # The size the GPU spends the most time in (a server's full steps).
+    total = collections.Counter()
+    for s, e in runs:
+        total[e - s] += recs[e][2] - recs[s][2]
+    common = total.most_common(1)[0][0]
+    print(f"\nthe {sizes[common]} runs of {common} kernels (the most GPU time):")
+    return [(s, e) for s, e in runs if e - s == common]
 
 
 if __name__ == "__main__":
