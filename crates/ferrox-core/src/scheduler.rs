@@ -957,14 +957,28 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
             .batch_tokens
             .fetch_add((batch.len() + ebatch.len()) as u64, Ordering::Relaxed);
         // A device that selects the samplers' candidates where the logits
-        // are sends back those instead of the rows, when every row's
-        // sampler can take them (`Sampler::needs_top`).
+        // are sends back those instead of the rows for the sequences whose
+        // samplers can take them (`Sampler::needs_top`), and the others'
+        // rows whole (packed in owner order, as `forward` would give them).
         let top_k = self.top_k_for(&owners);
         let mut top = TopRows::default();
+        let mut whole: Vec<usize> = Vec::new();
+        if let Some((_, takes)) = &top_k {
+            let mut first = 0;
+            for (o, &t) in owners.iter().zip(takes) {
+                if !t {
+                    whole.extend(first..first + o.rows);
+                }
+                first += o.rows;
+            }
+        }
         let t_forward = Instant::now();
-        let forward = match (batch.is_empty(), top_k) {
+        let forward = match (batch.is_empty(), &top_k) {
             (true, _) => Ok(Vec::new()),
-            (false, Some(k)) => self.model.forward_top_k(&mut self.ctx, &batch, k, &mut top).map(|()| Vec::new()),
+            (false, Some((k, _))) => {
+                let mut rows = Vec::new();
+                self.model.forward_top_k(&mut self.ctx, &batch, *k, &mut top, &whole, &mut rows).map(|()| rows)
+            }
             (false, None) => self.model.forward(&mut self.ctx, &batch),
         };
         let logits = match forward {
@@ -1034,10 +1048,11 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         let mut rest: &mut [f32] = &mut logits;
         let mut work: Vec<Mutex<SampleJob<'_, '_>>> = Vec::with_capacity(owners.len());
         let mut first = 0;
-        for owner in &owners {
-            let rows = match top_k {
-                Some(_) => JobRows::Top { top: &top, first, count: owner.rows.min(top.rows().saturating_sub(first)) },
-                None => {
+        for (i, owner) in owners.iter().enumerate() {
+            let selected = top_k.as_ref().is_some_and(|(_, takes)| takes[i]);
+            let rows = match selected {
+                true => JobRows::Top { top: &top, first, count: owner.rows.min(top.rows().saturating_sub(first)) },
+                false => {
                     let take = (owner.rows * n_vocab).min(rest.len());
                     let (l, r) = std::mem::take(&mut rest).split_at_mut(take);
                     rest = r;
@@ -1081,7 +1096,7 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                         }
                         seq.sampler.sample(row, &slot.history[..len])
                     }
-                    // (no constraint: `top_k_for` took the whole rows for one)
+                    // (no constraint: `top_k_for` gives such a sequence whole rows)
                     JobRows::Top { top, first, .. } => seq.sampler.sample_top(top.row(*first + r)),
                 };
                 match sampled {
@@ -1144,23 +1159,27 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
         self.read_memory();
     }
 
-    /// The candidates a row this step's top-k selection keeps, when the
-    /// backend selects on the device and every sampler with rows this step
-    /// can sample from a selection (no constraint, no bias or penalties,
-    /// top-k on); `None`: the whole rows.
-    fn top_k_for(&self, owners: &[RowOwner]) -> Option<usize> {
+    /// When the backend selects on the device and at least one sequence
+    /// with rows this step can sample from a selection (no constraint, no
+    /// bias or penalties, top-k on): the candidates a row the selection
+    /// keeps, and per owner whether it takes the selection (the others
+    /// get their rows whole). `None`: every row whole.
+    fn top_k_for(&self, owners: &[RowOwner]) -> Option<(usize, Vec<bool>)> {
         if owners.is_empty() || !self.shared.select_top || self.model.n_logits() != self.model.n_vocab() {
             return None;
         }
         let mut k = 0;
+        let mut takes = Vec::with_capacity(owners.len());
         for o in owners {
             let seq = self.slots.get(o.slot)?.seq.as_ref()?;
-            if seq.req.constraint.is_some() {
-                return None;
-            }
-            k = k.max(seq.sampler.needs_top()?);
+            let need = match seq.req.constraint {
+                Some(_) => None,
+                None => seq.sampler.needs_top(),
+            };
+            k = k.max(need.unwrap_or(0));
+            takes.push(need.is_some());
         }
-        Some(k)
+        (k > 0).then_some((k, takes))
     }
 
     /// The device's memory into the stats, at most once a second (a driver
@@ -1776,7 +1795,7 @@ mod tests {
     /// rows instead of the rows — gives every request the tokens and
     /// log-probabilities the whole rows give, seeded sampling and greedy
     /// alike, and a request that needs whole rows (penalties) in the same
-    /// passes still gets them.
+    /// passes gets them whole beside the others' selections.
     #[test]
     fn sampling_from_top_k_selections_generates_what_whole_rows_generate() {
         let cfg = SchedulerConfig { n_slots: 3, n_ctx: 64, n_batch: 5, queue_capacity: 8 };

@@ -2311,6 +2311,30 @@ impl Device {
         self.read_pinned(&mut sc.host, b0, out)
     }
 
+    /// Rows `rows` of `x` (rows of `width` floats), in that order, into
+    /// `out` (`rows.len() * width`): a copy a row into the page-locked
+    /// buffer, one wait (the rows of a step's sequences that need them
+    /// whole, beside the others' top-k selections).
+    pub fn read_rows(&self, x: &Buf, width: usize, rows: &[usize], out: &mut [f32]) -> Result<(), CudaError> {
+        let fits = |r: usize| r.checked_add(1).and_then(|e| e.checked_mul(width)).is_some_and(|e| e <= x.len);
+        if Some(out.len()) != rows.len().checked_mul(width) || !rows.iter().all(|&r| fits(r)) {
+            return Err(shape("read_rows", format!("{} rows of {width} into {} floats from {}", rows.len(), out.len(), x.len)));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.scratch_guard("read_rows")?;
+        let sc = &mut *guard;
+        let host = Pinned::at_least(&mut sc.host, &self.ctx, 4 * out.len())?;
+        let x0 = self.ptr(&x.s);
+        for (j, &r) in rows.iter().enumerate() {
+            host.copy_from::<f32>(4 * j * width, x0 + 4 * (r * width) as u64, width, &self.stream)?;
+        }
+        self.synchronize()?;
+        out.copy_from_slice(host.values(0, out.len()));
+        Ok(())
+    }
+
     /// RoPE on `x` (`[pos.len(), n_heads * head_dim]`) in place.
     pub fn rope(
         &self,

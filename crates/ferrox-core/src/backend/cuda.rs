@@ -649,6 +649,10 @@ mod dispatch {
             Ok(())
         }
 
+        fn read_rows(&self, x: &Buf, width: usize, rows: &[usize], out: &mut [f32]) -> Result<(), BackendError> {
+            self.dev.read_rows(x, width, rows, out).map_err(be)
+        }
+
         fn selects_top_k(&self) -> bool {
             true
         }
@@ -1228,6 +1232,14 @@ mod tests {
         }
         let d = c.device().upload_f32(&[0.0; 10]).unwrap();
         assert!(c.top_k_rows(&d, 3, 3, 4, &mut TopRows::default()).is_err(), "rows that do not fill the buffer must be an error");
+        // The rows a selection cannot serve come back whole, in the order asked.
+        let (width, x) = (1000, rand_vec(&mut r, 4000, 1.0));
+        let d = c.device().upload_f32(&x).unwrap();
+        let mut got = vec![f32::NAN; 3 * width];
+        c.read_rows(&d, width, &[3, 0, 2], &mut got).unwrap();
+        let want: Vec<f32> = [3, 0, 2].iter().flat_map(|&i| x[i * width..(i + 1) * width].iter().copied()).collect();
+        assert!(got == want, "read_rows gave other values");
+        assert!(c.read_rows(&d, width, &[4], &mut vec![0.0; width]).is_err(), "a row past the buffer must be an error");
     }
 
     #[test]

@@ -833,6 +833,25 @@ pub trait DeviceBackend: Send + Sync {
         Ok(())
     }
 
+    /// Rows `rows` of `x` (rows of `width` floats), in that order, into
+    /// `out` (`rows.len() * width`): the rows of a step's sequences that
+    /// need them whole, beside the others' top-k selections. The default
+    /// reads the buffer up to the last of them.
+    fn read_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut [f32]) -> Result<(), BackendError> {
+        let Some(&last) = rows.iter().max() else {
+            return Ok(());
+        };
+        if out.len() != rows.len() * width {
+            return Err(BackendError(format!("{} rows of {width} into {} floats", rows.len(), out.len())));
+        }
+        let mut host = vec![0.0f32; (last + 1) * width];
+        self.read(x, &mut host)?;
+        for (o, &r) in out.chunks_exact_mut(width.max(1)).zip(rows) {
+            o.copy_from_slice(&host[r * width..(r + 1) * width]);
+        }
+        Ok(())
+    }
+
     /// Whether [`DeviceBackend::top_k_rows`] runs where the logits are, so a
     /// batch whose samplers can take a selection should ask for one rather
     /// than for the rows (a GPU, whose rows would cross a bus). The default:

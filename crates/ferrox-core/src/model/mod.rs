@@ -757,20 +757,28 @@ impl<B: DeviceBackend> Model<B> {
     /// flagged token's logits ([`crate::sampling::TopRows`], `k` candidates
     /// a row) instead of the rows: on a device that selects
     /// ([`DeviceBackend::selects_top_k`]), a few hundred bytes a row cross
-    /// the bus instead of the vocabulary.
+    /// the bus instead of the vocabulary. The flagged rows listed in
+    /// `whole` (ascending or not) also come back whole into `whole_out`, in
+    /// that order: the rows of samplers a selection cannot serve.
     pub fn forward_top_k(
         &self,
         ctx: &mut Context<B>,
         batch: &Batch,
         k: usize,
         out: &mut crate::sampling::TopRows,
+        whole: &[usize],
+        whole_out: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
+        let n = self.n_logits();
         let rows = self.forward_with(ctx, batch, true, |be, logits, rows| {
-            be.top_k_rows(logits, self.n_logits(), rows, k, out)?;
+            be.top_k_rows(logits, n, rows, k, out)?;
+            whole_out.resize(whole.len() * n, 0.0);
+            be.read_rows(logits, n, whole, whole_out)?;
             Ok(rows)
         })?;
         if rows.is_none() {
             out.reset(0, k);
+            whole_out.clear();
         }
         Ok(())
     }
