@@ -317,6 +317,11 @@ pub struct SchedulerStats {
     pub draft_tokens: AtomicU64,
     /// Of those, tokens the target kept.
     pub draft_tokens_accepted: AtomicU64,
+    /// Logits rows sampled from a top-k selection made where the logits
+    /// are ([`DeviceBackend::selects_top_k`]).
+    pub rows_selected: AtomicU64,
+    /// Logits rows read back whole and sampled on the host.
+    pub rows_whole: AtomicU64,
 }
 
 /// Upper bounds (seconds) of the time-to-first-token histogram buckets.
@@ -972,6 +977,10 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 first += o.rows;
             }
         }
+        let n_rows: usize = owners.iter().map(|o| o.rows).sum();
+        let n_whole = if top_k.is_some() { whole.len() } else { n_rows };
+        stats.rows_selected.fetch_add((n_rows - n_whole) as u64, Ordering::Relaxed);
+        stats.rows_whole.fetch_add(n_whole as u64, Ordering::Relaxed);
         let t_forward = Instant::now();
         let forward = match (batch.is_empty(), &top_k) {
             (true, _) => Ok(Vec::new()),
@@ -1836,11 +1845,15 @@ mod tests {
                     }
                 })
                 .collect();
+            let rows = (sched.stats().rows_selected.load(Ordering::Relaxed), sched.stats().rows_whole.load(Ordering::Relaxed));
             sched.shutdown();
             engine.join().unwrap();
-            got
+            (got, rows)
         };
-        let (whole, selected) = (run(false), run(true));
+        let ((whole, rows_whole), (selected, rows_sel)) = (run(false), run(true));
+        assert_eq!(rows_whole.0, 0, "no selections where the backend does not select");
+        assert!(rows_sel.0 > 0 && rows_sel.1 > 0, "selected and whole rows side by side: {rows_sel:?}");
+        assert_eq!(rows_sel.0 + rows_sel.1, rows_whole.1, "every row sampled once, either way");
         for (i, (w, s)) in whole.iter().zip(&selected).enumerate() {
             assert_eq!(w.len(), 10, "sequence {i}");
             assert_eq!(s, w, "sequence {i}: tokens and log-probabilities");

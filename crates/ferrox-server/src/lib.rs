@@ -472,6 +472,18 @@ fn render_metrics(st: &AppState) -> String {
             0.0
         },
     );
+    metric(
+        "engine_rows_selected_total",
+        "counter",
+        "Logits rows sampled from a top-k selection made on the device (only the selection read back).",
+        l(&s.rows_selected) as f64,
+    );
+    metric(
+        "engine_rows_whole_total",
+        "counter",
+        "Logits rows read back whole and sampled on the host.",
+        l(&s.rows_whole) as f64,
+    );
     let (drafted, accepted) = (l(&s.draft_tokens), l(&s.draft_tokens_accepted));
     metric(
         "draft_tokens_total",

@@ -671,6 +671,9 @@ fn metrics_are_prometheus_text_with_the_engine_counters() {
     assert!(r
         .body
         .contains("\nferrox_time_to_first_token_seconds_count 1\n"));
+    // The CPU backend reads every logits row whole: one a generated token.
+    assert_eq!(value("ferrox_engine_rows_whole_total"), 5.0);
+    assert_eq!(value("ferrox_engine_rows_selected_total"), 0.0);
     // On the host there is no device memory to report (a CUDA backend's
     // gauges show in the device runs: scripts/cuda-serve.sh prints them
     // beside nvidia-smi's figure).
