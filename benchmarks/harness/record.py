@@ -56,7 +56,8 @@ def commit_fields():
         return out
     c = git("rev-parse", "--short", "HEAD") or "unknown"
     out = {"commit": c}
-    if git("status", "--porcelain", "--untracked-files=no"):
+    # (results files the run itself appends to do not make the tree differ)
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"):
         out["commit_note"] = "tracked files differed from the commit when measured"
     if c == "unknown":
         out["commit_note"] = "no git checkout where it ran"
