@@ -322,6 +322,10 @@ pub struct SchedulerStats {
     pub rows_selected: AtomicU64,
     /// Logits rows read back whole and sampled on the host.
     pub rows_whole: AtomicU64,
+    /// Gauge: positions the KV cache holds over every slot (running
+    /// sequences and the prefixes finished ones keep for reuse), set each
+    /// step before its replies go out.
+    pub kv_cache_tokens: AtomicU64,
 }
 
 /// Upper bounds (seconds) of the time-to-first-token histogram buckets.
@@ -1141,6 +1145,8 @@ impl<'a, B: DeviceBackend> Engine<'a, B> {
                 (job.slot_index, job.outcomes, job.drafts.len(), job.accepted)
             })
             .collect();
+        let held: usize = self.slots.iter().map(|s| s.history.len()).sum();
+        stats.kv_cache_tokens.store(held as u64, Ordering::Relaxed);
         for (i, outcomes, drafted, accepted) in results {
             if drafted > 0 {
                 stats.draft_tokens.fetch_add(drafted as u64, Ordering::Relaxed);

@@ -525,6 +525,20 @@ fn render_metrics(st: &AppState) -> String {
         "KV slots.",
         st.sched.config().n_slots as f64,
     );
+    let held = l(&s.kv_cache_tokens) as f64;
+    metric(
+        "kv_cache_tokens",
+        "gauge",
+        "Positions the KV cache holds over every slot (running sequences and kept prefixes).",
+        held,
+    );
+    let cfg = st.sched.config();
+    metric(
+        "kv_cache_usage_ratio",
+        "gauge",
+        "Of the KV cache's positions (slots x positions a slot), those held.",
+        held / (cfg.n_slots * cfg.n_ctx).max(1) as f64,
+    );
     // Only where the model runs on a device of its own (CUDA).
     let device_total = l(&s.device_memory_total);
     if device_total > 0 {

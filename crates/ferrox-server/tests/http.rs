@@ -624,10 +624,9 @@ fn a_client_that_disconnects_mid_stream_frees_its_slot() {
 #[test]
 fn metrics_are_prometheus_text_with_the_engine_counters() {
     let srv = TestServer::start(cfg(1, 4), None);
-    assert_eq!(
-        post(srv.addr, "/v1/chat/completions", &greedy_chat(5)).status,
-        200
-    );
+    let reply = post(srv.addr, "/v1/chat/completions", &greedy_chat(5));
+    assert_eq!(reply.status, 200);
+    let n_prompt = reply.json()["usage"]["prompt_tokens"].as_f64().unwrap();
     let r = get(srv.addr, "/metrics", &[]);
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").unwrap().starts_with("text/plain"));
@@ -671,6 +670,10 @@ fn metrics_are_prometheus_text_with_the_engine_counters() {
     assert!(r
         .body
         .contains("\nferrox_time_to_first_token_seconds_count 1\n"));
+    // The slot keeps the prompt and every generated token but the last
+    // (never evaluated), of one slot of 256 positions.
+    assert_eq!(value("ferrox_kv_cache_tokens"), n_prompt + 4.0);
+    assert_eq!(value("ferrox_kv_cache_usage_ratio"), (n_prompt + 4.0) / 256.0);
     // The CPU backend reads every logits row whole: one a generated token.
     assert_eq!(value("ferrox_engine_rows_whole_total"), 5.0);
     assert_eq!(value("ferrox_engine_rows_selected_total"), 0.0);
