@@ -73,7 +73,9 @@ def main():
             per_step[name] += 1
     n = len(steps)
     step = statistics.median(step_us)
-    print(f"{n} steps, median {step:.1f} us a step ({1e6 / step:.1f} t/s at this rate)")
+    # (a decode step is one token a sequence; a server's step is many)
+    rate = "" if a.gap > 0 else f" ({1e6 / step:.1f} t/s at this rate)"
+    print(f"{n} steps, median {step:.1f} us a step{rate}")
     print(f"{'kernel':<34} {'calls':>6} {'exposed us':>11} {'early us':>9} {'us/step':>9} {'share':>6}")
     rows = sorted(exposed, key=lambda k: -sum(exposed[k]))
     for k in rows:
