@@ -113,20 +113,7 @@ impl TopRows {
             let max = canon_max(&mut canon_row);
             self.max[r] = max;
             self.lse[r] = if max == f32::NEG_INFINITY { max } else { max + sum_exp(&canon_row, max).ln() };
-            cands.clear();
-            cands.extend(
-                canon_row
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| **l != f32::NEG_INFINITY)
-                    .map(|(id, &logit)| Cand { id: id as u32, logit, p: 0.0, s: 0.0 }),
-            );
-            if k < cands.len() {
-                if k > 0 {
-                    cands.select_nth_unstable_by(k - 1, by_rank);
-                }
-                cands.truncate(k);
-            }
+            best_finite(&canon_row, k, &mut cands);
             self.counts[r] = cands.len() as u32;
             for (j, c) in cands.iter().enumerate() {
                 self.ids[r * k + j] = c.id;
@@ -845,22 +832,8 @@ impl Sampler {
             self.cands.extend(heap.drain().map(|w| w.0));
             self.heap = heap.into_vec();
             self.cands.sort_unstable_by(by_rank);
-        } else {
-            for (id, &l) in logits.iter().enumerate() {
-                if l != f32::NEG_INFINITY {
-                    self.cands.push(Cand {
-                        id: id as u32,
-                        logit: canon(l),
-                        p: 0.0,
-                        s: 0.0,
-                    });
-                }
-            }
-            if k > 0 && k < self.cands.len() {
-                self.cands.select_nth_unstable_by(k - 1, by_rank);
-                self.cands.truncate(k);
-                self.cands.sort_unstable_by(by_rank);
-            }
+        } else if best_finite(logits, if k == 0 { usize::MAX } else { k }, &mut self.cands) {
+            self.cands.sort_unstable_by(by_rank);
         }
         self.truncate_rest()
     }
@@ -888,6 +861,27 @@ impl Sampler {
         }
         Ok(())
     }
+}
+
+/// The best `k` finite logits of `logits` (canonical; every finite one
+/// when there are no more than `k`) into `cands`, in no useful order (the
+/// top-k the sampler keeps, and what a [`TopRows`] selection holds).
+/// Returns whether any were cut.
+fn best_finite(logits: &[f32], k: usize, cands: &mut Vec<Cand>) -> bool {
+    cands.clear();
+    for (id, &l) in logits.iter().enumerate() {
+        if l != f32::NEG_INFINITY {
+            cands.push(Cand { id: id as u32, logit: canon(l), p: 0.0, s: 0.0 });
+        }
+    }
+    if k >= cands.len() {
+        return false;
+    }
+    if k > 0 {
+        cands.select_nth_unstable_by(k - 1, by_rank);
+    }
+    cands.truncate(k);
+    true
 }
 
 /// Softmax over `cands` into `c.p`; returns `(max logit, ln Σ e^(l - max))`.
