@@ -2287,7 +2287,8 @@ impl Device {
     /// canonical logit and its log-sum-exp as bits, and 0.
     pub fn top_k_rows(&self, x: &Buf, width: usize, k: usize, out: &mut [u32]) -> Result<(), CudaError> {
         let per_row = 2 * k + 4;
-        if width == 0 || k == 0 || !out.len().is_multiple_of(per_row) || x.len != width * (out.len() / per_row) {
+        // (the kernel counts a row's finite logits in floats: exact below 2^24)
+        if width == 0 || width >= 1 << 24 || k == 0 || !out.len().is_multiple_of(per_row) || x.len != width * (out.len() / per_row) {
             return Err(shape(
                 "top_k_rows",
                 format!("{} words of top-{k} rows of {width} from {} floats", out.len(), x.len),

@@ -1686,44 +1686,31 @@ __device__ __forceinline__ u32 topk_key(float v) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-template <class T, class Op>
-__device__ __forceinline__ T topk_reduce(T v, T* red, Op op) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = red[0];
-    for (int w = 1; w < TOPK_THREADS / 32; w++) v = op(v, red[w]);
-    return v;
-}
-
 // x: rows x width; ids, vals: rows x k; stats: rows x 4 words (the
 // candidates kept, max and log-sum-exp as float bits, unused).
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) top_k_rows(const float* x, int width, int k, u32* ids,
                                                                       float* vals, u32* stats) {
     PDL_ENTER();
     __shared__ u32 hist[256];
-    __shared__ float redf[TOPK_THREADS / 32];
+    __shared__ float redf[32];
     __shared__ u32 redu[TOPK_THREADS / 32];
     __shared__ u32 s_pick[2];
     __shared__ u32 s_gt, s_eq;
     const float* r = x + (size_t)blockIdx.x * width;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float m = -INF_F;
-    u32 fin = 0;
+    float m = -INF_F, fin_f = 0.0f;
     for (int i = tid; i < width; i += TOPK_THREADS) {
         float v = topk_canon(__ldcg(r + i));
         m = fmaxf(m, v);
-        fin += v != -INF_F;
+        fin_f += v != -INF_F;
     }
-    m = topk_reduce(m, redf, [](float a, float b) { return fmaxf(a, b); });
-    fin = topk_reduce(fin, redu, [](u32 a, u32 b) { return a + b; });
+    m = block_max(m, redf);
+    // (a count in floats: exact, the host keeps width below 2^24)
+    u32 fin = (u32)block_sum(fin_f, redf);
     float sum = 0.0f;
     if (m != -INF_F)
         for (int i = tid; i < width; i += TOPK_THREADS) sum += expf(topk_canon(__ldcg(r + i)) - m);
-    sum = topk_reduce(sum, redf, [](float a, float b) { return a + b; });
+    sum = block_sum(sum, redf);
     float lse = m == -INF_F ? -INF_F : m + logf(sum);
     u32 kk = min((u32)k, fin);
     // The kk-th best key, a byte at a time from the top: `prefix` the bytes
