@@ -104,9 +104,8 @@ def compare(spec):
     # Decode's weight reads against the read bandwidth measured in the same run (issue 36's
     # bar): every tensor byte is read once a token (Gemma's head is the tied embedding).
     bw = {l["commit"]: l for l in load(spec["file"]) if l["what"] == "read_bw"
-          and all(l.get(k) == v for k, v in spec["where"].items())} if spec.get("bw") else None
-    bw = bw or None
-    head += ["ferrox reads GB/s (% of read BW)"] if bw is not None else []
+          and all(l.get(k) == v for k, v in spec["where"].items())} if spec.get("bw") else {}
+    head += ["ferrox reads GB/s (% of read BW)"] if bw else []
     head += ["commit"] if show_commit else []
     out = ["| " + " | ".join(head) + " |",
            "|" + "|".join("---" if h in ("model", "kind", "test", "commit") else "---:" for h in head) + "|"]
@@ -137,7 +136,7 @@ def compare(spec):
         if spec.get("rss"):
             rss = cells.get((model, kind, "peak_rss:" + what, None))
             row.append(str(rss["figure"]) if rss else "")
-        if bw is not None:
+        if bw:
             b = bw.get(f["commit"]) if what.startswith("tg") else None
             gbs = f.get("size_mib", 0) * 2**20 * f["figure"] / 1e9
             row.append(f"{gbs:.1f} ({100 * gbs / b['figure']:.0f}%)" if b else "")
@@ -307,9 +306,9 @@ TABLES = {
               ("llama-speculative t/s", lambda l: f"{l['ref_figure']:.2f}" if l.get("ref") else "-"),
               ("vs llama-speculative", lambda l: f"**{l['figure'] / l['ref_figure']:.2f}x**" if l.get("ref") else "-")]),
     "moe-cpu-epyc": dict(BAR, file="moe.jsonl", where={"set": "moe-cpu", "machine": "epyc-avx512-2c"},
-                         model_col=True, size=False, bw=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
+                         model_col=True, size=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
     "moe-cpu-xeon": dict(BAR, file="moe.jsonl", where={"set": "moe-cpu", "machine": "xeon-amx-2c"},
-                         model_col=True, size=False, bw=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
+                         model_col=True, size=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
     "moe-cuda-h100": dict(CUDA_CMP, file="moe.jsonl", where={"set": "moe-cuda", "machine": "h100"},
                           command="SKIP_TESTS=1 LLAMA=1 SHAPES=qwen3moe-30b-l8 KINDS=Q4_K_M bash scripts/cuda-moe.sh",
                           note="(through the device tool, carrying target/devmoe; see the script's header)"),
