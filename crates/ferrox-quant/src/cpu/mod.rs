@@ -241,7 +241,22 @@ pub fn simd_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
         },
         Isa::Amx => None, // no dot kernels of its own: AVX-512's serve (fallback)
         Isa::Neon => match kind {
+            F32 => Some("neon::dot_f32"),
+            F16 => Some("neon::dot_f16"),
+            BF16 => Some("neon::dot_bf16"),
             Q8_0 => Some("neon::dot_q8_0_q8_0"),
+            Q4_0 => Some("neon::dot_q4_0_q8_0"),
+            Q4_1 => Some("neon::dot_q4_1_q8_1"),
+            Q5_0 => Some("neon::dot_q5_0_q8_0"),
+            Q5_1 => Some("neon::dot_q5_1_q8_1"),
+            IQ4NL => Some("neon::dot_iq4_nl_q8_0"),
+            MXFP4 => Some("neon::dot_mxfp4_q8_0"),
+            Q2K => Some("neon::dot_q2_k_q8_k"),
+            Q3K => Some("neon::dot_q3_k_q8_k"),
+            Q4K => Some("neon::dot_q4_k_q8_k"),
+            Q5K => Some("neon::dot_q5_k_q8_k"),
+            Q6K => Some("neon::dot_q6_k_q8_k"),
+            IQ4XS => Some("neon::dot_iq4_xs_q8_k"),
             _ => None, // capability table: partial by design
         },
     }

@@ -143,6 +143,13 @@ fn close(simd: f32, scalar: f32, scale: f64) -> bool {
     ((simd as f64) - (scalar as f64)).abs() <= 2e-5 * scale + 1e-6
 }
 
+/// The kernels that promise the scalar twin's exact bits: NEON's quantized
+/// kinds, which follow the twins' float operations (the float kinds' twins
+/// sum in f64).
+fn bit_exact(isa: Isa, kind: QuantKind) -> bool {
+    isa == Isa::Neon && !matches!(kind, QuantKind::F32 | QuantKind::F16 | QuantKind::BF16)
+}
+
 #[test]
 fn every_simd_kernel_matches_its_scalar_twin() {
     let mut rng = SmallRng::seed_from_u64(0x51D);
@@ -170,6 +177,13 @@ fn every_simd_kernel_matches_its_scalar_twin() {
                     let simd = unsafe { f(w, a) };
                     let deq_w = crate::dequantize_to_vec(k, w, n).unwrap();
                     let scale: f64 = deq_w.iter().zip(&deq_a).map(|(x, y)| (x * y).abs() as f64).sum();
+                    if bit_exact(isa, k) {
+                        assert_eq!(
+                            simd.to_bits(),
+                            twin.to_bits(),
+                            "{k} at {isa}, {nb} blocks, row {row}: simd {simd} vs scalar {twin}: this level promises bit-exact"
+                        );
+                    }
                     assert!(
                         close(simd, twin, scale),
                         "{k} at {isa}, {nb} blocks, row {row}: simd {simd} vs scalar {twin} (sum|terms| {scale})"

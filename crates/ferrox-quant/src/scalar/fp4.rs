@@ -11,7 +11,7 @@ use crate::blocks::*;
 use crate::{Dequantize, Quantize, Unpack, VecDot};
 
 /// Twice each E2M1 value, indexed by the 4-bit code (sign in bit 3).
-const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// `2^k` for `k` in the normal f32 exponent range, exactly.
 fn pow2(k: i32) -> f32 {
@@ -21,7 +21,7 @@ fn pow2(k: i32) -> f32 {
 /// Half of the E8M0 scale `2^(e - 127)`, i.e. `2^(e - 128)`. Exponents 0 and
 /// 1 give f32 subnormals; 255 (the E8M0 NaN) is decoded as a number, as ggml
 /// does.
-fn e8m0_half(e: u8) -> f32 {
+pub(crate) fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 { 0x0020_0000u32 << e } else { u32::from(e - 1) << 23 };
     f32::from_bits(bits)
 }

@@ -58,7 +58,7 @@ fn unpack_2bit(qs: &[u8; QK_K / 4], e: usize) -> u8 {
 
 /// Q3_K's sixteen 6-bit scales, minus their bias of 32: low nibbles in bytes
 /// 0..8 (sub-blocks 0..8 low, 8..16 high), top two bits in bytes 8..12.
-fn q3_scales(s: &[u8; 12]) -> [i8; 16] {
+pub(crate) fn q3_scales(s: &[u8; 12]) -> [i8; 16] {
     let mut out = [0i8; 16];
     for (j, o) in out.iter_mut().enumerate() {
         let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
@@ -69,7 +69,7 @@ fn q3_scales(s: &[u8; 12]) -> [i8; 16] {
 }
 
 /// Q4_K/Q5_K's eight 6-bit scales and mins.
-fn k4_scales_mins(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn k4_scales_mins(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let mut sc = [0u8; 8];
     let mut mn = [0u8; 8];
     for j in 0..8 {

@@ -15,6 +15,14 @@ mod kquants;
 mod legacy;
 mod ternary;
 
+/// The exact unpacking steps (scales, code tables) that SIMD kernels share
+/// with the twins, so a kernel's float epilogue can follow the twin's.
+#[allow(unused_imports)] // used by the aarch64 kernels only
+pub(crate) use {
+    fp4::{e8m0_half, E2M1_X2},
+    kquants::{k4_scales_mins, q3_scales},
+};
+
 use crate::blocks::*;
 use crate::{cast_blocks, QuantError, QuantKind, VecDot};
 
