@@ -863,6 +863,65 @@ pub(crate) fn every_architecture_follows_the_cpu<B: DeviceBackend>(open: impl Fn
     }
 }
 
+/// A server's steps on the tiny llama model: three sequences prefilled in
+/// one pass, then passes of one token per sequence with every row's logits
+/// (the slots in changing order, one sequence sitting a step out, one
+/// sequence verifying three tokens of its own in a pass of the same size),
+/// every pass against the CPU's, teacher-forced on its tokens. A backend
+/// that records batches ([`DeviceBackend::records`]: CUDA graphs) replays
+/// the same-size passes from the third on, so a recording that kept a
+/// step's positions, slots or tokens instead of reading the staged lists
+/// fails here.
+pub(crate) fn batched_steps_follow_the_cpu<B: DeviceBackend>(open: impl Fn() -> Option<B>) {
+    use crate::backend::cpu::Cpu;
+    let case = crate::testing::tiny_cases().into_iter().find(|c| c.label == "llama").expect("the tiny llama case");
+    let Some(be) = open() else { return };
+    let name = be.id();
+    let path = tiny(case, &format!("{name}-steps"), 11);
+    let cpu = Model::open(&path, Cpu::new(2)).unwrap();
+    let dev = Model::open(&path, be).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let n_vocab = cpu.n_vocab();
+    let (mut hctx, mut dctx) = (cpu.new_context(64, 3).unwrap(), dev.new_context(64, 3).unwrap());
+    let prompt = crate::testing::tiny_tokens();
+    let mut pos = [5u32, 8, 11];
+    let mut b = Batch::default();
+    for (s, &len) in pos.iter().enumerate() {
+        for (i, &t) in prompt[..len as usize].iter().enumerate() {
+            b.push(t, i as u32, s as u32, i + 1 == len as usize);
+        }
+    }
+    let mut h = cpu.forward(&mut hctx, &b).unwrap();
+    agree(&format!("{name} three prompts"), &dev.forward(&mut dctx, &b).unwrap(), &h, n_vocab);
+    let mut next: Vec<u32> = h.chunks(n_vocab).map(|r| top2(r).0 as u32).collect();
+    for step in 0..10 {
+        // The slots this pass takes, in order: rotated each step; slot 1 out at step 4.
+        let order: Vec<usize> = match step {
+            4 => vec![2, 0],
+            _ => (0..3).map(|i| (i + step) % 3).collect(),
+        };
+        let mut b = Batch::default();
+        if step == 6 {
+            // Slot 0 verifies three tokens in one pass (a speculative check's
+            // shape), the same size as the other passes but one slot's.
+            for i in 0..3u32 {
+                b.push(if i == 0 { next[0] } else { prompt[i as usize] }, pos[0] + i, 0, true);
+            }
+        } else {
+            for &s in &order {
+                b.push(next[s], pos[s], s as u32, true);
+            }
+        }
+        h = cpu.forward(&mut hctx, &b).unwrap();
+        agree(&format!("{name} step {step} (slots {:?}, positions {:?})", b.seq, b.pos), &dev.forward(&mut dctx, &b).unwrap(), &h, n_vocab);
+        for (r, row) in h.chunks(n_vocab).enumerate() {
+            let s = b.seq[r] as usize;
+            pos[s] = b.pos[r] + 1;
+            next[s] = top2(row).0 as u32;
+        }
+    }
+}
+
 /// A file of `testdata/llama_ref/` (from the source tree, or from the
 /// working directory on a machine the test binary was carried to).
 fn llama_ref(name: &str) -> std::path::PathBuf {
@@ -1149,6 +1208,15 @@ macro_rules! conformance_suite {
             #[test]
             fn every_kind_matches_llama_cpp() {
                 c::every_kind_matches_llama_cpp(|| c::open::<$ty>($id, $gpu, "each kind's llama-quantized file vs llama.cpp's logits"));
+            }
+
+            #[test]
+            fn batched_steps_follow_the_cpu() {
+                if $model_level {
+                    c::batched_steps_follow_the_cpu(|| c::open::<$ty>($id, $gpu, "a server's batched steps vs the CPU"));
+                } else {
+                    eprintln!("the CPU is the reference of this check");
+                }
             }
 
             #[test]

@@ -319,6 +319,10 @@ pub struct RecordKey {
     pub acts: u64,
     /// The head's input and logits buffers.
     pub head: u64,
+    /// Every token of the pass is in one cache slot (a prompt chunk, a
+    /// speculative verification): attention may take another kernel than
+    /// for a batch of the same size over several slots.
+    pub one_slot: bool,
 }
 
 /// The tokens of one forward pass: per token its sequence slot and position.
@@ -858,6 +862,15 @@ pub trait DeviceBackend: Send + Sync {
     /// no.
     fn selects_top_k(&self) -> bool {
         false
+    }
+
+    /// Whether a forward pass of `n` tokens may be recorded
+    /// ([`DeviceBackend::run_recorded`]). The default: a decode step of one
+    /// token. A backend whose launches for a batch depend on nothing but its
+    /// size, its output rows and whether it is one slot's (the rest read from
+    /// the staged index lists) says yes to those batches too.
+    fn records(&self, n: usize) -> bool {
+        n == 1
     }
 
     /// Enqueues a forward pass's ops by calling `f`, or replays a recording

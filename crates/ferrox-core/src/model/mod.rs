@@ -867,9 +867,10 @@ impl<B: DeviceBackend> Model<B> {
         let be = &self.backend;
         let rows: Vec<u32> = (0..n as u32).filter(|&i| batch.logits[i as usize]).collect();
 
-        // A decode step over buffers that already exist can be recorded once
-        // and replayed (a CUDA graph): its index lists are staged into the
-        // same device buffer every step, outside the recording.
+        // A decode step (or, where the backend records batches, a batch) over
+        // buffers that already exist can be recorded once and replayed (a
+        // CUDA graph): its index lists are staged into the same device buffer
+        // every step, outside the recording.
         let fits = |h: &Head<B::Buf>| h.rows == rows.len() && h.logits.is_some() == logits;
         let reused = ctx.acts.iter().any(|a| a.n == n) && ctx.heads.iter().any(fits);
         let mut a = take(&mut ctx.acts, |a| a.n == n, || self.new_acts(n))?;
@@ -887,8 +888,9 @@ impl<B: DeviceBackend> Model<B> {
         let n_ctx = ctx.n_ctx;
         let kv = &mut ctx.kv;
         match &hd {
-            Some(h) if n == 1 && logits => {
-                let key = crate::backend::RecordKey { context: ctx.id, acts: a.id, head: h.id };
+            Some(h) if logits && be.records(n) => {
+                let one_slot = batch.seq.iter().all(|&s| s == batch.seq[0]);
+                let key = crate::backend::RecordKey { context: ctx.id, acts: a.id, head: h.id, one_slot };
                 be.run_recorded(key, reused, || self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut()))?
             }
             _ => self.enqueue(kv, n_ctx, batch, &rows, &mut a, hd.as_mut())?,
