@@ -28,6 +28,10 @@ pub struct Cuda {
     /// recording is off (a `measure` build's `FERROX_CUDA_GRAPHS=0`) or failed once.
     #[cfg(feature = "cuda")]
     graphs: std::sync::Mutex<Option<Vec<Recorded>>>,
+    /// Whether sampled steps read back top-k selections made on the device
+    /// (off only in a `measure` build with `FERROX_CUDA_TOP_K=0`: whole rows).
+    #[cfg(feature = "cuda")]
+    select_top: bool,
 }
 
 /// A recorded decode step and the key it was recorded under.
@@ -217,6 +221,20 @@ mod dispatch {
             Ok(true)
         }
 
+        /// Whether sampled steps read back top-k selections: always, except
+        /// in a `measure` build with `FERROX_CUDA_TOP_K=0` (whole rows, to
+        /// measure what the selection saves).
+        #[cfg(feature = "measure")]
+        pub(crate) fn top_k_setting() -> Result<bool, crate::backend::BadValue> {
+            ferrox_quant::knob::switch("FERROX_CUDA_TOP_K", true)
+        }
+
+        /// Without the `measure` feature sampled steps always read selections.
+        #[cfg(not(feature = "measure"))]
+        pub(crate) fn top_k_setting() -> Result<bool, crate::backend::BadValue> {
+            Ok(true)
+        }
+
         /// Opens GPU `ordinal`, unless `FERROX_CUDA` turned CUDA off.
         pub fn open_device(ordinal: usize) -> Result<Cuda, BackendError> {
             crate::backend::check_env().map_err(BackendError::new)?;
@@ -231,7 +249,8 @@ mod dispatch {
 
         fn on(dev: Arc<Device>) -> Result<Cuda, BackendError> {
             let graphs = Cuda::graphs_setting().map_err(BackendError::new)?;
-            Ok(Cuda { dev, graphs: std::sync::Mutex::new(graphs.then(Vec::new)) })
+            let select_top = Cuda::top_k_setting().map_err(BackendError::new)?;
+            Ok(Cuda { dev, graphs: std::sync::Mutex::new(graphs.then(Vec::new)), select_top })
         }
 
         /// Whether decode steps are recorded and replayed as CUDA graphs.
@@ -654,7 +673,7 @@ mod dispatch {
         }
 
         fn selects_top_k(&self) -> bool {
-            true
+            self.select_top
         }
 
         /// Records `f` as a CUDA graph the first time `key` comes with

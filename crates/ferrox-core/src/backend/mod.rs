@@ -244,6 +244,8 @@ pub fn check_env() -> Result<(), BadValue> {
     cuda::Cuda::env_setting()?;
     #[cfg(feature = "cuda")]
     cuda::Cuda::graphs_setting()?;
+    #[cfg(feature = "cuda")]
+    cuda::Cuda::top_k_setting()?;
     #[cfg(feature = "vulkan")]
     vulkan::Vulkan::env_setting()?;
     #[cfg(feature = "metal")]
