@@ -168,50 +168,72 @@ unsafe fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
 
 // ---- 32-element kinds against Q8_0 / Q8_1 (bit-exact)
 
+/// A row of 32-element weight blocks against Q8_0/Q8_1 blocks: `codes`
+/// gives a weight block's 32 signed codes, `term` the block's float term
+/// from its exact integer dot, written as the twin writes it (the sum then
+/// adds the terms in block order, as the twin does).
+#[inline(always)]
+unsafe fn dot_blocks32<W: Block, A: Block>(
+    w: &[u8],
+    a: &[u8],
+    codes: impl Fn(&W) -> (int8x16_t, int8x16_t),
+    act_qs: impl Fn(&A) -> &[i8; 32],
+    term: impl Fn(&W, &A, i32) -> f32,
+) -> f32 {
+    let (w, a) = (blocks_of::<W>(w), blocks_of::<A>(a));
+    let mut sumf = 0.0f32;
+    for (x, y) in w.iter().zip(a) {
+        let (x0, x1) = codes(x);
+        let (y0, y1) = load_i8x32(act_qs(y));
+        sumf += term(x, y, dot32(x0, x1, y0, y1));
+    }
+    sumf
+}
+
 /// # Safety
 /// NEON present; the [`DotFn`] slice contract.
 #[target_feature(enable = "neon")]
 unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockQ8_0>(w), blocks_of::<BlockQ8_0>(a));
-    let mut sumf = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let ((x0, x1), (y0, y1)) = (load_i8x32(&x.qs), load_i8x32(&y.qs));
-        let sumi = dot32(x0, x1, y0, y1);
-        sumf += sumi as f32 * (x.d.to_f32() * y.d.to_f32());
-    }
-    sumf
+    dot_blocks32(
+        w,
+        a,
+        |x: &BlockQ8_0| load_i8x32(&x.qs),
+        |y: &BlockQ8_0| &y.qs,
+        |x, y, s| s as f32 * (x.d.to_f32() * y.d.to_f32()),
+    )
 }
 
 /// # Safety
 /// NEON present; the [`DotFn`] slice contract.
 #[target_feature(enable = "neon")]
 unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockQ4_0>(w), blocks_of::<BlockQ8_0>(a));
     let eight = vdupq_n_s8(8);
-    let mut sumf = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (lo, hi) = nibbles(&x.qs);
-        let (x0, x1) = (vsubq_s8(vreinterpretq_s8_u8(lo), eight), vsubq_s8(vreinterpretq_s8_u8(hi), eight));
-        let (y0, y1) = load_i8x32(&y.qs);
-        let s = dot32(x0, x1, y0, y1);
-        sumf += s as f32 * x.d.to_f32() * y.d.to_f32();
-    }
-    sumf
+    dot_blocks32(
+        w,
+        a,
+        |x: &BlockQ4_0| {
+            let (lo, hi) = nibbles(&x.qs);
+            (vsubq_s8(vreinterpretq_s8_u8(lo), eight), vsubq_s8(vreinterpretq_s8_u8(hi), eight))
+        },
+        |y: &BlockQ8_0| &y.qs,
+        |x, y, s| s as f32 * x.d.to_f32() * y.d.to_f32(),
+    )
 }
 
 /// # Safety
 /// NEON present; the [`DotFn`] slice contract.
 #[target_feature(enable = "neon")]
 unsafe fn dot_q4_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockQ4_1>(w), blocks_of::<BlockQ8_1>(a));
-    let mut sumf = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (lo, hi) = nibbles(&x.qs);
-        let (y0, y1) = load_i8x32(&y.qs);
-        let s = dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), y0, y1);
-        sumf += (x.d.to_f32() * y.d.to_f32()) * s as f32 + x.m.to_f32() * y.s.to_f32();
-    }
-    sumf
+    dot_blocks32(
+        w,
+        a,
+        |x: &BlockQ4_1| {
+            let (lo, hi) = nibbles(&x.qs);
+            (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
+        },
+        |y: &BlockQ8_1| &y.qs,
+        |x, y, s| (x.d.to_f32() * y.d.to_f32()) * s as f32 + x.m.to_f32() * y.s.to_f32(),
+    )
 }
 
 /// Q5's codes `0..32`: the nibbles with bit `j` / `j + 16` of `qh` as 0x10.
@@ -229,31 +251,30 @@ unsafe fn q5_codes(qs: &[u8; 16], qh: [u8; 4]) -> (int8x16_t, int8x16_t) {
 /// NEON present; the [`DotFn`] slice contract.
 #[target_feature(enable = "neon")]
 unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockQ5_0>(w), blocks_of::<BlockQ8_0>(a));
     let sixteen = vdupq_n_s8(16);
-    let mut sumf = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (c0, c1) = q5_codes(&x.qs, x.qh);
-        let (y0, y1) = load_i8x32(&y.qs);
-        let s = dot32(vsubq_s8(c0, sixteen), vsubq_s8(c1, sixteen), y0, y1);
-        sumf += (x.d.to_f32() * y.d.to_f32()) * s as f32;
-    }
-    sumf
+    dot_blocks32(
+        w,
+        a,
+        |x: &BlockQ5_0| {
+            let (c0, c1) = q5_codes(&x.qs, x.qh);
+            (vsubq_s8(c0, sixteen), vsubq_s8(c1, sixteen))
+        },
+        |y: &BlockQ8_0| &y.qs,
+        |x, y, s| (x.d.to_f32() * y.d.to_f32()) * s as f32,
+    )
 }
 
 /// # Safety
 /// NEON present; the [`DotFn`] slice contract.
 #[target_feature(enable = "neon")]
 unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockQ5_1>(w), blocks_of::<BlockQ8_1>(a));
-    let mut sumf = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (c0, c1) = q5_codes(&x.qs, x.qh);
-        let (y0, y1) = load_i8x32(&y.qs);
-        let s = dot32(c0, c1, y0, y1);
-        sumf += (x.d.to_f32() * y.d.to_f32()) * s as f32 + x.m.to_f32() * y.s.to_f32();
-    }
-    sumf
+    dot_blocks32(
+        w,
+        a,
+        |x: &BlockQ5_1| q5_codes(&x.qs, x.qh),
+        |y: &BlockQ8_1| &y.qs,
+        |x, y, s| (x.d.to_f32() * y.d.to_f32()) * s as f32 + x.m.to_f32() * y.s.to_f32(),
+    )
 }
 
 /// A 16-entry code table applied to a block's nibbles (IQ4_NL, MXFP4).
@@ -267,32 +288,28 @@ unsafe fn table_codes(table: int8x16_t, qs: &[u8; 16]) -> (int8x16_t, int8x16_t)
 /// NEON present; the [`DotFn`] slice contract.
 #[target_feature(enable = "neon")]
 unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockIQ4NL>(w), blocks_of::<BlockQ8_0>(a));
     let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
-    let mut sumf = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (x0, x1) = table_codes(table, &x.qs);
-        let (y0, y1) = load_i8x32(&y.qs);
-        let d = y.d.to_f32() * x.d.to_f32();
-        sumf += d * dot32(x0, x1, y0, y1) as f32;
-    }
-    sumf
+    dot_blocks32(
+        w,
+        a,
+        |x: &BlockIQ4NL| table_codes(table, &x.qs),
+        |y: &BlockQ8_0| &y.qs,
+        |x, y, s| (y.d.to_f32() * x.d.to_f32()) * s as f32,
+    )
 }
 
 /// # Safety
 /// NEON present; the [`DotFn`] slice contract.
 #[target_feature(enable = "neon")]
 unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let (w, a) = (blocks_of::<BlockMXFP4>(w), blocks_of::<BlockQ8_0>(a));
     let table = vld1q_s8(E2M1_X2.as_ptr());
-    let mut sumf = 0.0f32;
-    for (x, y) in w.iter().zip(a) {
-        let d = y.d.to_f32() * e8m0_half(x.e);
-        let (x0, x1) = table_codes(table, &x.qs);
-        let (y0, y1) = load_i8x32(&y.qs);
-        sumf += d * dot32(x0, x1, y0, y1) as f32;
-    }
-    sumf
+    dot_blocks32(
+        w,
+        a,
+        |x: &BlockMXFP4| table_codes(table, &x.qs),
+        |y: &BlockQ8_0| &y.qs,
+        |x, y, s| (y.d.to_f32() * e8m0_half(x.e)) * s as f32,
+    )
 }
 
 // ---- 256-element kinds against Q8_K (bit-exact)
