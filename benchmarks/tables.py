@@ -203,6 +203,8 @@ TABLES = {
                      command="FERROX=target/release/ferrox REPS=5 benchmarks/run_bar.sh"),
     "bar-epyc": dict(BAR, where={"set": "bar", "machine": "epyc-avx512-2c"},
                      command="FERROX=target/release/ferrox REPS=5 benchmarks/run_bar.sh"),
+    "bar-epyc-avx2": dict(BAR, where={"set": "bar", "machine": "epyc-avx2-2c"},
+                          command="FERROX=target/release/ferrox REPS=5 benchmarks/run_bar.sh"),
     "rss-process": dict(
         kind="list", file="cpu-e2e.jsonl", where={"set": "rss"},
         key=lambda l: (l["kind"], l["variant"]),

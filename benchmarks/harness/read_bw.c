@@ -1,5 +1,6 @@
 // Read bandwidth of this machine: NT threads stream a 178 MiB buffer (the size of Gemma 3 270M's
-// Q8_0 output head) with AVX-512 loads, optionally prefetching PF bytes ahead into L2; best of 5
+// Q8_0 output head) with AVX-512 loads (AVX2 where the CPU has no AVX-512), optionally
+// prefetching PF bytes ahead into L2; best of 5
 // passes after one warm-up. The bound decode figures are held against (benchmarks/e2e.md).
 //
 //   gcc -O2 -march=native -fopenmp benchmarks/harness/read_bw.c -o /tmp/read_bw
@@ -32,6 +33,7 @@ int main(int argc, char **argv) {
     {
       int id = omp_get_thread_num();
       size_t lo = n / nt * id, hi = lo + n / nt;
+#ifdef __AVX512F__
       __m512i acc = _mm512_setzero_si512();
       for (size_t i = lo; i < hi; i += 256) {
         if (pf)
@@ -39,6 +41,17 @@ int main(int argc, char **argv) {
         for (int l = 0; l < 256; l += 64) acc = _mm512_add_epi32(acc, _mm512_load_si512(b + i + l));
       }
       tot += _mm512_reduce_add_epi32(acc);
+#else
+      __m256i acc = _mm256_setzero_si256();
+      for (size_t i = lo; i < hi; i += 256) {
+        if (pf)
+          for (int l = 0; l < 256; l += 64) _mm_prefetch(b + i + pf + l, _MM_HINT_T1);
+        for (int l = 0; l < 256; l += 32) acc = _mm256_add_epi32(acc, _mm256_load_si256((const __m256i *)(b + i + l)));
+      }
+      int lanes[8];
+      _mm256_storeu_si256((__m256i *)lanes, acc);
+      for (int l = 0; l < 8; l++) tot += lanes[l];
+#endif
     }
     t = now() - t;
     sink += tot;
