@@ -8,7 +8,8 @@
 //! agrees bit for bit with dequantization); activations are quantized once,
 //! exactly as ggml does for the kind (`vec_dot_type`), and expanded into
 //! signed bytes with their scales. Then a register-tiled micro-kernel does
-//! `RM x RN` dot products at once with VNNI (`vpdpbusd`: u8 x s8), so each
+//! `RM x RN` dot products at once with VNNI (`vpdpbusd`: u8 x s8; on AVX2,
+//! `vpmaddubsw` over the bytes' sign-flipped form, exact all the same), so each
 //! weight byte loaded feeds `RN` tokens and each activation byte `RM` rows.
 //! For sub-block `s` of row `r` and token `c`:
 //!
@@ -59,6 +60,7 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     );
     match isa {
         Isa::Amx if packed => Some("amx::gemm_16x16"),
+        Isa::Avx2 if packed => Some("avx2::gemm_u8s8_4x4"),
         Isa::Avx512Vnni if packed => Some("avx512::gemm_u8s8_4x4"),
         _ => None, // capability table: partial by design
     }
@@ -108,6 +110,8 @@ enum Engine {
 /// (must agree with [`gemm_kernel`]).
 fn engine(isa: Isa) -> Option<Engine> {
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Some(Engine::Vnni(cpu::x86_avx2_gemm_tile())),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86_gemm_tile())),
         #[cfg(target_arch = "x86_64")]

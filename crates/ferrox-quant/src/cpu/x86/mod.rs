@@ -4,6 +4,7 @@
 
 pub(crate) mod amx;
 mod avx2;
+mod avx2_gemm;
 mod avx512;
 mod avx512_gemm;
 pub(crate) mod vnni16;
@@ -56,6 +57,11 @@ pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
         _ => return None, // capability table: partial by design
     };
     Some(f)
+}
+
+/// The AVX2 GEMM micro-kernel (see [`crate::gemm::TileFn`]).
+pub(crate) fn avx2_gemm_tile() -> crate::gemm::TileFn {
+    avx2_gemm::gemm_u8s8_4x4
 }
 
 /// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::tile_fn`]).
