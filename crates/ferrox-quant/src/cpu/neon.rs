@@ -17,7 +17,7 @@ use core::arch::aarch64::*;
 
 use super::{blocks_of, DotFn};
 use crate::blocks::*;
-use crate::scalar::{e8m0_half, k4_scales_mins, q3_scales, E2M1_X2};
+use crate::scalar::{e8m0_half, k4_scales_mins, mins_dot, q3_scales, E2M1_X2};
 use crate::scalar::iq_grids::KVALUES_IQ4NL;
 use crate::QuantKind;
 
@@ -349,12 +349,6 @@ impl Lanes {
     }
 }
 
-/// Q4_K/Q5_K's mins term, as the twin's `mins_dot`.
-#[inline(always)]
-fn mins_dot(bsums: &[i16; 16], mins: &[u8; 8]) -> i32 {
-    bsums.iter().enumerate().map(|(j, &b)| i32::from(b) * i32::from(mins[j / 2])).sum()
-}
-
 /// One 32-element sub-block of codes `x0`/`x1` against `y` (Q8_K codes at
 /// the same offset), scaled onto the eight lanes. Codes of at most 5 bits:
 /// four products a lane stay below 2^15.
@@ -538,10 +532,7 @@ unsafe fn dot_iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
     for (x, y) in w.iter().zip(a) {
         let d4d8 = x.d.to_f32() * y.d;
         for ib in 0..8 {
-            let lo = (x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
-            let hi = (x.scales_h >> (2 * ib)) & 3;
-            let ls = (i32::from(lo) | i32::from(hi) << 4) - 32;
-            let dl = d4d8 * ls as f32;
+            let dl = d4d8 * x.ls(ib) as f32;
             let qs: &[u8; 16] = x.qs[16 * ib..16 * ib + 16].try_into().unwrap_or(&[0; 16]);
             let (x0, x1) = table_codes(table, qs);
             let ya = y.qs.as_ptr().add(32 * ib);

@@ -506,7 +506,7 @@ impl VecDot for BlockIQ4NL {
 impl BlockIQ4XS {
     /// The signed 6-bit scale of 32-group `ib` (4 low bits in `scales_l`,
     /// 2 high in `scales_h`, biased by 32).
-    fn ls(&self, ib: usize) -> i32 {
+    pub(crate) fn ls(&self, ib: usize) -> i32 {
         let lo = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
         let hi = (self.scales_h >> (2 * ib)) & 3;
         (i32::from(lo) | i32::from(hi) << 4) - 32

@@ -114,7 +114,7 @@ impl LaneAcc {
 }
 
 /// Q4_K/Q5_K's mins term: `sum_j bsums[j] * min[j / 2]`.
-fn mins_dot(bsums: &[i16; 16], mins: &[u8; 8]) -> i32 {
+pub(crate) fn mins_dot(bsums: &[i16; 16], mins: &[u8; 8]) -> i32 {
     bsums.iter().enumerate().map(|(j, &b)| i32::from(b) * i32::from(mins[j / 2])).sum()
 }
 

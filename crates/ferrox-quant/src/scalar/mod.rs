@@ -20,7 +20,7 @@ mod ternary;
 #[allow(unused_imports)] // used by the aarch64 kernels only
 pub(crate) use {
     fp4::{e8m0_half, E2M1_X2},
-    kquants::{k4_scales_mins, q3_scales},
+    kquants::{k4_scales_mins, mins_dot, q3_scales},
 };
 
 use crate::blocks::*;
