@@ -111,9 +111,9 @@ enum Engine {
 fn engine(isa: Isa) -> Option<Engine> {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Some(Engine::Vnni(cpu::x86_avx2_gemm_tile())),
+        Isa::Avx2 => Some(Engine::Vnni(cpu::x86::avx2_gemm_tile())),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86_gemm_tile())),
+        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86::avx512_gemm_tile())),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => Some(Engine::Amx),
         _ => None,

@@ -515,17 +515,6 @@ pub(crate) fn f16_rows_fn(isa: Isa) -> Option<F16RowsFn> {
     None
 }
 
-/// The x86 GEMM micro-kernel of the AVX-512 VNNI level.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn x86_gemm_tile() -> crate::gemm::TileFn {
-    x86::avx512_gemm_tile()
-}
-
-/// The x86 GEMM micro-kernel of the AVX2 level.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn x86_avx2_gemm_tile() -> crate::gemm::TileFn {
-    x86::avx2_gemm_tile()
-}
 
 /// Errors of the CPU kernels.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

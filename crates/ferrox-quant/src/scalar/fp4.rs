@@ -21,6 +21,7 @@ fn pow2(k: i32) -> f32 {
 /// Half of the E8M0 scale `2^(e - 127)`, i.e. `2^(e - 128)`. Exponents 0 and
 /// 1 give f32 subnormals; 255 (the E8M0 NaN) is decoded as a number, as ggml
 /// does.
+#[inline]
 pub(crate) fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 { 0x0020_0000u32 << e } else { u32::from(e - 1) << 23 };
     f32::from_bits(bits)

@@ -17,7 +17,7 @@ mod ternary;
 
 /// The exact unpacking steps (scales, code tables) that SIMD kernels share
 /// with the twins, so a kernel's float epilogue can follow the twin's.
-#[allow(unused_imports)] // used by the aarch64 kernels only
+#[allow(unused_imports)] // the K-quant ones are used by the aarch64 kernels only
 pub(crate) use {
     fp4::{e8m0_half, E2M1_X2},
     kquants::{k4_scales_mins, mins_dot, q3_scales},

@@ -16,8 +16,9 @@ use core::arch::x86_64::*;
 use crate::blocks::*;
 use crate::cpu::blocks_of;
 
-pub(super) const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
-pub(super) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+// The code tables and the E8M0 scale, as the twins have them.
+pub(super) use crate::scalar::iq_grids::KVALUES_IQ4NL;
+pub(super) use crate::scalar::{e8m0_half, E2M1_X2};
 
 // ---------------------------------------------------------------- helpers
 
@@ -382,18 +383,11 @@ pub(crate) unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockIQ4NL>(w), blocks_of::<BlockQ8_0>(a));
-    let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
     sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(y.d) * f16_to_f32(x.d));
         (d, mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
     })
-}
-
-/// ggml's E8M0 scale, halved because its FP4 table holds doubled values.
-#[inline(always)]
-pub(super) fn e8m0_to_f32_half(e: u8) -> f32 {
-    let bits = if e < 2 { 0x0020_0000_u32 << e } else { u32::from(e - 1) << 23 };
-    f32::from_bits(bits)
 }
 
 /// # Safety
@@ -401,9 +395,9 @@ pub(super) fn e8m0_to_f32_half(e: u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockMXFP4>(w), blocks_of::<BlockQ8_0>(a));
-    let table = _mm_loadu_si128(MXFP4_VALUES.as_ptr().cast());
+    let table = _mm_loadu_si128(E2M1_X2.as_ptr().cast());
     sum_blocks(w, a, |x, y| {
-        let d = _mm256_set1_ps(f16_to_f32(y.d) * e8m0_to_f32_half(x.e));
+        let d = _mm256_set1_ps(f16_to_f32(y.d) * e8m0_half(x.e));
         (d, mul_sum_i8_pairs_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
     })
 }
@@ -612,7 +606,7 @@ pub(crate) unsafe fn dot_q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockIQ4XS>(w), blocks_of::<BlockQ8K>(a));
-    let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
     let mut acc = _mm256_setzero_ps();
     for (x, y) in w.iter().zip(a) {
         let d = f16_to_f32(x.d) * y.d;

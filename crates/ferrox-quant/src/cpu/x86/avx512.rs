@@ -18,8 +18,8 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{
-    bytes_from_bits_32, e8m0_to_f32_half, f16_to_f32, hsum_ps, hsum_ps128, loadu, lookup_nibbles_32, nibbles_32,
-    IQ4NL_VALUES, MXFP4_VALUES,
+    bytes_from_bits_32, e8m0_half, f16_to_f32, hsum_ps, hsum_ps128, loadu, lookup_nibbles_32, nibbles_32,
+    KVALUES_IQ4NL, E2M1_X2,
 };
 use crate::blocks::*;
 use crate::cpu::blocks_of;
@@ -113,7 +113,7 @@ pub(crate) unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockIQ4NL>(w), blocks_of::<BlockQ8_0>(a));
-    let table = _mm_loadu_si128(IQ4NL_VALUES.as_ptr().cast());
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
     sum_blocks(w, a, |x, y| {
         let d = _mm256_set1_ps(f16_to_f32(y.d) * f16_to_f32(x.d));
         (d, dot_i8_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
@@ -125,9 +125,9 @@ pub(crate) unsafe fn dot_iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let (w, a) = (blocks_of::<BlockMXFP4>(w), blocks_of::<BlockQ8_0>(a));
-    let table = _mm_loadu_si128(MXFP4_VALUES.as_ptr().cast());
+    let table = _mm_loadu_si128(E2M1_X2.as_ptr().cast());
     sum_blocks(w, a, |x, y| {
-        let d = _mm256_set1_ps(f16_to_f32(y.d) * e8m0_to_f32_half(x.e));
+        let d = _mm256_set1_ps(f16_to_f32(y.d) * e8m0_half(x.e));
         (d, dot_i8_float(lookup_nibbles_32(table, &x.qs), loadu(y.qs.as_ptr().cast())))
     })
 }
@@ -337,7 +337,7 @@ unsafe fn q5_codes(qs0: &[u8; 16], qs1: &[u8; 16], qh0: [u8; 4], qh1: [u8; 4], b
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_iq4_nl(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
     let rows = rows_n::<BlockIQ4NL, 4>(w, row_bytes);
-    let shifted: [u8; 16] = core::array::from_fn(|i| (IQ4NL_VALUES[i] as u8) ^ 0x80);
+    let shifted: [u8; 16] = core::array::from_fn(|i| (KVALUES_IQ4NL[i] as u8) ^ 0x80);
     let table = _mm512_broadcast_i32x4(_mm_loadu_si128(shifted.as_ptr().cast()));
     dot4_pairs::<_, false>(
         rows,

@@ -64,7 +64,7 @@ pub(crate) fn avx2_gemm_tile() -> crate::gemm::TileFn {
     avx2_gemm::gemm_u8s8_4x4
 }
 
-/// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::tile_fn`]).
+/// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::TileFn`]).
 pub(crate) fn avx512_gemm_tile() -> crate::gemm::TileFn {
     avx512_gemm::gemm_u8s8_4x4
 }
