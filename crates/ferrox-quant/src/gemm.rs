@@ -60,14 +60,17 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     );
     match isa {
         Isa::Amx if packed => Some("amx::gemm_16x16"),
-        Isa::Avx2 if packed => Some("avx2::gemm_u8s8_4x4"),
+        // Codes up to 129 (CODE_MAX) take the tile without the sign trick.
+        Isa::Avx2 if matches!(kind, Q8_0 | IQ4NL | IQ4XS) => Some("avx2::gemm_u8s8_4x4"),
+        Isa::Avx2 if packed => Some("avx2::gemm_u7s8_4x4"),
         Isa::Avx512Vnni if packed => Some("avx512::gemm_u8s8_4x4"),
         _ => None, // capability table: partial by design
     }
 }
 
 /// The micro-kernel: the `RM x RN` dot products of a tile, each
-/// `sum(scale * d * (u . q_a)) + bias . sums`.
+/// `sum(scale * d * ((u - base) . q_a)) + bias . sums` (`base` per tile:
+/// [`Engine::Vnni`]).
 ///
 /// # Safety
 /// The CPU has the level the pointer was obtained for; every byte pointer
@@ -99,21 +102,28 @@ pub(crate) struct TileCols {
 /// How a level runs the GEMM.
 #[derive(Clone, Copy)]
 enum Engine {
-    /// The AVX-512 VNNI register tile.
-    Vnni(TileFn),
+    /// A register tile ([`TileFn`]) that multiplies each packed code `u`
+    /// as `u - base` (AVX-512 VNNI: 0; AVX2's sign-trick tile: 128); the
+    /// caller folds the rest of the offset into the bias.
+    Vnni(TileFn, i32),
     /// AMX tiles.
     #[cfg(target_arch = "x86_64")]
     Amx,
 }
 
-/// The engine that exists for `isa`, with no fallback: the dispatch table
-/// (must agree with [`gemm_kernel`]).
-fn engine(isa: Isa) -> Option<Engine> {
+/// The engine that exists for `isa`, with no fallback, for a kind whose
+/// codes reach `code_max` (AVX2 has a faster tile for small codes): the
+/// dispatch table (must agree with [`gemm_kernel`]).
+fn engine(isa: Isa, code_max: i32) -> Option<Engine> {
+    let _ = code_max;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Some(Engine::Vnni(cpu::x86::avx2_gemm_tile())),
+        Isa::Avx2 => {
+            let (_, tile, base) = cpu::x86::avx2_gemm_tile(code_max);
+            Some(Engine::Vnni(tile, base))
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86::avx512_gemm_tile())),
+        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86::avx512_gemm_tile(), 0)),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => Some(Engine::Amx),
         _ => None,
@@ -130,6 +140,7 @@ type SubSink<'a> = &'a mut dyn FnMut(usize, f32, f32);
 struct PackInfo {
     sub: usize,
     offset: i32,
+    code_max: i32,
     pack: fn(row: &[u8], u: &mut [u8], sink: SubSink<'_>),
 }
 
@@ -138,6 +149,7 @@ fn pack_info(kind: QuantKind) -> Option<PackInfo> {
         Some(PackInfo {
             sub: B::SUB,
             offset: B::OFFSET,
+            code_max: B::CODE_MAX,
             pack: pack_row::<B>,
         })
     }
@@ -164,7 +176,7 @@ fn pack_info(kind: QuantKind) -> Option<PackInfo> {
 /// claimed and exists (and, for AMX, the OS granted the tiles).
 pub fn gemm_fn(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     let name = gemm_kernel(kind, isa)?;
-    (isa.is_compiled() && engine(isa).is_some() && pack_info(kind).is_some()).then_some(name)
+    (isa.is_compiled() && pack_info(kind).is_some_and(|i| engine(isa, i.code_max).is_some())).then_some(name)
 }
 
 /// The GEMM for `kind` at level `isa` or the first fallback that has one.
@@ -353,8 +365,8 @@ pub(crate) fn matmul(
         threads,
         bf16,
     };
-    match engine(level) {
-        Some(Engine::Vnni(tile)) => m.vnni(tile, y)?,
+    match engine(level, info.code_max) {
+        Some(Engine::Vnni(tile, base)) => m.vnni(tile, base, y)?,
         #[cfg(target_arch = "x86_64")]
         Some(Engine::Amx) => m.amx(y)?,
         None => return Ok(false),
@@ -384,9 +396,10 @@ impl Matmul<'_> {
         &self.weights[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// The AVX-512 VNNI path: activations per token (bytes, per-lane scales,
-    /// per-sub-block sums), weights per row with the offset folded into the bias.
-    fn vnni(&self, tile: TileFn, y: &mut [f32]) -> Result<(), CpuError> {
+    /// The register-tile path: activations per token (bytes, per-lane
+    /// scales, per-sub-block sums), weights per row with the offset (less
+    /// the tile's `base`) folded into the bias.
+    fn vnni(&self, tile: TileFn, base: i32, y: &mut [f32]) -> Result<(), CpuError> {
         let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
         let kpad = cols.next_multiple_of(CHUNK);
         let subs = (kpad / sub).next_multiple_of(16);
@@ -424,7 +437,7 @@ impl Matmul<'_> {
                 },
             )
         })?;
-        let offset = self.info.offset as f32;
+        let offset = (self.info.offset - base) as f32;
         let out = Shared(y.as_mut_ptr());
         ThreadPool::global().run(self.threads, rows.div_ceil(ROWS_PER_TASK), &|t| {
             let r0 = t * ROWS_PER_TASK;
@@ -442,7 +455,7 @@ impl Matmul<'_> {
                         &mut panel.u[i * kpad..(i + 1) * kpad],
                         &mut |k, sc, b| {
                             s[k * sub / 4..(k + 1) * sub / 4].fill(sc);
-                            // w = s * q + b = s * (u - OFFSET) + b
+                            // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b
                             bias[k] = b - offset * sc;
                         },
                     );
@@ -1371,7 +1384,8 @@ mod tests {
     macro_rules! unpack_kinds {
         ($($b:ty),*) => {
             /// `scale * q + bias` is the dequantized value for every element
-            /// (the GEMM's packed form loses nothing), and `q + OFFSET` fits a byte.
+            /// (the GEMM's packed form loses nothing), and `q + OFFSET` lies in
+            /// `0..=CODE_MAX` (a byte at most).
             #[test]
             fn unpack_agrees_with_dequantize_for_every_packed_kind() {
                 let mut rng = SmallRng::seed_from_u64(11);
@@ -1386,7 +1400,7 @@ mod tests {
                         blk.unpack(&mut q, &mut s, &mut b);
                         for e in 0..<$b>::ELEMS {
                             let u = i32::from(q[e]) + <$b>::OFFSET;
-                            assert!((0..=255).contains(&u), "{}: q {} + offset out of a byte", stringify!($b), q[e]);
+                            assert!((0..=<$b>::CODE_MAX).contains(&u), "{}: q {} + offset past CODE_MAX", stringify!($b), q[e]);
                             let got = s[e / <$b>::SUB] * f32::from(q[e]) + b[e / <$b>::SUB];
                             assert_eq!(got, want[e], "{} element {e}", stringify!($b));
                         }
@@ -1406,12 +1420,17 @@ mod tests {
             for &isa in Isa::ALL {
                 let claimed = gemm_kernel(kind, isa).is_some();
                 let exists =
-                    isa.is_compiled() && engine(isa).is_some() && pack_info(kind).is_some();
+                    isa.is_compiled() && pack_info(kind).is_some_and(|i| engine(isa, i.code_max).is_some());
                 if isa.is_compiled() {
                     assert_eq!(
                         claimed, exists,
                         "{kind} at {isa}: claimed {claimed}, exists {exists}"
                     );
+                }
+                // AVX2 picks its tile by the kind's codes: the name claimed is the one run.
+                #[cfg(target_arch = "x86_64")]
+                if let (Isa::Avx2, Some(info)) = (isa, pack_info(kind)) {
+                    assert_eq!(gemm_kernel(kind, isa), Some(cpu::x86::avx2_gemm_tile(info.code_max).0), "{kind}");
                 }
             }
         }

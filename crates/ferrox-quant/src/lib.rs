@@ -62,6 +62,11 @@ pub trait Unpack: Block {
     const SUB: usize;
     /// Added to every `q` so that `q + OFFSET` lies in `0..=255`.
     const OFFSET: i32;
+    /// The largest `q + OFFSET` any block of the kind holds (a 4-bit code's
+    /// is 15): where it is at most 129, a `u8 x i8` pair sum of AVX2's
+    /// `vpmaddubsw` cannot saturate, so its GEMM multiplies the codes as
+    /// they are.
+    const CODE_MAX: i32;
     /// Writes [`Block::ELEMS`] quants and `ELEMS / SUB` scales and biases.
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]);
 }

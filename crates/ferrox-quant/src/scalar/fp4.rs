@@ -189,6 +189,7 @@ impl VecDot for BlockNVFP4 {
 impl Unpack for BlockMXFP4 {
     const SUB: usize = 32;
     const OFFSET: i32 = 12;
+    const CODE_MAX: i32 = 24;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         for (j, &b) in self.qs.iter().enumerate() {
             q[j] = E2M1_X2[usize::from(b & 0x0F)];

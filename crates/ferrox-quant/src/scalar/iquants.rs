@@ -1120,6 +1120,7 @@ fn unpack_iq4_32(qs: &[u8], q: &mut [i8]) {
 impl Unpack for BlockIQ4NL {
     const SUB: usize = 32;
     const OFFSET: i32 = 128;
+    const CODE_MAX: i32 = 241;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         unpack_iq4_32(&self.qs, q);
         (scale[0], bias[0]) = (self.d.to_f32(), 0.0);
@@ -1129,6 +1130,7 @@ impl Unpack for BlockIQ4NL {
 impl Unpack for BlockIQ4XS {
     const SUB: usize = 32;
     const OFFSET: i32 = 128;
+    const CODE_MAX: i32 = 241;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         let d = self.d.to_f32();
         for ib in 0..8 {

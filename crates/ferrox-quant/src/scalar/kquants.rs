@@ -1014,6 +1014,7 @@ mod tests {
 impl Unpack for BlockQ2K {
     const SUB: usize = 16;
     const OFFSET: i32 = 0;
+    const CODE_MAX: i32 = 3;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
         for (e, v) in q[..QK_K].iter_mut().enumerate() {
@@ -1028,6 +1029,7 @@ impl Unpack for BlockQ2K {
 impl Unpack for BlockQ3K {
     const SUB: usize = 16;
     const OFFSET: i32 = 4;
+    const CODE_MAX: i32 = 7;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         let d_all = self.d.to_f32();
         q[..QK_K].copy_from_slice(&self.quants());
@@ -1040,10 +1042,11 @@ impl Unpack for BlockQ3K {
 /// Q4_K and Q5_K share their header: eight 6-bit scales and mins with a
 /// super-block `d` and `dmin`; only the quants differ.
 macro_rules! unpack_k4 {
-    ($($block:ty),*) => {$(
+    ($($block:ty: $code_max:expr),*) => {$(
         impl Unpack for $block {
             const SUB: usize = 32;
             const OFFSET: i32 = 0;
+            const CODE_MAX: i32 = $code_max;
             fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
                 let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
                 q[..QK_K].copy_from_slice(&self.quants());
@@ -1055,11 +1058,12 @@ macro_rules! unpack_k4 {
         }
     )*};
 }
-unpack_k4!(BlockQ4K, BlockQ5K);
+unpack_k4!(BlockQ4K: 15, BlockQ5K: 31);
 
 impl Unpack for BlockQ6K {
     const SUB: usize = 16;
     const OFFSET: i32 = 32;
+    const CODE_MAX: i32 = 63;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         let d = self.d.to_f32();
         q[..QK_K].copy_from_slice(&self.quants());

@@ -712,6 +712,7 @@ fn unpack_32(q: &mut [i8], lo_hi: impl Fn(usize) -> (u8, u8), sub: i8) {
 impl Unpack for BlockQ4_0 {
     const SUB: usize = 32;
     const OFFSET: i32 = 8;
+    const CODE_MAX: i32 = 15;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         unpack_32(q, |j| (self.qs[j] & 0x0F, self.qs[j] >> 4), 8);
         (scale[0], bias[0]) = (self.d.to_f32(), 0.0);
@@ -721,6 +722,7 @@ impl Unpack for BlockQ4_0 {
 impl Unpack for BlockQ4_1 {
     const SUB: usize = 32;
     const OFFSET: i32 = 0;
+    const CODE_MAX: i32 = 15;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         unpack_32(q, |j| (self.qs[j] & 0x0F, self.qs[j] >> 4), 0);
         (scale[0], bias[0]) = (self.d.to_f32(), self.m.to_f32());
@@ -730,6 +732,7 @@ impl Unpack for BlockQ4_1 {
 impl Unpack for BlockQ5_0 {
     const SUB: usize = 32;
     const OFFSET: i32 = 16;
+    const CODE_MAX: i32 = 31;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         unpack_32(
             q,
@@ -746,6 +749,7 @@ impl Unpack for BlockQ5_0 {
 impl Unpack for BlockQ5_1 {
     const SUB: usize = 32;
     const OFFSET: i32 = 0;
+    const CODE_MAX: i32 = 31;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         unpack_32(
             q,
@@ -762,6 +766,7 @@ impl Unpack for BlockQ5_1 {
 impl Unpack for BlockQ8_0 {
     const SUB: usize = 32;
     const OFFSET: i32 = 128;
+    const CODE_MAX: i32 = 255;
     fn unpack(&self, q: &mut [i8], scale: &mut [f32], bias: &mut [f32]) {
         q[..32].copy_from_slice(&self.qs);
         (scale[0], bias[0]) = (self.d.to_f32(), 0.0);

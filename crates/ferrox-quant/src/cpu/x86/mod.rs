@@ -59,9 +59,15 @@ pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
     Some(f)
 }
 
-/// The AVX2 GEMM micro-kernel (see [`crate::gemm::TileFn`]).
-pub(crate) fn avx2_gemm_tile() -> crate::gemm::TileFn {
-    avx2_gemm::gemm_u8s8_4x4
+/// The AVX2 GEMM micro-kernel (see [`crate::gemm::TileFn`]) for a kind
+/// whose codes reach `code_max` ([`crate::Unpack::CODE_MAX`]): its name,
+/// the function, and the base it subtracts from every code.
+pub(crate) fn avx2_gemm_tile(code_max: i32) -> (&'static str, crate::gemm::TileFn, i32) {
+    if code_max <= 129 {
+        ("avx2::gemm_u7s8_4x4", avx2_gemm::gemm_u7s8_4x4, 0)
+    } else {
+        ("avx2::gemm_u8s8_4x4", avx2_gemm::gemm_u8s8_4x4, 128)
+    }
 }
 
 /// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::TileFn`]).
