@@ -9,7 +9,7 @@
 //! exactly as ggml does for the kind (`vec_dot_type`), and expanded into
 //! signed bytes with their scales. Then a register-tiled micro-kernel does
 //! `RM x RN` dot products at once with VNNI (`vpdpbusd`: u8 x s8; on AVX2,
-//! `vpmaddubsw` over the bytes' sign-flipped form, exact all the same), so each
+//! eight rows interleaved in the lanes of `vpmaddubsw`, [`Rows8Fn`]), so each
 //! weight byte loaded feeds `RN` tokens and each activation byte `RM` rows.
 //! For sub-block `s` of row `r` and token `c`:
 //!
@@ -60,9 +60,7 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     );
     match isa {
         Isa::Amx if packed => Some("amx::gemm_16x16"),
-        // Codes up to 129 (CODE_MAX) take the tile without the sign trick.
-        Isa::Avx2 if matches!(kind, Q8_0 | IQ4NL | IQ4XS) => Some("avx2::gemm_u8s8_4x4"),
-        Isa::Avx2 if packed => Some("avx2::gemm_u7s8_4x4"),
+        Isa::Avx2 if packed => Some("avx2::gemm_8x4"),
         Isa::Avx512Vnni if packed => Some("avx512::gemm_u8s8_4x4"),
         _ => None, // capability table: partial by design
     }
@@ -99,29 +97,55 @@ pub(crate) struct TileCols {
     pub(crate) sums: [*const f32; RN],
 }
 
+/// Eight rows x four tokens with the rows in vector lanes (AVX2): row `r`,
+/// token `j` into `out[j][r]`, each `sum(scale * d * ((u - base) . q_a)) +
+/// bias * sums` over `subs` sub-blocks.
+///
+/// # Safety
+/// The CPU has the level the pointer was obtained for; the pointers cover
+/// `subs` sub-blocks ([`Rows8`], [`Cols4`]).
+pub(crate) type Rows8Fn = unsafe fn(w: &Rows8, a: &Cols4, subs: usize, out: &mut [[f32; 8]; 4]);
+
+/// The weight side of [`Rows8Fn`]: eight rows interleaved four codes at a
+/// time (group `g` of four elements is 32 bytes: row 0's four codes, then
+/// row 1's, ... row 7's), and per sub-block the eight rows' scales and
+/// biases (8 floats each).
+pub(crate) struct Rows8 {
+    pub(crate) u: *const u8,
+    pub(crate) s: *const f32,
+    pub(crate) bias: *const f32,
+}
+
+/// The activation side of [`Rows8Fn`]: per token its codes (contiguous),
+/// and per sub-block its scale and `d * sum(q)`.
+pub(crate) struct Cols4 {
+    pub(crate) q: [*const i8; 4],
+    pub(crate) d: [*const f32; 4],
+    pub(crate) sums: [*const f32; 4],
+}
+
 /// How a level runs the GEMM.
 #[derive(Clone, Copy)]
 enum Engine {
-    /// A register tile ([`TileFn`]) that multiplies each packed code `u`
-    /// as `u - base` (AVX-512 VNNI: 0; AVX2's sign-trick tile: 128); the
-    /// caller folds the rest of the offset into the bias.
+    /// The AVX-512 VNNI register tile ([`TileFn`]), multiplying each packed
+    /// code `u` as `u - base` (0); the caller folds the rest of the offset
+    /// into the bias.
     Vnni(TileFn, i32),
+    /// Rows in lanes, eight at a time ([`Rows8Fn`]), with its `base`.
+    Rows8(Rows8Fn, i32),
     /// AMX tiles.
     #[cfg(target_arch = "x86_64")]
     Amx,
 }
 
-/// The engine that exists for `isa`, with no fallback, for a kind whose
-/// codes reach `code_max` (AVX2 has a faster tile for small codes): the
-/// dispatch table (must agree with [`gemm_kernel`]).
-fn engine(isa: Isa, code_max: i32) -> Option<Engine> {
-    let _ = code_max;
+/// The engine that exists for `isa`, with no fallback, for a kind packed
+/// as `info` says (AVX2 picks its instance by the sub-block and the codes):
+/// the dispatch table (must agree with [`gemm_kernel`]).
+fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
+    let _ = info;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            let (_, tile, base) = cpu::x86::avx2_gemm_tile(code_max);
-            Some(Engine::Vnni(tile, base))
-        }
+        Isa::Avx2 => cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86::avx512_gemm_tile(), 0)),
         #[cfg(target_arch = "x86_64")]
@@ -176,7 +200,7 @@ fn pack_info(kind: QuantKind) -> Option<PackInfo> {
 /// claimed and exists (and, for AMX, the OS granted the tiles).
 pub fn gemm_fn(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     let name = gemm_kernel(kind, isa)?;
-    (isa.is_compiled() && pack_info(kind).is_some_and(|i| engine(isa, i.code_max).is_some())).then_some(name)
+    (isa.is_compiled() && pack_info(kind).is_some_and(|i| engine(isa, &i).is_some())).then_some(name)
 }
 
 /// The GEMM for `kind` at level `isa` or the first fallback that has one.
@@ -365,8 +389,9 @@ pub(crate) fn matmul(
         threads,
         bf16,
     };
-    match engine(level, info.code_max) {
+    match engine(level, &info) {
         Some(Engine::Vnni(tile, base)) => m.vnni(tile, base, y)?,
+        Some(Engine::Rows8(tile, base)) => m.rows8(tile, base, y)?,
         #[cfg(target_arch = "x86_64")]
         Some(Engine::Amx) => m.amx(y)?,
         None => return Ok(false),
@@ -394,6 +419,81 @@ struct Matmul<'a> {
 impl Matmul<'_> {
     fn row(&self, r: usize) -> &[u8] {
         &self.weights[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// The rows-in-lanes path (AVX2): activations per token (bytes, and
+    /// per sub-block their scale and `d * sum`), weight rows unpacked per
+    /// task and interleaved eight at a time, four codes per row a group
+    /// ([`Rows8`]), with the offset (less `base`) folded into the bias.
+    fn rows8(&self, tile: Rows8Fn, base: i32, y: &mut [f32]) -> Result<(), CpuError> {
+        let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
+        let subs = cols / sub;
+        let npad = n.next_multiple_of(4);
+        let (mut aq, mut ad, mut asums) = (vec![0i8; npad * cols], vec![0f32; npad * subs], vec![0f32; npad * subs]);
+        let (qp, dp, sp) = (Shared(aq.as_mut_ptr()), Shared(ad.as_mut_ptr()), Shared(asums.as_mut_ptr()));
+        run_fallible(self.threads, n, |c| {
+            // SAFETY: token `c` owns its slices of the three buffers.
+            let (q, d, sums) = unsafe { (qp.slice(c * cols, cols), dp.slice(c * subs, subs), sp.slice(c * subs, subs)) };
+            let mut buf = Vec::new();
+            for_each_act_sub(self.act, self.level, &self.x[c * cols..(c + 1) * cols], sub, &mut buf, |k, a| {
+                q[k * sub..(k + 1) * sub].copy_from_slice(a.q);
+                d[k] = a.d;
+                sums[k] = a.dsum;
+            })
+        })?;
+        let offset = (self.info.offset - base) as f32;
+        let out = Shared(y.as_mut_ptr());
+        ThreadPool::global().run(self.threads, rows.div_ceil(ROWS_PER_TASK), &|t| {
+            let r0 = t * ROWS_PER_TASK;
+            let nr = ROWS_PER_TASK.min(rows - r0);
+            let groups = nr.div_ceil(8);
+            PANEL.with_borrow_mut(|panel| {
+                // The interleaved rows, then one row's codes as unpacked.
+                panel.reset(groups * 8 * cols + cols, groups * 8 * subs, groups * 8 * subs);
+                let (u, row) = panel.u.split_at_mut(groups * 8 * cols);
+                for i in 0..nr {
+                    let (gi, ri) = (i / 8, i % 8);
+                    let (s, bias) = (&mut panel.s[gi * 8 * subs..], &mut panel.bias[gi * 8 * subs..]);
+                    (self.info.pack)(self.row(r0 + i), row, &mut |k, sc, b| {
+                        s[8 * k + ri] = sc;
+                        // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b
+                        bias[8 * k + ri] = b - offset * sc;
+                    });
+                    let ug = &mut u[gi * 8 * cols..(gi + 1) * 8 * cols];
+                    for (g, four) in row.chunks_exact(4).enumerate() {
+                        ug[32 * g + 4 * ri..32 * g + 4 * ri + 4].copy_from_slice(four);
+                    }
+                }
+                for c0 in (0..npad).step_by(4) {
+                    let a = Cols4 {
+                        q: core::array::from_fn(|j| aq[(c0 + j) * cols..].as_ptr()),
+                        d: core::array::from_fn(|j| ad[(c0 + j) * subs..].as_ptr()),
+                        sums: core::array::from_fn(|j| asums[(c0 + j) * subs..].as_ptr()),
+                    };
+                    for gi in 0..groups {
+                        let w = Rows8 {
+                            u: u[gi * 8 * cols..].as_ptr(),
+                            s: panel.s[gi * 8 * subs..].as_ptr(),
+                            bias: panel.bias[gi * 8 * subs..].as_ptr(),
+                        };
+                        let mut acc = [[0f32; 8]; 4];
+                        // SAFETY: the level is available (checked by the caller); the
+                        // group covers `cols / 4` groups of 32 bytes and `subs` sub-blocks
+                        // of scales and biases, each token `cols` bytes and `subs` floats
+                        // (tokens past `n` are zeros); the instance fits the kind's codes.
+                        unsafe { tile(&w, &a, subs, &mut acc) };
+                        for (j, accj) in acc.iter().enumerate().take((n - c0).min(4)) {
+                            for (k, &v) in accj.iter().enumerate().take((nr - 8 * gi).min(8)) {
+                                // SAFETY: `c0 + j < n` and `r0 + 8 * gi + k < rows`: inside
+                                // `y` (n x rows); the row is this task's alone.
+                                unsafe { *out.ptr().add((c0 + j) * rows + r0 + 8 * gi + k) = v };
+                            }
+                        }
+                    }
+                }
+            });
+        });
+        Ok(())
     }
 
     /// The register-tile path: activations per token (bytes, per-lane
@@ -1420,17 +1520,12 @@ mod tests {
             for &isa in Isa::ALL {
                 let claimed = gemm_kernel(kind, isa).is_some();
                 let exists =
-                    isa.is_compiled() && pack_info(kind).is_some_and(|i| engine(isa, i.code_max).is_some());
+                    isa.is_compiled() && pack_info(kind).is_some_and(|i| engine(isa, &i).is_some());
                 if isa.is_compiled() {
                     assert_eq!(
                         claimed, exists,
                         "{kind} at {isa}: claimed {claimed}, exists {exists}"
                     );
-                }
-                // AVX2 picks its tile by the kind's codes: the name claimed is the one run.
-                #[cfg(target_arch = "x86_64")]
-                if let (Isa::Avx2, Some(info)) = (isa, pack_info(kind)) {
-                    assert_eq!(gemm_kernel(kind, isa), Some(cpu::x86::avx2_gemm_tile(info.code_max).0), "{kind}");
                 }
             }
         }
@@ -1535,12 +1630,18 @@ mod tests {
             } else {
                 3 * 32 + 64 * 2
             }; // 224: not a multiple of 64
-            for (rows, n) in [(37, 9), (16, 8), (5, 13), (19, 35), (37, 64), (21, 81)] {
-                let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            // The last shape is extreme: every weight +1 but the first of each
+            // 32 (-1, so the kinds with a signed scale put +1 at their top
+            // code), every activation +1 (127): the largest pair sums, where a
+            // 16-bit sum of too many products would saturate.
+            for (rows, n, extreme) in [(37, 9, false), (16, 8, false), (5, 13, false), (19, 35, false), (37, 64, false), (21, 81, false), (11, 6, true)] {
+                let w: Vec<f32> = (0..rows * cols)
+                    .map(|e| if !extreme { rng.gen_range(-1.0..1.0) } else if e % 32 == 0 { -1.0 } else { 1.0 })
+                    .collect();
                 let wq = aligned(kind, &w);
                 let rb = crate::row_bytes(kind, cols).unwrap();
                 let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rb * rows];
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let x: Vec<f32> = (0..n * cols).map(|_| if extreme { 1.0 } else { rng.gen_range(-2.0..2.0) }).collect();
                 let mut y = vec![f32::NAN; n * rows];
                 assert!(
                     matmul(isa, kind, wb, rows, cols, &x, &mut y, n, 2, false).unwrap(),

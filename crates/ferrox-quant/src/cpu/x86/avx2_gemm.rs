@@ -1,108 +1,90 @@
 //! The AVX2 micro-kernel of the packed GEMM ([`crate::gemm`]), for CPUs
 //! without AVX-512 (Zen 1–3, Haswell to Alder Lake).
 //!
-//! The key decision: **the same exact integer lanes as VNNI's `vpdpbusd`**
-//! (four u8 x s8 products a 32-bit lane) from AVX2's `vpmaddubsw`, which
-//! saturates its 16-bit pair sums. The weight bytes are `u = q + OFFSET` in
-//! 0..=255. Where a kind's codes stay at most 129 (every kind but Q8_0 and
-//! the IQ4 pair) no pair sum can saturate and they are multiplied as they
-//! are ([`gemm_u7s8_4x4`]). Otherwise they are taken as `w = u - 128` (a
-//! sign flip of the top bit) and multiplied as `|w| x sign(a, w)`: each pair
-//! sum is at most `2 * 128 * 127 < 2^15`, exact; the caller folds the 128
-//! into the sub-block bias (`base`, [`super::avx2_gemm_tile`]), so the tile
-//! adds no `128 * sum(a)` term. Sixteen registers hold a 4 x 2 tile of
-//! accumulators, so the 4 x 4 tile is two passes over the rows' bytes (read
-//! from L1 the second time).
+//! The key decision: **rows in vector lanes**, as [`gemm_8x4`] explains:
+//! AVX2 has no `vpdpbusd`, and its `vpmaddubsw` saturates 16-bit pair
+//! sums, so the register tile of the VNNI kernel (k positions in lanes, a
+//! convert and two float ops per 32 bytes and token) spent most of its
+//! issue slots outside the multiply. Eight rows in the lanes of one register
+//! keep every lane's sum one row's, so integer sums run across a whole
+//! sub-block before any float work, and the output needs no horizontal sum.
+//! Codes up to 129 (every kind but Q8_0 and the IQ4 pair,
+//! [`crate::Unpack::CODE_MAX`]) are multiplied as they are; larger ones as
+//! `|w| x sign(a, w)` with `w = u - 128`, the 128 folded into the bias by
+//! the caller.
 //!
 //! Every function here is `unsafe` for one reason, stated once: it must only
 //! run on a CPU with AVX2 and FMA, with pointers as
-//! [`crate::gemm::TileFn`] requires.
+//! [`crate::gemm::Rows8Fn`] requires.
 
 use core::arch::x86_64::*;
 
-use crate::gemm::{TileCols, TileRows, CHUNK, RM, RN};
+use crate::gemm::{Cols4, Rows8};
 
-/// The sum of a vector's eight lanes.
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-}
-
-/// # Safety
-/// See the module doc.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn gemm_u8s8_4x4(w: &TileRows, a: &TileCols, chunks: usize, sub_chunks: usize, out: &mut [[f32; RN]; RM]) {
-    tile::<false>(w, a, chunks, sub_chunks, out)
-}
-
-/// [`gemm_u8s8_4x4`] for kinds whose codes are at most 129
-/// ([`crate::Unpack::CODE_MAX`]: every kind but Q8_0 and the IQ4 pair): a
-/// pair sum `u0 * a0 + u1 * a1` then stays under 2^15, so `vpmaddubsw`
-/// takes the codes as they are, with no sign flip and no `abs`/`sign`
-/// (five vector ops per 32 bytes and token where the general tile needs six).
+/// Eight rows x four tokens over `subs` sub-blocks of `SUB` elements: row
+/// `r`, token `j` into `out[j][r]`, as `sum(s * d * (u - base) . q) + bias *
+/// sums` (`base` 128 with `SIGN`, else 0).
+///
+/// The key decision: **rows in lanes**. One 32-byte load holds four codes of
+/// each of eight rows; each token's four activation bytes are broadcast to
+/// all lanes, so one `vpmaddubsw` makes two products for each row, and a
+/// lane's sums stay one row's. The sums of `G` groups add up in 16 bits
+/// (the caller picks `G` so `G * 2 * CODE_MAX * 127 < 2^15`), then in 32
+/// bits over the sub-block, and only then meet the float scales: one
+/// convert and two FMAs per sub-block and token, no horizontal sum at the
+/// end (each token's eight row results are one register). `SIGN`: codes up
+/// to 255, taken as `w = u - 128` and multiplied as `|w| x sign(a, w)` (`G`
+/// is 1: a pair sum can reach `2 * 128 * 127`).
 ///
 /// # Safety
-/// See the module doc; every weight byte is at most 129.
+/// See the module doc; `w.u` covers `subs * SUB / 4` groups of 32 bytes,
+/// `w.s` and `w.bias` `subs * 8` floats, every token's `q` `subs * SUB`
+/// bytes (none -128) and its `d` and `sums` `subs` floats; without `SIGN`
+/// every code is at most `32767 / (G * 2 * 127)`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn gemm_u7s8_4x4(w: &TileRows, a: &TileCols, chunks: usize, sub_chunks: usize, out: &mut [[f32; RN]; RM]) {
-    tile::<true>(w, a, chunks, sub_chunks, out)
-}
-
-/// The tile; `SMALL`: the codes are at most 129 (taken unsigned as they are).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const SMALL: bool>(w: &TileRows, a: &TileCols, chunks: usize, sub_chunks: usize, out: &mut [[f32; RN]; RM]) {
+pub(crate) unsafe fn gemm_8x4<const SUB: usize, const G: usize, const SIGN: bool>(
+    w: &Rows8,
+    a: &Cols4,
+    subs: usize,
+    out: &mut [[f32; 8]; 4],
+) {
     let (ones16, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-    for pass in 0..RN / 2 {
-        let cols = [2 * pass, 2 * pass + 1];
-        let mut acc = [[_mm256_setzero_ps(); 2]; RM];
-        for ch in 0..chunks {
-            for half in 0..2 {
-                let (ob, of) = (ch * CHUNK + 32 * half, ch * CHUNK / 4 + 8 * half);
-                let aq: [__m256i; 2] = core::array::from_fn(|j| _mm256_loadu_si256(a.q[cols[j]].add(ob).cast()));
-                let ad: [__m256; 2] = core::array::from_fn(|j| _mm256_loadu_ps(a.d[cols[j]].add(of)));
-                if SMALL {
-                    for (r, accr) in acc.iter_mut().enumerate() {
-                        let u = _mm256_loadu_si256(w.u[r].add(ob).cast());
-                        let ws = _mm256_loadu_ps(w.s[r].add(of));
-                        for j in 0..2 {
-                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, aq[j]), ones16);
-                            accr[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(ws, ad[j]), accr[j]);
-                        }
-                    }
-                    continue;
-                }
-                for (r, accr) in acc.iter_mut().enumerate() {
-                    let wq = _mm256_xor_si256(_mm256_loadu_si256(w.u[r].add(ob).cast()), flip);
-                    let wabs = _mm256_abs_epi8(wq);
-                    let ws = _mm256_loadu_ps(w.s[r].add(of));
-                    for j in 0..2 {
-                        let pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(aq[j], wq));
-                        let p = _mm256_madd_epi16(pairs, ones16);
-                        accr[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(ws, ad[j]), accr[j]);
-                    }
+    let mut facc = [_mm256_setzero_ps(); 4];
+    // Group `g`'s products for the four tokens, as 16-bit pair sums.
+    let products = |g: usize| -> [__m256i; 4] {
+        let u = _mm256_loadu_si256(w.u.add(32 * g).cast());
+        let bcast = |j: usize| _mm256_set1_epi32(a.q[j].add(4 * g).cast::<i32>().read_unaligned());
+        if SIGN {
+            let wq = _mm256_xor_si256(u, flip);
+            let wabs = _mm256_abs_epi8(wq);
+            core::array::from_fn(|j| _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast(j), wq)))
+        } else {
+            core::array::from_fn(|j| _mm256_maddubs_epi16(u, bcast(j)))
+        }
+    };
+    for sb in 0..subs {
+        let mut iacc = [_mm256_setzero_si256(); 4];
+        for gi in 0..SUB / 4 / G {
+            let g0 = sb * SUB / 4 + gi * G;
+            let mut p16 = products(g0);
+            for t in 1..G {
+                let p = products(g0 + t);
+                for (acc, p) in p16.iter_mut().zip(p) {
+                    *acc = _mm256_add_epi16(*acc, p);
                 }
             }
-        }
-        // The bias term: a dot over sub-blocks, into the same lanes.
-        for ch in 0..sub_chunks {
-            for half in 0..2 {
-                let o = ch * 16 + 8 * half;
-                let s: [__m256; 2] = core::array::from_fn(|j| _mm256_loadu_ps(a.sums[cols[j]].add(o)));
-                for (r, accr) in acc.iter_mut().enumerate() {
-                    let wb = _mm256_loadu_ps(w.bias[r].add(o));
-                    for j in 0..2 {
-                        accr[j] = _mm256_fmadd_ps(wb, s[j], accr[j]);
-                    }
-                }
+            for (i, p) in iacc.iter_mut().zip(&p16) {
+                *i = _mm256_add_epi32(*i, _mm256_madd_epi16(*p, ones16));
             }
         }
-        for (r, accr) in acc.iter().enumerate() {
-            for j in 0..2 {
-                out[r][cols[j]] = hsum(accr[j]);
-            }
+        let (s, bias) = (_mm256_loadu_ps(w.s.add(8 * sb)), _mm256_loadu_ps(w.bias.add(8 * sb)));
+        for (j, f) in facc.iter_mut().enumerate() {
+            let scale = _mm256_mul_ps(s, _mm256_set1_ps(*a.d[j].add(sb)));
+            *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), scale, *f);
+            *f = _mm256_fmadd_ps(bias, _mm256_set1_ps(*a.sums[j].add(sb)), *f);
         }
+    }
+    for (o, f) in out.iter_mut().zip(&facc) {
+        _mm256_storeu_ps(o.as_mut_ptr(), *f);
     }
 }

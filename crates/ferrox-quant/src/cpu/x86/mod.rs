@@ -59,15 +59,27 @@ pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
     Some(f)
 }
 
-/// The AVX2 GEMM micro-kernel (see [`crate::gemm::TileFn`]) for a kind
-/// whose codes reach `code_max` ([`crate::Unpack::CODE_MAX`]): its name,
-/// the function, and the base it subtracts from every code.
-pub(crate) fn avx2_gemm_tile(code_max: i32) -> (&'static str, crate::gemm::TileFn, i32) {
-    if code_max <= 129 {
-        ("avx2::gemm_u7s8_4x4", avx2_gemm::gemm_u7s8_4x4, 0)
-    } else {
-        ("avx2::gemm_u8s8_4x4", avx2_gemm::gemm_u8s8_4x4, 128)
-    }
+/// The AVX2 GEMM with rows in lanes ([`crate::gemm::Rows8Fn`]) for a kind of
+/// `sub`-element sub-blocks whose codes reach `code_max`
+/// ([`crate::Unpack::CODE_MAX`]): the instance whose 16-bit sums cannot
+/// saturate (`G` groups a sum, `G * 2 * code_max * 127 < 2^15`; codes past
+/// 129 take the sign trick, one group), and the base it subtracts from
+/// every code.
+pub(crate) fn avx2_gemm_8x4(sub: usize, code_max: i32) -> Option<(crate::gemm::Rows8Fn, i32)> {
+    use avx2_gemm::gemm_8x4 as k;
+    let fits = |g: i32| g * 2 * code_max * 127 < 1 << 15;
+    Some(match sub {
+        32 if code_max > 129 => (k::<32, 1, true>, 128),
+        32 if fits(8) => (k::<32, 8, false>, 0),
+        32 if fits(4) => (k::<32, 4, false>, 0),
+        32 if fits(2) => (k::<32, 2, false>, 0),
+        32 => (k::<32, 1, false>, 0),
+        16 if code_max > 129 => (k::<16, 1, true>, 128),
+        16 if fits(4) => (k::<16, 4, false>, 0),
+        16 if fits(2) => (k::<16, 2, false>, 0),
+        16 => (k::<16, 1, false>, 0),
+        _ => return None,
+    })
 }
 
 /// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::TileFn`]).
