@@ -91,6 +91,12 @@ pub fn attn_scores(q: &[f32], k: &[F16], stride: usize, first: usize, len: usize
         unsafe { x86::attn_scores_avx512(q, k, stride, first, len, hd, g, out) };
         return true;
     }
+    #[cfg(target_arch = "x86_64")]
+    if hd.is_multiple_of(16) && Isa::active().includes(Isa::Avx2) {
+        // SAFETY: AVX2 available; operand sizes checked above.
+        unsafe { x86::attn_scores_avx2(q, k, stride, first, len, hd, g, out) };
+        return true;
+    }
     attn_scores_scalar(q, k, stride, first, len, hd, g, out);
     true
 }
@@ -107,6 +113,12 @@ pub fn attn_values(w: &[f32], v: &[F16], stride: usize, first: usize, len: usize
     if hdv.is_multiple_of(16) && Isa::active().includes(Isa::Avx512Vnni) {
         // SAFETY: AVX-512 available; operand sizes checked above.
         unsafe { x86::attn_values_avx512(w, v, stride, first, len, hdv, g, out) };
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if hdv.is_multiple_of(16) && Isa::active().includes(Isa::Avx2) {
+        // SAFETY: AVX2 available; operand sizes checked above.
+        unsafe { x86::attn_values_avx2(w, v, stride, first, len, hdv, g, out) };
         return true;
     }
     attn_values_scalar(w, v, stride, first, len, hdv, g, out);
@@ -352,6 +364,88 @@ mod x86 {
         }
     }
 
+    /// [`scores_block`] in 256-bit registers: two accumulators a head (eight
+    /// FMA chains for four heads) over 16 values a step.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_block_avx2<const G: usize>(q: *const f32, k: *const F16, stride: usize, len: usize, hd: usize, out: *mut f32, out_len: usize) {
+        for j in 0..len {
+            let krow = k.add(j * stride);
+            let mut acc = [[_mm256_setzero_ps(); 2]; G];
+            for c in (0..hd).step_by(16) {
+                let kv = [load8(krow.add(c)), load8(krow.add(c + 8))];
+                for (h, a) in acc.iter_mut().enumerate() {
+                    for (i, (a, kv)) in a.iter_mut().zip(&kv).enumerate() {
+                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(h * hd + c + 8 * i)), *kv, *a);
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                let s = _mm256_add_ps(a[0], a[1]);
+                let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                *out.add(h * out_len + j) = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2, FMA, F16C; operands checked by [`super::attn_scores`]; `hd % 16 == 0`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attn_scores_avx2(q: &[f32], k: &[F16], stride: usize, first: usize, len: usize, hd: usize, g: usize, out: &mut [f32]) {
+        let kp = k.as_ptr().add(first * stride);
+        for (h, width) in head_blocks(g) {
+            let (qp, op) = (q.as_ptr().add(h * hd), out.as_mut_ptr().add(h * len));
+            match width {
+                1 => scores_block_avx2::<1>(qp, kp, stride, len, hd, op, len),
+                2 => scores_block_avx2::<2>(qp, kp, stride, len, hd, op, len),
+                _ => scores_block_avx2::<4>(qp, kp, stride, len, hd, op, len),
+            }
+        }
+    }
+
+    /// [`values_block`] in 256-bit registers: `G` heads x 16 output values
+    /// in registers across all keys (eight accumulators for four heads).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values_block_avx2<const G: usize>(w: *const f32, v: *const F16, stride: usize, len: usize, hdv: usize, out: *mut f32) {
+        for c in (0..hdv).step_by(16) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; G];
+            for j in 0..len {
+                let vrow = v.add(j * stride + c);
+                let vv = [load8(vrow), load8(vrow.add(8))];
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let wj = _mm256_set1_ps(*w.add(h * len + j));
+                    for (x, y) in a.iter_mut().zip(&vv) {
+                        *x = _mm256_fmadd_ps(wj, *y, *x);
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                for (i, x) in a.iter().enumerate() {
+                    _mm256_storeu_ps(out.add(h * hdv + c + 8 * i), *x);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2, FMA, F16C; operands checked by [`super::attn_values`]; `hdv % 16 == 0`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attn_values_avx2(w: &[f32], v: &[F16], stride: usize, first: usize, len: usize, hdv: usize, g: usize, out: &mut [f32]) {
+        let vp = v.as_ptr().add(first * stride);
+        for (h, width) in head_blocks(g) {
+            let (wp, op) = (w.as_ptr().add(h * len), out.as_mut_ptr().add(h * hdv));
+            match width {
+                1 => values_block_avx2::<1>(wp, vp, stride, len, hdv, op),
+                2 => values_block_avx2::<2>(wp, vp, stride, len, hdv, op),
+                _ => values_block_avx2::<4>(wp, vp, stride, len, hdv, op),
+            }
+        }
+    }
+
     /// e^x for x <= 0 (softmax inputs after the max is subtracted): 2^n
     /// times a degree-6 polynomial on |r| <= ln2/2, scaled by `vscalefps`
     /// (which also flushes large negative inputs to zero). Relative error
@@ -463,6 +557,26 @@ mod tests {
             attn_values_scalar(&w, &k, stride, first, len, hd, g, &mut want);
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "values hd={hd} g={g} len={len}: {a} vs {b}");
+            }
+            // The AVX2 kernels by name too (the dispatch above runs AVX-512's where the CPU has it).
+            #[cfg(target_arch = "x86_64")]
+            if hd % 16 == 0 && Isa::Avx2.is_available() {
+                let (mut s2, mut v2) = (vec![0f32; g * len], vec![f32::NAN; g * hd]);
+                // SAFETY: AVX2 available; the operands passed the checked calls above.
+                unsafe {
+                    x86::attn_scores_avx2(&q, &k, stride, first, len, hd, g, &mut s2);
+                    x86::attn_values_avx2(&w, &k, stride, first, len, hd, g, &mut v2);
+                }
+                let mut ws = vec![0f32; g * len];
+                attn_scores_scalar(&q, &k, stride, first, len, hd, g, &mut ws);
+                for (a, b) in s2.iter().zip(&ws) {
+                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "avx2 scores hd={hd} g={g} len={len}: {a} vs {b}");
+                }
+                for (a, b) in v2.iter().zip(&want) {
+                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "avx2 values hd={hd} g={g} len={len}: {a} vs {b}");
+                }
+            } else {
+                eprintln!("NOT CHECKED: the AVX2 attention kernels at hd={hd} (this CPU lacks AVX2, or hd is no multiple of 16)");
             }
             // Too-short operands are refused, not read past.
             let short = (first + len - 1) * stride + hd - 1;
