@@ -116,12 +116,13 @@ pub(crate) struct Rows8 {
     pub(crate) bias: *const f32,
 }
 
-/// The activation side of [`Rows8Fn`]: per token its codes (contiguous),
-/// and per sub-block its scale and `d * sum(q)`.
+/// The activation side of [`Rows8Fn`]: four tokens interleaved four codes
+/// at a time (group `g` is 16 bytes: token 0's four codes, then token 1's,
+/// ...), and per sub-block the four tokens' scales, then their `d * sum(q)`
+/// (8 floats).
 pub(crate) struct Cols4 {
-    pub(crate) q: [*const i8; 4],
-    pub(crate) d: [*const f32; 4],
-    pub(crate) sums: [*const f32; 4],
+    pub(crate) q: *const i8,
+    pub(crate) ds: *const f32,
 }
 
 /// How a level runs the GEMM.
@@ -429,16 +430,24 @@ impl Matmul<'_> {
         let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
         let subs = cols / sub;
         let npad = n.next_multiple_of(4);
-        let (mut aq, mut ad, mut asums) = (vec![0i8; npad * cols], vec![0f32; npad * subs], vec![0f32; npad * subs]);
-        let (qp, dp, sp) = (Shared(aq.as_mut_ptr()), Shared(ad.as_mut_ptr()), Shared(asums.as_mut_ptr()));
+        // Four tokens a tile, interleaved as `Cols4` has them (padding tokens zero).
+        let (mut aq, mut ads) = (vec![0i8; npad * cols], vec![0f32; npad * subs * 2]);
+        let (qp, dp) = (Shared(aq.as_mut_ptr()), Shared(ads.as_mut_ptr()));
         run_fallible(self.threads, n, |c| {
-            // SAFETY: token `c` owns its slices of the three buffers.
-            let (q, d, sums) = unsafe { (qp.slice(c * cols, cols), dp.slice(c * subs, subs), sp.slice(c * subs, subs)) };
+            let (tile, j) = (c / 4, c % 4);
             let mut buf = Vec::new();
             for_each_act_sub(self.act, self.level, &self.x[c * cols..(c + 1) * cols], sub, &mut buf, |k, a| {
-                q[k * sub..(k + 1) * sub].copy_from_slice(a.q);
-                d[k] = a.d;
-                sums[k] = a.dsum;
+                for (gi, four) in a.q.chunks_exact(4).enumerate() {
+                    let g = k * sub / 4 + gi;
+                    // SAFETY: inside `aq` (`g < cols / 4`, `tile < npad / 4`);
+                    // token `c` alone writes its lane `j` of each group.
+                    unsafe { core::ptr::copy_nonoverlapping(four.as_ptr(), qp.ptr().add(tile * 4 * cols + 16 * g + 4 * j), 4) };
+                }
+                // SAFETY: inside `ads` (`k < subs`); token `c`'s two floats of sub-block `k`.
+                unsafe {
+                    *dp.ptr().add(tile * 8 * subs + 8 * k + j) = a.d;
+                    *dp.ptr().add(tile * 8 * subs + 8 * k + 4 + j) = a.dsum;
+                }
             })
         })?;
         let offset = (self.info.offset - base) as f32;
@@ -460,16 +469,12 @@ impl Matmul<'_> {
                         bias[8 * k + ri] = b - offset * sc;
                     });
                     let ug = &mut u[gi * 8 * cols..(gi + 1) * 8 * cols];
-                    for (g, four) in row.chunks_exact(4).enumerate() {
-                        ug[32 * g + 4 * ri..32 * g + 4 * ri + 4].copy_from_slice(four);
+                    for (dst, four) in ug.chunks_exact_mut(32).zip(row.chunks_exact(4)) {
+                        dst[4 * ri..4 * ri + 4].copy_from_slice(four);
                     }
                 }
                 for c0 in (0..npad).step_by(4) {
-                    let a = Cols4 {
-                        q: core::array::from_fn(|j| aq[(c0 + j) * cols..].as_ptr()),
-                        d: core::array::from_fn(|j| ad[(c0 + j) * subs..].as_ptr()),
-                        sums: core::array::from_fn(|j| asums[(c0 + j) * subs..].as_ptr()),
-                    };
+                    let a = Cols4 { q: aq[c0 * cols..].as_ptr(), ds: ads[c0 * 2 * subs..].as_ptr() };
                     for gi in 0..groups {
                         let w = Rows8 {
                             u: u[gi * 8 * cols..].as_ptr(),
@@ -482,12 +487,11 @@ impl Matmul<'_> {
                         // of scales and biases, each token `cols` bytes and `subs` floats
                         // (tokens past `n` are zeros); the instance fits the kind's codes.
                         unsafe { tile(&w, &a, subs, &mut acc) };
+                        let live = (nr - 8 * gi).min(8);
                         for (j, accj) in acc.iter().enumerate().take((n - c0).min(4)) {
-                            for (k, &v) in accj.iter().enumerate().take((nr - 8 * gi).min(8)) {
-                                // SAFETY: `c0 + j < n` and `r0 + 8 * gi + k < rows`: inside
-                                // `y` (n x rows); the row is this task's alone.
-                                unsafe { *out.ptr().add((c0 + j) * rows + r0 + 8 * gi + k) = v };
-                            }
+                            // SAFETY: `c0 + j < n` and rows `r0 + 8 * gi..` + `live` are
+                            // inside `y` (n x rows), this task's alone.
+                            unsafe { core::ptr::copy_nonoverlapping(accj.as_ptr(), out.ptr().add((c0 + j) * rows + r0 + 8 * gi), live) };
                         }
                     }
                 }

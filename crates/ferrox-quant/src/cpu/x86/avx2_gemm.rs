@@ -38,8 +38,8 @@ use crate::gemm::{Cols4, Rows8};
 ///
 /// # Safety
 /// See the module doc; `w.u` covers `subs * SUB / 4` groups of 32 bytes,
-/// `w.s` and `w.bias` `subs * 8` floats, every token's `q` `subs * SUB`
-/// bytes (none -128) and its `d` and `sums` `subs` floats; without `SIGN`
+/// `w.s` and `w.bias` `subs * 8` floats, `a.q` `subs * SUB / 4` groups of
+/// 16 bytes (none -128) and `a.ds` `subs * 8` floats; without `SIGN`
 /// every code is at most `32767 / (G * 2 * 127)`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn gemm_8x4<const SUB: usize, const G: usize, const SIGN: bool>(
@@ -53,7 +53,7 @@ pub(crate) unsafe fn gemm_8x4<const SUB: usize, const G: usize, const SIGN: bool
     // Group `g`'s products for the four tokens, as 16-bit pair sums.
     let products = |g: usize| -> [__m256i; 4] {
         let u = _mm256_loadu_si256(w.u.add(32 * g).cast());
-        let bcast = |j: usize| _mm256_set1_epi32(a.q[j].add(4 * g).cast::<i32>().read_unaligned());
+        let bcast = |j: usize| _mm256_set1_epi32(a.q.add(16 * g + 4 * j).cast::<i32>().read_unaligned());
         if SIGN {
             let wq = _mm256_xor_si256(u, flip);
             let wabs = _mm256_abs_epi8(wq);
@@ -79,9 +79,9 @@ pub(crate) unsafe fn gemm_8x4<const SUB: usize, const G: usize, const SIGN: bool
         }
         let (s, bias) = (_mm256_loadu_ps(w.s.add(8 * sb)), _mm256_loadu_ps(w.bias.add(8 * sb)));
         for (j, f) in facc.iter_mut().enumerate() {
-            let scale = _mm256_mul_ps(s, _mm256_set1_ps(*a.d[j].add(sb)));
+            let scale = _mm256_mul_ps(s, _mm256_set1_ps(*a.ds.add(8 * sb + j)));
             *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), scale, *f);
-            *f = _mm256_fmadd_ps(bias, _mm256_set1_ps(*a.sums[j].add(sb)), *f);
+            *f = _mm256_fmadd_ps(bias, _mm256_set1_ps(*a.ds.add(8 * sb + 4 + j)), *f);
         }
     }
     for (o, f) in out.iter_mut().zip(&facc) {
