@@ -468,6 +468,9 @@ pub type Dot4Fn = unsafe fn(w: &[u8], row_bytes: usize, a: &[u8], p: &ActPrep) -
 pub fn dot4_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     use QuantKind::*;
     match (isa, kind) {
+        (Isa::Avx2, Q4_0) => Some("avx2::dot4_q4_0"),
+        (Isa::Avx2, Q5_0) => Some("avx2::dot4_q5_0"),
+        (Isa::Avx2, IQ4NL) => Some("avx2::dot4_iq4_nl"),
         (Isa::Avx512Vnni, Q8_0) => Some("avx512::dot4_q8_0"),
         (Isa::Avx512Vnni, Q4_0) => Some("avx512::dot4_q4_0"),
         (Isa::Avx512Vnni, Q5_0) => Some("avx512::dot4_q5_0"),
@@ -485,6 +488,8 @@ pub fn dot4_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
 /// The four-row kernel that exists for `(kind, isa)`, with no fallback.
 pub fn dot4_fn(kind: QuantKind, isa: Isa) -> Option<Dot4Fn> {
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::avx2_dot4_fn(kind),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => x86::avx512_dot4_fn(kind),
         _ => None,

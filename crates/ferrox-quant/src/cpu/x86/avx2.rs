@@ -402,6 +402,105 @@ pub(crate) unsafe fn dot_mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
     })
 }
 
+// --------------------------------------- four rows of 32-element kinds
+
+/// The four rows' sums of `v` (one row per register), in one reduction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum4(v: [__m256; 4]) -> [f32; 4] {
+    let s = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), s);
+    out
+}
+
+/// Four rows of 32-element blocks against one activation row prepared as
+/// `p` (its quants without scales in `p.qs`, its scales as f32 in `p.d`):
+/// each activation block is loaded and its scale converted once for the
+/// four rows, and the four sums reduce together. `dot` gives a weight
+/// block's eight i32 partial sums against the activation quants; `d` its
+/// f16 scale. The rows `PREFETCH_ROWS` further on are prefetched into L2
+/// as the one-row path does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot4_blocks32<X>(
+    w: [&[X]; 4],
+    p: &crate::cpu::ActPrep,
+    dot: impl Fn(&X, __m256i, usize) -> __m256i,
+    d: impl Fn(&X) -> F16,
+    row_bytes: usize,
+) -> [f32; 4] {
+    let nb = w[0].len();
+    debug_assert!(p.d.len() == nb && p.qs.len() >= nb * 32);
+    let prefetch = crate::cpu::PREFETCH_ROWS * row_bytes;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..nb {
+        let a = loadu(p.qs.as_ptr().add(32 * b).cast());
+        let da = *p.d.get_unchecked(b);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = w[r].get_unchecked(b);
+            let ahead = (x as *const X).cast::<i8>().wrapping_add(prefetch);
+            _mm_prefetch::<_MM_HINT_T1>(ahead);
+            let dw = _mm256_set1_ps(f16_to_f32(d(x)) * da);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot(x, a, b)), dw, *acc);
+        }
+    }
+    hsum4(acc)
+}
+
+/// i32 pair sums of signed x signed bytes, neither -128 on the activation
+/// side (the sign trick; a weight of -128 is exact: |-128| is 128 unsigned).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_i8(x: __m256i, a: __m256i) -> __m256i {
+    _mm256_madd_epi16(maddubs_signed(x, a), _mm256_set1_epi16(1))
+}
+
+/// i32 pair sums of unsigned codes (at most 129) x signed bytes, less
+/// `off * sum(a)` in lane 0 (`sum` from the prepared row): `(u - off) . a`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u_off(u: __m256i, a: __m256i, off_sum: i32) -> __m256i {
+    let s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
+    _mm256_sub_epi32(s, _mm256_castsi128_si256(_mm_cvtsi32_si128(off_sum)))
+}
+
+/// The `R` rows of `w` (`R` x `row_bytes`) as blocks of `B`.
+#[inline]
+unsafe fn rows_n<B: Block, const R: usize>(w: &[u8], row_bytes: usize) -> [&[B]; R] {
+    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
+}
+
+/// # Safety
+/// See the module doc; `w` is four rows of `row_bytes`, `a` one activation
+/// row of the same length, `p` prepared from `a` (the kernels read `p`'s
+/// copy of the quants).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot4_q4_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows_n::<BlockQ4_0, 4>(w, row_bytes);
+    dot4_blocks32(rows, p, |x, a, b| dot_u_off(nibbles_32(&x.qs), a, 8 * *p.sum.get_unchecked(b)), |x| x.d, row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot4_q5_0(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows_n::<BlockQ5_0, 4>(w, row_bytes);
+    let b4 = _mm256_set1_epi8(0x10);
+    let code = |x: &BlockQ5_0| _mm256_or_si256(nibbles_32(&x.qs), _mm256_and_si256(bytes_from_bits_32(x.qh), b4));
+    dot4_blocks32(rows, p, |x, a, b| dot_u_off(code(x), a, 16 * *p.sum.get_unchecked(b)), |x| x.d, row_bytes)
+}
+
+/// # Safety
+/// As [`dot4_q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot4_iq4_nl(w: &[u8], row_bytes: usize, _a: &[u8], p: &crate::cpu::ActPrep) -> [f32; 4] {
+    let rows = rows_n::<BlockIQ4NL, 4>(w, row_bytes);
+    let table = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+    dot4_blocks32(rows, p, |x, a, _| dot_i8(lookup_nibbles_32(table, &x.qs), a), |x| x.d, row_bytes)
+}
+
 // ---------------------------------------------------- 256-element K kinds
 
 /// # Safety
