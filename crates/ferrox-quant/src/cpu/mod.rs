@@ -502,19 +502,24 @@ pub(crate) use x86::amx;
 /// Up to eight tokens against one F16 weight row per call, each token's sum
 /// bit-identical to the one-row F16 kernel's (`m` tokens at `a + t *
 /// stride` floats, widened from their F16 activations; results in
-/// `out[..m]`). See `x86::avx512::dot_f16_rows`.
+/// `out[..m]`). See `x86::avx512::dot_f16_rows` and `x86::avx2::dot_f16_rows`.
 ///
 /// # Safety
 /// The level it was obtained for is available; `w` is whole F16 elements
 /// and every activation row holds as many floats.
 pub(crate) type F16RowsFn = unsafe fn(w: &[u8], a: *const f32, stride: usize, m: usize, out: &mut [f32; 8]);
 
-/// The several-token F16 row kernel of `isa`, if it has one: the levels
-/// with AVX-512 (its 32 registers hold eight tokens' sums).
+/// The several-token F16 row kernel of `isa`, if it has one: the x86
+/// levels (AVX-512's 32 registers hold eight tokens' sums, AVX2's sixteen
+/// three at a time).
 pub(crate) fn f16_rows_fn(isa: Isa) -> Option<F16RowsFn> {
     #[cfg(target_arch = "x86_64")]
     if isa.includes(Isa::Avx512Vnni) && isa.is_available() {
         return Some(x86::avx512_f16_rows);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.includes(Isa::Avx2) && isa.is_available() {
+        return Some(x86::avx2_f16_rows);
     }
     let _ = isa;
     None

@@ -255,6 +255,43 @@ pub(crate) unsafe fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
     s
 }
 
+/// One F16 weight row against `M` activation rows (already widened to f32,
+/// `stride` floats apart): each 8-element weight chunk is widened once and
+/// used `M` times. Each token's sum is formed exactly as [`dot_f16`] forms
+/// it (four 8-lane accumulators over 32-element steps, the same fused
+/// multiply-adds, reduction and scalar tail; the widening of an f16
+/// activation to f32 is exact), so it is bit-identical to the one-row
+/// kernel's whatever `M`: a batch's rows equal a decode step's, which
+/// speculative verification relies on. Four accumulators a token fit three
+/// tokens in sixteen registers.
+///
+/// # Safety
+/// See the module doc; `w` is whole F16 elements, and every `a + t * stride
+/// .. + w.len() / 2` for `t < M` is readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16_rows<const M: usize>(w: &[u8], a: *const f32, stride: usize, out: &mut [f32; M]) {
+    let w = blocks_of::<F16>(w);
+    let n = w.len();
+    let mut acc = [[_mm256_setzero_ps(); 4]; M];
+    let mut i = 0;
+    while i + 32 <= n {
+        for k in 0..4 {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i + 8 * k).cast()));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                acc[k] = _mm256_fmadd_ps(x, _mm256_loadu_ps(a.add(t * stride + i + 8 * k)), acc[k]);
+            }
+        }
+        i += 32;
+    }
+    for (t, acc) in acc.iter().enumerate() {
+        let mut s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        for (j, &wj) in w.iter().enumerate().skip(i) {
+            s += f16_to_f32(wj) * *a.add(t * stride + j);
+        }
+        out[t] = s;
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load_bf16x8(p: *const BF16) -> __m256 {

@@ -140,6 +140,28 @@ pub(super) fn quantize_act_avx2(act: QuantKind, x: &[f32], out: &mut [u8]) -> bo
     true
 }
 
+/// `m` (1..=8) tokens against one F16 row with `avx2::dot_f16_rows`, three
+/// tokens at a time, into `out[..m]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `w` is whole F16 elements and each of
+/// the `m` activation rows at `a + t * stride` holds `w.len() / 2` floats.
+pub(super) unsafe fn avx2_f16_rows(w: &[u8], a: *const f32, stride: usize, m: usize, out: &mut [f32; 8]) {
+    let mut t = 0;
+    while t < m.min(8) {
+        let at = a.wrapping_add(t * stride);
+        // SAFETY: the caller's contract, for rows t.. of the `m`.
+        unsafe {
+            match m - t {
+                1 => avx2::dot_f16_rows::<1>(w, at, stride, (&mut out[t..t + 1]).try_into().unwrap_or_else(|_| unreachable!())),
+                2 => avx2::dot_f16_rows::<2>(w, at, stride, (&mut out[t..t + 2]).try_into().unwrap_or_else(|_| unreachable!())),
+                _ => avx2::dot_f16_rows::<3>(w, at, stride, (&mut out[t..t + 3]).try_into().unwrap_or_else(|_| unreachable!())),
+            }
+        }
+        t += 3;
+    }
+}
+
 /// `m` (1..=8) tokens against one F16 row with `avx512::dot_f16_rows`,
 /// into `out[..m]`.
 ///
