@@ -414,7 +414,7 @@ pub(crate) fn cpu_placement(
                                 ),
                                 _ => String::new(),
                             };
-                            format!("cpu gemm: {g}, packed per call (batches of {}+){bf16}", ferrox_quant::gemm::MIN_BATCH_UNPACKED)
+                            format!("cpu gemm: {g}, packed per call (batches of {}+){bf16}", ferrox_quant::gemm::min_batch_unpacked(isa))
                         }
                         None => format!("cpu matmul: act quantized once per batch, {} per (row, token)", k.name),
                     },

@@ -4,12 +4,15 @@
 //!
 //! `cargo bench -p ferrox-quant --bench gemm -- [KIND...]` prints a markdown
 //! table of GMAC/s (multiply-adds per second): the best of the repeats, which
-//! a noisy machine disturbs least, and the median.
+//! a noisy machine disturbs least, and the median. `FERROX_BENCH_N=8,16,32`
+//! measures those batch sizes instead, beside the per-token row kernels
+//! (`Products::Rows`), to place the crossover (`gemm::MIN_BATCH_UNPACKED`);
+//! `FERROX_BENCH_SHAPES=768x2048,2048x768` other `rows x cols` shapes.
 
 use std::time::Instant;
 
 use ferrox_quant::cpu::Isa;
-use ferrox_quant::matvec::matmul_with;
+use ferrox_quant::matvec::{matmul_on, Products};
 use ferrox_quant::QuantKind;
 
 fn rnd(s: &mut u64) -> f32 {
@@ -29,8 +32,8 @@ fn weights(kind: QuantKind, rows: usize, cols: usize) -> Vec<u64> {
     out
 }
 
-/// (best, median) GMAC/s of `n` tokens through `rows x cols`.
-fn gmacs(kind: QuantKind, isa: Isa, rows: usize, cols: usize, n: usize, threads: usize) -> (f64, f64) {
+/// (best, median) GMAC/s of `n` tokens through `rows x cols`, taking `products`.
+fn gmacs(kind: QuantKind, isa: Isa, rows: usize, cols: usize, n: usize, threads: usize, products: Products) -> (f64, f64) {
     let w = weights(kind, rows, cols);
     let wb = &bytemuck::cast_slice::<u64, u8>(&w)[..ferrox_quant::row_bytes(kind, cols).expect("whole blocks") * rows];
     let mut s = 7u64;
@@ -38,7 +41,7 @@ fn gmacs(kind: QuantKind, isa: Isa, rows: usize, cols: usize, n: usize, threads:
     let mut y = vec![0.0f32; n * rows];
     let mut once = || {
         let t = Instant::now();
-        matmul_with(isa, kind, wb, rows, cols, &x, &mut y, n, threads).expect("bench shapes are valid");
+        matmul_on(isa, kind, wb, rows, cols, &x, &mut y, n, threads, products).expect("bench shapes are valid");
         t.elapsed().as_secs_f64()
     };
     once();
@@ -46,6 +49,10 @@ fn gmacs(kind: QuantKind, isa: Isa, rows: usize, cols: usize, n: usize, threads:
     times.sort_by(f64::total_cmp);
     let macs = (rows * cols * n) as f64 / 1e9;
     (macs / times[0], macs / times[times.len() / 2])
+}
+
+fn list(var: &str) -> Option<Vec<String>> {
+    std::env::var(var).ok().map(|v| v.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect())
 }
 
 fn main() {
@@ -57,17 +64,40 @@ fn main() {
     };
     // FERROX_CPU_ISA=avx2 lowers the level, to compare levels on one CPU.
     let isa = Isa::active();
+    let shapes = |kind: QuantKind| -> Vec<(usize, usize)> {
+        match list("FERROX_BENCH_SHAPES") {
+            Some(v) => v.iter().filter_map(|s| s.split_once('x')).filter_map(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?))).collect(),
+            None => {
+                let k = if 640 % kind.block_elems() == 0 { 640 } else { 768 };
+                vec![(2048, k), (k, 2048)]
+            }
+        }
+    };
+    if let Some(ns) = list("FERROX_BENCH_N") {
+        println!("level {isa}; 2 threads; GMAC/s, best / median of 9: per-token rows, then the batched path\n");
+        println!("| kind | shape | tokens | rows | batched |");
+        println!("|---|---|---:|---:|---:|");
+        for &kind in &kinds {
+            for (rows, cols) in shapes(kind) {
+                for n in ns.iter().filter_map(|n| n.parse::<usize>().ok()) {
+                    let (rb, rm) = gmacs(kind, isa, rows, cols, n, 2, Products::Rows);
+                    let (gb, gm) = gmacs(kind, isa, rows, cols, n, 2, Products::Exact);
+                    println!("| {kind} | {rows}x{cols} | {n} | {rb:.1} / {rm:.1} | {gb:.1} / {gm:.1} |");
+                }
+            }
+        }
+        return;
+    }
     let n = 512;
     println!("level {isa}; {n} tokens; GMAC/s, best / median of 9\n");
     println!("| kind | shape | 1 thread | 2 threads |");
     println!("|---|---|---:|---:|");
     for &kind in &kinds {
-        let k = if 640 % kind.block_elems() == 0 { 640 } else { 768 };
-        for (rows, cols) in [(2048, k), (k, 2048)] {
+        for (rows, cols) in shapes(kind) {
             let cells: Vec<String> = [1, 2]
                 .iter()
                 .map(|&t| {
-                    let (best, med) = gmacs(kind, isa, rows, cols, n, t);
+                    let (best, med) = gmacs(kind, isa, rows, cols, n, t, Products::Exact);
                     format!("{best:.1} / {med:.1}")
                 })
                 .collect();

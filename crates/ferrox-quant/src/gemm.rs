@@ -47,8 +47,23 @@ pub const MIN_BATCH: usize = 8;
 /// The smallest batch that takes the GEMM when the weights must be unpacked
 /// per call: the unpack costs about as much as 16 tokens of per-row dot
 /// products (Gemma 3 270M, AMX: pp16 288 t/s per call vs 427 packed at
-/// load), so it pays only for batches well past that.
+/// load), so it pays only for batches well past that. AVX2 has its own
+/// ([`min_batch_unpacked`]).
 pub const MIN_BATCH_UNPACKED: usize = 32;
+
+/// [`MIN_BATCH_UNPACKED`] at level `isa`. On AVX2 the per-token row kernels
+/// are slower against the GEMM than on AVX-512, so it pays from 16 tokens
+/// (`benches/gemm.rs` with `FERROX_BENCH_N`, AVX2-only EPYC, 2 threads, a
+/// mixture's expert shapes 768x2048 and 2048x768: at 16 tokens the GEMM
+/// makes 41–52 GMAC/s against the rows' 23–49 for Q4_K, Q6_K and Q8_0, at
+/// 12 about even, at 8 behind).
+pub fn min_batch_unpacked(isa: Isa) -> usize {
+    if isa == Isa::Avx2 {
+        16
+    } else {
+        MIN_BATCH_UNPACKED
+    }
+}
 
 /// The GEMM micro-kernel `(kind, isa)` claims, by name: the capability
 /// table, written by hand; [`gemm_fn`] is what exists, and a test ties them.

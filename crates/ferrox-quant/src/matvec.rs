@@ -216,7 +216,7 @@ pub fn matmul_on(
         return Ok(());
     }
     if products != Products::Rows
-        && (n >= crate::gemm::MIN_BATCH_UNPACKED
+        && (n >= crate::gemm::min_batch_unpacked(isa)
             || (n >= crate::gemm::MIN_BATCH && crate::gemm::reads_in_place(kind, isa))
             || (products == Products::Any && crate::gemm::bf16_per_call(kind, isa, cols, n)))
         && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads, products == Products::Any)?
