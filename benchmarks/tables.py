@@ -311,6 +311,8 @@ TABLES = {
                          model_col=True, size=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
     "moe-cpu-xeon": dict(BAR, file="moe.jsonl", where={"set": "moe-cpu", "machine": "xeon-amx-2c"},
                          model_col=True, size=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
+    "moe-cpu-epyc-avx2": dict(BAR, file="moe.jsonl", where={"set": "moe-cpu", "machine": "epyc-avx2-2c"},
+                              model_col=True, size=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
     "moe-cuda-h100": dict(CUDA_CMP, file="moe.jsonl", where={"set": "moe-cuda", "machine": "h100"},
                           command="SKIP_TESTS=1 LLAMA=1 SHAPES=qwen3moe-30b-l8 KINDS=Q4_K_M bash scripts/cuda-moe.sh",
                           note="(through the device tool, carrying target/devmoe; see the script's header)"),
