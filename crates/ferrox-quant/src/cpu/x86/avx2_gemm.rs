@@ -19,6 +19,8 @@
 
 use core::arch::x86_64::*;
 
+use super::avx2::{bytes_from_bits_32, f16_to_f32, loadu, lookup_nibbles_32, nibbles_32, KVALUES_IQ4NL};
+use crate::blocks::{BlockIQ4NL, BlockQ4_0, BlockQ5_0, BlockQ8_0};
 use crate::gemm::{Cols4, Rows8};
 
 /// Eight rows x four tokens over `subs` sub-blocks of `SUB` elements: row
@@ -87,4 +89,87 @@ pub(crate) unsafe fn gemm_8x4<const SUB: usize, const G: usize, const SIGN: bool
     for (o, f) in out.iter_mut().zip(&facc) {
         _mm256_storeu_ps(o.as_mut_ptr(), *f);
     }
+}
+
+/// Eight 8-dword rows transposed: `out[g]` holds dword `g` of every row,
+/// row order (what [`gemm_8x4`]'s panel needs of eight rows' 32 codes).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+    let t: [__m256i; 8] = core::array::from_fn(|i| {
+        let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+        if i % 2 == 0 { _mm256_unpacklo_epi32(a, b) } else { _mm256_unpackhi_epi32(a, b) }
+    });
+    // u[k]: dwords k and k + 4 of rows 0..4 (k < 4) or 4..8 (k >= 4), one per 128-bit lane.
+    let u: [__m256i; 8] = core::array::from_fn(|k| {
+        let (h, k) = (k / 4 * 4, k % 4);
+        let (a, b) = (t[h + k / 2], t[h + k / 2 + 2]);
+        if k % 2 == 0 { _mm256_unpacklo_epi64(a, b) } else { _mm256_unpackhi_epi64(a, b) }
+    });
+    core::array::from_fn(|g| {
+        if g < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[g], u[g + 4])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[g - 4], u[g])
+        }
+    })
+}
+
+/// Eight rows of a 32-element kind into [`gemm_8x4`]'s panel: `u` the codes
+/// (`q + OFFSET`, rows interleaved four at a time: `8 * 32` bytes a block),
+/// `s` each block's scale for the eight rows (8 floats a block). `codes`
+/// gives a block's 32 codes in element order, `scale` its scale; the kind's
+/// own bias is zero.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack8<B>(rows: [&[B]; 8], u: &mut [u8], s: &mut [f32], codes: impl Fn(&B) -> __m256i, scale: impl Fn(&B) -> f32) {
+    for b in 0..rows[0].len() {
+        let groups = transpose8(core::array::from_fn(|r| codes(rows[r].get_unchecked(b))));
+        for (g, v) in groups.iter().enumerate() {
+            _mm256_storeu_si256(u.as_mut_ptr().add(256 * b + 32 * g).cast(), *v);
+        }
+        for (r, row) in rows.iter().enumerate() {
+            *s.get_unchecked_mut(8 * b + r) = scale(row.get_unchecked(b));
+        }
+    }
+}
+
+/// The eight rows `rows` (whole blocks of `B`, aligned) as slices of `B`.
+#[inline]
+unsafe fn rows8_of<'a, B: crate::blocks::Block>(rows: &[&'a [u8]; 8]) -> [&'a [B]; 8] {
+    core::array::from_fn(|r| crate::cpu::blocks_of::<B>(rows[r]))
+}
+
+/// # Safety
+/// AVX2, FMA, F16C; `rows` are eight rows of whole aligned Q4_0 blocks of
+/// one length; `u` holds `256` bytes and `s` 8 floats per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q4_0(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32]) {
+    pack8(rows8_of::<BlockQ4_0>(rows), u, s, |x| nibbles_32(&x.qs), |x| f16_to_f32(x.d))
+}
+
+/// # Safety
+/// As [`pack8_q4_0`], for Q5_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q5_0(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32]) {
+    let b4 = _mm256_set1_epi8(0x10);
+    let codes = |x: &BlockQ5_0| _mm256_or_si256(nibbles_32(&x.qs), _mm256_and_si256(bytes_from_bits_32(x.qh), b4));
+    pack8(rows8_of::<BlockQ5_0>(rows), u, s, codes, |x| f16_to_f32(x.d))
+}
+
+/// # Safety
+/// As [`pack8_q4_0`], for Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q8_0(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32]) {
+    let flip = _mm256_set1_epi8(-128);
+    // `q + 128` is `q ^ 0x80` for every byte.
+    pack8(rows8_of::<BlockQ8_0>(rows), u, s, |x| _mm256_xor_si256(loadu(x.qs.as_ptr().cast()), flip), |x| f16_to_f32(x.d))
+}
+
+/// # Safety
+/// As [`pack8_q4_0`], for IQ4_NL.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_iq4_nl(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32]) {
+    let (table, flip) = (_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()), _mm256_set1_epi8(-128));
+    pack8(rows8_of::<BlockIQ4NL>(rows), u, s, |x| _mm256_xor_si256(lookup_nibbles_32(table, &x.qs), flip), |x| f16_to_f32(x.d))
 }

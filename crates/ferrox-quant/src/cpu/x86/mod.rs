@@ -97,6 +97,21 @@ pub(crate) fn avx2_gemm_8x4(sub: usize, code_max: i32) -> Option<(crate::gemm::R
     })
 }
 
+/// The AVX2 panel packer of eight rows for `kind`, where it has one (the
+/// 32-element kinds whose blocks have a scale and no bias): see
+/// [`crate::gemm::Pack8Fn`].
+pub(crate) fn avx2_pack8(kind: QuantKind) -> Option<crate::gemm::Pack8Fn> {
+    use QuantKind::*;
+    let f: crate::gemm::Pack8Fn = match kind {
+        Q4_0 => avx2_gemm::pack8_q4_0,
+        Q5_0 => avx2_gemm::pack8_q5_0,
+        Q8_0 => avx2_gemm::pack8_q8_0,
+        IQ4NL => avx2_gemm::pack8_iq4_nl,
+        _ => return None, // capability table: partial by design
+    };
+    Some(f)
+}
+
 /// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::TileFn`]).
 pub(crate) fn avx512_gemm_tile() -> crate::gemm::TileFn {
     avx512_gemm::gemm_u8s8_4x4
