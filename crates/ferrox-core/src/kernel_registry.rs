@@ -374,7 +374,7 @@ pub(crate) fn cpu_placement(
                     match k.four_rows {
                         _ if crate::backend::cpu::interleaves(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => format!(
                             "cpu matvec: {}, 16 rows interleaved at load (act {})",
-                            ferrox_quant::matvec::InterleavedQ8_0::KERNEL,
+                            ferrox_quant::matvec::InterleavedQ8_0::kernel(ferrox_quant::cpu::Isa::active()),
                             k.act
                         ),
                         Some(f) => format!("cpu matvec: {f}, four rows per call (act {})", k.act),
@@ -396,7 +396,10 @@ pub(crate) fn cpu_placement(
                                         None => String::new(),
                                     }
                                 ),
-                                _ => format!("cpu matmul: {} per token on the interleaved copy", ferrox_quant::matvec::InterleavedQ8_0::KERNEL),
+                                _ => format!(
+                                    "cpu matmul: {} per token on the interleaved copy",
+                                    ferrox_quant::matvec::InterleavedQ8_0::kernel(ferrox_quant::cpu::Isa::active())
+                                ),
                             }
                         }
                         Some((isa, g)) if ferrox_quant::gemm::reads_in_place(kind, isa) => {

@@ -575,7 +575,7 @@ mod tests {
         let wb: &'a [u8] = &bytemuck::cast_slice::<u64, u8>(wq)[..rows * rb];
         let m = InterleavedQ8_0::new(isa, wb, rows, rb / 34 * 32).unwrap();
         if m.is_none() {
-            eprintln!("NOT CHECKED: the interleaved Q8_0 matvec needs AVX-512 VNNI, which this CPU lacks");
+            eprintln!("NOT CHECKED: the interleaved Q8_0 matvec at {isa} (this CPU lacks AVX2)");
         }
         m.map(|m| (wb, m))
     }
@@ -726,7 +726,19 @@ mod tests {
     /// random bytes (every quant value, -128 included; scales kept finite).
     #[test]
     fn interleaved_q8_0_matches_the_scalar_twin_and_dequantize() {
-        let isa = Isa::detect();
+        // AVX2's kernel by name, and the best level's (AVX-512's where the CPU has it).
+        let mut levels = vec![Isa::Avx2, Isa::detect()];
+        levels.dedup();
+        for isa in levels {
+            if isa.is_available() {
+                interleaved_q8_0_at(isa);
+            } else {
+                eprintln!("NOT CHECKED: the interleaved Q8_0 matvec at {isa} (this CPU lacks it)");
+            }
+        }
+    }
+
+    fn interleaved_q8_0_at(isa: Isa) {
         let mut rng = SmallRng::seed_from_u64(16);
         for (rows, cols) in [(16, 32), (48, 96), (32, 640)] {
             let rb = crate::row_bytes(QuantKind::Q8_0, cols).unwrap();
@@ -752,7 +764,7 @@ mod tests {
                     for r in 0..rows {
                         let want = crate::scalar::vec_dot(QuantKind::Q8_0, &wb[r * rb..(r + 1) * rb], xb).unwrap();
                         let got = y[t * rows + r];
-                        assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{rows}x{cols} n={n}: row {r} token {t}: {got} vs scalar {want}");
+                        assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{isa}: {rows}x{cols} n={n}: row {r} token {t}: {got} vs scalar {want}");
                     }
                 }
             }
@@ -922,7 +934,7 @@ pub struct InterleavedQ8_0 {
 
 impl InterleavedQ8_0 {
     /// Interleaves `weights` (`rows x cols` of Q8_0), or `None` where the
-    /// layout does not apply: not x86-64 with AVX-512 VNNI, or `rows` not a
+    /// layout does not apply: not x86-64 with AVX2, or `rows` not a
     /// multiple of 16.
     pub fn new(isa: Isa, weights: &[u8], rows: usize, cols: usize) -> Result<Option<InterleavedQ8_0>, CpuError> {
         Self::new_releasing(isa, weights, rows, cols, |_| {})
@@ -935,7 +947,7 @@ impl InterleavedQ8_0 {
     pub fn new_releasing(isa: Isa, weights: &[u8], rows: usize, cols: usize, mut done: impl FnMut(&[u8])) -> Result<Option<InterleavedQ8_0>, CpuError> {
         #[cfg(target_arch = "x86_64")]
         {
-            if !isa.includes(Isa::Avx512Vnni) || !rows.is_multiple_of(16) || rows == 0 {
+            if !isa.includes(Isa::Avx2) || !rows.is_multiple_of(16) || rows == 0 {
                 return Ok(None);
             }
             let row_bytes = crate::row_bytes(QuantKind::Q8_0, cols)?;
@@ -973,6 +985,16 @@ impl InterleavedQ8_0 {
 
     /// The decode kernel, by name (`ferrox kernels`).
     pub const KERNEL: &'static str = "avx512::vnni16_q8_0";
+
+    /// The decode kernel at level `isa` (AVX-512's [`InterleavedQ8_0::KERNEL`]
+    /// or AVX2's), by name.
+    pub fn kernel(isa: Isa) -> &'static str {
+        if isa.includes(Isa::Avx512Vnni) {
+            Self::KERNEL
+        } else {
+            "avx2::vnni16_q8_0"
+        }
+    }
 
     /// The batched product's kernel where the CPU has AMX (`ferrox kernels`).
     pub const TILE_KERNEL: &'static str = "amx::interleaved_16x16";
@@ -1111,8 +1133,11 @@ impl InterleavedQ8_0 {
         Ok(false)
     }
 
-    /// [`InterleavedQ8_0::matmul`] token by token with the VNNI group
-    /// kernel, whatever `n` (each token reads the whole copy).
+    /// [`InterleavedQ8_0::matmul`] token by token with the group kernel
+    /// (AVX-512 VNNI, or AVX2's), whatever `n`: every token's activation is
+    /// quantized first, then each 16-row group is taken against every token
+    /// while it is in cache, so a batch reads the copy once, and each
+    /// token's sums are the ones it gets alone.
     pub fn matmul_per_token(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize) -> Result<(), CpuError> {
         let (rows, cols) = (self.rows, self.cols);
         if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
@@ -1120,34 +1145,49 @@ impl InterleavedQ8_0 {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            use cpu::x86::vnni16::{group_dot, GROUP_BLOCK};
+            use cpu::x86::vnni16::{group_dot, group_dot_avx2, GROUP_BLOCK};
             let nb = cols / 32;
             let w: &[u8] = bytemuck::cast_slice(&self.bytes);
             let groups = rows / 16;
             let per_task = groups.div_ceil(threads.max(1) * 8).max(1);
-            let mut act = vec![0u64; (nb * 34).div_ceil(8)];
-            let mut prep = cpu::ActPrep::default();
-            for t in 0..n {
-                let a = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut act)[..nb * 34];
-                cpu::quantize_act(QuantKind::Q8_0, Isa::Avx512Vnni, &x[t * cols..(t + 1) * cols], a)?;
+            let ab = nb * 34;
+            let mut act = vec![0u64; (n * ab).div_ceil(8)];
+            let acts = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut act)[..n * ab];
+            let mut preps = Vec::with_capacity(n);
+            for (t, a) in acts.chunks_exact_mut(ab.max(1)).enumerate().take(n) {
+                cpu::quantize_act(QuantKind::Q8_0, self.isa.dot_level(), &x[t * cols..(t + 1) * cols], a)?;
+                let mut prep = cpu::ActPrep::default();
                 prep.q8_0(a)?;
-                let a: &[u8] = a;
-                let out = OutPtr(y[t * rows..].as_mut_ptr());
-                // Sixteen blocks of groups ahead (~8.5 KiB), into L2.
-                let prefetch = 16 * GROUP_BLOCK;
-                ThreadPool::global().run(threads, groups.div_ceil(per_task), &|task| {
-                    #[allow(clippy::redundant_locals)]
-                    let out = &out;
-                    for g in task * per_task..((task + 1) * per_task).min(groups) {
-                        // SAFETY: AVX-512 VNNI (checked at `new`); group `g` is
-                        // `nb * GROUP_BLOCK` bytes of `w`, `a` is `nb` blocks.
-                        let r = unsafe { group_dot(&w[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK], nb, a, &prep.d, &prep.sum, prefetch) };
-                        // SAFETY: rows 16g..16g + 16 of token t's output row
-                        // are inside `y` and this task's alone.
-                        unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add(g * 16), 16) };
-                    }
-                });
+                preps.push(prep);
             }
+            let acts: &[u8] = acts;
+            let vnni = self.isa.includes(Isa::Avx512Vnni);
+            let out = OutPtr(y.as_mut_ptr());
+            // Sixteen blocks of groups ahead (~8.5 KiB), into L2.
+            let prefetch = 16 * GROUP_BLOCK;
+            ThreadPool::global().run(threads, groups.div_ceil(per_task), &|task| {
+                #[allow(clippy::redundant_locals)]
+                let out = &out;
+                for g in task * per_task..((task + 1) * per_task).min(groups) {
+                    let wg = &w[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK];
+                    for (t, prep) in preps.iter().enumerate() {
+                        let a = &acts[t * ab..(t + 1) * ab];
+                        // SAFETY: the level (AVX-512 VNNI, or else AVX2) was
+                        // checked at `new`; group `g` is `nb * GROUP_BLOCK`
+                        // bytes of `w`, `a` is `nb` blocks.
+                        let r = unsafe {
+                            if vnni {
+                                group_dot(wg, nb, a, &prep.d, &prep.sum, prefetch)
+                            } else {
+                                group_dot_avx2(wg, nb, a, &prep.d, prefetch)
+                            }
+                        };
+                        // SAFETY: rows 16g..16g + 16 of token t's output row
+                        // are inside `y` (n x rows) and this task's alone.
+                        unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add(t * rows + g * 16), 16) };
+                    }
+                }
+            });
             Ok(())
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -336,15 +336,15 @@ pub fn interleave_setting() -> Result<bool, super::BadValue> {
 /// embedding (the largest matrix of small models, read whole every token;
 /// the layers' Q8_0 matrices stay in place, since the prefill GEMM reads
 /// them there). Every product over it then reads the copy: decode with
-/// VNNI, batches (the server's steps, perplexity) with AMX tiles straight
-/// from the copy, with no GEMM form kept beside it. Needs AVX-512 VNNI and
-/// rows in whole sixteens. In a `measure` build `FERROX_CPU_INTERLEAVE=0`
+/// VNNI (or AVX2's eight rows a register), batches (the server's steps,
+/// perplexity) with AMX tiles straight from the copy, else token by token,
+/// with no GEMM form kept beside it. Needs AVX2 and rows in whole sixteens. In a `measure` build `FERROX_CPU_INTERLEAVE=0`
 /// turns it off ([`interleave_setting`]).
 pub fn interleaves(name: &str, kind: QuantKind, rows: usize) -> bool {
     kind == QuantKind::Q8_0
         && !name.starts_with("blk.")
         && rows.is_multiple_of(16)
-        && Isa::active().includes(Isa::Avx512Vnni)
+        && Isa::active().includes(Isa::Avx2)
         && interleave_setting().unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -12,8 +12,14 @@
 //! instructions per byte keep more loads in flight. The same size as the
 //! stored matrix (544 bytes per 16 rows x 32 elements).
 //!
+//! AVX2 CPUs read the same layout eight rows per register
+//! ([`group_dot_avx2`]): `vpmaddubsw` saturates, so the codes go back to
+//! signed and take the sign trick, still one row per lane and no
+//! horizontal sums (about 6 vector ops per 32 bytes where the one-row Q8_0
+//! kernel needs about 16 per block).
+//!
 //! Every function here is `unsafe` for one reason, stated once: it must only
-//! run on a CPU with AVX-512 F/BW/VL/VNNI and F16C.
+//! run on a CPU with the features its `target_feature` names.
 
 use core::arch::x86_64::*;
 
@@ -81,5 +87,45 @@ pub(crate) unsafe fn group_dot(w: &[u8], nb: usize, a: &[u8], d: &[f32], sum: &[
     }
     let mut out = [0f32; 16];
     _mm512_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// [`group_dot`] for AVX2: each 64-byte group is two halves of eight rows;
+/// the codes go back to signed (`^ 0x80`) and are multiplied as
+/// `|w| x sign(a, w)` (`vpmaddubsw` saturates unsigned codes; a weight of
+/// -128 is exact, an activation never is -128). A block's sums stay in 32
+/// bits until its scales, as in [`group_dot`].
+///
+/// # Safety
+/// See the module doc; `w` holds `nb * GROUP_BLOCK` bytes, `a` `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn group_dot_avx2(w: &[u8], nb: usize, a: &[u8], d: &[f32], prefetch: usize) -> [f32; 16] {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for b in 0..nb {
+        let blk = wp.add(b * GROUP_BLOCK);
+        for l in (0..GROUP_BLOCK).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
+        }
+        let aq = ap.add(b * 34 + 2);
+        let mut s = [_mm256_setzero_si256(); 2];
+        for k4 in 0..8 {
+            let word = _mm256_set1_epi32(aq.add(4 * k4).cast::<i32>().read_unaligned());
+            for (h, s) in s.iter_mut().enumerate() {
+                let q = _mm256_xor_si256(_mm256_loadu_si256(blk.add(32 + 64 * k4 + 32 * h).cast()), flip);
+                let p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(word, q));
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, ones));
+            }
+        }
+        let da = _mm256_set1_ps(*d.get_unchecked(b));
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let scale = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h).cast()));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), _mm256_mul_ps(scale, da), *acc);
+        }
+    }
+    let mut out = [0f32; 16];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc[0]);
+    _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[1]);
     out
 }
