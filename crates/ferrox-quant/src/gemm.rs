@@ -138,6 +138,7 @@ pub(crate) type Pack8Fn = unsafe fn(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f3
 /// time (group `g` of four elements is 32 bytes: row 0's four codes, then
 /// row 1's, ... row 7's), and per sub-block the eight rows' scales and
 /// biases (8 floats each).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // AVX2 only
 pub(crate) struct Rows8 {
     pub(crate) u: *const u8,
     pub(crate) s: *const f32,
@@ -148,6 +149,7 @@ pub(crate) struct Rows8 {
 /// at a time (group `g` is 16 bytes: token 0's four codes, then token 1's,
 /// ...), and per sub-block the four tokens' scales, then their `d * sum(q)`
 /// (8 floats).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // AVX2 only
 pub(crate) struct Cols4 {
     pub(crate) q: *const i8,
     pub(crate) ds: *const f32,
@@ -203,6 +205,7 @@ type SubSink<'a> = &'a mut dyn FnMut(usize, f32, f32);
 struct PackInfo {
     sub: usize,
     offset: i32,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // AVX2 picks its tile by it
     code_max: i32,
     pack: fn(row: &[u8], u: &mut [u8], sink: SubSink<'_>),
 }
