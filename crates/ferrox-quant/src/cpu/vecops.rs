@@ -285,16 +285,45 @@ mod x86 {
     /// # Safety
     /// AVX-512F; operands checked by [`super::attn_scores`]; `hd % 16 == 0`.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub(super) unsafe fn attn_scores_avx512(q: &[f32], k: &[F16], stride: usize, first: usize, len: usize, hd: usize, g: usize, out: &mut [f32]) {
+        scores_by_blocks([scores_block::<1>, scores_block::<2>, scores_block::<4>], q, k, stride, first, len, hd, g, out)
+    }
+
+    /// A scores kernel for a block of 1, 2 or 4 heads ([`scores_block`],
+    /// [`scores_block_avx2`]): `q`, K rows, stride, keys, head size, out,
+    /// out row length.
+    type ScoresBlock = unsafe fn(*const f32, *const F16, usize, usize, usize, *mut f32, usize);
+
+    /// A values kernel for a block of 1, 2 or 4 heads ([`values_block`],
+    /// [`values_block_avx2`]): weights, V rows, stride, keys, head size, out.
+    type ValuesBlock = unsafe fn(*const f32, *const F16, usize, usize, usize, *mut f32);
+
+    /// Scores over [`head_blocks`] of `g`, each block by the kernel of its
+    /// width (`kernels[0]` for 1 head, `[1]` for 2, `[2]` for 4).
+    ///
+    /// # Safety
+    /// The kernels' level is available; operands checked by
+    /// [`super::attn_scores`] for the kernels' head-size multiple.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_by_blocks(kernels: [ScoresBlock; 3], q: &[f32], k: &[F16], stride: usize, first: usize, len: usize, hd: usize, g: usize, out: &mut [f32]) {
         let kp = k.as_ptr().add(first * stride);
         for (h, width) in head_blocks(g) {
             let (qp, op) = (q.as_ptr().add(h * hd), out.as_mut_ptr().add(h * len));
-            match width {
-                1 => scores_block::<1>(qp, kp, stride, len, hd, op, len),
-                2 => scores_block::<2>(qp, kp, stride, len, hd, op, len),
-                _ => scores_block::<4>(qp, kp, stride, len, hd, op, len),
-            }
+            kernels[width.trailing_zeros() as usize](qp, kp, stride, len, hd, op, len);
+        }
+    }
+
+    /// Values over [`head_blocks`] of `g`, as [`scores_by_blocks`].
+    ///
+    /// # Safety
+    /// As [`scores_by_blocks`], operands checked by [`super::attn_values`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn values_by_blocks(kernels: [ValuesBlock; 3], w: &[f32], v: &[F16], stride: usize, first: usize, len: usize, hdv: usize, g: usize, out: &mut [f32]) {
+        let vp = v.as_ptr().add(first * stride);
+        for (h, width) in head_blocks(g) {
+            // Rows of `w` for heads h.. are `len` apart, as the block expects.
+            let (wp, op) = (w.as_ptr().add(h * len), out.as_mut_ptr().add(h * hdv));
+            kernels[width.trailing_zeros() as usize](wp, vp, stride, len, hdv, op);
         }
     }
 
@@ -356,18 +385,8 @@ mod x86 {
     /// # Safety
     /// AVX-512F; operands checked by [`super::attn_values`]; `hdv % 16 == 0`.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
     pub(super) unsafe fn attn_values_avx512(w: &[f32], v: &[F16], stride: usize, first: usize, len: usize, hdv: usize, g: usize, out: &mut [f32]) {
-        let vp = v.as_ptr().add(first * stride);
-        for (h, width) in head_blocks(g) {
-            let (wp, op) = (w.as_ptr().add(h * len), out.as_mut_ptr().add(h * hdv));
-            // Rows of `w` for heads h.. are `len` apart, as the block expects.
-            match width {
-                1 => values_block::<1>(wp, vp, stride, len, hdv, op),
-                2 => values_block::<2>(wp, vp, stride, len, hdv, op),
-                _ => values_block::<4>(wp, vp, stride, len, hdv, op),
-            }
-        }
+        values_by_blocks([values_block::<1>, values_block::<2>, values_block::<4>], w, v, stride, first, len, hdv, g, out)
     }
 
     /// [`scores_block`] in 256-bit registers: two accumulators a head (eight
@@ -398,17 +417,8 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA, F16C; operands checked by [`super::attn_scores`]; `hd % 16 == 0`.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attn_scores_avx2(q: &[f32], k: &[F16], stride: usize, first: usize, len: usize, hd: usize, g: usize, out: &mut [f32]) {
-        let kp = k.as_ptr().add(first * stride);
-        for (h, width) in head_blocks(g) {
-            let (qp, op) = (q.as_ptr().add(h * hd), out.as_mut_ptr().add(h * len));
-            match width {
-                1 => scores_block_avx2::<1>(qp, kp, stride, len, hd, op, len),
-                2 => scores_block_avx2::<2>(qp, kp, stride, len, hd, op, len),
-                _ => scores_block_avx2::<4>(qp, kp, stride, len, hd, op, len),
-            }
-        }
+        scores_by_blocks([scores_block_avx2::<1>, scores_block_avx2::<2>, scores_block_avx2::<4>], q, k, stride, first, len, hd, g, out)
     }
 
     /// [`values_block`] in 256-bit registers: `G` heads x 16 output values
@@ -439,17 +449,8 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA, F16C; operands checked by [`super::attn_values`]; `hdv % 16 == 0`.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attn_values_avx2(w: &[f32], v: &[F16], stride: usize, first: usize, len: usize, hdv: usize, g: usize, out: &mut [f32]) {
-        let vp = v.as_ptr().add(first * stride);
-        for (h, width) in head_blocks(g) {
-            let (wp, op) = (w.as_ptr().add(h * len), out.as_mut_ptr().add(h * hdv));
-            match width {
-                1 => values_block_avx2::<1>(wp, vp, stride, len, hdv, op),
-                2 => values_block_avx2::<2>(wp, vp, stride, len, hdv, op),
-                _ => values_block_avx2::<4>(wp, vp, stride, len, hdv, op),
-            }
-        }
+        values_by_blocks([values_block_avx2::<1>, values_block_avx2::<2>, values_block_avx2::<4>], w, v, stride, first, len, hdv, g, out)
     }
 
     /// e^x for x <= 0 (softmax inputs after the max is subtracted): 2^n
