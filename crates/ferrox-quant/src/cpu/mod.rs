@@ -274,6 +274,18 @@ pub(crate) unsafe fn blocks_of<B: Block>(bytes: &[u8]) -> &[B] {
     unsafe { core::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), bytes.len() / core::mem::size_of::<B>()) }
 }
 
+/// The `R` consecutive rows of `w` (`R` x `row_bytes`) as blocks of `B`:
+/// the four-row kernels' operands.
+///
+/// # Safety
+/// Each row is as [`blocks_of`] requires; `w` holds `R * row_bytes` bytes.
+#[inline]
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn rows_n<B: Block, const R: usize>(w: &[u8], row_bytes: usize) -> [&[B]; R] {
+    // SAFETY: the caller's contract, row by row.
+    core::array::from_fn(|r| unsafe { blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]) })
+}
+
 /// The scalar twin behind a [`DotFn`].
 ///
 /// # Safety

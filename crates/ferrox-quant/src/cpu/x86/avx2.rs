@@ -14,7 +14,7 @@
 use core::arch::x86_64::*;
 
 use crate::blocks::*;
-use crate::cpu::blocks_of;
+use crate::cpu::{blocks_of, rows_n};
 
 // The code tables and the E8M0 scale, as the twins have them.
 pub(super) use crate::scalar::iq_grids::KVALUES_IQ4NL;
@@ -501,12 +501,6 @@ unsafe fn dot_i8(x: __m256i, a: __m256i) -> __m256i {
 unsafe fn dot_u_off(u: __m256i, a: __m256i, off_sum: i32) -> __m256i {
     let s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
     _mm256_sub_epi32(s, _mm256_castsi128_si256(_mm_cvtsi32_si128(off_sum)))
-}
-
-/// The `R` rows of `w` (`R` x `row_bytes`) as blocks of `B`.
-#[inline]
-unsafe fn rows_n<B: Block, const R: usize>(w: &[u8], row_bytes: usize) -> [&[B]; R] {
-    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
 }
 
 /// # Safety

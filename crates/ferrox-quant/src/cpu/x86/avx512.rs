@@ -22,7 +22,7 @@ use super::avx2::{
     KVALUES_IQ4NL, E2M1_X2,
 };
 use crate::blocks::*;
-use crate::cpu::blocks_of;
+use crate::cpu::{blocks_of, rows_n};
 
 /// Eight i32 sums of signed x signed bytes, as floats (sign trick: neither
 /// side holds -128).
@@ -753,12 +753,6 @@ unsafe fn q2k_rows<const R: usize>(w: [&[BlockQ2K]; R], a: &[BlockQ8K], row_byte
         },
         |x, n| two_bit_codes(&x.qs, n),
     )
-}
-
-/// The `R` rows of `w` (`R` x `row_bytes`) as blocks of `B`.
-#[inline]
-unsafe fn rows_n<B: Block, const R: usize>(w: &[u8], row_bytes: usize) -> [&[B]; R] {
-    core::array::from_fn(|r| blocks_of::<B>(&w[r * row_bytes..(r + 1) * row_bytes]))
 }
 
 /// # Safety
