@@ -82,8 +82,7 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
 }
 
 /// The micro-kernel: the `RM x RN` dot products of a tile, each
-/// `sum(scale * d * ((u - base) . q_a)) + bias . sums` (`base` per tile:
-/// [`Engine::Vnni`]).
+/// `sum(scale * d * (u . q_a)) + bias . sums`.
 ///
 /// # Safety
 /// The CPU has the level the pointer was obtained for; every byte pointer
@@ -158,10 +157,8 @@ pub(crate) struct Cols4 {
 /// How a level runs the GEMM.
 #[derive(Clone, Copy)]
 enum Engine {
-    /// The AVX-512 VNNI register tile ([`TileFn`]), multiplying each packed
-    /// code `u` as `u - base` (0); the caller folds the rest of the offset
-    /// into the bias.
-    Vnni(TileFn, i32),
+    /// The AVX-512 VNNI register tile.
+    Vnni(TileFn),
     /// Rows in lanes, eight at a time ([`Rows8Fn`]), with its `base`.
     Rows8(Rows8Fn, i32),
     /// AMX tiles.
@@ -178,7 +175,7 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86::avx512_gemm_tile(), 0)),
+        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86::avx512_gemm_tile())),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => Some(Engine::Amx),
         _ => None,
@@ -432,7 +429,7 @@ pub(crate) fn matmul(
         bf16,
     };
     match engine(level, &info) {
-        Some(Engine::Vnni(tile, base)) => m.vnni(tile, base, y)?,
+        Some(Engine::Vnni(tile)) => m.vnni(tile, y)?,
         Some(Engine::Rows8(tile, base)) => m.rows8(tile, base, y)?,
         #[cfg(target_arch = "x86_64")]
         Some(Engine::Amx) => m.amx(y)?,
@@ -554,10 +551,9 @@ impl Matmul<'_> {
         Ok(())
     }
 
-    /// The register-tile path: activations per token (bytes, per-lane
-    /// scales, per-sub-block sums), weights per row with the offset (less
-    /// the tile's `base`) folded into the bias.
-    fn vnni(&self, tile: TileFn, base: i32, y: &mut [f32]) -> Result<(), CpuError> {
+    /// The AVX-512 VNNI path: activations per token (bytes, per-lane scales,
+    /// per-sub-block sums), weights per row with the offset folded into the bias.
+    fn vnni(&self, tile: TileFn, y: &mut [f32]) -> Result<(), CpuError> {
         let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
         let kpad = cols.next_multiple_of(CHUNK);
         let subs = (kpad / sub).next_multiple_of(16);
@@ -595,7 +591,7 @@ impl Matmul<'_> {
                 },
             )
         })?;
-        let offset = (self.info.offset - base) as f32;
+        let offset = self.info.offset as f32;
         let out = Shared(y.as_mut_ptr());
         ThreadPool::global().run(self.threads, rows.div_ceil(ROWS_PER_TASK), &|t| {
             let r0 = t * ROWS_PER_TASK;
@@ -613,7 +609,7 @@ impl Matmul<'_> {
                         &mut panel.u[i * kpad..(i + 1) * kpad],
                         &mut |k, sc, b| {
                             s[k * sub / 4..(k + 1) * sub / 4].fill(sc);
-                            // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b
+                            // w = s * q + b = s * (u - OFFSET) + b
                             bias[k] = b - offset * sc;
                         },
                     );
