@@ -377,6 +377,11 @@ pub(crate) fn cpu_placement(
                             ferrox_quant::matvec::InterleavedQ8_0::kernel(ferrox_quant::cpu::Isa::active()),
                             k.act
                         ),
+                        _ if crate::backend::cpu::relays_rows8(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => format!(
+                            "cpu matvec: {}, 8 rows interleaved at load (act {})",
+                            ferrox_quant::matvec::Interleaved8::kernel(kind).unwrap_or("none"),
+                            k.act
+                        ),
                         Some(f) => format!("cpu matvec: {f}, four rows per call (act {})", k.act),
                         None => format!("cpu matvec: {} (act {})", k.name, k.act),
                     },
@@ -402,6 +407,10 @@ pub(crate) fn cpu_placement(
                                 ),
                             }
                         }
+                        Some((isa, g)) if crate::backend::cpu::relays_rows8(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => format!(
+                            "cpu gemm: {g}, its panel unpacked from the interleaved copy (batches of {}+)",
+                            ferrox_quant::gemm::min_batch_unpacked(isa)
+                        ),
                         Some((isa, g)) if ferrox_quant::gemm::reads_in_place(kind, isa) => {
                             format!("cpu gemm: {g}, {kind} read in place (batches of {}+){}", ferrox_quant::gemm::MIN_BATCH, bf16_note(dims))
                         }

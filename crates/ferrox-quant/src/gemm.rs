@@ -427,6 +427,8 @@ pub(crate) fn matmul(
         n,
         threads,
         bf16,
+        #[cfg(target_arch = "x86_64")]
+        groups: None,
     };
     match engine(level, &info) {
         Some(Engine::Vnni(tile)) => m.vnni(tile, y)?,
@@ -436,6 +438,40 @@ pub(crate) fn matmul(
         None => return Ok(false),
     }
     Ok(true)
+}
+
+/// [`matmul`] over a matrix re-laid eight rows a group
+/// (`crate::matvec::Interleaved8`) on AVX2: the rows-in-lanes engine with
+/// the panel unpacked from the groups ([`cpu::x86::rows8`]), the same codes,
+/// scales and biases as from the stored rows, so the same sums.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_groups(
+    kind: QuantKind,
+    pack: cpu::x86::rows8::GroupPackFn,
+    weights: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    threads: usize,
+) -> Result<(), CpuError> {
+    let (Some(info), Some(act)) = (pack_info(kind), kind.vec_dot_kind()) else {
+        return Err(QuantError::NoDot { kind }.into());
+    };
+    let row_bytes = crate::row_bytes(kind, cols)?;
+    let Some((tile, base)) = cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).filter(|_| info.sub == 32) else {
+        return Err(QuantError::NoDot { kind }.into());
+    };
+    if !rows.is_multiple_of(8) || weights.len() != rows * row_bytes || x.len() != n * cols || y.len() != n * rows {
+        return Err(CpuError::Shape { what: "grouped matmul operands", expected: rows * row_bytes, got: weights.len() });
+    }
+    if !Isa::Avx2.is_available() {
+        return Err(CpuError::IsaUnavailable { isa: Isa::Avx2 });
+    }
+    let m = Matmul { level: Isa::Avx2, kind, act, info, weights, row_bytes, rows, cols, x, n, threads, bf16: false, groups: Some(pack) };
+    m.rows8(tile, base, y)
 }
 
 /// One GEMM call's operands.
@@ -453,6 +489,10 @@ struct Matmul<'a> {
     threads: usize,
     /// Whether the bf16 product may run ([`matmul`]).
     bf16: bool,
+    /// The weights are eight-row groups re-laid at load, unpacked by this
+    /// ([`matmul_groups`]); else row-major stored blocks.
+    #[cfg(target_arch = "x86_64")]
+    groups: Option<cpu::x86::rows8::GroupPackFn>,
 }
 
 impl Matmul<'_> {
@@ -503,6 +543,19 @@ impl Matmul<'_> {
                     let live = (nr - 8 * gi).min(8);
                     let (s, bias) = (&mut panel.s[gi * 8 * subs..(gi + 1) * 8 * subs], &mut panel.bias[gi * 8 * subs..(gi + 1) * 8 * subs]);
                     let ug = &mut u[gi * 8 * cols..(gi + 1) * 8 * cols];
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(f) = self.groups {
+                        // Re-laid eight rows a group (rows in whole eights,
+                        // checked by `matmul_groups`): group `(r0 + 8gi) / 8`.
+                        let gb = self.row_bytes * 8;
+                        let w = &self.weights[(r0 / 8 + gi) * gb..][..gb];
+                        // SAFETY: AVX2 is available (checked by the caller); `w` is one
+                        // group of `subs` group blocks, `ug` `8 * cols` bytes, `s` and
+                        // `bias` `8 * subs` floats (one block a sub-block).
+                        unsafe { f(w, subs, ug, s, bias) };
+                        bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
+                        continue;
+                    }
                     if let (Some(f), 8) = (pack8, live) {
                         let rows: [&[u8]; 8] = core::array::from_fn(|r| self.row(r0 + 8 * gi + r));
                         // SAFETY: the level is available (checked by the caller); eight
@@ -1474,6 +1527,8 @@ impl PackedMatrix {
             threads,
             // (the prepacked matrix takes its own bf16 product below)
             bf16: false,
+            #[cfg(target_arch = "x86_64")]
+            groups: None,
         };
         let shape = AmxShape::new(self.info.sub, self.cols);
         #[cfg(not(target_arch = "x86_64"))]

@@ -775,6 +775,92 @@ mod tests {
         assert!(InterleavedQ8_0::new(isa, &bytemuck::cast_slice::<u64, u8>(&wq)[..17 * 34], 17, 32).unwrap().is_none());
     }
 
+    /// The kinds re-laid eight rows a group on AVX2 ([`Interleaved8`]).
+    const ROWS8_KINDS: [QuantKind; 5] = [QuantKind::Q4_0, QuantKind::Q5_0, QuantKind::Q5_1, QuantKind::IQ4NL, QuantKind::Q8_0];
+
+    /// The eight-row copy of every kind it takes gives back the stored
+    /// blocks bit for bit: random bytes everywhere (every code and fifth
+    /// bit, any scale and min), compared as `dequantize` gives each row.
+    #[test]
+    fn interleaved8_rows_are_the_stored_rows_bit_for_bit() {
+        if !Isa::Avx2.is_available() {
+            eprintln!("NOT CHECKED: the eight-row re-laid copy (this CPU lacks AVX2)");
+            return;
+        }
+        let mut rng = SmallRng::seed_from_u64(88);
+        for kind in ROWS8_KINDS {
+            for (rows, cols) in [(8, 32), (24, 160)] {
+                let rb = crate::row_bytes(kind, cols).unwrap();
+                let mut wq = vec![0u64; (rows * rb).div_ceil(8)];
+                let wb = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut wq)[..rows * rb];
+                wb.iter_mut().for_each(|b| *b = rng.gen());
+                let wb = &*wb;
+                let m = Interleaved8::new(Isa::Avx2, kind, wb, rows, cols).unwrap().expect("AVX2, rows in eights");
+                let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+                for r in 0..rows {
+                    crate::dequantize(kind, &wb[r * rb..(r + 1) * rb], &mut want).unwrap();
+                    m.row(r, &mut got).unwrap();
+                    assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{kind} {rows}x{cols}: row {r} differs from the stored row");
+                }
+            }
+            // Rows not in whole eights: no copy (the stored rows are read).
+            let rb = crate::row_bytes(kind, 32).unwrap();
+            let wq = vec![0u64; (12 * rb).div_ceil(8)];
+            assert!(Interleaved8::new(Isa::Avx2, kind, &bytemuck::cast_slice::<u64, u8>(&wq)[..12 * rb], 12, 32).unwrap().is_none());
+        }
+    }
+
+    /// Products over the eight-row copy: one token and small batches within
+    /// the dot kernels' bound of the scalar twin, each token of a batch
+    /// (any size, rows-only) bit for bit what it gets alone, and the GEMM's
+    /// batches (16+) bit for bit what the GEMM gives from the stored rows.
+    #[test]
+    fn interleaved8_products_match_the_stored_rows() {
+        if !Isa::Avx2.is_available() {
+            eprintln!("NOT CHECKED: products over the eight-row re-laid copy (this CPU lacks AVX2)");
+            return;
+        }
+        let mut rng = SmallRng::seed_from_u64(89);
+        for kind in ROWS8_KINDS {
+            let act = kind.vec_dot_kind().unwrap();
+            for (rows, cols) in [(8, 32), (40, 640)] {
+                let rb = crate::row_bytes(kind, cols).unwrap();
+                let w: Vec<f32> = (0..rows * cols).map(|i| rng.gen_range(-1.0..1.0) * if i % 7 == 0 { 3.0 } else { 1.0 }).collect();
+                let wq = aligned_quantized(kind, &w);
+                let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * rb];
+                let m = Interleaved8::new(Isa::Avx2, kind, wb, rows, cols).unwrap().expect("AVX2, rows in eights");
+                let n = 19;
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                let mut alone = vec![0f32; n * rows];
+                for t in 0..n {
+                    let (xt, yt) = (&x[t * cols..(t + 1) * cols], &mut alone[t * rows..(t + 1) * rows]);
+                    m.matmul(xt, yt, 1, 2, Products::Exact).unwrap();
+                    let xq = aligned_quantized(act, xt);
+                    let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
+                    for r in 0..rows {
+                        let want = crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
+                        let got = yt[r];
+                        assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{kind} {rows}x{cols}: row {r} token {t}: {got} vs scalar {want}");
+                    }
+                }
+                for (n, products) in [(3, Products::Exact), (n, Products::Rows)] {
+                    let mut y = vec![f32::NAN; n * rows];
+                    m.matmul(&x[..n * cols], &mut y, n, 2, products).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&y), bits(&alone[..n * rows]), "{kind} {rows}x{cols}: a batch of {n} ({products:?}) differs from its tokens alone");
+                }
+                let (mut y, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+                m.matmul(&x, &mut y, n, 2, Products::Exact).unwrap();
+                matmul_on(Isa::Avx2, kind, wb, rows, cols, &x, &mut want, n, 2, Products::Exact).unwrap();
+                assert_eq!(
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{kind} {rows}x{cols}: the GEMM over the copy differs from the GEMM over the stored rows"
+                );
+            }
+        }
+    }
+
     /// The batched products over the interleaved copy (AMX tiles, and
     /// `matmul`'s choice per n) give every token bit for bit what the VNNI
     /// kernel gives it alone — the server's batches must not change a
@@ -906,6 +992,33 @@ mod tests {
     }
 }
 
+/// A copy of `weights` (`rows` of `row_bytes`) re-laid by `relay` (a run of
+/// whole `group`-row groups, its row count, the destination: groups are
+/// contiguous in both layouts), handing `done` each stretch of the source
+/// (about 1 MiB) once it has been copied, so that the caller can drop the
+/// mapped pages as it goes and peak memory stays near one copy.
+#[cfg(target_arch = "x86_64")]
+fn relay_releasing(weights: &[u8], rows: usize, row_bytes: usize, group: usize, relay: impl Fn(&[u8], usize, &mut [u8]), done: &mut dyn FnMut(&[u8])) -> Vec<u64> {
+    let mut bytes = vec![0u64; weights.len().div_ceil(8)];
+    let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut bytes)[..weights.len()];
+    let stretch = ((1 << 20) / (group * row_bytes.max(1))).max(1) * group;
+    // A stretch is handed back four stretches later: the kernel maps
+    // pages around each fault (and whole 2 MiB folios), so a stretch
+    // dropped right away would come back with its neighbour's reads.
+    const LAG: usize = 4;
+    let spans: Vec<(usize, usize)> = (0..rows).step_by(stretch).map(|r0| (r0, (r0 + stretch).min(rows))).collect();
+    for (i, &(r0, r1)) in spans.iter().enumerate() {
+        relay(&weights[r0 * row_bytes..r1 * row_bytes], r1 - r0, &mut out[r0 * row_bytes..r1 * row_bytes]);
+        if let Some(&(a, b)) = i.checked_sub(LAG).and_then(|j| spans.get(j)) {
+            done(&weights[a * row_bytes..b * row_bytes]);
+        }
+    }
+    if let Some(&(a, _)) = spans.len().checked_sub(LAG).and_then(|j| spans.get(j)).or(spans.first()) {
+        done(&weights[a * row_bytes..]);
+    }
+    bytes
+}
+
 /// The smallest batch that [`InterleavedQ8_0::matmul`] takes to AMX tiles
 /// (`benches/interleaved.rs`, 262144x640, 2 threads: 1 token 4.1 ms by VNNI
 /// vs 6.8 by tiles, 2 tokens 7.5 vs 6.9, 16 tokens 61 vs 7.7).
@@ -954,26 +1067,7 @@ impl InterleavedQ8_0 {
             if weights.len() != rows.saturating_mul(row_bytes) {
                 return Err(CpuError::Shape { what: "weight bytes", expected: rows.saturating_mul(row_bytes), got: weights.len() });
             }
-            let mut bytes = vec![0u64; weights.len().div_ceil(8)];
-            let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut bytes)[..weights.len()];
-            // 16-row groups are contiguous in both layouts: copy a stretch of
-            // whole groups at a time.
-            let stretch = ((1 << 20) / (16 * row_bytes.max(1))).max(1) * 16;
-            // A stretch is handed back four stretches later: the kernel maps
-            // pages around each fault (and whole 2 MiB folios), so a stretch
-            // dropped right away would come back with its neighbour's reads.
-            const LAG: usize = 4;
-            let spans: Vec<(usize, usize)> = (0..rows).step_by(stretch).map(|r0| (r0, (r0 + stretch).min(rows))).collect();
-            for (i, &(r0, r1)) in spans.iter().enumerate() {
-                let (src, dst) = (&weights[r0 * row_bytes..r1 * row_bytes], &mut out[r0 * row_bytes..r1 * row_bytes]);
-                cpu::x86::vnni16::interleave(src, r1 - r0, row_bytes, dst);
-                if let Some(&(a, b)) = i.checked_sub(LAG).and_then(|j| spans.get(j)) {
-                    done(&weights[a * row_bytes..b * row_bytes]);
-                }
-            }
-            if let Some(&(a, _)) = spans.len().checked_sub(LAG).and_then(|j| spans.get(j)).or(spans.first()) {
-                done(&weights[a * row_bytes..]);
-            }
+            let bytes = relay_releasing(weights, rows, row_bytes, 16, |src, n, dst| cpu::x86::vnni16::interleave(src, n, row_bytes, dst), &mut done);
             Ok(Some(InterleavedQ8_0 { bytes, rows, cols, isa }))
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -1194,6 +1288,161 @@ impl InterleavedQ8_0 {
         {
             let _ = (x, y, n, threads, rows, cols);
             Err(CpuError::IsaUnavailable { isa: Isa::Avx512Vnni })
+        }
+    }
+}
+
+/// A layer matrix of a 32-element kind (Q4_0, Q5_0, Q5_1, IQ4_NL, Q8_0)
+/// re-laid at load eight rows a group for AVX2 CPUs without AVX-512
+/// (`cpu::x86::rows8`): the same size as the stored matrix, and every
+/// product over it reads the copy. One token (or any batch where each
+/// token's sums must not depend on the batch) takes the group kernel, eight
+/// rows a register with no horizontal sums; batches of
+/// [`crate::gemm::min_batch_unpacked`]+ take the rows-in-lanes GEMM with its
+/// panel unpacked from the groups, the same sums it makes from the stored
+/// rows.
+pub struct Interleaved8 {
+    bytes: Vec<u64>,
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+}
+
+impl Interleaved8 {
+    /// Whether the layout applies: the kind has it, `rows` is a multiple of
+    /// 8, and `isa` is AVX2 without AVX-512 (whose four-row VNNI kernels and
+    /// GEMM read the stored rows).
+    pub fn applies(kind: QuantKind, isa: Isa, rows: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            isa == Isa::Avx2 && Isa::Avx2.is_available() && rows > 0 && rows.is_multiple_of(8) && cpu::x86::rows8::Form::of(kind).is_some()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (kind, isa, rows);
+            false
+        }
+    }
+
+    /// The decode kernel `kind` takes re-laid, by name (`ferrox kernels`).
+    pub fn kernel(kind: QuantKind) -> Option<&'static str> {
+        #[cfg(target_arch = "x86_64")]
+        return cpu::x86::rows8::kernels(kind).map(|k| k.0);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = kind;
+            None
+        }
+    }
+
+    /// Re-lays `weights` (`rows x cols` of `kind`), or `None` where the
+    /// layout does not apply ([`Interleaved8::applies`]), handing `done`
+    /// each stretch of `weights` once copied (as [`InterleavedQ8_0::new_releasing`]).
+    pub fn new_releasing(isa: Isa, kind: QuantKind, weights: &[u8], rows: usize, cols: usize, mut done: impl FnMut(&[u8])) -> Result<Option<Interleaved8>, CpuError> {
+        if !Self::applies(kind, isa, rows) {
+            return Ok(None);
+        }
+        let row_bytes = crate::row_bytes(kind, cols)?;
+        if weights.len() != rows.saturating_mul(row_bytes) {
+            return Err(CpuError::Shape { what: "weight bytes", expected: rows.saturating_mul(row_bytes), got: weights.len() });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let Some(f) = cpu::x86::rows8::Form::of(kind) else { return Ok(None) };
+            let bytes = relay_releasing(weights, rows, row_bytes, 8, |src, n, dst| cpu::x86::rows8::interleave(f, src, n, row_bytes, dst), &mut done);
+            Ok(Some(Interleaved8 { bytes, kind, rows, cols }))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = &mut done;
+            Ok(None)
+        }
+    }
+
+    /// As [`Interleaved8::new_releasing`], keeping the source.
+    pub fn new(isa: Isa, kind: QuantKind, weights: &[u8], rows: usize, cols: usize) -> Result<Option<Interleaved8>, CpuError> {
+        Self::new_releasing(isa, kind, weights, rows, cols, |_| {})
+    }
+
+    /// Storage kind.
+    pub fn kind(&self) -> QuantKind {
+        self.kind
+    }
+
+    /// Row `r` dequantized into `out` (`cols` values), bit for bit as
+    /// [`crate::dequantize`] gives it from the stored blocks.
+    pub fn row(&self, r: usize, out: &mut [f32]) -> Result<(), CpuError> {
+        if r >= self.rows || out.len() != self.cols {
+            return Err(CpuError::Shape { what: "interleaved row", expected: self.cols, got: out.len() });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let f = cpu::x86::rows8::Form::of(self.kind).ok_or(QuantError::NoDot { kind: self.kind })?;
+            let rb = crate::row_bytes(self.kind, self.cols)?;
+            let w: &[u8] = &bytemuck::cast_slice(&self.bytes)[r / 8 * 8 * rb..][..8 * rb];
+            let mut blocks = vec![0u8; rb];
+            cpu::x86::rows8::deinterleave_row(f, w, rb / f.block_bytes(), r % 8, &mut blocks);
+            crate::dequantize(self.kind, &blocks, out).map_err(CpuError::from)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Err(CpuError::IsaUnavailable { isa: Isa::Avx2 }) // never made there (`new`)
+    }
+
+    /// `y = x W^T` for `n` activation rows (`x` is `n x cols`, `y` is
+    /// `n x rows`): with `products` other than [`Products::Rows`], batches
+    /// of [`crate::gemm::min_batch_unpacked`]+ by the GEMM; anything else
+    /// token by token with the group kernel, each group taken against every
+    /// token while it is in cache (a batch reads the copy once) and each
+    /// token's sums the ones it gets alone.
+    pub fn matmul(&self, x: &[f32], y: &mut [f32], n: usize, threads: usize, products: Products) -> Result<(), CpuError> {
+        let (rows, cols) = (self.rows, self.cols);
+        if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
+            return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (_, dot, pack) = cpu::x86::rows8::kernels(self.kind).ok_or(QuantError::NoDot { kind: self.kind })?;
+            let w: &[u8] = &bytemuck::cast_slice(&self.bytes)[..rows * crate::row_bytes(self.kind, cols)?];
+            if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2) {
+                return crate::gemm::matmul_groups(self.kind, pack, w, rows, cols, x, y, n, threads);
+            }
+            let act = self.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: self.kind })?;
+            let (nb, ab) = (cols / 32, crate::row_bytes(act, cols)?);
+            let gb = w.len() / (rows / 8).max(1);
+            let mut buf = ActBuf::new(ab);
+            let mut preps = Vec::with_capacity(n);
+            for t in 0..n {
+                cpu::quantize_act(act, Isa::Avx2, &x[t * cols..(t + 1) * cols], buf.bytes_mut())?;
+                let mut prep = cpu::ActPrep::default();
+                prep.prepare(act, buf.bytes())?;
+                preps.push(prep);
+            }
+            let groups = rows / 8;
+            let per_task = groups.div_ceil(threads.max(1) * 8).max(1);
+            let out = OutPtr(y.as_mut_ptr());
+            // Sixteen group blocks ahead, into L2 (as the 16-row head's ~8.5 KiB).
+            let prefetch = if prefetches(w) { 16 * gb / nb.max(1) } else { 0 };
+            ThreadPool::global().run(threads, groups.div_ceil(per_task), &|task| {
+                #[allow(clippy::redundant_locals)]
+                let out = &out;
+                for g in task * per_task..((task + 1) * per_task).min(groups) {
+                    let wg = &w[g * gb..(g + 1) * gb];
+                    for (t, prep) in preps.iter().enumerate() {
+                        // SAFETY: AVX2 was checked at `new` (`applies`); group `g`
+                        // is `nb` group blocks of `w`, `prep` `nb` activation blocks.
+                        let r = unsafe { dot(wg, nb, prep, prefetch) };
+                        // SAFETY: rows 8g..8g + 8 of token t's output row are
+                        // inside `y` (n x rows) and this task's alone.
+                        unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add(t * rows + g * 8), 8) };
+                    }
+                }
+            });
+            Ok(())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (x, y, n, threads, products);
+            Err(CpuError::IsaUnavailable { isa: Isa::Avx2 })
         }
     }
 }

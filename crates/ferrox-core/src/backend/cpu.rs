@@ -207,17 +207,22 @@ impl Cpu {
         self.rows_only.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// `y = x W^T` over `n` rows from a matrix's stored bytes: the GEMM for
-    /// large batches, unless every product must take the per-token kernels.
-    #[allow(clippy::too_many_arguments)]
-    fn product(&self, kind: QuantKind, bytes: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32], n: usize) -> Result<(), BackendError> {
-        let products = if self.rows_only() {
+    /// Which products batches may take now.
+    fn products(&self) -> Products {
+        if self.rows_only() {
             Products::Rows
         } else if self.exact.load(std::sync::atomic::Ordering::Relaxed) {
             Products::Exact
         } else {
             Products::Any
-        };
+        }
+    }
+
+    /// `y = x W^T` over `n` rows from a matrix's stored bytes: the GEMM for
+    /// large batches, unless every product must take the per-token kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn product(&self, kind: QuantKind, bytes: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32], n: usize) -> Result<(), BackendError> {
+        let products = self.products();
         ferrox_quant::matvec::matmul_on(self.isa, kind, bytes, rows, cols, x, y, n, self.threads, products).map_err(BackendError::new)
     }
 
@@ -348,6 +353,38 @@ pub fn interleaves(name: &str, kind: QuantKind, rows: usize) -> bool {
         && interleave_setting().unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Whether the matrix `name` is re-laid at load eight rows a group
+/// (`ferrox_quant::matvec::Interleaved8`), its mapped pages then released:
+/// on AVX2 CPUs without AVX-512, the 32-element kinds' matrices that the
+/// 16-row Q8_0 form ([`interleaves`]) does not take, experts aside (read a
+/// token's experts' rows at a time). Every product over it then reads the
+/// copy: decode by the eight-row group kernel, batches by the rows-in-lanes
+/// GEMM with its panel unpacked from the groups. In a `measure` build
+/// `FERROX_CPU_INTERLEAVE=0` turns it off too.
+pub fn relays_rows8(name: &str, kind: QuantKind, rows: usize) -> bool {
+    !interleaves(name, kind, rows)
+        && !experts(name)
+        && ferrox_quant::matvec::Interleaved8::applies(kind, Isa::active(), rows)
+        && interleave_setting().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A matrix's copy re-laid at load, which takes every product over it.
+enum Relaid {
+    /// The Q8_0 head, 16 rows a group ([`interleaves`]).
+    Q8_0x16(ferrox_quant::matvec::InterleavedQ8_0),
+    /// A 32-element kind eight rows a group ([`relays_rows8`]).
+    Rows8(ferrox_quant::matvec::Interleaved8),
+}
+
+impl Relaid {
+    fn row(&self, r: usize, out: &mut [f32]) -> Result<(), ferrox_quant::cpu::CpuError> {
+        match self {
+            Relaid::Q8_0x16(m) => m.row(r, out),
+            Relaid::Rows8(m) => m.row(r, out),
+        }
+    }
+}
+
 /// What the CPU runs for a `kind` matrix on this machine, or `None` for a
 /// kind without a dot product.
 pub fn kernel_for(kind: QuantKind) -> Option<CpuKernel> {
@@ -379,8 +416,9 @@ pub struct CpuWeight {
     /// The same matrix unpacked for the AMX GEMM ([`prepacks`]); never
     /// beside `inter`.
     packed: Option<Box<ferrox_quant::gemm::PackedMatrix>>,
-    /// The same matrix interleaved, for every product ([`interleaves`]).
-    inter: Option<Box<ferrox_quant::matvec::InterleavedQ8_0>>,
+    /// The same matrix re-laid, for every product ([`interleaves`],
+    /// [`relays_rows8`]).
+    inter: Option<Box<Relaid>>,
 }
 
 // SAFETY: `ptr` points into an immutable mapping owned by the `Arc` beside
@@ -657,7 +695,14 @@ impl DeviceBackend for Cpu {
                 t.owner.release_pages(done);
             })
             .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
-            .map(Box::new)
+            .map(|m| Box::new(Relaid::Q8_0x16(m)))
+        } else if relays_rows8(t.name, t.kind, t.rows) {
+            // As above: the copy alone stays resident.
+            ferrox_quant::matvec::Interleaved8::new_releasing(self.isa, t.kind, t.bytes, t.rows, t.cols, |done| {
+                t.owner.release_pages(done);
+            })
+            .map_err(|e| BackendError(format!("{}: {e}", t.name)))?
+            .map(|m| Box::new(Relaid::Rows8(m)))
         } else {
             None
         };
@@ -756,10 +801,12 @@ impl DeviceBackend for Cpu {
         // The interleaved copy takes every product over its matrix (its
         // mapped pages were released: reading them would fault them back).
         let bf16 = !self.exact.load(std::sync::atomic::Ordering::Relaxed);
-        if let Some(m) = inter {
+        match inter.as_deref() {
             // Its integer batches are each token's bits already (one VNNI
             // group kernel or AMX tiles summing in the same order).
-            return m.matmul(x, y, n, self.threads, bf16).map_err(BackendError::new);
+            Some(Relaid::Q8_0x16(m)) => return m.matmul(x, y, n, self.threads, bf16).map_err(BackendError::new),
+            Some(Relaid::Rows8(m)) => return m.matmul(x, y, n, self.threads, self.products()).map_err(BackendError::new),
+            None => {}
         }
         if let Some(p) = packed.as_ref().filter(|_| n >= ferrox_quant::gemm::MIN_BATCH && !self.rows_only()) {
             return p.matmul(w.bytes(), x, y, n, self.threads, bf16).map_err(BackendError::new);

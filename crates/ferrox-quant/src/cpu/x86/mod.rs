@@ -7,6 +7,7 @@ mod avx2;
 mod avx2_gemm;
 mod avx512;
 mod avx512_gemm;
+pub(crate) mod rows8;
 pub(crate) mod vnni16;
 
 use super::DotFn;
