@@ -861,6 +861,44 @@ mod tests {
         }
     }
 
+    /// Several eight-row copies over one input in one dispatch give, bit for
+    /// bit, what one `matmul` per copy gives: kinds wanting Q8_0 and Q8_1
+    /// activations mixed, one and three tokens, and a GEMM-sized batch.
+    #[test]
+    fn interleaved8_many_matches_one_matmul_per_matrix() {
+        if !Isa::Avx2.is_available() {
+            eprintln!("NOT CHECKED: several eight-row copies in one dispatch (this CPU lacks AVX2)");
+            return;
+        }
+        let mut rng = SmallRng::seed_from_u64(90);
+        let cols = 256;
+        let set = [(QuantKind::Q5_1, 64), (QuantKind::Q8_0, 24), (QuantKind::Q4_0, 40)];
+        let ws: Vec<Vec<u64>> = set.iter().map(|&(k, rows)| aligned_quantized(k, &(0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect::<Vec<f32>>())).collect();
+        let ms: Vec<Interleaved8> = set
+            .iter()
+            .zip(&ws)
+            .map(|(&(k, rows), w)| {
+                let wb = &bytemuck::cast_slice::<u64, u8>(w)[..rows * crate::row_bytes(k, cols).unwrap()];
+                Interleaved8::new(Isa::Avx2, k, wb, rows, cols).unwrap().expect("AVX2, rows in eights")
+            })
+            .collect();
+        for (n, products) in [(1, Products::Exact), (3, Products::Exact), (17, Products::Rows), (17, Products::Exact)] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let mut ys: Vec<Vec<f32>> = set.iter().map(|&(_, rows)| vec![f32::NAN; n * rows]).collect();
+            let mut mats: Vec<(&Interleaved8, &mut [f32])> = ms.iter().zip(ys.iter_mut()).map(|(m, y)| (m, y.as_mut_slice())).collect();
+            Interleaved8::matmul_many(&x, n, 2, products, &mut mats).unwrap();
+            for ((m, y), &(k, rows)) in ms.iter().zip(&ys).zip(&set) {
+                let mut want = vec![f32::NAN; n * rows];
+                m.matmul(&x, &mut want, n, 1, products).unwrap();
+                assert_eq!(
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{k} n={n} {products:?}: one dispatch differs from its own matmul"
+                );
+            }
+        }
+    }
+
     /// The batched products over the interleaved copy (AMX tiles, and
     /// `matmul`'s choice per n) give every token bit for bit what the VNNI
     /// kernel gives it alone — the server's batches must not change a
@@ -1257,8 +1295,11 @@ impl InterleavedQ8_0 {
             let acts: &[u8] = acts;
             let vnni = self.isa.includes(Isa::Avx512Vnni);
             let out = OutPtr(y.as_mut_ptr());
-            // Sixteen blocks of groups ahead (~8.5 KiB), into L2.
-            let prefetch = 16 * GROUP_BLOCK;
+            // Blocks of groups ahead, into L2: sixteen (~8.5 KiB) for VNNI,
+            // four (~2.2 KiB) for AVX2 (AVX2-only EPYC, Q8_0 file, tg128
+            // medians of 5 alternating runs: 91.0 t/s at four against 84.9
+            // at sixteen; its read loop too streams more 2 KiB ahead than 8).
+            let prefetch = if vnni { 16 } else { 4 } * GROUP_BLOCK;
             ThreadPool::global().run(threads, groups.div_ceil(per_task), &|task| {
                 #[allow(clippy::redundant_locals)]
                 let out = &out;
@@ -1400,40 +1441,105 @@ impl Interleaved8 {
             return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });
         }
         #[cfg(target_arch = "x86_64")]
+        if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2) {
+            let (_, _, pack) = cpu::x86::rows8::kernels(self.kind).ok_or(QuantError::NoDot { kind: self.kind })?;
+            return crate::gemm::matmul_groups(self.kind, pack, self.bytes(), rows, cols, x, y, n, threads);
+        }
+        Self::per_token(x, n, threads, &mut [(self, y)])
+    }
+
+    /// [`Interleaved8::matmul`] for several matrices of one width over the
+    /// same `n` activation rows (a layer's Q, K and V; gate and up): below
+    /// the GEMM's batches (or with [`Products::Rows`]) each activation kind
+    /// quantized once and the groups of every matrix split into one set of
+    /// pool tasks, else one call each.
+    pub fn matmul_many(x: &[f32], n: usize, threads: usize, products: Products, mats: &mut [(&Interleaved8, &mut [f32])]) -> Result<(), CpuError> {
+        if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2) {
+            for (m, y) in mats.iter_mut() {
+                m.matmul(x, y, n, threads, products)?;
+            }
+            return Ok(());
+        }
+        Self::per_token(x, n, threads, mats)
+    }
+
+    /// The copy's bytes.
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.bytes)[..self.rows * crate::row_bytes(self.kind, self.cols).unwrap_or(0)]
+    }
+
+    /// Every matrix of `mats` (one width) token by token with its group
+    /// kernel, in one dispatch: each group against every token while it is
+    /// in cache, so a batch reads the copy once and each token's sums are
+    /// the ones it gets alone.
+    fn per_token(x: &[f32], n: usize, threads: usize, mats: &mut [(&Interleaved8, &mut [f32])]) -> Result<(), CpuError> {
+        let cols = mats.first().map_or(0, |(m, _)| m.cols);
+        if x.len() != n.saturating_mul(cols) {
+            return Err(CpuError::Shape { what: "activation length", expected: n.saturating_mul(cols), got: x.len() });
+        }
+        if let Some((m, y)) = mats.iter().find(|(m, y)| m.cols != cols || y.len() != n * m.rows) {
+            return Err(CpuError::Shape { what: "grouped matmul output", expected: n * m.rows, got: y.len() });
+        }
+        #[cfg(target_arch = "x86_64")]
         {
-            let (_, dot, pack) = cpu::x86::rows8::kernels(self.kind).ok_or(QuantError::NoDot { kind: self.kind })?;
-            let w: &[u8] = &bytemuck::cast_slice(&self.bytes)[..rows * crate::row_bytes(self.kind, cols)?];
-            if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2) {
-                return crate::gemm::matmul_groups(self.kind, pack, w, rows, cols, x, y, n, threads);
+            // Each activation kind the matrices want, quantized and prepared once per token.
+            let mut acts: Vec<(QuantKind, Vec<cpu::ActPrep>)> = Vec::new();
+            for (m, _) in mats.iter() {
+                let act = m.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: m.kind })?;
+                if acts.iter().any(|(k, _)| *k == act) {
+                    continue;
+                }
+                let mut buf = ActBuf::new(crate::row_bytes(act, cols)?);
+                let mut preps = Vec::with_capacity(n);
+                for t in 0..n {
+                    cpu::quantize_act(act, Isa::Avx2, &x[t * cols..(t + 1) * cols], buf.bytes_mut())?;
+                    let mut prep = cpu::ActPrep::default();
+                    prep.prepare(act, buf.bytes())?;
+                    preps.push(prep);
+                }
+                acts.push((act, preps));
             }
-            let act = self.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: self.kind })?;
-            let (nb, ab) = (cols / 32, crate::row_bytes(act, cols)?);
-            let gb = w.len() / (rows / 8).max(1);
-            let mut buf = ActBuf::new(ab);
-            let mut preps = Vec::with_capacity(n);
-            for t in 0..n {
-                cpu::quantize_act(act, Isa::Avx2, &x[t * cols..(t + 1) * cols], buf.bytes_mut())?;
-                let mut prep = cpu::ActPrep::default();
-                prep.prepare(act, buf.bytes())?;
-                preps.push(prep);
+            struct Job<'a> {
+                w: &'a [u8],
+                rows: usize,
+                gb: usize,
+                dot: cpu::x86::rows8::GroupDotFn,
+                preps: &'a [cpu::ActPrep],
+                out: OutPtr,
+                per_task: usize,
+                prefetch: usize,
             }
-            let groups = rows / 8;
-            let per_task = groups.div_ceil(threads.max(1) * 8).max(1);
-            let out = OutPtr(y.as_mut_ptr());
-            // Sixteen group blocks ahead, into L2 (as the 16-row head's ~8.5 KiB).
-            let prefetch = if prefetches(w) { 16 * gb / nb.max(1) } else { 0 };
-            ThreadPool::global().run(threads, groups.div_ceil(per_task), &|task| {
+            let nb = cols / 32;
+            let mut jobs = Vec::with_capacity(mats.len());
+            for (m, y) in mats.iter_mut() {
+                let (_, dot, _) = cpu::x86::rows8::kernels(m.kind).ok_or(QuantError::NoDot { kind: m.kind })?;
+                let act = m.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: m.kind })?;
+                let preps = acts.iter().find(|(k, _)| *k == act).map(|(_, p)| p.as_slice()).unwrap_or(&[]);
+                let (w, groups) = (m.bytes(), m.rows / 8);
+                let gb = w.len() / groups.max(1);
+                // Eight group blocks ahead (1.1–2.2 KiB), into L2: as short as the
+                // AVX2 head's distance (Q8_0 file, tg128 medians of 5 alternating
+                // runs: 91.0 t/s at eight against 84.9 at sixteen).
+                let prefetch = if prefetches(w) { 8 * gb / nb.max(1) } else { 0 };
+                let per_task = groups.div_ceil(threads.max(1) * 8).max(1);
+                jobs.push(Job { w, rows: m.rows, gb, dot, preps, out: OutPtr(y.as_mut_ptr()), per_task, prefetch });
+            }
+            let tasks: Vec<(usize, usize)> =
+                jobs.iter().enumerate().flat_map(|(i, j)| (0..j.rows / 8).step_by(j.per_task).map(move |g| (i, g))).collect();
+            ThreadPool::global().run(threads, tasks.len(), &|t| {
+                let (i, g0) = tasks[t];
+                let j = &jobs[i];
                 #[allow(clippy::redundant_locals)]
-                let out = &out;
-                for g in task * per_task..((task + 1) * per_task).min(groups) {
-                    let wg = &w[g * gb..(g + 1) * gb];
-                    for (t, prep) in preps.iter().enumerate() {
+                let out = &j.out;
+                for g in g0..(g0 + j.per_task).min(j.rows / 8) {
+                    let wg = &j.w[g * j.gb..(g + 1) * j.gb];
+                    for (tok, prep) in j.preps.iter().enumerate() {
                         // SAFETY: AVX2 was checked at `new` (`applies`); group `g`
                         // is `nb` group blocks of `w`, `prep` `nb` activation blocks.
-                        let r = unsafe { dot(wg, nb, prep, prefetch) };
-                        // SAFETY: rows 8g..8g + 8 of token t's output row are
-                        // inside `y` (n x rows) and this task's alone.
-                        unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add(t * rows + g * 8), 8) };
+                        let r = unsafe { (j.dot)(wg, nb, prep, j.prefetch) };
+                        // SAFETY: rows 8g..8g + 8 of token tok's output row are
+                        // inside this matrix's `y` (n x rows) and this task's alone.
+                        unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add(tok * j.rows + g * 8), 8) };
                     }
                 }
             });
@@ -1441,7 +1547,7 @@ impl Interleaved8 {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (x, y, n, threads, products);
+            let _ = threads;
             Err(CpuError::IsaUnavailable { isa: Isa::Avx2 })
         }
     }

@@ -820,6 +820,19 @@ impl DeviceBackend for Cpu {
     /// [`DeviceBackend::matmul`] each.
     fn matmul_many(&self, x: &Vec<f32>, n: usize, outs: &mut [(&CpuWeight, &mut Vec<f32>)]) -> Result<(), BackendError> {
         let cols = outs.first().map_or(0, |(w, _)| w.cols);
+        // Re-laid eight rows a group, all of them: their own one dispatch.
+        if outs.len() > 1 && outs.iter().all(|(w, _)| w.cols == cols && matches!(w.inter.as_deref(), Some(Relaid::Rows8(_)))) {
+            let x = x.get(..n * cols).ok_or_else(|| shape("matmul input", n * cols, x.len()))?;
+            let mut mats = Vec::with_capacity(outs.len());
+            for (w, y) in outs.iter_mut() {
+                let (Some(Relaid::Rows8(m)), rows) = (w.inter.as_deref(), w.rows) else {
+                    return Err(BackendError("matmul_many: a matrix lost its eight-row copy".into()));
+                };
+                let len = y.len();
+                mats.push((m, y.get_mut(..n * rows).ok_or_else(|| shape("matmul output", n * rows, len))?));
+            }
+            return ferrox_quant::matvec::Interleaved8::matmul_many(x, n, self.threads, self.products(), &mut mats).map_err(BackendError::new);
+        }
         let together = n < ferrox_quant::gemm::MIN_BATCH
             && outs.len() > 1
             && outs.iter().all(|(w, _)| w.cols == cols && w.inter.is_none());
