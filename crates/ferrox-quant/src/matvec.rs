@@ -776,7 +776,7 @@ mod tests {
     }
 
     /// The kinds re-laid eight rows a group on AVX2 ([`Interleaved8`]).
-    const ROWS8_KINDS: [QuantKind; 5] = [QuantKind::Q4_0, QuantKind::Q5_0, QuantKind::Q5_1, QuantKind::IQ4NL, QuantKind::Q8_0];
+    const ROWS8_KINDS: [QuantKind; 6] = [QuantKind::Q4_0, QuantKind::Q5_0, QuantKind::Q5_1, QuantKind::IQ4NL, QuantKind::Q8_0, QuantKind::IQ4XS];
 
     /// The eight-row copy of every kind it takes gives back the stored
     /// blocks bit for bit: random bytes everywhere (every code and fifth
@@ -789,7 +789,8 @@ mod tests {
         }
         let mut rng = SmallRng::seed_from_u64(88);
         for kind in ROWS8_KINDS {
-            for (rows, cols) in [(8, 32), (24, 160)] {
+            let unit = kind.block_elems();
+            for (rows, cols) in [(8, unit), (24, 5 * unit)] {
                 let rb = crate::row_bytes(kind, cols).unwrap();
                 let mut wq = vec![0u64; (rows * rb).div_ceil(8)];
                 let wb = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut wq)[..rows * rb];
@@ -804,9 +805,9 @@ mod tests {
                 }
             }
             // Rows not in whole eights: no copy (the stored rows are read).
-            let rb = crate::row_bytes(kind, 32).unwrap();
+            let rb = crate::row_bytes(kind, unit).unwrap();
             let wq = vec![0u64; (12 * rb).div_ceil(8)];
-            assert!(Interleaved8::new(Isa::Avx2, kind, &bytemuck::cast_slice::<u64, u8>(&wq)[..12 * rb], 12, 32).unwrap().is_none());
+            assert!(Interleaved8::new(Isa::Avx2, kind, &bytemuck::cast_slice::<u64, u8>(&wq)[..12 * rb], 12, unit).unwrap().is_none());
         }
     }
 
@@ -823,7 +824,8 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(89);
         for kind in ROWS8_KINDS {
             let act = kind.vec_dot_kind().unwrap();
-            for (rows, cols) in [(8, 32), (40, 640)] {
+            let unit = kind.block_elems();
+            for (rows, cols) in [(8, unit), (40, 640usize.next_multiple_of(unit))] {
                 let rb = crate::row_bytes(kind, cols).unwrap();
                 let w: Vec<f32> = (0..rows * cols).map(|i| rng.gen_range(-1.0..1.0) * if i % 7 == 0 { 3.0 } else { 1.0 }).collect();
                 let wq = aligned_quantized(kind, &w);
@@ -872,7 +874,7 @@ mod tests {
         }
         let mut rng = SmallRng::seed_from_u64(90);
         let cols = 256;
-        let set = [(QuantKind::Q5_1, 64), (QuantKind::Q8_0, 24), (QuantKind::Q4_0, 40)];
+        let set = [(QuantKind::Q5_1, 64), (QuantKind::Q8_0, 24), (QuantKind::Q4_0, 40), (QuantKind::IQ4XS, 16)];
         let ws: Vec<Vec<u64>> = set.iter().map(|&(k, rows)| aligned_quantized(k, &(0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect::<Vec<f32>>())).collect();
         let ms: Vec<Interleaved8> = set
             .iter()
@@ -1333,7 +1335,7 @@ impl InterleavedQ8_0 {
     }
 }
 
-/// A layer matrix of a 32-element kind (Q4_0, Q5_0, Q5_1, IQ4_NL, Q8_0)
+/// A matrix of Q4_0, Q5_0, Q5_1, IQ4_NL, Q8_0 or IQ4_XS
 /// re-laid at load eight rows a group for AVX2 CPUs without AVX-512
 /// (`cpu::x86::rows8`): the same size as the stored matrix, and every
 /// product over it reads the copy. One token (or any batch where each
@@ -1483,28 +1485,29 @@ impl Interleaved8 {
         #[cfg(target_arch = "x86_64")]
         {
             // Each activation kind the matrices want, quantized and prepared once per token.
-            let mut acts: Vec<(QuantKind, Vec<cpu::ActPrep>)> = Vec::new();
+            let mut acts: Vec<(QuantKind, Vec<(ActBuf, cpu::ActPrep)>)> = Vec::new();
             for (m, _) in mats.iter() {
                 let act = m.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: m.kind })?;
                 if acts.iter().any(|(k, _)| *k == act) {
                     continue;
                 }
-                let mut buf = ActBuf::new(crate::row_bytes(act, cols)?);
-                let mut preps = Vec::with_capacity(n);
+                let ab = crate::row_bytes(act, cols)?;
+                let mut toks = Vec::with_capacity(n);
                 for t in 0..n {
+                    let mut buf = ActBuf::new(ab);
                     cpu::quantize_act(act, Isa::Avx2, &x[t * cols..(t + 1) * cols], buf.bytes_mut())?;
                     let mut prep = cpu::ActPrep::default();
                     prep.prepare(act, buf.bytes())?;
-                    preps.push(prep);
+                    toks.push((buf, prep));
                 }
-                acts.push((act, preps));
+                acts.push((act, toks));
             }
             struct Job<'a> {
                 w: &'a [u8],
                 rows: usize,
                 gb: usize,
                 dot: cpu::x86::rows8::GroupDotFn,
-                preps: &'a [cpu::ActPrep],
+                toks: &'a [(ActBuf, cpu::ActPrep)],
                 out: OutPtr,
                 per_task: usize,
                 prefetch: usize,
@@ -1514,7 +1517,7 @@ impl Interleaved8 {
             for (m, y) in mats.iter_mut() {
                 let (_, dot, _) = cpu::x86::rows8::kernels(m.kind).ok_or(QuantError::NoDot { kind: m.kind })?;
                 let act = m.kind.vec_dot_kind().ok_or(QuantError::NoDot { kind: m.kind })?;
-                let preps = acts.iter().find(|(k, _)| *k == act).map(|(_, p)| p.as_slice()).unwrap_or(&[]);
+                let toks = acts.iter().find(|(k, _)| *k == act).map(|(_, t)| t.as_slice()).unwrap_or(&[]);
                 let (w, groups) = (m.bytes(), m.rows / 8);
                 let gb = w.len() / groups.max(1);
                 // Eight group blocks ahead (1.1–2.2 KiB), into L2: as short as the
@@ -1522,7 +1525,7 @@ impl Interleaved8 {
                 // runs: 91.0 t/s at eight against 84.9 at sixteen).
                 let prefetch = if prefetches(w) { 8 * gb / nb.max(1) } else { 0 };
                 let per_task = groups.div_ceil(threads.max(1) * 8).max(1);
-                jobs.push(Job { w, rows: m.rows, gb, dot, preps, out: OutPtr(y.as_mut_ptr()), per_task, prefetch });
+                jobs.push(Job { w, rows: m.rows, gb, dot, toks, out: OutPtr(y.as_mut_ptr()), per_task, prefetch });
             }
             let tasks: Vec<(usize, usize)> =
                 jobs.iter().enumerate().flat_map(|(i, j)| (0..j.rows / 8).step_by(j.per_task).map(move |g| (i, g))).collect();
@@ -1533,10 +1536,11 @@ impl Interleaved8 {
                 let out = &j.out;
                 for g in g0..(g0 + j.per_task).min(j.rows / 8) {
                     let wg = &j.w[g * j.gb..(g + 1) * j.gb];
-                    for (tok, prep) in j.preps.iter().enumerate() {
+                    for (tok, (a, prep)) in j.toks.iter().enumerate() {
                         // SAFETY: AVX2 was checked at `new` (`applies`); group `g`
-                        // is `nb` group blocks of `w`, `prep` `nb` activation blocks.
-                        let r = unsafe { (j.dot)(wg, nb, prep, j.prefetch) };
+                        // is `nb` 32-element sub-blocks a row of `w`, `a` and `prep`
+                        // one activation row of the matrix's activation kind.
+                        let r = unsafe { (j.dot)(wg, nb, a.bytes(), prep, j.prefetch) };
                         // SAFETY: rows 8g..8g + 8 of token tok's output row are
                         // inside this matrix's `y` (n x rows) and this task's alone.
                         unsafe { core::ptr::copy_nonoverlapping(r.as_ptr(), out.0.add(tok * j.rows + g * 8), 8) };

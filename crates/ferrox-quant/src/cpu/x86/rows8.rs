@@ -1,5 +1,6 @@
-//! 32-element kinds re-laid at load eight rows at a time, for AVX2 CPUs
-//! (no AVX-512): the layer matrices' decode matvec and their GEMM panels.
+//! The 32-element kinds (and IQ4_XS, whose sub-blocks are IQ4_NL's) re-laid
+//! at load eight rows at a time, for AVX2 CPUs (no AVX-512): the decode
+//! matvec and the GEMM panels of the matrices.
 //!
 //! The key decision: **the decode layout is the GEMM panel, compressed**.
 //! Per 8-row group and block, the eight rows' scales (and Q5_1's mins) side
@@ -18,6 +19,12 @@
 //! third of the memory bandwidth. The same bytes make the GEMM's panel by
 //! unpacking alone, without the row-major path's 8x8 transpose.
 //!
+//! IQ4_XS keeps its super-block's scale words beside the other rows' and
+//! its eight sub-blocks' codes as IQ4_NL's; its 6-bit sub-block scales are
+//! unpacked for the eight rows at once (one dword lane a row) and multiply
+//! the 32-bit sub-block sums, so a super-block still ends in one convert and
+//! one FMA for eight rows.
+//!
 //! The copy is the stored matrix's size exactly (the same bytes, moved) and
 //! the stored blocks come back bit for bit ([`deinterleave_row`]).
 //!
@@ -31,19 +38,25 @@ use crate::cpu::ActPrep;
 use crate::QuantKind;
 
 /// Where a kind's block keeps its parts, and where its group block keeps
-/// them: the one table every function here reads.
+/// them: the one table every function here reads. A group block is the
+/// header pieces, each the eight rows' side by side (the f16 scale first),
+/// then Q5's fifth-bits plane (32 bytes), then the codes of each 32-element
+/// sub-block (128 bytes of nibbles, or Q8_0's 256 bytes).
 #[derive(Clone, Copy)]
 pub(crate) struct Form {
     /// Stored block bytes.
     block: usize,
-    /// Offset of the f16 min in the stored block (Q5_1).
-    min: Option<usize>,
+    /// The stored block's header pieces `(offset, bytes)`, in group order.
+    head: &'static [(usize, usize)],
     /// Offset of the 32 fifth bits in the stored block (Q5_0, Q5_1).
     qh: Option<usize>,
     /// Offset of the codes in the stored block.
     qs: usize,
     /// Codes are nibbles (else whole bytes: Q8_0).
     nibbles: bool,
+    /// 32-element sub-blocks a block (IQ4_XS: 8, its codes stored as
+    /// IQ4_NL's a sub-block).
+    subs: usize,
 }
 
 impl Form {
@@ -54,16 +67,22 @@ impl Form {
             Q4_0 | IQ4NL => Some(Form::nib(false, false)),
             Q5_0 => Some(Form::nib(true, false)),
             Q5_1 => Some(Form::nib(true, true)),
-            Q8_0 => Some(Form { block: 34, min: None, qh: None, qs: 2, nibbles: false }),
-            _ => None, // capability table: the 32-element kinds measured to pay
+            Q8_0 => Some(Form { block: 34, head: &[(0, 2)], qh: None, qs: 2, nibbles: false, subs: 1 }),
+            IQ4XS => Some(Form::IQ4_XS),
+            _ => None, // capability table: the kinds measured to pay
         }
     }
 
-    /// A nibble kind's form with (`hb`) fifth bits and (`min`) a min: the
-    /// kernels' view, which needs only the group block's offsets.
+    /// IQ4_XS: `d`, `scales_h` (u16) and `scales_l` (4 bytes), then eight
+    /// sub-blocks of IQ4_NL codes.
+    const IQ4_XS: Form = Form { block: 136, head: &[(0, 2), (2, 2), (4, 4)], qh: None, qs: 8, nibbles: true, subs: 8 };
+
+    /// A 32-element nibble kind's form with (`hb`) fifth bits and (`min`)
+    /// an f16 min after its scale.
     const fn nib(hb: bool, min: bool) -> Form {
         let block = 18 + if hb { 4 } else { 0 } + if min { 2 } else { 0 };
-        Form { block, min: if min { Some(2) } else { None }, qh: if hb { Some(block - 20) } else { None }, qs: block - 16, nibbles: true }
+        let head: &'static [(usize, usize)] = if min { &[(0, 2), (2, 2)] } else { &[(0, 2)] };
+        Form { block, head, qh: if hb { Some(block - 20) } else { None }, qs: block - 16, nibbles: true, subs: 1 }
     }
 
     /// Bytes of one stored block.
@@ -76,26 +95,34 @@ impl Form {
         8 * self.block
     }
 
-    /// Offset of the mins plane in a group block.
-    fn min_at(self) -> usize {
-        16
+    /// Offset of header piece `i` in a group block.
+    const fn head_at(self, i: usize) -> usize {
+        let mut at = 0;
+        let mut k = 0;
+        while k < i {
+            at += 8 * self.head[k].1;
+            k += 1;
+        }
+        at
     }
 
     /// Offset of the fifth-bits plane.
-    fn qh_at(self) -> usize {
-        16 + if self.min.is_some() { 16 } else { 0 }
+    const fn qh_at(self) -> usize {
+        self.head_at(self.head.len())
     }
 
     /// Offset of the codes.
-    fn codes_at(self) -> usize {
+    const fn codes_at(self) -> usize {
         self.qh_at() + if self.qh.is_some() { 32 } else { 0 }
     }
 }
 
-/// Element `e`'s low four bits (nibble kinds) of a stored block.
+/// Element `e`'s low four bits (nibble kinds) of a stored block: sub-block
+/// `e / 32`'s 16 bytes, low nibbles its first 16 elements.
 fn nibble(f: Form, blk: &[u8], e: usize) -> u8 {
-    let q = blk[f.qs + e % 16];
-    if e < 16 {
+    let (sub, el) = (e / 32, e % 32);
+    let q = blk[f.qs + 16 * sub + el % 16];
+    if el < 16 {
         q & 0x0F
     } else {
         q >> 4
@@ -116,25 +143,27 @@ pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out
             let dst = &mut out[(g * nb + b) * gb..][..gb];
             for r in 0..8 {
                 let blk = &src[(g * 8 + r) * row_bytes + b * f.block..][..f.block];
-                dst[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
-                if let Some(m) = f.min {
-                    dst[f.min_at() + 2 * r..][..2].copy_from_slice(&blk[m..m + 2]);
+                for (i, &(off, len)) in f.head.iter().enumerate() {
+                    dst[f.head_at(i) + len * r..][..len].copy_from_slice(&blk[off..off + len]);
                 }
-                for e in 0..4 {
-                    let at = 4 * r + e;
-                    if f.nibbles {
-                        let mut bits = 0u8;
-                        for j in 0..4 {
-                            let (lo, hi) = (8 * j + e, 8 * j + 4 + e);
-                            dst[f.codes_at() + 32 * j + at] = nibble(f, blk, lo) | nibble(f, blk, hi) << 4;
-                            bits |= fifth(f, blk, lo) << (2 * j) | fifth(f, blk, hi) << (2 * j + 1);
-                        }
-                        if f.qh.is_some() {
-                            dst[f.qh_at() + at] = bits;
-                        }
-                    } else {
-                        for k in 0..8 {
-                            dst[f.codes_at() + 32 * k + at] = blk[f.qs + 4 * k + e];
+                for sub in 0..f.subs {
+                    let codes = f.codes_at() + sub * if f.nibbles { 128 } else { 256 };
+                    for e in 0..4 {
+                        let at = 4 * r + e;
+                        if f.nibbles {
+                            let mut bits = 0u8;
+                            for j in 0..4 {
+                                let (lo, hi) = (32 * sub + 8 * j + e, 32 * sub + 8 * j + 4 + e);
+                                dst[codes + 32 * j + at] = nibble(f, blk, lo) | nibble(f, blk, hi) << 4;
+                                bits |= fifth(f, blk, lo) << (2 * j) | fifth(f, blk, hi) << (2 * j + 1);
+                            }
+                            if f.qh.is_some() {
+                                dst[f.qh_at() + at] = bits;
+                            }
+                        } else {
+                            for k in 0..8 {
+                                dst[codes + 32 * k + at] = blk[f.qs + 4 * k + e];
+                            }
                         }
                     }
                 }
@@ -149,51 +178,55 @@ pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &
     let gb = f.group_block();
     for (src, blk) in w.chunks_exact(gb).take(nb).zip(out.chunks_exact_mut(f.block)) {
         blk.fill(0);
-        blk[..2].copy_from_slice(&src[2 * lane..2 * lane + 2]);
-        if let Some(m) = f.min {
-            blk[m..m + 2].copy_from_slice(&src[f.min_at() + 2 * lane..][..2]);
+        for (i, &(off, len)) in f.head.iter().enumerate() {
+            blk[off..off + len].copy_from_slice(&src[f.head_at(i) + len * lane..][..len]);
         }
-        for e in 0..4 {
-            let at = 4 * lane + e;
-            if f.nibbles {
-                let bits = src[f.qh_at() + at];
-                for j in 0..4 {
-                    let pair = src[f.codes_at() + 32 * j + at];
-                    for (h, el) in [(0, 8 * j + e), (1, 8 * j + 4 + e)] {
-                        let q = (pair >> (4 * h)) & 0x0F;
-                        blk[f.qs + el % 16] |= if el < 16 { q } else { q << 4 };
-                        if let Some(qh) = f.qh {
-                            blk[qh + el / 8] |= ((bits >> (2 * j + h)) & 1) << (el % 8);
+        for sub in 0..f.subs {
+            let codes = f.codes_at() + sub * if f.nibbles { 128 } else { 256 };
+            for e in 0..4 {
+                let at = 4 * lane + e;
+                if f.nibbles {
+                    let bits = src[f.qh_at() + at];
+                    for j in 0..4 {
+                        let pair = src[codes + 32 * j + at];
+                        for (h, el) in [(0, 8 * j + e), (1, 8 * j + 4 + e)] {
+                            let q = (pair >> (4 * h)) & 0x0F;
+                            blk[f.qs + 16 * sub + el % 16] |= if el < 16 { q } else { q << 4 };
+                            if let Some(qh) = f.qh {
+                                blk[qh + el / 8] |= ((bits >> (2 * j + h)) & 1) << (el % 8);
+                            }
                         }
                     }
-                }
-            } else {
-                for k in 0..8 {
-                    blk[f.qs + 4 * k + e] = src[f.codes_at() + 32 * k + at];
+                } else {
+                    for k in 0..8 {
+                        blk[f.qs + 4 * k + e] = src[codes + 32 * k + at];
+                    }
                 }
             }
         }
     }
 }
 
-/// The decode kernel of a kind: the eight rows of a group (`nb` group
-/// blocks) against one activation row prepared as `p` (Q8_0, or Q8_1 for
-/// Q5_1), prefetching `prefetch` bytes ahead into L2.
+/// The decode kernel of a kind: the eight rows of a group (`n32`
+/// 32-element sub-blocks a row) against one activation row `a` of the
+/// kind's activation kind (Q8_0, Q8_1 for Q5_1, Q8_K for IQ4_XS) prepared as
+/// `p`, prefetching `prefetch` bytes ahead into L2.
 ///
 /// # Safety
-/// See the module doc; `w` holds `nb` group blocks of the kind, `p` `nb`
-/// blocks.
-pub(crate) type GroupDotFn = unsafe fn(w: &[u8], nb: usize, p: &ActPrep, prefetch: usize) -> [f32; 8];
+/// See the module doc; `w` holds the group's `n32` sub-blocks of the kind,
+/// `a` and `p` one activation row of as many elements.
+pub(crate) type GroupDotFn = unsafe fn(w: &[u8], n32: usize, a: &[u8], p: &ActPrep, prefetch: usize) -> [f32; 8];
 
 /// The GEMM panel ([`crate::gemm::Rows8`]) of a group: `u` its codes as the
-/// kind's `avx2` packer makes them (`256` bytes a block), `s` the eight
-/// rows' scales and `bias` their own biases (Q5_1's mins, else zero; the
-/// caller folds the offset in), 8 floats a block each.
+/// kind's unpack gives them (`q + OFFSET`; `256` bytes a 32-element
+/// sub-block), `s` the eight rows' sub-block scales and `bias` their own
+/// biases (Q5_1's mins, else zero; the caller folds the offset in), 8
+/// floats a sub-block each, the same floats as the stored rows give.
 ///
 /// # Safety
-/// See the module doc; `w` holds `nb` group blocks, `u` `256 * nb` bytes,
-/// `s` and `bias` `8 * nb` floats.
-pub(crate) type GroupPackFn = unsafe fn(w: &[u8], nb: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]);
+/// See the module doc; `w` holds the group's `n32` sub-blocks, `u` `256 *
+/// n32` bytes, `s` and `bias` `8 * n32` floats.
+pub(crate) type GroupPackFn = unsafe fn(w: &[u8], n32: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]);
 
 /// The decode kernel and the panel packer of `kind`, by name, and as functions.
 pub(crate) fn kernels(kind: QuantKind) -> Option<(&'static str, GroupDotFn, GroupPackFn)> {
@@ -204,6 +237,7 @@ pub(crate) fn kernels(kind: QuantKind) -> Option<(&'static str, GroupDotFn, Grou
         Q5_1 => ("avx2::rows8_q5_1", group_dot_nib::<true, true, false, 0>, pack_nib::<true, true, false>),
         IQ4NL => ("avx2::rows8_iq4_nl", group_dot_nib::<false, false, true, 0>, pack_nib::<false, false, true>),
         Q8_0 => ("avx2::rows8_q8_0", group_dot_q8_0, pack_q8_0),
+        IQ4XS => ("avx2::rows8_iq4_xs", group_dot_iq4_xs, pack_iq4_xs),
         _ => return None, // capability table: as `Form::of`
     })
 }
@@ -251,6 +285,7 @@ unsafe fn bcast(a: *const i8, k: usize) -> __m256i {
 unsafe fn group_dot_nib<const HB: bool, const MIN: bool, const TABLE: bool, const OFF: i32>(
     w: &[u8],
     nb: usize,
+    _a: &[u8],
     p: &ActPrep,
     prefetch: usize,
 ) -> [f32; 8] {
@@ -268,14 +303,8 @@ unsafe fn group_dot_nib<const HB: bool, const MIN: bool, const TABLE: bool, cons
         let codes = blk.add(codes_at);
         let h = if HB { _mm256_loadu_si256(blk.add(qh_at).cast()) } else { _mm256_setzero_si256() };
         let a = aq.add(32 * b);
-        let mut s32 = _mm256_setzero_si256();
-        if TABLE {
-            for j in 0..4 {
-                let (lo, hi) = unpack_nib::<HB, TABLE>(codes, h, table, j);
-                let pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(bcast(a, 2 * j), lo));
-                let ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(bcast(a, 2 * j + 1), hi));
-                s32 = _mm256_add_epi32(s32, _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones)));
-            }
+        let s32 = if TABLE {
+            signed_sub(codes, table, a)
         } else {
             // 16-bit sums: a pair is at most 2 * 31 * 127, so four products
             // (two groups) fit for 5-bit codes, eight for 4-bit ones.
@@ -287,11 +316,13 @@ unsafe fn group_dot_nib<const HB: bool, const MIN: bool, const TABLE: bool, cons
                 let k = if HB { j / 2 } else { j % 2 };
                 s16[k] = _mm256_add_epi16(s16[k], _mm256_add_epi16(pl, ph));
             }
-            s32 = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
+            let s32 = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
             if OFF != 0 {
-                s32 = _mm256_sub_epi32(s32, _mm256_set1_epi32(OFF * *p.sum.get_unchecked(b)));
+                _mm256_sub_epi32(s32, _mm256_set1_epi32(OFF * *p.sum.get_unchecked(b)))
+            } else {
+                s32
             }
-        }
+        };
         let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(d, _mm256_set1_ps(*p.d.get_unchecked(b))), acc);
         if MIN {
@@ -304,9 +335,74 @@ unsafe fn group_dot_nib<const HB: bool, const MIN: bool, const TABLE: bool, cons
     out
 }
 
+/// The eight rows' i32 sums of one 32-element sub-block of IQ4 codes at
+/// `codes` (looked up in `table`, signed) against the activation bytes at
+/// `a`: the sign trick, each product widened to 32 bits (a pair sum can
+/// reach `2 * 127 * 127`).
+#[inline(always)]
+unsafe fn signed_sub(codes: *const u8, table: __m256i, a: *const i8) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let mut s32 = _mm256_setzero_si256();
+    for j in 0..4 {
+        let (lo, hi) = unpack_nib::<false, true>(codes, _mm256_setzero_si256(), table, j);
+        let pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(bcast(a, 2 * j), lo));
+        let ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(bcast(a, 2 * j + 1), hi));
+        s32 = _mm256_add_epi32(s32, _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones)));
+    }
+    s32
+}
+
+/// IQ4_XS's eight rows' signed 6-bit scales (`ls - 32`) of sub-block `ib`:
+/// `sl` each row's four `scales_l` bytes as one dword, `sh` its `scales_h`
+/// zero-extended to a dword.
+#[inline(always)]
+unsafe fn xs_scales(sl: __m256i, sh: __m256i, ib: usize) -> __m256i {
+    let lo = _mm256_and_si256(_mm256_srl_epi32(sl, _mm_cvtsi32_si128((8 * (ib / 2) + 4 * (ib % 2)) as i32)), _mm256_set1_epi32(0x0F));
+    let hi = _mm256_and_si256(_mm256_srl_epi32(sh, _mm_cvtsi32_si128((2 * ib) as i32)), _mm256_set1_epi32(3));
+    _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32))
+}
+
+/// The group block's `scales_l` and `scales_h` as [`xs_scales`] takes them.
+#[inline(always)]
+unsafe fn xs_scale_words(blk: *const u8) -> (__m256i, __m256i) {
+    const F: Form = Form::IQ4_XS;
+    let sl = _mm256_loadu_si256(blk.add(F.head_at(2)).cast());
+    let sh = _mm256_cvtepu16_epi32(_mm_loadu_si128(blk.add(F.head_at(1)).cast()));
+    (sl, sh)
+}
+
+/// [`GroupDotFn`] of IQ4_XS against Q8_K: per sub-block the IQ4_NL sums,
+/// times the eight rows' 6-bit scales in 32 bits (at most `8 * 32 * 32 *
+/// 127 * 127`, no overflow), then one convert and FMA a super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_dot_iq4_xs(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch: usize) -> [f32; 8] {
+    const F: Form = Form::IQ4_XS;
+    let gb = F.group_block();
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+    let mut acc = _mm256_setzero_ps();
+    let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
+    for (b, y) in ya.iter().enumerate().take(n32 / 8) {
+        let blk = w.as_ptr().add(b * gb);
+        for l in (0..gb).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
+        }
+        let (sl, sh) = xs_scale_words(blk);
+        let mut sumi = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let s32 = signed_sub(blk.add(F.codes_at() + 128 * ib), table, y.qs.as_ptr().add(32 * ib));
+            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(s32, xs_scales(sl, sh, ib)));
+        }
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(d, _mm256_set1_ps(y.d)), acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
 /// [`GroupDotFn`] of Q8_0: signed codes with the sign trick, two chains.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_dot_q8_0(w: &[u8], nb: usize, p: &ActPrep, prefetch: usize) -> [f32; 8] {
+unsafe fn group_dot_q8_0(w: &[u8], nb: usize, _a: &[u8], p: &ActPrep, prefetch: usize) -> [f32; 8] {
     const GB: usize = 8 * 34;
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
@@ -361,6 +457,30 @@ unsafe fn pack_nib<const HB: bool, const MIN: bool, const TABLE: bool>(w: &[u8],
             _mm256_storeu_si256(u.as_mut_ptr().add(256 * b + 64 * j + 32).cast(), hi);
         }
         pack_scales::<MIN>(blk, b, s, bias);
+    }
+}
+
+/// [`GroupPackFn`] of IQ4_XS: IQ4_NL's codes a sub-block (`value ^ 0x80`),
+/// each sub-block's scale `d * (ls - 32)` as its unpack computes it.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_iq4_xs(w: &[u8], n32: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    const F: Form = Form::IQ4_XS;
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+    let flip = _mm256_set1_epi8(-128);
+    for b in 0..n32 / 8 {
+        let blk = w.as_ptr().add(b * F.group_block());
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+        let (sl, sh) = xs_scale_words(blk);
+        for ib in 0..8 {
+            let k = 8 * b + ib;
+            for j in 0..4 {
+                let (lo, hi) = unpack_nib::<false, true>(blk.add(F.codes_at() + 128 * ib), _mm256_setzero_si256(), table, j);
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j).cast(), _mm256_xor_si256(lo, flip));
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j + 32).cast(), _mm256_xor_si256(hi, flip));
+            }
+            _mm256_storeu_ps(s.as_mut_ptr().add(8 * k), _mm256_mul_ps(d, _mm256_cvtepi32_ps(xs_scales(sl, sh, ib))));
+            _mm256_storeu_ps(bias.as_mut_ptr().add(8 * k), _mm256_setzero_ps());
+        }
     }
 }
 
