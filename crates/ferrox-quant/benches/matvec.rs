@@ -2,13 +2,15 @@
 //! level, 1 and 2 threads, on a square layer and Gemma 3 270M's output head.
 //!
 //! `cargo bench -p ferrox-quant --bench matvec -- [KIND...]` prints a markdown
-//! table of GB/s of weight bytes (medians). Decode is bound by reading the
-//! weights once, so this is the number to hold against DRAM bandwidth.
+//! table of GB/s of weight bytes (medians); on AVX2-only CPUs also over the
+//! eight-row copy re-laid at load (`Interleaved8`) where the kind has one.
+//! Decode is bound by reading the weights once, so this is the number to
+//! hold against DRAM bandwidth.
 
 use std::time::Instant;
 
 use ferrox_quant::cpu::Isa;
-use ferrox_quant::matvec::matmul_with;
+use ferrox_quant::matvec::{matmul_with, Interleaved8, Products};
 use ferrox_quant::QuantKind;
 
 /// Quantizes 64 random rows properly and tiles them: real scales (no NaN or
@@ -52,6 +54,27 @@ fn median_gbs(kind: QuantKind, isa: Isa, w: &[u8], rows: usize, cols: usize, thr
     w.len() as f64 / times[times.len() / 2] / 1e9
 }
 
+/// As [`median_gbs`] over the eight-row re-laid copy, where the kind has
+/// one at `isa` (`None` elsewhere).
+fn median_gbs_rows8(kind: QuantKind, isa: Isa, w: &[u8], rows: usize, cols: usize, threads: usize) -> Option<f64> {
+    let m = Interleaved8::new(isa, kind, w, rows, cols).expect("bench shapes are valid")?;
+    let x: Vec<f32> = (0..cols).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let mut y = vec![0.0f32; rows];
+    let mut once = || {
+        let t = Instant::now();
+        m.matmul(&x, &mut y, 1, threads, Products::Exact).expect("bench shapes are valid");
+        t.elapsed().as_secs_f64()
+    };
+    once();
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 3 || (times.len() < 25 && start.elapsed().as_secs_f64() < 0.6) {
+        times.push(once());
+    }
+    times.sort_by(f64::total_cmp);
+    Some(w.len() as f64 / times[times.len() / 2] / 1e9)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let kinds: Vec<QuantKind> = if args.is_empty() {
@@ -68,9 +91,12 @@ fn main() {
         .filter(|v: &Vec<usize>| !v.is_empty())
         .unwrap_or_else(|| vec![1, 2]);
     println!("best level on this CPU: {best}; GB/s of weight bytes, median of repeats\n");
+    // On AVX2-only CPUs, the eight-row re-laid copy's columns too.
+    let rows8 = Interleaved8::applies(QuantKind::Q4_0, best, 8);
     let heads: Vec<String> = [Isa::Scalar, best]
         .iter()
         .flat_map(|i| threads.iter().map(move |t| format!("{i} {t}t")))
+        .chain(threads.iter().filter(|_| rows8).map(|t| format!("re-laid 8 rows {t}t")))
         .collect();
     println!("| kind | shape | {} |", heads.join(" | "));
     println!("|---|---|{}", "---:|".repeat(heads.len()));
@@ -87,6 +113,9 @@ fn main() {
                 for &t in &threads {
                     cells.push(format!("{:.2}", median_gbs(kind, isa, wb, rows, cols, t)));
                 }
+            }
+            for &t in threads.iter().filter(|_| rows8) {
+                cells.push(median_gbs_rows8(kind, best, wb, rows, cols, t).map_or("-".into(), |g| format!("{g:.2}")));
             }
             println!("| {kind} | {rows}x{cols} | {} |", cells.join(" | "));
         }

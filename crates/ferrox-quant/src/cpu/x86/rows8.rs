@@ -57,6 +57,9 @@ pub(crate) struct Form {
     /// 32-element sub-blocks a block (IQ4_XS: 8, its codes stored as
     /// IQ4_NL's a sub-block).
     subs: usize,
+    /// Q4_K / Q5_K: 64-element code chunks and 6-bit scales and mins
+    /// ([`interleave_k4`] lays them out).
+    k4: bool,
 }
 
 impl Form {
@@ -67,22 +70,32 @@ impl Form {
             Q4_0 | IQ4NL => Some(Form::nib(false, false)),
             Q5_0 => Some(Form::nib(true, false)),
             Q5_1 => Some(Form::nib(true, true)),
-            Q8_0 => Some(Form { block: 34, head: &[(0, 2)], qh: None, qs: 2, nibbles: false, subs: 1 }),
+            Q8_0 => Some(Form { block: 34, head: &[(0, 2)], qh: None, qs: 2, nibbles: false, subs: 1, k4: false }),
             IQ4XS => Some(Form::IQ4_XS),
+            Q4K => Some(Form::Q4_K),
+            Q5K => Some(Form::Q5_K),
             _ => None, // capability table: the kinds measured to pay
         }
     }
 
     /// IQ4_XS: `d`, `scales_h` (u16) and `scales_l` (4 bytes), then eight
     /// sub-blocks of IQ4_NL codes.
-    const IQ4_XS: Form = Form { block: 136, head: &[(0, 2), (2, 2), (4, 4)], qh: None, qs: 8, nibbles: true, subs: 8 };
+    const IQ4_XS: Form = Form { block: 136, head: &[(0, 2), (2, 2), (4, 4)], qh: None, qs: 8, nibbles: true, subs: 8, k4: false };
+
+    /// Q4_K: `d` and `dmin`, then the scales and mins re-packed as two
+    /// planes (96 bytes for the eight rows, [`K4_SCALES`]), then eight
+    /// sub-blocks of codes.
+    const Q4_K: Form = Form { block: 144, head: &[(0, 2), (2, 2), (4, 12)], qh: None, qs: 16, nibbles: true, subs: 8, k4: true };
+
+    /// Q5_K: as Q4_K, with a fifth-bits plane a sub-block (256 bytes).
+    const Q5_K: Form = Form { block: 176, head: &[(0, 2), (2, 2), (4, 12)], qh: Some(16), qs: 48, nibbles: true, subs: 8, k4: true };
 
     /// A 32-element nibble kind's form with (`hb`) fifth bits and (`min`)
     /// an f16 min after its scale.
     const fn nib(hb: bool, min: bool) -> Form {
         let block = 18 + if hb { 4 } else { 0 } + if min { 2 } else { 0 };
         let head: &'static [(usize, usize)] = if min { &[(0, 2), (2, 2)] } else { &[(0, 2)] };
-        Form { block, head, qh: if hb { Some(block - 20) } else { None }, qs: block - 16, nibbles: true, subs: 1 }
+        Form { block, head, qh: if hb { Some(block - 20) } else { None }, qs: block - 16, nibbles: true, subs: 1, k4: false }
     }
 
     /// Bytes of one stored block.
@@ -113,7 +126,7 @@ impl Form {
 
     /// Offset of the codes.
     const fn codes_at(self) -> usize {
-        self.qh_at() + if self.qh.is_some() { 32 } else { 0 }
+        self.qh_at() + if self.qh.is_some() { 32 * self.subs } else { 0 }
     }
 }
 
@@ -137,6 +150,9 @@ fn fifth(f: Form, blk: &[u8], e: usize) -> u8 {
 /// Interleaves `rows` (a multiple of 8) rows of stored blocks (`row_bytes`
 /// each) into `out` (the same length).
 pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out: &mut [u8]) {
+    if f.k4 {
+        return interleave_k4(f, src, rows, row_bytes, out);
+    }
     let (nb, gb) = (row_bytes / f.block, f.group_block());
     for g in 0..rows / 8 {
         for b in 0..nb {
@@ -175,6 +191,9 @@ pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out
 /// Row `lane` of group `w` (`nb` group blocks) back as its stored blocks,
 /// bit for bit, into `out` (`nb` blocks).
 pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &mut [u8]) {
+    if f.k4 {
+        return deinterleave_row_k4(f, w, nb, lane, out);
+    }
     let gb = f.group_block();
     for (src, blk) in w.chunks_exact(gb).take(nb).zip(out.chunks_exact_mut(f.block)) {
         blk.fill(0);
@@ -200,6 +219,99 @@ pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &
                 } else {
                     for k in 0..8 {
                         blk[f.qs + 4 * k + e] = src[codes + 32 * k + at];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How Q4_K / Q5_K's twelve scale bytes sit in a group block (offset
+/// [`Form::head_at`]`(2)`, 96 bytes): plane A, a byte per sub-block and row
+/// (`A[8 * ib + r] = sc | (m & 3) << 6`), then plane B, a nibble per
+/// sub-block and row (`B[8 * (ib / 2) + r]`, sub-block `ib`'s `m >> 2` in
+/// nibble `ib % 2`). The same 96 bits as the stored encoding, moved so that
+/// a sub-block's eight scales and mins are two 8-byte loads.
+const K4_SCALES: (usize, usize) = (0, 64);
+
+/// A Q4_K / Q5_K stored block's element `e` code (0..32).
+fn k4_code(f: Form, blk: &[u8], e: usize) -> u8 {
+    let (c, l, h) = (e / 64, e % 32, (e / 32) % 2);
+    let nib = (blk[f.qs + 32 * c + l] >> (4 * h)) & 0x0F;
+    nib | f.qh.map_or(0, |at| ((blk[at + l] >> (2 * c + h)) & 1) << 4)
+}
+
+/// [`interleave`] of Q4_K / Q5_K: the header pieces side by side but the
+/// scales as [`K4_SCALES`], the codes as a nibble kind's a sub-block, the
+/// fifth bits (Q5_K) as Q5_0's plane a sub-block.
+fn interleave_k4(f: Form, src: &[u8], rows: usize, row_bytes: usize, out: &mut [u8]) {
+    let (nb, gb, sc_at) = (row_bytes / f.block, f.group_block(), f.head_at(2));
+    for g in 0..rows / 8 {
+        for b in 0..nb {
+            let dst = &mut out[(g * nb + b) * gb..][..gb];
+            for r in 0..8 {
+                let blk = &src[(g * 8 + r) * row_bytes + b * f.block..][..f.block];
+                for (i, &(off, len)) in f.head.iter().enumerate().take(2) {
+                    dst[f.head_at(i) + len * r..][..len].copy_from_slice(&blk[off..off + len]);
+                }
+                let mut q = [0u8; 12];
+                q.copy_from_slice(&blk[4..16]);
+                let (sc, m) = crate::scalar::k4_scales_mins(&q);
+                for ib in 0..8 {
+                    dst[sc_at + K4_SCALES.0 + 8 * ib + r] = sc[ib] | (m[ib] & 3) << 6;
+                    dst[sc_at + K4_SCALES.1 + 8 * (ib / 2) + r] |= (m[ib] >> 2) << (4 * (ib % 2));
+                }
+                for ib in 0..8 {
+                    let codes = f.codes_at() + 128 * ib;
+                    for e in 0..4 {
+                        let mut bits = 0u8;
+                        for j in 0..4 {
+                            let (lo, hi) = (k4_code(f, blk, 32 * ib + 8 * j + e), k4_code(f, blk, 32 * ib + 8 * j + 4 + e));
+                            dst[codes + 32 * j + 4 * r + e] = (lo & 0x0F) | (hi & 0x0F) << 4;
+                            bits |= (lo >> 4) << (2 * j) | (hi >> 4) << (2 * j + 1);
+                        }
+                        if f.qh.is_some() {
+                            dst[f.qh_at() + 32 * ib + 4 * r + e] = bits;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`deinterleave_row`] of Q4_K / Q5_K: the stored encoding of the scales
+/// made again (its 96 bits are the planes' 96, a bijection).
+fn deinterleave_row_k4(f: Form, w: &[u8], nb: usize, lane: usize, out: &mut [u8]) {
+    let (gb, sc_at) = (f.group_block(), f.head_at(2));
+    for (src, blk) in w.chunks_exact(gb).take(nb).zip(out.chunks_exact_mut(f.block)) {
+        blk.fill(0);
+        for (i, &(off, len)) in f.head.iter().enumerate().take(2) {
+            blk[off..off + len].copy_from_slice(&src[f.head_at(i) + len * lane..][..len]);
+        }
+        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+        for ib in 0..8 {
+            let a = src[sc_at + K4_SCALES.0 + 8 * ib + lane];
+            let hi = (src[sc_at + K4_SCALES.1 + 8 * (ib / 2) + lane] >> (4 * (ib % 2))) & 0x0F;
+            (sc[ib], m[ib]) = (a & 63, (a >> 6) | hi << 2);
+        }
+        for j in 0..4 {
+            blk[4 + j] = sc[j] | (sc[j + 4] >> 4) << 6;
+            blk[8 + j] = m[j] | (m[j + 4] >> 4) << 6;
+            blk[12 + j] = (sc[j + 4] & 0x0F) | (m[j + 4] & 0x0F) << 4;
+        }
+        for ib in 0..8 {
+            let codes = f.codes_at() + 128 * ib;
+            for e in 0..4 {
+                let bits = if f.qh.is_some() { src[f.qh_at() + 32 * ib + 4 * lane + e] } else { 0 };
+                for j in 0..4 {
+                    let pair = src[codes + 32 * j + 4 * lane + e];
+                    for (h, el) in [(0, 32 * ib + 8 * j + e), (1, 32 * ib + 8 * j + 4 + e)] {
+                        let (c, l, half) = (el / 64, el % 32, (el / 32) % 2);
+                        blk[f.qs + 32 * c + l] |= ((pair >> (4 * h)) & 0x0F) << (4 * half);
+                        if let Some(qh) = f.qh {
+                            blk[qh + l] |= ((bits >> (2 * j + h)) & 1) << (2 * c + half);
+                        }
                     }
                 }
             }
@@ -238,6 +350,8 @@ pub(crate) fn kernels(kind: QuantKind) -> Option<(&'static str, GroupDotFn, Grou
         IQ4NL => ("avx2::rows8_iq4_nl", group_dot_nib::<false, false, true, 0>, pack_nib::<false, false, true>),
         Q8_0 => ("avx2::rows8_q8_0", group_dot_q8_0, pack_q8_0),
         IQ4XS => ("avx2::rows8_iq4_xs", group_dot_iq4_xs, pack_iq4_xs),
+        Q4K => ("avx2::rows8_q4_k", group_dot_k4::<false>, pack_k4::<false>),
+        Q5K => ("avx2::rows8_q5_k", group_dot_k4::<true>, pack_k4::<true>),
         _ => return None, // capability table: as `Form::of`
     })
 }
@@ -400,6 +514,64 @@ unsafe fn group_dot_iq4_xs(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetc
     out
 }
 
+/// Q4_K / Q5_K's eight rows' 6-bit scale and min of sub-block `ib`, one
+/// dword lane a row, from the [`K4_SCALES`] planes at `sc`.
+#[inline(always)]
+unsafe fn k4_scales(sc: *const u8, ib: usize) -> (__m256i, __m256i) {
+    let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(K4_SCALES.0 + 8 * ib).cast()));
+    let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(K4_SCALES.1 + 8 * (ib / 2)).cast()));
+    let hi = _mm256_and_si256(_mm256_srl_epi32(b, _mm_cvtsi32_si128((4 * (ib % 2)) as i32)), _mm256_set1_epi32(0x0F));
+    let scale = _mm256_and_si256(a, _mm256_set1_epi32(63));
+    let min = _mm256_or_si256(_mm256_srli_epi32::<6>(a), _mm256_slli_epi32::<2>(hi));
+    (scale, min)
+}
+
+/// [`GroupDotFn`] of Q4_K (`HB` Q5_K) against Q8_K, as ggml sums them: per
+/// sub-block the codes' 16-bit sums widened once, times the eight rows'
+/// scales in 32 bits; the mins against the activation's sub-block sums
+/// (its `bsums`) in 32 bits too; one convert and two FMAs a super-block.
+/// At most `8 * 63 * 32 * 31 * 127` a lane: no overflow.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_dot_k4<const HB: bool>(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch: usize) -> [f32; 8] {
+    let f = if HB { Form::Q5_K } else { Form::Q4_K };
+    let (gb, sc_at, codes_at, qh_at) = (f.group_block(), f.head_at(2), f.codes_at(), f.qh_at());
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
+    for (b, y) in ya.iter().enumerate().take(n32 / 8) {
+        let blk = w.as_ptr().add(b * gb);
+        for l in (0..gb).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
+        }
+        let (mut sumi, mut summ) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for ib in 0..8 {
+            let codes = blk.add(codes_at + 128 * ib);
+            let h = if HB { _mm256_loadu_si256(blk.add(qh_at + 32 * ib).cast()) } else { _mm256_setzero_si256() };
+            let aq = y.qs.as_ptr().add(32 * ib);
+            // 16-bit sums: eight products of 4-bit codes fit, four of 5-bit.
+            let mut s16 = [_mm256_setzero_si256(); 2];
+            for j in 0..4 {
+                let (lo, hi) = unpack_nib::<HB, false>(codes, h, _mm256_setzero_si256(), j);
+                let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast(aq, 2 * j)), _mm256_maddubs_epi16(hi, bcast(aq, 2 * j + 1)));
+                let k = if HB { j / 2 } else { 0 };
+                s16[k] = _mm256_add_epi16(s16[k], p);
+            }
+            let s32 = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
+            let (scale, min) = k4_scales(blk.add(sc_at), ib);
+            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(s32, scale));
+            let bsum = i32::from(y.bsums[2 * ib]) + i32::from(y.bsums[2 * ib + 1]);
+            summ = _mm256_add_epi32(summ, _mm256_mullo_epi32(min, _mm256_set1_epi32(bsum)));
+        }
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(blk.cast())), _mm256_set1_ps(y.d));
+        let dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast())), _mm256_set1_ps(y.d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), dmin, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
 /// [`GroupDotFn`] of Q8_0: signed codes with the sign trick, two chains.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_dot_q8_0(w: &[u8], nb: usize, _a: &[u8], p: &ActPrep, prefetch: usize) -> [f32; 8] {
@@ -480,6 +652,31 @@ unsafe fn pack_iq4_xs(w: &[u8], n32: usize, u: &mut [u8], s: &mut [f32], bias: &
             }
             _mm256_storeu_ps(s.as_mut_ptr().add(8 * k), _mm256_mul_ps(d, _mm256_cvtepi32_ps(xs_scales(sl, sh, ib))));
             _mm256_storeu_ps(bias.as_mut_ptr().add(8 * k), _mm256_setzero_ps());
+        }
+    }
+}
+
+/// [`GroupPackFn`] of Q4_K (`HB` Q5_K): the codes as they are, each
+/// sub-block's scale `d * sc` and bias `-(dmin * m)` as its unpack computes them.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_k4<const HB: bool>(w: &[u8], n32: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    let f = if HB { Form::Q5_K } else { Form::Q4_K };
+    let sign = _mm256_set1_ps(-0.0);
+    for b in 0..n32 / 8 {
+        let blk = w.as_ptr().add(b * f.group_block());
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast()));
+        for ib in 0..8 {
+            let k = 8 * b + ib;
+            let h = if HB { _mm256_loadu_si256(blk.add(f.qh_at() + 32 * ib).cast()) } else { _mm256_setzero_si256() };
+            for j in 0..4 {
+                let (lo, hi) = unpack_nib::<HB, false>(blk.add(f.codes_at() + 128 * ib), h, _mm256_setzero_si256(), j);
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j).cast(), lo);
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j + 32).cast(), hi);
+            }
+            let (scale, min) = k4_scales(blk.add(f.head_at(2)), ib);
+            _mm256_storeu_ps(s.as_mut_ptr().add(8 * k), _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale)));
+            _mm256_storeu_ps(bias.as_mut_ptr().add(8 * k), _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(min)), sign));
         }
     }
 }
