@@ -2,18 +2,19 @@
 # Issue 4's bar, side by side in one run: Gemma 3 270M as published (Q4_K_M) and re-quantized with
 # llama-quantize to Q8_0, Q4_0, Q5_K_M, Q6_K, IQ4_XS, Q3_K_M and Q2_K; llama.cpp's AMX build in its
 # default (repacking) mode and with --repack 0 (its plain path), and ferrox, 2 threads, pp512 and
-# tg128, means of REPS repeats. Prints one markdown table plus the raw llama-bench/ferrox rows, and
+# tg128, means of ROUNDS x REPS repeats taken in turns. Prints one markdown table plus the raw llama-bench/ferrox rows, and
 # appends the normalized lines to benchmarks/results/cpu-e2e.jsonl (RECORD=0: not); then
 # `python3 benchmarks/tables.py` regenerates the tables of benchmarks/e2e.md from them.
 #
-#   benchmarks/run_bar.sh                 (REPS=5 THREADS=2; LLAMA_BIN, FERROX; KINDS to subset;
+#   benchmarks/run_bar.sh                 (ROUNDS=5 REPS=1 THREADS=2; LLAMA_BIN, FERROX; KINDS to subset;
 #                                          MACHINE labels the lines, default from the CPU)
 #
 # Holds /tmp/ferrox-cpu.lock for the whole run (builds that honour it wait), prints the load average
 # before and after: a figure taken beside another process means little on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reps=${REPS:-5}
+reps=${REPS:-1}
+rounds=${ROUNDS:-5}
 threads=${THREADS:-2}
 llama=${LLAMA_BIN:-$HOME/.cache/ferrox/llama.cpp-build/bin}
 ferrox=${FERROX:-${CARGO_TARGET_DIR:-target}/release/ferrox}
@@ -43,14 +44,43 @@ bw_runs=()
 read_bw() { for pf in 0 2048 8192; do bw_runs+=("$("$bw_bin" "$threads" "$pf" | awk '{print $5}')"); done; }
 read_bw
 raw=$(mktemp)
-for k in "${kinds[@]}"; do
-  f=$(file_for "$k")
-  for rp in 1 0; do
-    "$llama/llama-bench" -m "$f" -p 512 -n 128 -t "$threads" -r "$reps" --repack "$rp" -o jsonl 2>/dev/null |
-      sed "s/^/llama$rp $k /" >> "$raw"
+# ROUNDS passes over the files, each running the three side by side for REPS repeats: on a shared
+# host whose speed drifts over minutes, every tool then meets the same slow and fast stretches (one
+# pass of five repeats had one file's ratio move from 1.39x to 1.03x between two runs an hour apart).
+for round in $(seq "$rounds"); do
+  for k in "${kinds[@]}"; do
+    f=$(file_for "$k")
+    for rp in 1 0; do
+      "$llama/llama-bench" -m "$f" -p 512 -n 128 -t "$threads" -r "$reps" --repack "$rp" -o jsonl 2>/dev/null |
+        sed "s/^/llama$rp $k /" >> "$raw"
+    done
+    "$ferrox" bench -m "$f" -p 512 -n 128 -t "$threads" -r "$reps" -o jsonl 2>/dev/null | sed "s/^/ferrox $k /" >> "$raw"
   done
-  "$ferrox" bench -m "$f" -p 512 -n 128 -t "$threads" -r "$reps" -o jsonl 2>/dev/null | sed "s/^/ferrox $k /" >> "$raw"
 done
+# One row per tool, file and test: every round's samples, their mean and deviation, the largest RSS.
+python3 - "$raw" <<'PY'
+import json, statistics, sys
+rows, order = {}, []
+for line in open(sys.argv[1]):
+    who, kind, js = line.split(" ", 2)
+    d = json.loads(js)
+    key = (who, kind, d.get("n_prompt", 0), d.get("n_gen", 0))
+    if key not in rows:
+        rows[key] = d
+        order.append(key)
+        continue
+    m = rows[key]
+    m["samples_ts"] = m.get("samples_ts", []) + d.get("samples_ts", [])
+    m["peak_rss_bytes"] = max(m.get("peak_rss_bytes", 0), d.get("peak_rss_bytes", 0))
+for key in order:
+    m = rows[key]
+    s = m.get("samples_ts", [])
+    if s:
+        m["avg_ts"], m["stddev_ts"] = statistics.fmean(s), statistics.stdev(s) if len(s) > 1 else 0.0
+with open(sys.argv[1], "w") as out:
+    for key in order:
+        out.write(f"{key[0]} {key[1]} {json.dumps(rows[key])}\n")
+PY
 read_bw
 bw=$(printf '%s\n' "${bw_runs[@]}" | sort -g | tail -1)
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); read bandwidth ($threads threads, before/after, plain/2 KiB/8 KiB ahead): ${bw_runs[*]} GB/s"

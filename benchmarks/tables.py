@@ -200,11 +200,11 @@ def serve_cuda(machine, command):
 
 TABLES = {
     "bar-xeon": dict(BAR, where={"set": "bar", "machine": "xeon-amx-2c"},
-                     command="FERROX=target/release/ferrox REPS=5 benchmarks/run_bar.sh"),
+                     command="FERROX=target/release/ferrox benchmarks/run_bar.sh"),
     "bar-epyc": dict(BAR, where={"set": "bar", "machine": "epyc-avx512-2c"},
-                     command="FERROX=target/release/ferrox REPS=5 benchmarks/run_bar.sh"),
+                     command="FERROX=target/release/ferrox benchmarks/run_bar.sh"),
     "bar-epyc-avx2": dict(BAR, where={"set": "bar", "machine": "epyc-avx2-2c"},
-                          command="FERROX=target/release/ferrox REPS=5 benchmarks/run_bar.sh"),
+                          command="FERROX=target/release/ferrox benchmarks/run_bar.sh"),
     "rss-process": dict(
         kind="list", file="cpu-e2e.jsonl", where={"set": "rss"},
         key=lambda l: (l["kind"], l["variant"]),
