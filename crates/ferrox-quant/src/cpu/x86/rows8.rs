@@ -385,6 +385,15 @@ unsafe fn unpack_nib<const HB: bool, const TABLE: bool>(codes: *const u8, h: __m
     (lo, hi)
 }
 
+/// The `bytes` of a group block at `blk`, `prefetch` bytes further on,
+/// into L2 (an address past the copy's end is only a hint: never read).
+#[inline(always)]
+unsafe fn prefetch_ahead(blk: *const u8, bytes: usize, prefetch: usize) {
+    for l in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
+    }
+}
+
 /// Four activation bytes (elements `4k..4k+4` from `a`) in every lane.
 #[inline(always)]
 unsafe fn bcast(a: *const i8, k: usize) -> __m256i {
@@ -411,9 +420,7 @@ unsafe fn group_dot_nib<const HB: bool, const MIN: bool, const TABLE: bool, cons
     let (wp, aq) = (w.as_ptr(), p.qs.as_ptr());
     for b in 0..nb {
         let blk = wp.add(b * gb);
-        for l in (0..gb).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
-        }
+        prefetch_ahead(blk, gb, prefetch);
         let codes = blk.add(codes_at);
         let h = if HB { _mm256_loadu_si256(blk.add(qh_at).cast()) } else { _mm256_setzero_si256() };
         let a = aq.add(32 * b);
@@ -497,9 +504,7 @@ unsafe fn group_dot_iq4_xs(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetc
     let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
     for (b, y) in ya.iter().enumerate().take(n32 / 8) {
         let blk = w.as_ptr().add(b * gb);
-        for l in (0..gb).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
-        }
+        prefetch_ahead(blk, gb, prefetch);
         let (sl, sh) = xs_scale_words(blk);
         let mut sumi = _mm256_setzero_si256();
         for ib in 0..8 {
@@ -540,9 +545,7 @@ unsafe fn group_dot_k4<const HB: bool>(w: &[u8], n32: usize, a: &[u8], _p: &ActP
     let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
     for (b, y) in ya.iter().enumerate().take(n32 / 8) {
         let blk = w.as_ptr().add(b * gb);
-        for l in (0..gb).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
-        }
+        prefetch_ahead(blk, gb, prefetch);
         let (mut sumi, mut summ) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for ib in 0..8 {
             let codes = blk.add(codes_at + 128 * ib);
@@ -581,9 +584,7 @@ unsafe fn group_dot_q8_0(w: &[u8], nb: usize, _a: &[u8], p: &ActPrep, prefetch: 
     let (wp, aq) = (w.as_ptr(), p.qs.as_ptr());
     for b in 0..nb {
         let blk = wp.add(b * GB);
-        for l in (0..GB).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T1>(blk.cast::<i8>().wrapping_add(prefetch + l));
-        }
+        prefetch_ahead(blk, GB, prefetch);
         let a = aq.add(32 * b);
         let mut s = [_mm256_setzero_si256(); 2];
         for k in 0..8 {
