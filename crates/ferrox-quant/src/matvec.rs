@@ -1346,6 +1346,7 @@ impl InterleavedQ8_0 {
 /// panel unpacked from the groups, the same sums it makes from the stored
 /// rows.
 pub struct Interleaved8 {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // never made there (`new`)
     bytes: Vec<u64>,
     kind: QuantKind,
     rows: usize,
@@ -1443,6 +1444,8 @@ impl Interleaved8 {
         if x.len() != n.saturating_mul(cols) || y.len() != n.saturating_mul(rows) {
             return Err(CpuError::Shape { what: "matmul operands", expected: n.saturating_mul(cols), got: x.len() });
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = products;
         #[cfg(target_arch = "x86_64")]
         if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2) {
             let (_, _, pack) = cpu::x86::rows8::kernels(self.kind).ok_or(QuantError::NoDot { kind: self.kind })?;
@@ -1467,6 +1470,7 @@ impl Interleaved8 {
     }
 
     /// The copy's bytes.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // never made there (`new`)
     fn bytes(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.bytes)[..self.rows * crate::row_bytes(self.kind, self.cols).unwrap_or(0)]
     }
