@@ -58,7 +58,7 @@ pub(crate) struct Form {
     /// IQ4_NL's a sub-block).
     subs: usize,
     /// Q4_K / Q5_K: 64-element code chunks and 6-bit scales and mins
-    /// ([`interleave_k4`] lays them out).
+    /// ([`code_at`], [`K4_SCALES`]).
     k4: bool,
 }
 
@@ -130,37 +130,70 @@ impl Form {
     }
 }
 
-/// Element `e`'s low four bits (nibble kinds) of a stored block: sub-block
-/// `e / 32`'s 16 bytes, low nibbles its first 16 elements.
-fn nibble(f: Form, blk: &[u8], e: usize) -> u8 {
-    let (sub, el) = (e / 32, e % 32);
-    let q = blk[f.qs + 16 * sub + el % 16];
-    if el < 16 {
-        q & 0x0F
+/// Where a nibble kind's stored block keeps element `e`'s code: the byte
+/// and shift of its low four bits, and the byte and bit of its fifth (Q5).
+/// The 32-element kinds and IQ4_XS keep a sub-block's 16 bytes with the low
+/// nibbles its first 16 elements and the fifth bits in element order;
+/// Q4_K / Q5_K keep 64-element chunks, the low nibbles the chunk's first 32
+/// elements, the fifth bits of element `l` of chunk `c` in byte `l`.
+fn code_at(f: Form, e: usize) -> (usize, u32, Option<(usize, u32)>) {
+    if f.k4 {
+        let (c, l, h) = (e / 64, e % 32, (e / 32) % 2);
+        (f.qs + 32 * c + l, 4 * h as u32, f.qh.map(|at| (at + l, (2 * c + h) as u32)))
     } else {
-        q >> 4
+        let (sub, el) = (e / 32, e % 32);
+        (f.qs + 16 * sub + el % 16, if el < 16 { 0 } else { 4 }, f.qh.map(|at| (at + e / 8, (e % 8) as u32)))
     }
 }
 
-/// Element `e`'s fifth bit (0 or 1) of a stored Q5 block.
-fn fifth(f: Form, blk: &[u8], e: usize) -> u8 {
-    f.qh.map_or(0, |at| (blk[at + e / 8] >> (e % 8)) & 1)
+/// Element `e`'s code (0..32) of a stored nibble-kind block.
+fn code(f: Form, blk: &[u8], e: usize) -> u8 {
+    let (at, shift, hb) = code_at(f, e);
+    let nib = (blk[at] >> shift) & 0x0F;
+    nib | hb.map_or(0, |(at, bit)| ((blk[at] >> bit) & 1) << 4)
 }
+
+/// Element `e`'s code ORed into a stored nibble-kind block (zeroed first).
+fn set_code(f: Form, blk: &mut [u8], e: usize, code: u8) {
+    let (at, shift, hb) = code_at(f, e);
+    blk[at] |= (code & 0x0F) << shift;
+    if let Some((at, bit)) = hb {
+        blk[at] |= (code >> 4) << bit;
+    }
+}
+
+/// How Q4_K / Q5_K's twelve scale bytes sit in a group block (offset
+/// [`Form::head_at`]`(2)`, 96 bytes): plane A, a byte per sub-block and row
+/// (`A[8 * ib + r] = sc | (m & 3) << 6`), then plane B, a nibble per
+/// sub-block and row (`B[8 * (ib / 2) + r]`, sub-block `ib`'s `m >> 2` in
+/// nibble `ib % 2`). The same 96 bits as the stored encoding, moved so that
+/// a sub-block's eight scales and mins are two 8-byte loads.
+const K4_SCALES: (usize, usize) = (0, 64);
 
 /// Interleaves `rows` (a multiple of 8) rows of stored blocks (`row_bytes`
-/// each) into `out` (the same length).
+/// each) into `out` (the same length, zeroed): the header pieces side by
+/// side (Q4_K / Q5_K's scales as [`K4_SCALES`]), a nibble kind's codes and
+/// fifth bits a 32-element sub-block at a time, Q8_0's bytes as they are.
 pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out: &mut [u8]) {
-    if f.k4 {
-        return interleave_k4(f, src, rows, row_bytes, out);
-    }
     let (nb, gb) = (row_bytes / f.block, f.group_block());
     for g in 0..rows / 8 {
         for b in 0..nb {
             let dst = &mut out[(g * nb + b) * gb..][..gb];
             for r in 0..8 {
                 let blk = &src[(g * 8 + r) * row_bytes + b * f.block..][..f.block];
-                for (i, &(off, len)) in f.head.iter().enumerate() {
+                // Q4_K / Q5_K's third piece, the scales, is re-packed below.
+                for (i, &(off, len)) in f.head.iter().enumerate().take(if f.k4 { 2 } else { f.head.len() }) {
                     dst[f.head_at(i) + len * r..][..len].copy_from_slice(&blk[off..off + len]);
+                }
+                if f.k4 {
+                    let mut q = [0u8; 12];
+                    q.copy_from_slice(&blk[4..16]);
+                    let (sc, m) = crate::scalar::k4_scales_mins(&q);
+                    let at = f.head_at(2);
+                    for ib in 0..8 {
+                        dst[at + K4_SCALES.0 + 8 * ib + r] = sc[ib] | (m[ib] & 3) << 6;
+                        dst[at + K4_SCALES.1 + 8 * (ib / 2) + r] |= (m[ib] >> 2) << (4 * (ib % 2));
+                    }
                 }
                 for sub in 0..f.subs {
                     let codes = f.codes_at() + sub * if f.nibbles { 128 } else { 256 };
@@ -169,12 +202,12 @@ pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out
                         if f.nibbles {
                             let mut bits = 0u8;
                             for j in 0..4 {
-                                let (lo, hi) = (32 * sub + 8 * j + e, 32 * sub + 8 * j + 4 + e);
-                                dst[codes + 32 * j + at] = nibble(f, blk, lo) | nibble(f, blk, hi) << 4;
-                                bits |= fifth(f, blk, lo) << (2 * j) | fifth(f, blk, hi) << (2 * j + 1);
+                                let (lo, hi) = (code(f, blk, 32 * sub + 8 * j + e), code(f, blk, 32 * sub + 8 * j + 4 + e));
+                                dst[codes + 32 * j + at] = (lo & 0x0F) | (hi & 0x0F) << 4;
+                                bits |= (lo >> 4) << (2 * j) | (hi >> 4) << (2 * j + 1);
                             }
                             if f.qh.is_some() {
-                                dst[f.qh_at() + at] = bits;
+                                dst[f.qh_at() + 32 * sub + at] = bits;
                             }
                         } else {
                             for k in 0..8 {
@@ -189,129 +222,45 @@ pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out
 }
 
 /// Row `lane` of group `w` (`nb` group blocks) back as its stored blocks,
-/// bit for bit, into `out` (`nb` blocks).
+/// bit for bit, into `out` (`nb` blocks); Q4_K / Q5_K's scale encoding is
+/// made again (its 96 bits are the planes' 96, a bijection).
 pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &mut [u8]) {
-    if f.k4 {
-        return deinterleave_row_k4(f, w, nb, lane, out);
-    }
     let gb = f.group_block();
     for (src, blk) in w.chunks_exact(gb).take(nb).zip(out.chunks_exact_mut(f.block)) {
         blk.fill(0);
-        for (i, &(off, len)) in f.head.iter().enumerate() {
+        for (i, &(off, len)) in f.head.iter().enumerate().take(if f.k4 { 2 } else { f.head.len() }) {
             blk[off..off + len].copy_from_slice(&src[f.head_at(i) + len * lane..][..len]);
+        }
+        if f.k4 {
+            let at = f.head_at(2);
+            let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+            for ib in 0..8 {
+                let a = src[at + K4_SCALES.0 + 8 * ib + lane];
+                let hi = (src[at + K4_SCALES.1 + 8 * (ib / 2) + lane] >> (4 * (ib % 2))) & 0x0F;
+                (sc[ib], m[ib]) = (a & 63, (a >> 6) | hi << 2);
+            }
+            for j in 0..4 {
+                blk[4 + j] = sc[j] | (sc[j + 4] >> 4) << 6;
+                blk[8 + j] = m[j] | (m[j + 4] >> 4) << 6;
+                blk[12 + j] = (sc[j + 4] & 0x0F) | (m[j + 4] & 0x0F) << 4;
+            }
         }
         for sub in 0..f.subs {
             let codes = f.codes_at() + sub * if f.nibbles { 128 } else { 256 };
             for e in 0..4 {
                 let at = 4 * lane + e;
                 if f.nibbles {
-                    let bits = src[f.qh_at() + at];
+                    let bits = if f.qh.is_some() { src[f.qh_at() + 32 * sub + at] } else { 0 };
                     for j in 0..4 {
                         let pair = src[codes + 32 * j + at];
                         for (h, el) in [(0, 8 * j + e), (1, 8 * j + 4 + e)] {
-                            let q = (pair >> (4 * h)) & 0x0F;
-                            blk[f.qs + 16 * sub + el % 16] |= if el < 16 { q } else { q << 4 };
-                            if let Some(qh) = f.qh {
-                                blk[qh + el / 8] |= ((bits >> (2 * j + h)) & 1) << (el % 8);
-                            }
+                            let c = ((pair >> (4 * h)) & 0x0F) | ((bits >> (2 * j + h)) & 1) << 4;
+                            set_code(f, blk, 32 * sub + el, c);
                         }
                     }
                 } else {
                     for k in 0..8 {
                         blk[f.qs + 4 * k + e] = src[codes + 32 * k + at];
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// How Q4_K / Q5_K's twelve scale bytes sit in a group block (offset
-/// [`Form::head_at`]`(2)`, 96 bytes): plane A, a byte per sub-block and row
-/// (`A[8 * ib + r] = sc | (m & 3) << 6`), then plane B, a nibble per
-/// sub-block and row (`B[8 * (ib / 2) + r]`, sub-block `ib`'s `m >> 2` in
-/// nibble `ib % 2`). The same 96 bits as the stored encoding, moved so that
-/// a sub-block's eight scales and mins are two 8-byte loads.
-const K4_SCALES: (usize, usize) = (0, 64);
-
-/// A Q4_K / Q5_K stored block's element `e` code (0..32).
-fn k4_code(f: Form, blk: &[u8], e: usize) -> u8 {
-    let (c, l, h) = (e / 64, e % 32, (e / 32) % 2);
-    let nib = (blk[f.qs + 32 * c + l] >> (4 * h)) & 0x0F;
-    nib | f.qh.map_or(0, |at| ((blk[at + l] >> (2 * c + h)) & 1) << 4)
-}
-
-/// [`interleave`] of Q4_K / Q5_K: the header pieces side by side but the
-/// scales as [`K4_SCALES`], the codes as a nibble kind's a sub-block, the
-/// fifth bits (Q5_K) as Q5_0's plane a sub-block.
-fn interleave_k4(f: Form, src: &[u8], rows: usize, row_bytes: usize, out: &mut [u8]) {
-    let (nb, gb, sc_at) = (row_bytes / f.block, f.group_block(), f.head_at(2));
-    for g in 0..rows / 8 {
-        for b in 0..nb {
-            let dst = &mut out[(g * nb + b) * gb..][..gb];
-            for r in 0..8 {
-                let blk = &src[(g * 8 + r) * row_bytes + b * f.block..][..f.block];
-                for (i, &(off, len)) in f.head.iter().enumerate().take(2) {
-                    dst[f.head_at(i) + len * r..][..len].copy_from_slice(&blk[off..off + len]);
-                }
-                let mut q = [0u8; 12];
-                q.copy_from_slice(&blk[4..16]);
-                let (sc, m) = crate::scalar::k4_scales_mins(&q);
-                for ib in 0..8 {
-                    dst[sc_at + K4_SCALES.0 + 8 * ib + r] = sc[ib] | (m[ib] & 3) << 6;
-                    dst[sc_at + K4_SCALES.1 + 8 * (ib / 2) + r] |= (m[ib] >> 2) << (4 * (ib % 2));
-                }
-                for ib in 0..8 {
-                    let codes = f.codes_at() + 128 * ib;
-                    for e in 0..4 {
-                        let mut bits = 0u8;
-                        for j in 0..4 {
-                            let (lo, hi) = (k4_code(f, blk, 32 * ib + 8 * j + e), k4_code(f, blk, 32 * ib + 8 * j + 4 + e));
-                            dst[codes + 32 * j + 4 * r + e] = (lo & 0x0F) | (hi & 0x0F) << 4;
-                            bits |= (lo >> 4) << (2 * j) | (hi >> 4) << (2 * j + 1);
-                        }
-                        if f.qh.is_some() {
-                            dst[f.qh_at() + 32 * ib + 4 * r + e] = bits;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// [`deinterleave_row`] of Q4_K / Q5_K: the stored encoding of the scales
-/// made again (its 96 bits are the planes' 96, a bijection).
-fn deinterleave_row_k4(f: Form, w: &[u8], nb: usize, lane: usize, out: &mut [u8]) {
-    let (gb, sc_at) = (f.group_block(), f.head_at(2));
-    for (src, blk) in w.chunks_exact(gb).take(nb).zip(out.chunks_exact_mut(f.block)) {
-        blk.fill(0);
-        for (i, &(off, len)) in f.head.iter().enumerate().take(2) {
-            blk[off..off + len].copy_from_slice(&src[f.head_at(i) + len * lane..][..len]);
-        }
-        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
-        for ib in 0..8 {
-            let a = src[sc_at + K4_SCALES.0 + 8 * ib + lane];
-            let hi = (src[sc_at + K4_SCALES.1 + 8 * (ib / 2) + lane] >> (4 * (ib % 2))) & 0x0F;
-            (sc[ib], m[ib]) = (a & 63, (a >> 6) | hi << 2);
-        }
-        for j in 0..4 {
-            blk[4 + j] = sc[j] | (sc[j + 4] >> 4) << 6;
-            blk[8 + j] = m[j] | (m[j + 4] >> 4) << 6;
-            blk[12 + j] = (sc[j + 4] & 0x0F) | (m[j + 4] & 0x0F) << 4;
-        }
-        for ib in 0..8 {
-            let codes = f.codes_at() + 128 * ib;
-            for e in 0..4 {
-                let bits = if f.qh.is_some() { src[f.qh_at() + 32 * ib + 4 * lane + e] } else { 0 };
-                for j in 0..4 {
-                    let pair = src[codes + 32 * j + 4 * lane + e];
-                    for (h, el) in [(0, 32 * ib + 8 * j + e), (1, 32 * ib + 8 * j + 4 + e)] {
-                        let (c, l, half) = (el / 64, el % 32, (el / 32) % 2);
-                        blk[f.qs + 32 * c + l] |= ((pair >> (4 * h)) & 0x0F) << (4 * half);
-                        if let Some(qh) = f.qh {
-                            blk[qh + l] |= ((bits >> (2 * j + h)) & 1) << (2 * c + half);
-                        }
                     }
                 }
             }
