@@ -369,15 +369,18 @@ pub(crate) fn cpu_placement(
         },
         Some(Feeds::Matmul | Feeds::Router) => {
             let k = crate::backend::cpu::kernel_for(kind);
+            // The copies re-laid at load, which take every product over the matrix.
+            let rows = dims.get(1).copied().unwrap_or(0) as usize;
+            let (head16, rows8) = (crate::backend::cpu::interleaves(name, kind, rows), crate::backend::cpu::relays_rows8(name, kind, rows));
             match k {
                 Some(k) => (
                     match k.four_rows {
-                        _ if crate::backend::cpu::interleaves(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => format!(
+                        _ if head16 => format!(
                             "cpu matvec: {}, 16 rows interleaved at load (act {})",
                             ferrox_quant::matvec::InterleavedQ8_0::kernel(ferrox_quant::cpu::Isa::active()),
                             k.act
                         ),
-                        _ if crate::backend::cpu::relays_rows8(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => format!(
+                        _ if rows8 => format!(
                             "cpu matvec: {}, 8 rows interleaved at load (act {})",
                             ferrox_quant::matvec::Interleaved8::kernel(kind).unwrap_or("none"),
                             k.act
@@ -387,7 +390,7 @@ pub(crate) fn cpu_placement(
                     },
                     match k.gemm {
                         // The interleaved copy takes every product (batches too).
-                        _ if crate::backend::cpu::interleaves(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => {
+                        _ if head16 => {
                             match k.gemm {
                                 Some((ferrox_quant::cpu::Isa::Amx, _)) => format!(
                                     "cpu matmul: {} on the interleaved copy (batches of {}+; exact, as one token's){}",
@@ -407,7 +410,7 @@ pub(crate) fn cpu_placement(
                                 ),
                             }
                         }
-                        Some((isa, g)) if crate::backend::cpu::relays_rows8(name, kind, dims.get(1).copied().unwrap_or(0) as usize) => format!(
+                        Some((isa, g)) if rows8 => format!(
                             "cpu gemm: {g}, its panel unpacked from the interleaved copy (batches of {}+)",
                             ferrox_quant::gemm::min_batch_unpacked(isa)
                         ),

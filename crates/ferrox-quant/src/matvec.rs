@@ -1409,11 +1409,6 @@ impl Interleaved8 {
         Self::new_releasing(isa, kind, weights, rows, cols, |_| {})
     }
 
-    /// Storage kind.
-    pub fn kind(&self) -> QuantKind {
-        self.kind
-    }
-
     /// Row `r` dequantized into `out` (`cols` values), bit for bit as
     /// [`crate::dequantize`] gives it from the stored blocks.
     pub fn row(&self, r: usize, out: &mut [f32]) -> Result<(), CpuError> {

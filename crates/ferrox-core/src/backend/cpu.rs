@@ -372,7 +372,7 @@ pub fn relays_rows8(name: &str, kind: QuantKind, rows: usize) -> bool {
 enum Relaid {
     /// The Q8_0 head, 16 rows a group ([`interleaves`]).
     Q8_0x16(ferrox_quant::matvec::InterleavedQ8_0),
-    /// A 32-element kind eight rows a group ([`relays_rows8`]).
+    /// Any other kind the layout takes, eight rows a group ([`relays_rows8`]).
     Rows8(ferrox_quant::matvec::Interleaved8),
 }
 
