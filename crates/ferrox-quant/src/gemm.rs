@@ -461,7 +461,7 @@ pub(crate) fn matmul_groups(
         return Err(QuantError::NoDot { kind }.into());
     };
     let row_bytes = crate::row_bytes(kind, cols)?;
-    let Some((tile, base)) = cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).filter(|_| info.sub == 32) else {
+    let Some((tile, base)) = cpu::x86::avx2_gemm_8x4(info.sub, info.code_max) else {
         return Err(QuantError::NoDot { kind }.into());
     };
     if !rows.is_multiple_of(8) || weights.len() != rows * row_bytes || x.len() != n * cols || y.len() != n * rows {
@@ -550,8 +550,8 @@ impl Matmul<'_> {
                         let gb = self.row_bytes * 8;
                         let w = &self.weights[(r0 / 8 + gi) * gb..][..gb];
                         // SAFETY: AVX2 is available (checked by the caller); `w` is one
-                        // group of `subs` group blocks, `ug` `8 * cols` bytes, `s` and
-                        // `bias` `8 * subs` floats (one block a sub-block).
+                        // group of `subs` sub-blocks (`sub` elements each) a row, `ug`
+                        // `8 * cols` bytes, `s` and `bias` `8 * subs` floats.
                         unsafe { f(w, subs, ug, s, bias) };
                         bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
                         continue;

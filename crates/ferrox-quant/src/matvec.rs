@@ -776,8 +776,17 @@ mod tests {
     }
 
     /// The kinds re-laid eight rows a group on AVX2 ([`Interleaved8`]).
-    const ROWS8_KINDS: [QuantKind; 8] =
-        [QuantKind::Q4_0, QuantKind::Q5_0, QuantKind::Q5_1, QuantKind::IQ4NL, QuantKind::Q8_0, QuantKind::IQ4XS, QuantKind::Q4K, QuantKind::Q5K];
+    const ROWS8_KINDS: [QuantKind; 9] = [
+        QuantKind::Q4_0,
+        QuantKind::Q5_0,
+        QuantKind::Q5_1,
+        QuantKind::IQ4NL,
+        QuantKind::Q8_0,
+        QuantKind::IQ4XS,
+        QuantKind::Q4K,
+        QuantKind::Q5K,
+        QuantKind::Q6K,
+    ];
 
     /// The eight-row copy of every kind it takes gives back the stored
     /// blocks bit for bit: random bytes everywhere (every code and fifth
@@ -875,7 +884,7 @@ mod tests {
         }
         let mut rng = SmallRng::seed_from_u64(90);
         let cols = 256;
-        let set = [(QuantKind::Q5_1, 64), (QuantKind::Q8_0, 24), (QuantKind::Q4_0, 40), (QuantKind::IQ4XS, 16), (QuantKind::Q4K, 8)];
+        let set = [(QuantKind::Q5_1, 64), (QuantKind::Q8_0, 24), (QuantKind::Q4_0, 40), (QuantKind::IQ4XS, 16), (QuantKind::Q4K, 8), (QuantKind::Q6K, 16)];
         let ws: Vec<Vec<u64>> = set.iter().map(|&(k, rows)| aligned_quantized(k, &(0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect::<Vec<f32>>())).collect();
         let ms: Vec<Interleaved8> = set
             .iter()
@@ -1336,7 +1345,7 @@ impl InterleavedQ8_0 {
     }
 }
 
-/// A matrix of Q4_0, Q5_0, Q5_1, IQ4_NL, Q8_0, IQ4_XS, Q4_K or Q5_K
+/// A matrix of Q4_0, Q5_0, Q5_1, IQ4_NL, Q8_0, IQ4_XS, Q4_K, Q5_K or Q6_K
 /// re-laid at load eight rows a group for AVX2 CPUs without AVX-512
 /// (`cpu::x86::rows8`): the same size as the stored matrix, and every
 /// product over it reads the copy. One token (or any batch where each

@@ -1,5 +1,5 @@
-//! The 32-element kinds (and IQ4_XS, whose sub-blocks are IQ4_NL's) re-laid
-//! at load eight rows at a time, for AVX2 CPUs (no AVX-512): the decode
+//! The 32-element kinds (and IQ4_XS, whose sub-blocks are IQ4_NL's, and
+//! the K kinds Q4_K, Q5_K and Q6_K) re-laid at load eight rows at a time, for AVX2 CPUs (no AVX-512): the decode
 //! matvec and the GEMM panels of the matrices.
 //!
 //! The key decision: **the decode layout is the GEMM panel, compressed**.
@@ -25,6 +25,16 @@
 //! the 32-bit sub-block sums, so a super-block still ends in one convert and
 //! one FMA for eight rows.
 //!
+//! The K kinds of 16-element sub-blocks (Q6_K) keep the same code
+//! registers, a 16-element sub-block two of them: the codes' bits past the
+//! low plane sit in a high plane beside it (Q6_K's top two bits, 64 bytes
+//! a 32-element chunk, as Q5's fifth bits), and the sixteen i8 scales of a
+//! row two at a time side by side, so one 16-byte load widened to 16 bits
+//! holds a sub-block pair's scales for the eight rows. The codes' 16-bit
+//! sums meet them by `vpmaddwd` per sub-block, as ggml's row kernels do,
+//! and the codes' offset is taken off once a super-block against the
+//! activation's 16-element sums (`bsums`).
+//!
 //! The copy is the stored matrix's size exactly (the same bytes, moved) and
 //! the stored blocks come back bit for bit ([`deinterleave_row`]).
 //!
@@ -40,26 +50,45 @@ use crate::QuantKind;
 /// Where a kind's block keeps its parts, and where its group block keeps
 /// them: the one table every function here reads. A group block is the
 /// header pieces, each the eight rows' side by side (the f16 scale first),
-/// then Q5's fifth-bits plane (32 bytes), then the codes of each 32-element
-/// sub-block (128 bytes of nibbles, or Q8_0's 256 bytes).
+/// then the codes' high plane (Q5's fifth bits, Q6_K's top two bits,
+/// Q3_K's third bit), then their low plane. A plane of `b` bits a code
+/// holds a 32-element chunk in `32 * b` bytes: the code of element `4g + e`
+/// of the chunk and row `r` sits in byte `32 * (g * b / 8) + 4r + e`, at
+/// bit `g * b % 8` (nibbles: group `2j` low, `2j + 1` high, in register
+/// `j`; Q8_0's bytes: group `g` in register `g`).
 #[derive(Clone, Copy)]
 pub(crate) struct Form {
     /// Stored block bytes.
     block: usize,
     /// The stored block's header pieces `(offset, bytes)`, in group order.
     head: &'static [(usize, usize)],
-    /// Offset of the 32 fifth bits in the stored block (Q5_0, Q5_1).
+    /// Offset of the codes' high bits in the stored block.
     qh: Option<usize>,
-    /// Offset of the codes in the stored block.
+    /// Offset of the codes' low bits in the stored block.
     qs: usize,
-    /// Codes are nibbles (else whole bytes: Q8_0).
-    nibbles: bool,
-    /// 32-element sub-blocks a block (IQ4_XS: 8, its codes stored as
-    /// IQ4_NL's a sub-block).
+    /// Bits a code in the low plane (4: nibbles; 8: Q8_0; 2).
+    lo: usize,
+    /// Bits a code in the high plane (0: none).
+    hi: usize,
+    /// 32-element chunks a block (the K kinds and IQ4_XS: 8).
     subs: usize,
-    /// Q4_K / Q5_K: 64-element code chunks and 6-bit scales and mins
-    /// ([`code_at`], [`K4_SCALES`]).
-    k4: bool,
+    /// How the stored block orders its codes ([`code_at`]).
+    order: Order,
+}
+
+/// How a stored block orders its codes ([`code_at`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// 32-element sub-blocks: 16 bytes of nibbles (the low nibbles the
+    /// first 16 elements) or 32 code bytes, the fifth bits in element order.
+    Sub32,
+    /// Q4_K / Q5_K: 64-element chunks, the low nibbles the chunk's first 32
+    /// elements; their 6-bit scales and mins re-packed ([`K4_SCALES`]).
+    K4,
+    /// Q6_K: per 128-element half, `ql`'s 64 bytes hold four nibble streams
+    /// (bytes 0..32 low, 32..64 low, 0..32 high, 32..64 high), `qh`'s 32
+    /// their top two bits, stream `j` at bit `2j`.
+    K6,
 }
 
 impl Form {
@@ -70,32 +99,48 @@ impl Form {
             Q4_0 | IQ4NL => Some(Form::nib(false, false)),
             Q5_0 => Some(Form::nib(true, false)),
             Q5_1 => Some(Form::nib(true, true)),
-            Q8_0 => Some(Form { block: 34, head: &[(0, 2)], qh: None, qs: 2, nibbles: false, subs: 1, k4: false }),
+            Q8_0 => Some(Form { block: 34, head: &[(0, 2)], qh: None, qs: 2, lo: 8, hi: 0, subs: 1, order: Order::Sub32 }),
             IQ4XS => Some(Form::IQ4_XS),
             Q4K => Some(Form::Q4_K),
             Q5K => Some(Form::Q5_K),
+            Q6K => Some(Form::Q6_K),
             _ => None, // capability table: the kinds measured to pay
         }
     }
 
     /// IQ4_XS: `d`, `scales_h` (u16) and `scales_l` (4 bytes), then eight
     /// sub-blocks of IQ4_NL codes.
-    const IQ4_XS: Form = Form { block: 136, head: &[(0, 2), (2, 2), (4, 4)], qh: None, qs: 8, nibbles: true, subs: 8, k4: false };
+    const IQ4_XS: Form = Form { block: 136, head: &[(0, 2), (2, 2), (4, 4)], qh: None, qs: 8, lo: 4, hi: 0, subs: 8, order: Order::Sub32 };
 
     /// Q4_K: `d` and `dmin`, then the scales and mins re-packed as two
     /// planes (96 bytes for the eight rows, [`K4_SCALES`]), then eight
     /// sub-blocks of codes.
-    const Q4_K: Form = Form { block: 144, head: &[(0, 2), (2, 2), (4, 12)], qh: None, qs: 16, nibbles: true, subs: 8, k4: true };
+    const Q4_K: Form = Form { block: 144, head: &[(0, 2), (2, 2), (4, 12)], qh: None, qs: 16, lo: 4, hi: 0, subs: 8, order: Order::K4 };
 
     /// Q5_K: as Q4_K, with a fifth-bits plane a sub-block (256 bytes).
-    const Q5_K: Form = Form { block: 176, head: &[(0, 2), (2, 2), (4, 12)], qh: Some(16), qs: 48, nibbles: true, subs: 8, k4: true };
+    const Q5_K: Form = Form { block: 176, head: &[(0, 2), (2, 2), (4, 12)], qh: Some(16), qs: 48, lo: 4, hi: 1, subs: 8, order: Order::K4 };
+
+    /// Q6_K: `d`, then its sixteen i8 scales two at a time (a 16-byte piece
+    /// holds sub-blocks `2k` and `2k + 1` of the eight rows, row `r` at
+    /// bytes `2r`, `2r + 1`), then the top two bits (64 bytes a chunk: a
+    /// 16-element sub-block's in one register) and the nibbles.
+    const Q6_K: Form = Form {
+        block: 210,
+        head: &[(208, 2), (192, 2), (194, 2), (196, 2), (198, 2), (200, 2), (202, 2), (204, 2), (206, 2)],
+        qh: Some(128),
+        qs: 0,
+        lo: 4,
+        hi: 2,
+        subs: 8,
+        order: Order::K6,
+    };
 
     /// A 32-element nibble kind's form with (`hb`) fifth bits and (`min`)
     /// an f16 min after its scale.
     const fn nib(hb: bool, min: bool) -> Form {
         let block = 18 + if hb { 4 } else { 0 } + if min { 2 } else { 0 };
         let head: &'static [(usize, usize)] = if min { &[(0, 2), (2, 2)] } else { &[(0, 2)] };
-        Form { block, head, qh: if hb { Some(block - 20) } else { None }, qs: block - 16, nibbles: true, subs: 1, k4: false }
+        Form { block, head, qh: if hb { Some(block - 20) } else { None }, qs: block - 16, lo: 4, hi: if hb { 1 } else { 0 }, subs: 1, order: Order::Sub32 }
     }
 
     /// Bytes of one stored block.
@@ -119,47 +164,73 @@ impl Form {
         at
     }
 
-    /// Offset of the fifth-bits plane.
+    /// Offset of the high plane (Q5's fifth bits).
     const fn qh_at(self) -> usize {
         self.head_at(self.head.len())
     }
 
-    /// Offset of the codes.
+    /// Offset of the low plane (the codes, or their low bits).
     const fn codes_at(self) -> usize {
-        self.qh_at() + if self.qh.is_some() { 32 * self.subs } else { 0 }
+        self.qh_at() + 32 * self.hi * self.subs
+    }
+
+    /// Header pieces copied as they are (Q4_K / Q5_K's third, the scales,
+    /// is re-packed: [`K4_SCALES`]).
+    fn plain_head(self) -> &'static [(usize, usize)] {
+        if self.order == Order::K4 {
+            &self.head[..2]
+        } else {
+            self.head
+        }
     }
 }
 
-/// Where a nibble kind's stored block keeps element `e`'s code: the byte
-/// and shift of its low four bits, and the byte and bit of its fifth (Q5).
-/// The 32-element kinds and IQ4_XS keep a sub-block's 16 bytes with the low
-/// nibbles its first 16 elements and the fifth bits in element order;
-/// Q4_K / Q5_K keep 64-element chunks, the low nibbles the chunk's first 32
-/// elements, the fifth bits of element `l` of chunk `c` in byte `l`.
+/// Where a stored block keeps element `e`'s code: the byte and shift of its
+/// low bits, and the byte and shift of its high bits ([`Order`]).
 fn code_at(f: Form, e: usize) -> (usize, u32, Option<(usize, u32)>) {
-    if f.k4 {
-        let (c, l, h) = (e / 64, e % 32, (e / 32) % 2);
-        (f.qs + 32 * c + l, 4 * h as u32, f.qh.map(|at| (at + l, (2 * c + h) as u32)))
-    } else {
-        let (sub, el) = (e / 32, e % 32);
-        (f.qs + 16 * sub + el % 16, if el < 16 { 0 } else { 4 }, f.qh.map(|at| (at + e / 8, (e % 8) as u32)))
+    let (half, j, l) = (e / 128, (e % 128) / 32, e % 32);
+    match f.order {
+        Order::Sub32 if f.lo == 8 => (f.qs + e, 0, None),
+        Order::Sub32 => {
+            let (sub, el) = (e / 32, e % 32);
+            (f.qs + 16 * sub + el % 16, if el < 16 { 0 } else { 4 }, f.qh.map(|at| (at + e / 8, (e % 8) as u32)))
+        }
+        Order::K4 => {
+            let (c, l, h) = (e / 64, e % 32, (e / 32) % 2);
+            (f.qs + 32 * c + l, 4 * h as u32, f.qh.map(|at| (at + l, (2 * c + h) as u32)))
+        }
+        Order::K6 => (f.qs + 64 * half + 32 * (j % 2) + l, 4 * (j / 2) as u32, f.qh.map(|at| (at + 32 * half + l, 2 * j as u32))),
     }
 }
 
-/// Element `e`'s code (0..32) of a stored nibble-kind block.
+/// The low `bits` bits of a byte.
+const fn mask(bits: usize) -> u8 {
+    ((1u16 << bits) - 1) as u8
+}
+
+/// Element `e`'s code of a stored block.
 fn code(f: Form, blk: &[u8], e: usize) -> u8 {
     let (at, shift, hb) = code_at(f, e);
-    let nib = (blk[at] >> shift) & 0x0F;
-    nib | hb.map_or(0, |(at, bit)| ((blk[at] >> bit) & 1) << 4)
+    let lo = (blk[at] >> shift) & mask(f.lo);
+    lo | hb.map_or(0, |(at, bit)| ((blk[at] >> bit) & mask(f.hi)) << f.lo)
 }
 
-/// Element `e`'s code ORed into a stored nibble-kind block (zeroed first).
+/// Element `e`'s code ORed into a stored block (zeroed first).
 fn set_code(f: Form, blk: &mut [u8], e: usize, code: u8) {
     let (at, shift, hb) = code_at(f, e);
-    blk[at] |= (code & 0x0F) << shift;
+    blk[at] |= (code & mask(f.lo)) << shift;
     if let Some((at, bit)) = hb {
-        blk[at] |= (code >> 4) << bit;
+        blk[at] |= (code >> f.lo) << bit;
     }
+}
+
+/// Where the code of element `4g + e` of chunk `sub` and row `r` sits in a
+/// group block: the byte and shift of its low bits, and of its high bits.
+fn plane_at(f: Form, sub: usize, g: usize, e: usize, r: usize) -> ((usize, u32), (usize, u32)) {
+    let at = 4 * r + e;
+    let lo = (f.codes_at() + 32 * f.lo * sub + 32 * (g * f.lo / 8) + at, (g * f.lo % 8) as u32);
+    let hi = (f.qh_at() + 32 * f.hi * sub + 32 * (g * f.hi / 8) + at, (g * f.hi % 8) as u32);
+    (lo, hi)
 }
 
 /// How Q4_K / Q5_K's twelve scale bytes sit in a group block (offset
@@ -172,8 +243,8 @@ const K4_SCALES: (usize, usize) = (0, 64);
 
 /// Interleaves `rows` (a multiple of 8) rows of stored blocks (`row_bytes`
 /// each) into `out` (the same length, zeroed): the header pieces side by
-/// side (Q4_K / Q5_K's scales as [`K4_SCALES`]), a nibble kind's codes and
-/// fifth bits a 32-element sub-block at a time, Q8_0's bytes as they are.
+/// side (Q4_K / Q5_K's scales as [`K4_SCALES`]), the codes as [`Form`]'s
+/// planes.
 pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out: &mut [u8]) {
     let (nb, gb) = (row_bytes / f.block, f.group_block());
     for g in 0..rows / 8 {
@@ -181,11 +252,10 @@ pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out
             let dst = &mut out[(g * nb + b) * gb..][..gb];
             for r in 0..8 {
                 let blk = &src[(g * 8 + r) * row_bytes + b * f.block..][..f.block];
-                // Q4_K / Q5_K's third piece, the scales, is re-packed below.
-                for (i, &(off, len)) in f.head.iter().enumerate().take(if f.k4 { 2 } else { f.head.len() }) {
+                for (i, &(off, len)) in f.plain_head().iter().enumerate() {
                     dst[f.head_at(i) + len * r..][..len].copy_from_slice(&blk[off..off + len]);
                 }
-                if f.k4 {
+                if f.order == Order::K4 {
                     let mut q = [0u8; 12];
                     q.copy_from_slice(&blk[4..16]);
                     let (sc, m) = crate::scalar::k4_scales_mins(&q);
@@ -196,22 +266,13 @@ pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out
                     }
                 }
                 for sub in 0..f.subs {
-                    let codes = f.codes_at() + sub * if f.nibbles { 128 } else { 256 };
-                    for e in 0..4 {
-                        let at = 4 * r + e;
-                        if f.nibbles {
-                            let mut bits = 0u8;
-                            for j in 0..4 {
-                                let (lo, hi) = (code(f, blk, 32 * sub + 8 * j + e), code(f, blk, 32 * sub + 8 * j + 4 + e));
-                                dst[codes + 32 * j + at] = (lo & 0x0F) | (hi & 0x0F) << 4;
-                                bits |= (lo >> 4) << (2 * j) | (hi >> 4) << (2 * j + 1);
-                            }
-                            if f.qh.is_some() {
-                                dst[f.qh_at() + 32 * sub + at] = bits;
-                            }
-                        } else {
-                            for k in 0..8 {
-                                dst[codes + 32 * k + at] = blk[f.qs + 4 * k + e];
+                    for cg in 0..8 {
+                        for e in 0..4 {
+                            let c = code(f, blk, 32 * sub + 4 * cg + e);
+                            let ((lo, ls), (hi, hs)) = plane_at(f, sub, cg, e, r);
+                            dst[lo] |= (c & mask(f.lo)) << ls;
+                            if f.hi > 0 {
+                                dst[hi] |= (c >> f.lo) << hs;
                             }
                         }
                     }
@@ -228,10 +289,10 @@ pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &
     let gb = f.group_block();
     for (src, blk) in w.chunks_exact(gb).take(nb).zip(out.chunks_exact_mut(f.block)) {
         blk.fill(0);
-        for (i, &(off, len)) in f.head.iter().enumerate().take(if f.k4 { 2 } else { f.head.len() }) {
+        for (i, &(off, len)) in f.plain_head().iter().enumerate() {
             blk[off..off + len].copy_from_slice(&src[f.head_at(i) + len * lane..][..len]);
         }
-        if f.k4 {
+        if f.order == Order::K4 {
             let at = f.head_at(2);
             let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
             for ib in 0..8 {
@@ -246,22 +307,11 @@ pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &
             }
         }
         for sub in 0..f.subs {
-            let codes = f.codes_at() + sub * if f.nibbles { 128 } else { 256 };
-            for e in 0..4 {
-                let at = 4 * lane + e;
-                if f.nibbles {
-                    let bits = if f.qh.is_some() { src[f.qh_at() + 32 * sub + at] } else { 0 };
-                    for j in 0..4 {
-                        let pair = src[codes + 32 * j + at];
-                        for (h, el) in [(0, 8 * j + e), (1, 8 * j + 4 + e)] {
-                            let c = ((pair >> (4 * h)) & 0x0F) | ((bits >> (2 * j + h)) & 1) << 4;
-                            set_code(f, blk, 32 * sub + el, c);
-                        }
-                    }
-                } else {
-                    for k in 0..8 {
-                        blk[f.qs + 4 * k + e] = src[codes + 32 * k + at];
-                    }
+            for cg in 0..8 {
+                for e in 0..4 {
+                    let ((lo, ls), (hi, hs)) = plane_at(f, sub, cg, e, lane);
+                    let high = if f.hi > 0 { ((src[hi] >> hs) & mask(f.hi)) << f.lo } else { 0 };
+                    set_code(f, blk, 32 * sub + 4 * cg + e, (src[lo] >> ls) & mask(f.lo) | high);
                 }
             }
         }
@@ -279,15 +329,16 @@ pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &
 pub(crate) type GroupDotFn = unsafe fn(w: &[u8], n32: usize, a: &[u8], p: &ActPrep, prefetch: usize) -> [f32; 8];
 
 /// The GEMM panel ([`crate::gemm::Rows8`]) of a group: `u` its codes as the
-/// kind's unpack gives them (`q + OFFSET`; `256` bytes a 32-element
-/// sub-block), `s` the eight rows' sub-block scales and `bias` their own
-/// biases (Q5_1's mins, else zero; the caller folds the offset in), 8
-/// floats a sub-block each, the same floats as the stored rows give.
+/// kind's unpack gives them (`q + OFFSET`; `8 * SUB` bytes a sub-block of
+/// the kind's [`crate::Unpack::SUB`] elements, 32 or 16), `s` the eight
+/// rows' sub-block scales and `bias` their own biases (Q5_1's and the K
+/// kinds' mins, else zero; the caller folds the offset in), 8 floats a
+/// sub-block each, the same floats as the stored rows give.
 ///
 /// # Safety
-/// See the module doc; `w` holds the group's `n32` sub-blocks, `u` `256 *
-/// n32` bytes, `s` and `bias` `8 * n32` floats.
-pub(crate) type GroupPackFn = unsafe fn(w: &[u8], n32: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]);
+/// See the module doc; `w` holds the group's `subs` sub-blocks, `u` `8 *
+/// SUB * subs` bytes, `s` and `bias` `8 * subs` floats.
+pub(crate) type GroupPackFn = unsafe fn(w: &[u8], subs: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]);
 
 /// The decode kernel and the panel packer of `kind`, by name, and as functions.
 pub(crate) fn kernels(kind: QuantKind) -> Option<(&'static str, GroupDotFn, GroupPackFn)> {
@@ -301,6 +352,7 @@ pub(crate) fn kernels(kind: QuantKind) -> Option<(&'static str, GroupDotFn, Grou
         IQ4XS => ("avx2::rows8_iq4_xs", group_dot_iq4_xs, pack_iq4_xs),
         Q4K => ("avx2::rows8_q4_k", group_dot_k4::<false>, pack_k4::<false>),
         Q5K => ("avx2::rows8_q5_k", group_dot_k4::<true>, pack_k4::<true>),
+        Q6K => ("avx2::rows8_q6_k", group_dot_q6_k, pack_q6_k),
         _ => return None, // capability table: as `Form::of`
     })
 }
@@ -522,6 +574,110 @@ unsafe fn group_dot_k4<const HB: bool>(w: &[u8], n32: usize, a: &[u8], _p: &ActP
     let mut out = [0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
     out
+}
+
+/// The eight rows' scales of a pair of 16-element sub-blocks as 16-bit
+/// words (`pair`: row `r`'s two in dword `r`) made sub-block `i`'s (0 or
+/// 1) in both words of each dword, what `vpmaddwd` takes against the
+/// 16-bit code sums of that sub-block.
+#[inline(always)]
+unsafe fn scale_words(pair: __m256i, i: usize) -> __m256i {
+    let dup = if i == 0 {
+        _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13)
+    } else {
+        _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15)
+    };
+    _mm256_shuffle_epi8(pair, dup)
+}
+
+/// Q6_K's `(lo, hi)` code registers of nibble group `j` (0..4) of a
+/// 32-element chunk at `codes`, the top two bits from `h`, the high plane's
+/// register of 16-element sub-block `j / 2` (group `g`'s two bits at bit
+/// `2 * (g % 4)` of its byte, moved to bits 4 and 5; a 16-bit shift by at
+/// most 4 keeps those bits their own byte's).
+#[inline(always)]
+unsafe fn unpack_q6(codes: *const u8, h: __m256i, j: usize) -> (__m256i, __m256i) {
+    let (lo, hi) = unpack_nib::<false, false>(codes, h, h, j);
+    let m = _mm256_set1_epi8(0x30);
+    let (l, u) = if j % 2 == 0 { (_mm256_slli_epi16::<4>(h), _mm256_slli_epi16::<2>(h)) } else { (h, _mm256_srli_epi16::<2>(h)) };
+    (_mm256_or_si256(lo, _mm256_and_si256(l, m)), _mm256_or_si256(hi, _mm256_and_si256(u, m)))
+}
+
+/// [`GroupDotFn`] of Q6_K against Q8_K, as ggml sums it: per 16-element
+/// sub-block the codes (`q + 32`, 0..63) times the activation in 16 bits
+/// (two products a sum: `2 * 2 * 63 * 128 < 2^15`), times the eight rows'
+/// i8 scales by `vpmaddwd` into 32 bits; the 32 taken off once a
+/// super-block as `32 * sum(scale * bsum)` (the activation's 16-element
+/// sums); one convert and one FMA a super-block. At most `256 * 63 * 128 *
+/// 128` a lane: no overflow.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_dot_q6_k(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch: usize) -> [f32; 8] {
+    const F: Form = Form::Q6_K;
+    let (gb, sc_at, qh_at, codes_at) = (F.group_block(), F.head_at(1), F.qh_at(), F.codes_at());
+    let mut acc = _mm256_setzero_ps();
+    let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
+    for (b, y) in ya.iter().enumerate().take(n32 / 8) {
+        let blk = w.as_ptr().add(b * gb);
+        prefetch_ahead(blk, gb, prefetch);
+        let (mut sumi, mut summ) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for k in 0..8 {
+            let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(sc_at + 16 * k).cast()));
+            let bsums = _mm256_set1_epi32(y.bsums.as_ptr().add(2 * k).cast::<i32>().read_unaligned());
+            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pair, bsums));
+            let (codes, aq) = (blk.add(codes_at + 128 * k), y.qs.as_ptr().add(32 * k));
+            for i in 0..2 {
+                let h = _mm256_loadu_si256(blk.add(qh_at + 64 * k + 32 * i).cast());
+                let sc = scale_words(pair, i);
+                for j in 2 * i..2 * i + 2 {
+                    let (lo, hi) = unpack_q6(codes, h, j);
+                    let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast(aq, 2 * j)), _mm256_maddubs_epi16(hi, bcast(aq, 2 * j + 1)));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+                }
+            }
+        }
+        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(summ));
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(blk.cast())), _mm256_set1_ps(y.d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// The panel scales of one super-block of a 16-element kind: `s[8 * (16b
+/// + ib) + r] = d[r] * scale(ib, r)`, `scale` given a sub-block and row,
+/// one f32 product as the stored rows' unpack computes it.
+#[inline(always)]
+unsafe fn pack_scales16(d: __m256, b: usize, s: &mut [f32], scale: impl Fn(usize, usize) -> f32) {
+    let mut dr = [0f32; 8];
+    _mm256_storeu_ps(dr.as_mut_ptr(), d);
+    for ib in 0..16 {
+        for (r, &dr) in dr.iter().enumerate() {
+            s[8 * (16 * b + ib) + r] = dr * scale(ib, r);
+        }
+    }
+}
+
+/// [`GroupPackFn`] of Q6_K: the codes (`q + 32`) of each 16-element
+/// sub-block, its scale `d * scale` as the stored rows' unpack computes it,
+/// no bias of its own.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_q6_k(w: &[u8], subs: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    const F: Form = Form::Q6_K;
+    for b in 0..subs / 16 {
+        let blk = w.as_ptr().add(b * F.group_block());
+        for k in 0..8 {
+            for j in 0..4 {
+                let h = _mm256_loadu_si256(blk.add(F.qh_at() + 64 * k + 32 * (j / 2)).cast());
+                let (lo, hi) = unpack_q6(blk.add(F.codes_at() + 128 * k), h, j);
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * (8 * b + k) + 64 * j).cast(), lo);
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * (8 * b + k) + 64 * j + 32).cast(), hi);
+            }
+        }
+        let sc = &w[b * F.group_block() + F.head_at(1)..][..128];
+        pack_scales16(_mm256_cvtph_ps(_mm_loadu_si128(blk.cast())), b, s, |ib, r| f32::from(sc[16 * (ib / 2) + 2 * r + ib % 2] as i8));
+        bias[128 * b..128 * (b + 1)].fill(0.0);
+    }
 }
 
 /// [`GroupDotFn`] of Q8_0: signed codes with the sign trick, two chains.
