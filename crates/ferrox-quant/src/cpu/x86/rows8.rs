@@ -50,8 +50,8 @@ use crate::QuantKind;
 /// Where a kind's block keeps its parts, and where its group block keeps
 /// them: the one table every function here reads. A group block is the
 /// header pieces, each the eight rows' side by side (the f16 scale first),
-/// then the codes' high plane (Q5's fifth bits, Q6_K's top two bits,
-/// Q3_K's third bit), then their low plane. A plane of `b` bits a code
+/// then per 32-element chunk the codes' high plane (Q5's fifth bits, Q6_K's
+/// top two bits, Q3_K's third bit) and their low plane. A plane of `b` bits a code
 /// holds a 32-element chunk in `32 * b` bytes: the code of element `4g + e`
 /// of the chunk and row `r` sits in byte `32 * (g * b / 8) + 4r + e`, at
 /// bit `g * b % 8` (nibbles: group `2j` low, `2j + 1` high, in register
@@ -164,14 +164,16 @@ impl Form {
         at
     }
 
-    /// Offset of the high plane (Q5's fifth bits).
-    const fn qh_at(self) -> usize {
-        self.head_at(self.head.len())
+    /// Offset of 32-element chunk `sub`'s high plane (Q5's fifth bits):
+    /// each chunk's two planes sit together, so a kernel reads the group
+    /// block front to back.
+    const fn hi_at(self, sub: usize) -> usize {
+        self.head_at(self.head.len()) + 32 * (self.hi + self.lo) * sub
     }
 
-    /// Offset of the low plane (the codes, or their low bits).
-    const fn codes_at(self) -> usize {
-        self.qh_at() + 32 * self.hi * self.subs
+    /// Offset of chunk `sub`'s low plane (the codes, or their low bits).
+    const fn lo_at(self, sub: usize) -> usize {
+        self.hi_at(sub) + 32 * self.hi
     }
 
     /// Header pieces copied as they are (Q4_K / Q5_K's third, the scales,
@@ -228,8 +230,8 @@ fn set_code(f: Form, blk: &mut [u8], e: usize, code: u8) {
 /// group block: the byte and shift of its low bits, and of its high bits.
 fn plane_at(f: Form, sub: usize, g: usize, e: usize, r: usize) -> ((usize, u32), (usize, u32)) {
     let at = 4 * r + e;
-    let lo = (f.codes_at() + 32 * f.lo * sub + 32 * (g * f.lo / 8) + at, (g * f.lo % 8) as u32);
-    let hi = (f.qh_at() + 32 * f.hi * sub + 32 * (g * f.hi / 8) + at, (g * f.hi % 8) as u32);
+    let lo = (f.lo_at(sub) + 32 * (g * f.lo / 8) + at, (g * f.lo % 8) as u32);
+    let hi = (f.hi_at(sub) + 32 * (g * f.hi / 8) + at, (g * f.hi % 8) as u32);
     (lo, hi)
 }
 
@@ -414,7 +416,7 @@ unsafe fn group_dot_nib<const HB: bool, const MIN: bool, const TABLE: bool, cons
     prefetch: usize,
 ) -> [f32; 8] {
     let f = Form::nib(HB, MIN);
-    let (gb, codes_at, qh_at) = (f.group_block(), f.codes_at(), f.qh_at());
+    let (gb, codes_at, qh_at) = (f.group_block(), f.lo_at(0), f.hi_at(0));
     let ones = _mm256_set1_epi16(1);
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
     let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -509,7 +511,7 @@ unsafe fn group_dot_iq4_xs(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetc
         let (sl, sh) = xs_scale_words(blk);
         let mut sumi = _mm256_setzero_si256();
         for ib in 0..8 {
-            let s32 = signed_sub(blk.add(F.codes_at() + 128 * ib), table, y.qs.as_ptr().add(32 * ib));
+            let s32 = signed_sub(blk.add(F.lo_at(ib)), table, y.qs.as_ptr().add(32 * ib));
             sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(s32, xs_scales(sl, sh, ib)));
         }
         let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
@@ -540,7 +542,7 @@ unsafe fn k4_scales(sc: *const u8, ib: usize) -> (__m256i, __m256i) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_dot_k4<const HB: bool>(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch: usize) -> [f32; 8] {
     let f = if HB { Form::Q5_K } else { Form::Q4_K };
-    let (gb, sc_at, codes_at, qh_at) = (f.group_block(), f.head_at(2), f.codes_at(), f.qh_at());
+    let (gb, sc_at) = (f.group_block(), f.head_at(2));
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
@@ -549,8 +551,8 @@ unsafe fn group_dot_k4<const HB: bool>(w: &[u8], n32: usize, a: &[u8], _p: &ActP
         prefetch_ahead(blk, gb, prefetch);
         let (mut sumi, mut summ) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for ib in 0..8 {
-            let codes = blk.add(codes_at + 128 * ib);
-            let h = if HB { _mm256_loadu_si256(blk.add(qh_at + 32 * ib).cast()) } else { _mm256_setzero_si256() };
+            let codes = blk.add(f.lo_at(ib));
+            let h = if HB { _mm256_loadu_si256(blk.add(f.hi_at(ib)).cast()) } else { _mm256_setzero_si256() };
             let aq = y.qs.as_ptr().add(32 * ib);
             // 16-bit sums: eight products of 4-bit codes fit, four of 5-bit.
             let mut s16 = [_mm256_setzero_si256(); 2];
@@ -613,20 +615,23 @@ unsafe fn unpack_q6(codes: *const u8, h: __m256i, j: usize) -> (__m256i, __m256i
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_dot_q6_k(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch: usize) -> [f32; 8] {
     const F: Form = Form::Q6_K;
-    let (gb, sc_at, qh_at, codes_at) = (F.group_block(), F.head_at(1), F.qh_at(), F.codes_at());
+    let (gb, sc_at) = (F.group_block(), F.head_at(1));
     let mut acc = _mm256_setzero_ps();
     let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
     for (b, y) in ya.iter().enumerate().take(n32 / 8) {
         let blk = w.as_ptr().add(b * gb);
-        prefetch_ahead(blk, gb, prefetch);
         let (mut sumi, mut summ) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for k in 0..8 {
+            // An eighth of the block's lines a chunk: its 27 prefetches in
+            // one burst streamed the copy at 11-12 GB/s on one core,
+            // spread 17-19 (`benches/matvec.rs`, decision 0046).
+            prefetch_ahead(blk.add(k * gb / 8), gb / 8, prefetch);
             let pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(sc_at + 16 * k).cast()));
             let bsums = _mm256_set1_epi32(y.bsums.as_ptr().add(2 * k).cast::<i32>().read_unaligned());
             summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pair, bsums));
-            let (codes, aq) = (blk.add(codes_at + 128 * k), y.qs.as_ptr().add(32 * k));
+            let (codes, aq) = (blk.add(F.lo_at(k)), y.qs.as_ptr().add(32 * k));
             for i in 0..2 {
-                let h = _mm256_loadu_si256(blk.add(qh_at + 64 * k + 32 * i).cast());
+                let h = _mm256_loadu_si256(blk.add(F.hi_at(k) + 32 * i).cast());
                 let sc = scale_words(pair, i);
                 for j in 2 * i..2 * i + 2 {
                     let (lo, hi) = unpack_q6(codes, h, j);
@@ -644,9 +649,10 @@ unsafe fn group_dot_q6_k(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch:
     out
 }
 
-/// The panel scales of one super-block of a 16-element kind: `s[8 * (16b
-/// + ib) + r] = d[r] * scale(ib, r)`, `scale` given a sub-block and row,
-/// one f32 product as the stored rows' unpack computes it.
+/// The panel scales (or biases) of one super-block of a 16-element kind:
+/// `s[8 * (16b + ib) + r] = d[r] * scale(ib, r)`, `scale` given a
+/// sub-block and row, one f32 product as the stored rows' unpack computes
+/// it.
 #[inline(always)]
 unsafe fn pack_scales16(d: __m256, b: usize, s: &mut [f32], scale: impl Fn(usize, usize) -> f32) {
     let mut dr = [0f32; 8];
@@ -668,8 +674,8 @@ unsafe fn pack_q6_k(w: &[u8], subs: usize, u: &mut [u8], s: &mut [f32], bias: &m
         let blk = w.as_ptr().add(b * F.group_block());
         for k in 0..8 {
             for j in 0..4 {
-                let h = _mm256_loadu_si256(blk.add(F.qh_at() + 64 * k + 32 * (j / 2)).cast());
-                let (lo, hi) = unpack_q6(blk.add(F.codes_at() + 128 * k), h, j);
+                let h = _mm256_loadu_si256(blk.add(F.hi_at(k) + 32 * (j / 2)).cast());
+                let (lo, hi) = unpack_q6(blk.add(F.lo_at(k)), h, j);
                 _mm256_storeu_si256(u.as_mut_ptr().add(256 * (8 * b + k) + 64 * j).cast(), lo);
                 _mm256_storeu_si256(u.as_mut_ptr().add(256 * (8 * b + k) + 64 * j + 32).cast(), hi);
             }
@@ -720,7 +726,7 @@ unsafe fn pack_scales<const MIN: bool>(blk: *const u8, b: usize, s: &mut [f32], 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_nib<const HB: bool, const MIN: bool, const TABLE: bool>(w: &[u8], nb: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
     let f = Form::nib(HB, MIN);
-    let (gb, codes_at, qh_at) = (f.group_block(), f.codes_at(), f.qh_at());
+    let (gb, codes_at, qh_at) = (f.group_block(), f.lo_at(0), f.hi_at(0));
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
     let flip = _mm256_set1_epi8(-128);
     for b in 0..nb {
@@ -752,7 +758,7 @@ unsafe fn pack_iq4_xs(w: &[u8], n32: usize, u: &mut [u8], s: &mut [f32], bias: &
         for ib in 0..8 {
             let k = 8 * b + ib;
             for j in 0..4 {
-                let (lo, hi) = unpack_nib::<false, true>(blk.add(F.codes_at() + 128 * ib), _mm256_setzero_si256(), table, j);
+                let (lo, hi) = unpack_nib::<false, true>(blk.add(F.lo_at(ib)), _mm256_setzero_si256(), table, j);
                 _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j).cast(), _mm256_xor_si256(lo, flip));
                 _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j + 32).cast(), _mm256_xor_si256(hi, flip));
             }
@@ -774,9 +780,9 @@ unsafe fn pack_k4<const HB: bool>(w: &[u8], n32: usize, u: &mut [u8], s: &mut [f
         let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast()));
         for ib in 0..8 {
             let k = 8 * b + ib;
-            let h = if HB { _mm256_loadu_si256(blk.add(f.qh_at() + 32 * ib).cast()) } else { _mm256_setzero_si256() };
+            let h = if HB { _mm256_loadu_si256(blk.add(f.hi_at(ib)).cast()) } else { _mm256_setzero_si256() };
             for j in 0..4 {
-                let (lo, hi) = unpack_nib::<HB, false>(blk.add(f.codes_at() + 128 * ib), h, _mm256_setzero_si256(), j);
+                let (lo, hi) = unpack_nib::<HB, false>(blk.add(f.lo_at(ib)), h, _mm256_setzero_si256(), j);
                 _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j).cast(), lo);
                 _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 64 * j + 32).cast(), hi);
             }
