@@ -776,7 +776,7 @@ mod tests {
     }
 
     /// The kinds re-laid eight rows a group on AVX2 ([`Interleaved8`]).
-    const ROWS8_KINDS: [QuantKind; 9] = [
+    const ROWS8_KINDS: [QuantKind; 11] = [
         QuantKind::Q4_0,
         QuantKind::Q5_0,
         QuantKind::Q5_1,
@@ -786,6 +786,8 @@ mod tests {
         QuantKind::Q4K,
         QuantKind::Q5K,
         QuantKind::Q6K,
+        QuantKind::Q3K,
+        QuantKind::Q2K,
     ];
 
     /// The eight-row copy of every kind it takes gives back the stored
@@ -884,7 +886,7 @@ mod tests {
         }
         let mut rng = SmallRng::seed_from_u64(90);
         let cols = 256;
-        let set = [(QuantKind::Q5_1, 64), (QuantKind::Q8_0, 24), (QuantKind::Q4_0, 40), (QuantKind::IQ4XS, 16), (QuantKind::Q4K, 8), (QuantKind::Q6K, 16)];
+        let set = [(QuantKind::Q5_1, 64), (QuantKind::Q8_0, 24), (QuantKind::Q4_0, 40), (QuantKind::IQ4XS, 16), (QuantKind::Q4K, 8), (QuantKind::Q6K, 16), (QuantKind::Q3K, 8), (QuantKind::Q2K, 24)];
         let ws: Vec<Vec<u64>> = set.iter().map(|&(k, rows)| aligned_quantized(k, &(0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect::<Vec<f32>>())).collect();
         let ms: Vec<Interleaved8> = set
             .iter()
@@ -1345,7 +1347,7 @@ impl InterleavedQ8_0 {
     }
 }
 
-/// A matrix of Q4_0, Q5_0, Q5_1, IQ4_NL, Q8_0, IQ4_XS, Q4_K, Q5_K or Q6_K
+/// A matrix of Q4_0, Q5_0, Q5_1, IQ4_NL, Q8_0, IQ4_XS or a K kind (Q2_K to Q6_K)
 /// re-laid at load eight rows a group for AVX2 CPUs without AVX-512
 /// (`cpu::x86::rows8`): the same size as the stored matrix, and every
 /// product over it reads the copy. One token (or any batch where each

@@ -1,5 +1,5 @@
 //! The 32-element kinds (and IQ4_XS, whose sub-blocks are IQ4_NL's, and
-//! the K kinds Q4_K, Q5_K and Q6_K) re-laid at load eight rows at a time, for AVX2 CPUs (no AVX-512): the decode
+//! the K kinds) re-laid at load eight rows at a time, for AVX2 CPUs (no AVX-512): the decode
 //! matvec and the GEMM panels of the matrices.
 //!
 //! The key decision: **the decode layout is the GEMM panel, compressed**.
@@ -25,12 +25,15 @@
 //! the 32-bit sub-block sums, so a super-block still ends in one convert and
 //! one FMA for eight rows.
 //!
-//! The K kinds of 16-element sub-blocks (Q6_K) keep the same code
-//! registers, a 16-element sub-block two of them: the codes' bits past the
-//! low plane sit in a high plane beside it (Q6_K's top two bits, 64 bytes
-//! a 32-element chunk, as Q5's fifth bits), and the sixteen i8 scales of a
-//! row two at a time side by side, so one 16-byte load widened to 16 bits
-//! holds a sub-block pair's scales for the eight rows. The codes' 16-bit
+//! The K kinds of 16-element sub-blocks keep the same code registers:
+//! Q6_K's nibbles as Q4_K's (a 16-element sub-block two registers), its top
+//! two bits in a high plane beside them (64 bytes a 32-element chunk, as
+//! Q5's fifth bits); Q3_K's and Q2_K's low two bits a plane of their own (a
+//! 16-element sub-block one register), Q3_K's third bit a high plane. The
+//! sixteen scales of a row sit two at a time side by side (Q3_K's twelve
+//! bytes as stored, decoded for the eight rows in registers), so one
+//! 16-byte load widened to 16 bits holds a sub-block pair's scales for the
+//! eight rows. The codes' 16-bit
 //! sums meet them by `vpmaddwd` per sub-block, as ggml's row kernels do,
 //! and the codes' offset is taken off once a super-block against the
 //! activation's 16-element sums (`bsums`).
@@ -89,6 +92,10 @@ enum Order {
     /// (bytes 0..32 low, 32..64 low, 0..32 high, 32..64 high), `qh`'s 32
     /// their top two bits, stream `j` at bit `2j`.
     K6,
+    /// Q3_K / Q2_K: per 128-element half, 32 bytes of four 2-bit streams
+    /// (stream `j` at bit `2j`); Q3_K's third bits in `hmask` byte `e % 32`,
+    /// bit `e / 32`.
+    K2,
 }
 
 impl Form {
@@ -104,6 +111,8 @@ impl Form {
             Q4K => Some(Form::Q4_K),
             Q5K => Some(Form::Q5_K),
             Q6K => Some(Form::Q6_K),
+            Q3K => Some(Form::Q3_K),
+            Q2K => Some(Form::Q2_K),
             _ => None, // capability table: the kinds measured to pay
         }
     }
@@ -133,6 +142,34 @@ impl Form {
         hi: 2,
         subs: 8,
         order: Order::K6,
+    };
+
+    /// Q3_K: `d`, then its twelve scale bytes two at a time side by side
+    /// (as they are: [`q3_scales8`] decodes them for the eight rows), then
+    /// the third bits (32 bytes a chunk) and the low two bits (64 bytes a
+    /// chunk: a 16-element sub-block's in one register).
+    const Q3_K: Form = Form {
+        block: 110,
+        head: &[(108, 2), (96, 2), (98, 2), (100, 2), (102, 2), (104, 2), (106, 2)],
+        qh: Some(0),
+        qs: 32,
+        lo: 2,
+        hi: 1,
+        subs: 8,
+        order: Order::K2,
+    };
+
+    /// Q2_K: `d` and `dmin`, then its sixteen scale bytes (`scale | min <<
+    /// 4`) two at a time as Q6_K's, then the codes (64 bytes a chunk).
+    const Q2_K: Form = Form {
+        block: 84,
+        head: &[(80, 2), (82, 2), (0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 2), (12, 2), (14, 2)],
+        qh: None,
+        qs: 16,
+        lo: 2,
+        hi: 0,
+        subs: 8,
+        order: Order::K2,
     };
 
     /// A 32-element nibble kind's form with (`hb`) fifth bits and (`min`)
@@ -202,6 +239,7 @@ fn code_at(f: Form, e: usize) -> (usize, u32, Option<(usize, u32)>) {
             (f.qs + 32 * c + l, 4 * h as u32, f.qh.map(|at| (at + l, (2 * c + h) as u32)))
         }
         Order::K6 => (f.qs + 64 * half + 32 * (j % 2) + l, 4 * (j / 2) as u32, f.qh.map(|at| (at + 32 * half + l, 2 * j as u32))),
+        Order::K2 => (f.qs + 32 * half + l, 2 * j as u32, f.qh.map(|at| (at + l, (e / 32) as u32))),
     }
 }
 
@@ -355,6 +393,8 @@ pub(crate) fn kernels(kind: QuantKind) -> Option<(&'static str, GroupDotFn, Grou
         Q4K => ("avx2::rows8_q4_k", group_dot_k4::<false>, pack_k4::<false>),
         Q5K => ("avx2::rows8_q5_k", group_dot_k4::<true>, pack_k4::<true>),
         Q6K => ("avx2::rows8_q6_k", group_dot_q6_k, pack_q6_k),
+        Q3K => ("avx2::rows8_q3_k", group_dot_q3_k, pack_q3_k),
+        Q2K => ("avx2::rows8_q2_k", group_dot_q2_k, pack_q2_k),
         _ => return None, // capability table: as `Form::of`
     })
 }
@@ -661,6 +701,203 @@ unsafe fn pack_scales16(d: __m256, b: usize, s: &mut [f32], scale: impl Fn(usize
         for (r, &dr) in dr.iter().enumerate() {
             s[8 * (16 * b + ib) + r] = dr * scale(ib, r);
         }
+    }
+}
+
+/// The eight rows' 2-bit codes of group `g` (0..4) of a 16-element
+/// sub-block's register `v`, a byte each.
+#[inline(always)]
+unsafe fn codes2(v: __m256i, g: usize) -> __m256i {
+    _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * g as i32)), _mm256_set1_epi8(3))
+}
+
+/// Q3_K's codes (`q + 4`, 0..7) of group `g` (0..4) of 16-element
+/// sub-block `i` (0 or 1) of a chunk: the low two bits from its register
+/// `v`, the third from the chunk's plane `h` (group `4i + g`'s at that
+/// bit, moved to bit 2; a 16-bit shift by at most 5 keeps it its own
+/// byte's).
+#[inline(always)]
+unsafe fn q3_codes(v: __m256i, h: __m256i, i: usize, g: usize) -> __m256i {
+    let bit = 4 * i + g;
+    let h = if bit < 2 { _mm256_sll_epi16(h, _mm_cvtsi32_si128((2 - bit) as i32)) } else { _mm256_srl_epi16(h, _mm_cvtsi32_si128((bit - 2) as i32)) };
+    _mm256_or_si256(codes2(v, g), _mm256_and_si256(h, _mm256_set1_epi8(4)))
+}
+
+/// Q3_K's eight rows' sixteen scales (`s - 32`, i8) from a group block's
+/// scale bytes: register `q` holds sub-block pair `2q` in its low half and
+/// `2q + 1` in its high half (row `r`'s two at bytes `2r`, `2r + 1`), as
+/// Q6_K keeps its own. The stored bytes 0..8 (low nibbles; sub-blocks
+/// `j` and `j + 8` in byte `j % 8`) sit as two registers, bytes 8..12 (top
+/// two bits; sub-block `j`'s in byte `8 + j % 4` at bit `2 * (j / 4)`) as
+/// one, so each register is a shift and a mask of them.
+#[inline(always)]
+unsafe fn q3_scales8(blk: *const u8) -> [__m256i; 4] {
+    const F: Form = Form::Q3_K;
+    let (x, y, z) = (
+        _mm256_loadu_si256(blk.add(F.head_at(1)).cast()),
+        _mm256_loadu_si256(blk.add(F.head_at(3)).cast()),
+        _mm256_loadu_si256(blk.add(F.head_at(5)).cast()),
+    );
+    let (m4, m2, bias) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    let (xh, yh) = (_mm256_srli_epi16::<4>(x), _mm256_srli_epi16::<4>(y));
+    // Sub-block `j`'s top two bits at bit `2 * (j / 4)`, moved to bits 4-5.
+    let high = |z: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(z, m2));
+    let one = |low: __m256i, z: __m256i| _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(low, m4), high(z)), bias);
+    // (Written out, not `array::from_fn`: its closure is not inlined into
+    // this AVX2 context.)
+    [one(x, z), one(y, _mm256_srli_epi16::<2>(z)), one(xh, _mm256_srli_epi16::<4>(z)), one(yh, _mm256_srli_epi16::<6>(z))]
+}
+
+/// Sub-block pair `k`'s half of a register of [`q3_scales8`] or Q2_K's
+/// scale bytes (16 bytes).
+#[inline(always)]
+unsafe fn pair_half(regs: &[__m256i; 4], k: usize) -> __m128i {
+    let r = regs[k / 2];
+    if k % 2 == 0 {
+        _mm256_castsi256_si128(r)
+    } else {
+        _mm256_extracti128_si256::<1>(r)
+    }
+}
+
+/// [`GroupDotFn`] of Q3_K against Q8_K, as Q6_K's: per 16-element
+/// sub-block the codes (`q + 4`, 0..7) times the activation in 16 bits
+/// (four products a sum), times the eight rows' scales by `vpmaddwd`; the
+/// 4 taken off once a super-block against `bsums`. At most `256 * 7 * 128
+/// * 32` a lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_dot_q3_k(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch: usize) -> [f32; 8] {
+    const F: Form = Form::Q3_K;
+    let gb = F.group_block();
+    let mut acc = _mm256_setzero_ps();
+    let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
+    for (b, y) in ya.iter().enumerate().take(n32 / 8) {
+        let blk = w.as_ptr().add(b * gb);
+        prefetch_ahead(blk, gb, prefetch);
+        let scales = q3_scales8(blk);
+        let (mut sumi, mut summ) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for k in 0..8 {
+            let pair = _mm256_cvtepi8_epi16(pair_half(&scales, k));
+            let bsums = _mm256_set1_epi32(y.bsums.as_ptr().add(2 * k).cast::<i32>().read_unaligned());
+            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(pair, bsums));
+            let h = _mm256_loadu_si256(blk.add(F.hi_at(k)).cast());
+            for i in 0..2 {
+                let v = _mm256_loadu_si256(blk.add(F.lo_at(k) + 32 * i).cast());
+                let aq = y.qs.as_ptr().add(32 * k + 16 * i);
+                let mut p = _mm256_setzero_si256();
+                for g in 0..4 {
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q3_codes(v, h, i, g), bcast(aq, g)));
+                }
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_words(pair, i)));
+            }
+        }
+        let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<2>(summ));
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(blk.cast())), _mm256_set1_ps(y.d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// [`GroupPackFn`] of Q3_K: the codes (`q + 4`) of each 16-element
+/// sub-block, its scale `d * s` as the stored rows' unpack computes it, no
+/// bias of its own.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_q3_k(w: &[u8], subs: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    const F: Form = Form::Q3_K;
+    for b in 0..subs / 16 {
+        let blk = w.as_ptr().add(b * F.group_block());
+        for k in 0..8 {
+            let h = _mm256_loadu_si256(blk.add(F.hi_at(k)).cast());
+            for i in 0..2 {
+                let v = _mm256_loadu_si256(blk.add(F.lo_at(k) + 32 * i).cast());
+                for g in 0..4 {
+                    _mm256_storeu_si256(u.as_mut_ptr().add(128 * (16 * b + 2 * k + i) + 32 * g).cast(), q3_codes(v, h, i, g));
+                }
+            }
+        }
+        let mut sc = [0u8; 128];
+        for (q, r) in q3_scales8(blk).iter().enumerate() {
+            _mm256_storeu_si256(sc.as_mut_ptr().add(32 * q).cast(), *r);
+        }
+        pack_scales16(_mm256_cvtph_ps(_mm_loadu_si128(blk.cast())), b, s, |ib, r| f32::from(sc[16 * (ib / 2) + 2 * r + ib % 2] as i8));
+        bias[128 * b..128 * (b + 1)].fill(0.0);
+    }
+}
+
+/// Q2_K's scale bytes of a group block as four registers (sub-block pair
+/// `2q` in register `q`'s low half, `2q + 1` in its high).
+#[inline(always)]
+unsafe fn q2_scales8(blk: *const u8) -> [__m256i; 4] {
+    const F: Form = Form::Q2_K;
+    let at = |q: usize| _mm256_loadu_si256(blk.add(F.head_at(2) + 32 * q).cast());
+    [at(0), at(1), at(2), at(3)]
+}
+
+/// [`GroupDotFn`] of Q2_K against Q8_K, as Q6_K's with no offset: per
+/// 16-element sub-block the codes (0..3) times the activation in 16 bits,
+/// times the eight rows' 4-bit scales by `vpmaddwd`; the 4-bit mins against
+/// `bsums`; one convert and two FMAs a super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_dot_q2_k(w: &[u8], n32: usize, a: &[u8], _p: &ActPrep, prefetch: usize) -> [f32; 8] {
+    const F: Form = Form::Q2_K;
+    let gb = F.group_block();
+    let m4 = _mm256_set1_epi16(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let ya = crate::cpu::blocks_of::<crate::blocks::BlockQ8K>(a);
+    for (b, y) in ya.iter().enumerate().take(n32 / 8) {
+        let blk = w.as_ptr().add(b * gb);
+        prefetch_ahead(blk, gb, prefetch);
+        let scales = q2_scales8(blk);
+        let (mut sumi, mut summ) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for k in 0..8 {
+            let both = _mm256_cvtepu8_epi16(pair_half(&scales, k));
+            let (pair, mins) = (_mm256_and_si256(both, m4), _mm256_srli_epi16::<4>(both));
+            let bsums = _mm256_set1_epi32(y.bsums.as_ptr().add(2 * k).cast::<i32>().read_unaligned());
+            summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mins, bsums));
+            for i in 0..2 {
+                let v = _mm256_loadu_si256(blk.add(F.lo_at(k) + 32 * i).cast());
+                let aq = y.qs.as_ptr().add(32 * k + 16 * i);
+                let mut p = _mm256_setzero_si256();
+                for g in 0..4 {
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(codes2(v, g), bcast(aq, g)));
+                }
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_words(pair, i)));
+            }
+        }
+        let yd = _mm256_set1_ps(y.d);
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(blk.cast())), yd);
+        let dmin = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast())), yd);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), dmin, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// [`GroupPackFn`] of Q2_K: the codes of each 16-element sub-block, its
+/// scale `d * sc` and bias `-(dmin * m)` as the stored rows' unpack
+/// computes them.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_q2_k(w: &[u8], subs: usize, u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    const F: Form = Form::Q2_K;
+    for b in 0..subs / 16 {
+        let blk = w.as_ptr().add(b * F.group_block());
+        for k in 0..8 {
+            for i in 0..2 {
+                let v = _mm256_loadu_si256(blk.add(F.lo_at(k) + 32 * i).cast());
+                for g in 0..4 {
+                    _mm256_storeu_si256(u.as_mut_ptr().add(128 * (16 * b + 2 * k + i) + 32 * g).cast(), codes2(v, g));
+                }
+            }
+        }
+        let sc = &w[b * F.group_block() + F.head_at(2)..][..128];
+        let at = |ib: usize, r: usize| sc[16 * (ib / 2) + 2 * r + ib % 2];
+        pack_scales16(_mm256_cvtph_ps(_mm_loadu_si128(blk.cast())), b, s, |ib, r| f32::from(at(ib, r) & 0x0F));
+        pack_scales16(_mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast())), b, bias, |ib, r| f32::from(at(ib, r) >> 4));
+        bias[128 * b..128 * (b + 1)].iter_mut().for_each(|v| *v = -*v);
     }
 }
 
