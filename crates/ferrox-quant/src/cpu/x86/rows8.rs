@@ -359,9 +359,9 @@ pub(crate) fn deinterleave_row(f: Form, w: &[u8], nb: usize, lane: usize, out: &
 }
 
 /// The decode kernel of a kind: the eight rows of a group (`n32`
-/// 32-element sub-blocks a row) against one activation row `a` of the
-/// kind's activation kind (Q8_0, Q8_1 for Q5_1, Q8_K for IQ4_XS) prepared as
-/// `p`, prefetching `prefetch` bytes ahead into L2.
+/// 32-element chunks a row) against one activation row `a` of the kind's
+/// activation kind (Q8_0, Q8_1 for Q5_1, Q8_K for IQ4_XS and the K kinds)
+/// prepared as `p`, prefetching `prefetch` bytes ahead into L2.
 ///
 /// # Safety
 /// See the module doc; `w` holds the group's `n32` sub-blocks of the kind,
@@ -619,9 +619,9 @@ unsafe fn group_dot_k4<const HB: bool>(w: &[u8], n32: usize, a: &[u8], _p: &ActP
 }
 
 /// The eight rows' scales of a pair of 16-element sub-blocks as 16-bit
-/// words (`pair`: row `r`'s two in dword `r`) made sub-block `i`'s (0 or
-/// 1) in both words of each dword, what `vpmaddwd` takes against the
-/// 16-bit code sums of that sub-block.
+/// words (`pair`: row `r`'s two in dword `r`) made those of sub-block
+/// `i` of the pair, in both words of each dword: what `vpmaddwd` takes
+/// against the 16-bit code sums of that sub-block.
 #[inline(always)]
 unsafe fn scale_words(pair: __m256i, i: usize) -> __m256i {
     let dup = if i == 0 {
@@ -641,7 +641,7 @@ unsafe fn scale_words(pair: __m256i, i: usize) -> __m256i {
 unsafe fn unpack_q6(codes: *const u8, h: __m256i, j: usize) -> (__m256i, __m256i) {
     let (lo, hi) = unpack_nib::<false, false>(codes, h, h, j);
     let m = _mm256_set1_epi8(0x30);
-    let (l, u) = if j % 2 == 0 { (_mm256_slli_epi16::<4>(h), _mm256_slli_epi16::<2>(h)) } else { (h, _mm256_srli_epi16::<2>(h)) };
+    let (l, u) = if j.is_multiple_of(2) { (_mm256_slli_epi16::<4>(h), _mm256_slli_epi16::<2>(h)) } else { (h, _mm256_srli_epi16::<2>(h)) };
     (_mm256_or_si256(lo, _mm256_and_si256(l, m)), _mm256_or_si256(hi, _mm256_and_si256(u, m)))
 }
 
@@ -753,7 +753,7 @@ unsafe fn q3_scales8(blk: *const u8) -> [__m256i; 4] {
 #[inline(always)]
 unsafe fn pair_half(regs: &[__m256i; 4], k: usize) -> __m128i {
     let r = regs[k / 2];
-    if k % 2 == 0 {
+    if k.is_multiple_of(2) {
         _mm256_castsi256_si128(r)
     } else {
         _mm256_extracti128_si256::<1>(r)
