@@ -639,7 +639,7 @@ unsafe fn scale_words(pair: __m256i, i: usize) -> __m256i {
 /// most 4 keeps those bits their own byte's).
 #[inline(always)]
 unsafe fn unpack_q6(codes: *const u8, h: __m256i, j: usize) -> (__m256i, __m256i) {
-    let (lo, hi) = unpack_nib::<false, false>(codes, h, h, j);
+    let (lo, hi) = unpack_nib::<false, false>(codes, _mm256_setzero_si256(), _mm256_setzero_si256(), j);
     let m = _mm256_set1_epi8(0x30);
     let (l, u) = if j.is_multiple_of(2) { (_mm256_slli_epi16::<4>(h), _mm256_slli_epi16::<2>(h)) } else { (h, _mm256_srli_epi16::<2>(h)) };
     (_mm256_or_si256(lo, _mm256_and_si256(l, m)), _mm256_or_si256(hi, _mm256_and_si256(u, m)))
