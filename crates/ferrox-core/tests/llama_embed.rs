@@ -31,6 +31,7 @@
 //! ≥ [`BOS_COSINE`]. ferrox's cosine there was 0.99953 while its 8-bit
 //! activations rounded ties away from zero where llama.cpp rounds them to
 //! even; it is 1 - 7e-13 now. The test prints the figures.
+
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;

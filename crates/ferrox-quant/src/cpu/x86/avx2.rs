@@ -779,8 +779,8 @@ unsafe fn amax_32(x: &[f32]) -> f32 {
 }
 
 /// The 32 rounded `x * id` of one legacy block, in element order, ties to
-/// even (`_mm256_cvtps_epi32` in the default rounding mode), as ggml's x86
-/// activation quantizers round (`crate::quantize_activation`).
+/// even (`_mm256_round_ps` to nearest, then `_mm256_cvtps_epi32`), as ggml's
+/// x86 activation quantizers round (`crate::quantize_activation`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn round_block_32(x: &[f32], id: f32) -> [__m256i; 4] {
