@@ -8,9 +8,12 @@
 //! agrees bit for bit with dequantization); activations are quantized once,
 //! exactly as ggml does for the kind (`vec_dot_type`), and expanded into
 //! signed bytes with their scales. Then a register-tiled micro-kernel does
-//! `RM x RN` dot products at once with VNNI (`vpdpbusd`: u8 x s8; on AVX2,
-//! eight rows interleaved in the lanes of `vpmaddubsw`, [`Rows8Fn`]), so each
-//! weight byte loaded feeds `RN` tokens and each activation byte `RM` rows.
+//! eight rows x four tokens of dot products at once: with AMX, 16 x 16
+//! tiles; on AVX2 and on AVX-512 without AMX, eight rows interleaved in the
+//! lanes of `vpmaddubsw` ([`Rows8Fn`]), so each weight byte loaded feeds four
+//! tokens and each activation byte eight rows. (An AVX-512 VNNI 4x4 tile
+//! with k positions in lanes ran there until the rows-in-lanes kernel
+//! measured 1.1–1.65x it on an AVX-512 EPYC: decision 0049.)
 //! For sub-block `s` of row `r` and token `c`:
 //!
 //! ```text
@@ -32,12 +35,6 @@ use crate::{QuantError, QuantKind, Unpack};
 
 /// Weight rows per task: unpacked once, then run against every token.
 const ROWS_PER_TASK: usize = 16;
-/// Rows and tokens per micro-kernel call (the register tile).
-pub(crate) const RM: usize = 4;
-/// See [`RM`].
-pub(crate) const RN: usize = 4;
-/// Bytes of a packed row advance per micro-kernel step (one 512-bit load).
-pub(crate) const CHUNK: usize = 64;
 
 /// The smallest batch that takes the GEMM on weights packed at load
 /// ([`PackedMatrix`]): below it, per-row dot products read the weights once
@@ -75,40 +72,10 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     );
     match isa {
         Isa::Amx if packed => Some("amx::gemm_16x16"),
-        Isa::Avx2 if packed => Some("avx2::gemm_8x4"),
-        Isa::Avx512Vnni if packed => Some("avx512::gemm_u8s8_4x4"),
+        // AVX-512 without AMX runs the AVX2 rows-in-lanes kernel (decision 0049).
+        Isa::Avx2 | Isa::Avx512Vnni if packed => Some("avx2::gemm_8x4"),
         _ => None, // capability table: partial by design
     }
-}
-
-/// The micro-kernel: the `RM x RN` dot products of a tile, each
-/// `sum(scale * d * (u . q_a)) + bias . sums`.
-///
-/// # Safety
-/// The CPU has the level the pointer was obtained for; every byte pointer
-/// covers `chunks * CHUNK` bytes, every lane-scale pointer `chunks * CHUNK / 4`
-/// floats, every bias and sums pointer `sub_chunks * 16` floats.
-pub(crate) type TileFn = unsafe fn(
-    w: &TileRows,
-    a: &TileCols,
-    chunks: usize,
-    sub_chunks: usize,
-    out: &mut [[f32; RN]; RM],
-);
-
-/// The weight side of one micro-kernel call: per row, its packed bytes, lane
-/// scales and sub-block biases.
-pub(crate) struct TileRows {
-    pub(crate) u: [*const u8; RM],
-    pub(crate) s: [*const f32; RM],
-    pub(crate) bias: [*const f32; RM],
-}
-
-/// The activation side: per token, its bytes, lane scales and sub-block sums.
-pub(crate) struct TileCols {
-    pub(crate) q: [*const i8; RN],
-    pub(crate) d: [*const f32; RN],
-    pub(crate) sums: [*const f32; RN],
 }
 
 /// Eight rows x four tokens with the rows in vector lanes (AVX2): row `r`,
@@ -157,8 +124,6 @@ pub(crate) struct Cols4 {
 /// How a level runs the GEMM.
 #[derive(Clone, Copy)]
 enum Engine {
-    /// The AVX-512 VNNI register tile.
-    Vnni(TileFn),
     /// Rows in lanes, eight at a time ([`Rows8Fn`]), with its `base`.
     Rows8(Rows8Fn, i32),
     /// AMX tiles.
@@ -173,9 +138,7 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
     let _ = info;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => Some(Engine::Vnni(cpu::x86::avx512_gemm_tile())),
+        Isa::Avx2 | Isa::Avx512Vnni => cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => Some(Engine::Amx),
         _ => None,
@@ -185,7 +148,7 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
 /// The one-pass packer of eight rows `kind` has at `isa` ([`Pack8Fn`]), if any.
 fn pack8_fn(kind: QuantKind, isa: Isa) -> Option<Pack8Fn> {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
         return cpu::x86::avx2_pack8(kind);
     }
     let _ = (kind, isa);
@@ -431,7 +394,6 @@ pub(crate) fn matmul(
         groups: None,
     };
     match engine(level, &info) {
-        Some(Engine::Vnni(tile)) => m.vnni(tile, y)?,
         Some(Engine::Rows8(tile, base)) => m.rows8(tile, base, y)?,
         #[cfg(target_arch = "x86_64")]
         Some(Engine::Amx) => m.amx(y)?,
@@ -500,10 +462,11 @@ impl Matmul<'_> {
         &self.weights[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// The rows-in-lanes path (AVX2): activations per token (bytes, and
-    /// per sub-block their scale and `d * sum`), weight rows unpacked per
-    /// task and interleaved eight at a time, four codes per row a group
-    /// ([`Rows8`]), with the offset (less `base`) folded into the bias.
+    /// The rows-in-lanes path (AVX2 instructions, at the AVX2 level and at
+    /// AVX-512 without AMX): activations per token (bytes, and per sub-block
+    /// their scale and `d * sum`), weight rows unpacked per task and
+    /// interleaved eight at a time, four codes per row a group ([`Rows8`]),
+    /// with the offset (less `base`) folded into the bias.
     fn rows8(&self, tile: Rows8Fn, base: i32, y: &mut [f32]) -> Result<(), CpuError> {
         let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
         let subs = cols / sub;
@@ -596,103 +559,6 @@ impl Matmul<'_> {
                             // SAFETY: `c0 + j < n` and rows `r0 + 8 * gi..` + `live` are
                             // inside `y` (n x rows), this task's alone.
                             unsafe { core::ptr::copy_nonoverlapping(accj.as_ptr(), out.ptr().add((c0 + j) * rows + r0 + 8 * gi), live) };
-                        }
-                    }
-                }
-            });
-        });
-        Ok(())
-    }
-
-    /// The AVX-512 VNNI path: activations per token (bytes, per-lane scales,
-    /// per-sub-block sums), weights per row with the offset folded into the bias.
-    fn vnni(&self, tile: TileFn, y: &mut [f32]) -> Result<(), CpuError> {
-        let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
-        let kpad = cols.next_multiple_of(CHUNK);
-        let subs = (kpad / sub).next_multiple_of(16);
-        let npad = n.next_multiple_of(RN);
-        let (mut aq, mut ad, mut asums) = (
-            vec![0i8; npad * kpad],
-            vec![0f32; npad * kpad / 4],
-            vec![0f32; npad * subs],
-        );
-        let (qp, dp, sp) = (
-            Shared(aq.as_mut_ptr()),
-            Shared(ad.as_mut_ptr()),
-            Shared(asums.as_mut_ptr()),
-        );
-        run_fallible(self.threads, n, |c| {
-            // SAFETY: token `c` owns its slices of the three buffers.
-            let (q, d, sums) = unsafe {
-                (
-                    qp.slice(c * kpad, kpad),
-                    dp.slice(c * kpad / 4, kpad / 4),
-                    sp.slice(c * subs, subs),
-                )
-            };
-            let mut buf = Vec::new();
-            for_each_act_sub(
-                self.act,
-                self.level,
-                &self.x[c * cols..(c + 1) * cols],
-                sub,
-                &mut buf,
-                |k, a| {
-                    q[k * sub..(k + 1) * sub].copy_from_slice(a.q);
-                    d[k * sub / 4..(k + 1) * sub / 4].fill(a.d);
-                    sums[k] = a.dsum;
-                },
-            )
-        })?;
-        let offset = self.info.offset as f32;
-        let out = Shared(y.as_mut_ptr());
-        ThreadPool::global().run(self.threads, rows.div_ceil(ROWS_PER_TASK), &|t| {
-            let r0 = t * ROWS_PER_TASK;
-            let nr = ROWS_PER_TASK.min(rows - r0);
-            let nrpad = nr.next_multiple_of(RM);
-            PANEL.with_borrow_mut(|panel| {
-                panel.reset(nrpad * kpad, nrpad * kpad / 4, nrpad * subs);
-                for i in 0..nr {
-                    let (s, bias) = (
-                        &mut panel.s[i * kpad / 4..(i + 1) * kpad / 4],
-                        &mut panel.bias[i * subs..(i + 1) * subs],
-                    );
-                    (self.info.pack)(
-                        self.row(r0 + i),
-                        &mut panel.u[i * kpad..(i + 1) * kpad],
-                        &mut |k, sc, b| {
-                            s[k * sub / 4..(k + 1) * sub / 4].fill(sc);
-                            // w = s * q + b = s * (u - OFFSET) + b
-                            bias[k] = b - offset * sc;
-                        },
-                    );
-                }
-                for c0 in (0..npad).step_by(RN) {
-                    let a = TileCols {
-                        q: core::array::from_fn(|k| aq[(c0 + k) * kpad..].as_ptr()),
-                        d: core::array::from_fn(|k| ad[(c0 + k) * kpad / 4..].as_ptr()),
-                        sums: core::array::from_fn(|k| asums[(c0 + k) * subs..].as_ptr()),
-                    };
-                    for i0 in (0..nrpad).step_by(RM) {
-                        let w = TileRows {
-                            u: core::array::from_fn(|k| panel.u[(i0 + k) * kpad..].as_ptr()),
-                            s: core::array::from_fn(|k| panel.s[(i0 + k) * kpad / 4..].as_ptr()),
-                            bias: core::array::from_fn(|k| panel.bias[(i0 + k) * subs..].as_ptr()),
-                        };
-                        let mut acc = [[0f32; RN]; RM];
-                        // SAFETY: the level is available (checked by the caller);
-                        // every row and token pointer covers `kpad` bytes, `kpad / 4`
-                        // lane scales or `subs` (a multiple of 16) sub-block floats.
-                        unsafe { tile(&w, &a, kpad / CHUNK, subs / 16, &mut acc) };
-                        for (k, accr) in acc.iter().enumerate().take(nr.saturating_sub(i0).min(RM))
-                        {
-                            for (j, &v) in
-                                accr.iter().enumerate().take(n.saturating_sub(c0).min(RN))
-                            {
-                                // SAFETY: `(c0 + j) < n` and `r0 + i0 + k < rows`: inside
-                                // `y` (n x rows); row `r0 + i0 + k` is this task's alone.
-                                unsafe { *out.ptr().add((c0 + j) * rows + r0 + i0 + k) = v };
-                            }
                         }
                     }
                 }

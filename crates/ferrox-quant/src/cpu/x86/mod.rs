@@ -6,7 +6,6 @@ pub(crate) mod amx;
 mod avx2;
 mod avx2_gemm;
 mod avx512;
-mod avx512_gemm;
 pub(crate) mod rows8;
 pub(crate) mod vnni16;
 
@@ -111,11 +110,6 @@ pub(crate) fn avx2_pack8(kind: QuantKind) -> Option<crate::gemm::Pack8Fn> {
         _ => return None, // capability table: partial by design
     };
     Some(f)
-}
-
-/// The AVX-512 VNNI GEMM micro-kernel (see [`crate::gemm::TileFn`]).
-pub(crate) fn avx512_gemm_tile() -> crate::gemm::TileFn {
-    avx512_gemm::gemm_u8s8_4x4
 }
 
 /// The AVX-512 VNNI dispatch table (see [`super::dot_fn`]).
