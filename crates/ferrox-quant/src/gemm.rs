@@ -13,7 +13,7 @@
 //! lanes of `vpmaddubsw` ([`Rows8Fn`]), so each weight byte loaded feeds four
 //! tokens and each activation byte eight rows. (An AVX-512 VNNI 4x4 tile
 //! with k positions in lanes ran there until the rows-in-lanes kernel
-//! measured 1.1–1.65x it on an AVX-512 EPYC: decision 0049.)
+//! measured 1.06–1.50x it on an AVX-512 EPYC: decision 0049.)
 //! For sub-block `s` of row `r` and token `c`:
 //!
 //! ```text

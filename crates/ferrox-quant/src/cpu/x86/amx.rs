@@ -66,7 +66,7 @@ fn request_tile_permission() -> bool {
 
 #[cfg(not(target_os = "linux"))]
 fn request_tile_permission() -> bool {
-    false // other kernels: not wired; the AVX-512 GEMM serves
+    false // other kernels: not wired; the rows-in-lanes GEMM serves
 }
 
 /// The 64-byte tile configuration (palette 1): tile 0 = weights (16 rows x
