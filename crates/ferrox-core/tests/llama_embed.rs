@@ -15,10 +15,22 @@
 //! answers over every vector of the file is `c_llama` (0.99798, a last-token
 //! vector), and every ferrox vector (every token's with `none`) must have
 //! cosine ≥ `1 - 2 (1 - c_llama)` (0.99596) with the default path. A flat
-//! 0.999 does not hold: ferrox's lowest is 0.9973 (last), 0.9986 (none),
-//! 0.9988 (mean), 0.9995 (cls) — below 0.999 where llama.cpp's own two paths
-//! also part below it (0.9980 last, 0.9984 none), and at 0.9988 for a mean
-//! where they agree to 0.9998. The test prints the figures.
+//! 0.999 does not hold, for ferrox or for llama.cpp against itself: past the
+//! first position a last-bit difference (a sum taken in another order, f32
+//! attention where llama.cpp's batches of under 64 tokens sum in f16) is
+//! turned into whole 8-bit steps by the next activation quantization and
+//! grows layer by layer, and llama.cpp's two paths, equal to 2e-8 after the
+//! first layer, end 5% apart on a code prompt's hidden states (decision
+//! 0048). ferrox's lowest: 0.99755 (last; llama.cpp's paths 0.99798),
+//! 0.99855 (none; 0.99845), 0.99927 (mean; 0.99976), 1.0 (cls).
+//!
+//! The first position is held tighter: its state is the BOS token's alone,
+//! the same for every prompt, with nothing before it to amplify a
+//! difference, and llama.cpp's two paths agree on it to 1e-7 relative. Every
+//! vector of that position (`cls`, and `none`'s first row) must have cosine
+//! ≥ [`BOS_COSINE`]. ferrox's cosine there was 0.99953 while its 8-bit
+//! activations rounded ties away from zero where llama.cpp rounds them to
+//! even; it is 1 - 7e-13 now. The test prints the figures.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -34,6 +46,15 @@ use ferrox_core::tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+
+/// The lowest cosine with llama.cpp allowed for the first position's
+/// vectors. Measured: 1 - 7e-13 (AVX2; the reference keeps 6 significant
+/// digits, itself a few 1e-13). Kept at 1 - 1e-5: room for a few 8-bit
+/// codes resolved the other way on another CPU level (two such codes in
+/// Gemma's first layer moved its Q projection by 2.5e-4 relative, about
+/// 1 - 3e-8 in cosine), and still fifty times below the 1 - 4.7e-4 that
+/// rounding ties the other way cost.
+const BOS_COSINE: f64 = 0.99999;
 
 fn gemma() -> PathBuf {
     std::env::var_os("FERROX_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
@@ -142,12 +163,17 @@ fn embeddings_point_where_llama_cpps_do_for_every_pooling_mode() {
     // --no-repack, llama.cpp's own lowest path-to-path cosine, sum, count).
     let mut seen: Vec<(Pooling, f64, String, f64, f64, f64, usize)> = Vec::new();
     let mut results = Vec::new();
+    // The first position's vectors: (where, cosine).
+    let mut bos = Vec::new();
     for (name, pooling, want, alt, rx) in &runs {
         let got = embedding(rx);
         assert_eq!(got.len(), want.len() * n_embd, "{name} {pooling:?}: rows");
         for (t, ((g, w), a)) in got.chunks_exact(n_embd).zip(want).zip(alt).enumerate() {
             let (c, c_alt, c_llama) = (cosine(g, w), cosine(g, a), cosine(w, a));
             results.push((format!("{name} {} row {t}", pooling.name()), c));
+            if *pooling == Pooling::Cls || (*pooling == Pooling::None && t == 0) {
+                bos.push((format!("{name} {} row {t}", pooling.name()), c));
+            }
             let i = match seen.iter().position(|e| e.0 == *pooling) {
                 Some(i) => i,
                 None => {
@@ -182,4 +208,10 @@ fn embeddings_point_where_llama_cpps_do_for_every_pooling_mode() {
     let failures: Vec<String> =
         results.iter().filter(|(_, c)| *c < bound).map(|(at, c)| format!("{at}: cosine {c:.6}")).collect();
     assert!(failures.is_empty(), "below {bound:.6}:\n{}", failures.join("\n"));
+    let bos_low = bos.iter().map(|e| e.1).fold(1.0, f64::min);
+    eprintln!("first position: {} vectors; lowest cosine 1 - {:.1e}; bound 1 - {:.0e}", bos.len(), 1.0 - bos_low, 1.0 - BOS_COSINE);
+    assert!(bos.len() >= 6, "the first position was compared in cls and none");
+    let failures: Vec<String> =
+        bos.iter().filter(|(_, c)| *c < BOS_COSINE).map(|(at, c)| format!("{at}: cosine {c:.8}")).collect();
+    assert!(failures.is_empty(), "the first position below {BOS_COSINE}:\n{}", failures.join("\n"));
 }

@@ -270,6 +270,34 @@ pub fn quantize_chunk(kind: QuantKind, src: &[f32], out: &mut [u8]) -> Result<()
     Ok(())
 }
 
+/// Quantizes an activation row `src` (whole blocks of `act`, a
+/// `vec_dot_kind`) into `out` as ggml's CPU backend does before a dot
+/// product (its `from_float`): Q8_0 and Q8_1 as its x86 SIMD quantizers
+/// round (`BlockQ8_0::quantize_activation`: `127 / amax`, ties to even),
+/// which is not [`quantize`]'s `roundf` (the reference llama-quantize
+/// writes weights with); every other kind as [`quantize`]. The scalar
+/// reference of [`cpu::quantize_act`].
+pub fn quantize_activation(act: QuantKind, src: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    // Only the two 32-element 8-bit kinds are quantized otherwise as
+    // activations (Q8_K's activation quantizer is its reference in ggml too).
+    if act == QuantKind::Q8_0 {
+        return activation_blocks(act, src, out, blocks::BlockQ8_0::quantize_activation);
+    }
+    if act == QuantKind::Q8_1 {
+        return activation_blocks(act, src, out, blocks::BlockQ8_1::quantize_activation);
+    }
+    quantize(act, src, out)
+}
+
+/// `src` as whole 32-element blocks of `act`, each quantized by `block`.
+fn activation_blocks<B: bytemuck::Pod>(act: QuantKind, src: &[f32], out: &mut [u8], block: fn(&[f32]) -> B) -> Result<(), QuantError> {
+    check_len(act, src.len(), out.len())?;
+    for (s, o) in src.chunks_exact(32).zip(out.chunks_exact_mut(act.block_bytes())) {
+        o.copy_from_slice(bytemuck::bytes_of(&block(s)));
+    }
+    Ok(())
+}
+
 /// Quantizes `src` into a new byte vector.
 pub fn quantize_to_vec(kind: QuantKind, src: &[f32]) -> Result<Vec<u8>, QuantError> {
     let mut out = vec![0u8; row_bytes(kind, src.len())?];

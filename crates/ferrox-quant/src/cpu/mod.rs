@@ -593,7 +593,9 @@ pub fn vec_dot(kind: QuantKind, isa: Isa, w: &[u8], a: &[u8]) -> Result<f32, Cpu
 }
 
 /// Quantizes an activation row `x` into `out` as `act` (a `vec_dot_kind`),
-/// with SIMD where level `isa` has it. Byte-exact with [`crate::quantize`].
+/// with SIMD where level `isa` has it. Byte-exact with
+/// [`crate::quantize_activation`] (ggml's CPU `from_float`, which for Q8_0
+/// and Q8_1 rounds ties to even, unlike the weight quantizer).
 pub fn quantize_act(act: QuantKind, isa: Isa, x: &[f32], out: &mut [u8]) -> Result<(), CpuError> {
     if !isa.is_available() {
         return Err(CpuError::IsaUnavailable { isa });
@@ -607,6 +609,6 @@ pub fn quantize_act(act: QuantKind, isa: Isa, x: &[f32], out: &mut [u8]) -> Resu
     if isa.includes(Isa::Avx2) && x86::quantize_act_avx2(act, x, out) {
         return Ok(());
     }
-    crate::quantize(act, x, out)?;
+    crate::quantize_activation(act, x, out)?;
     Ok(())
 }

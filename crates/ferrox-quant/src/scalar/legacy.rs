@@ -6,6 +6,12 @@
 //! away from zero, `MAX` that lets a later operand replace a NaN), because
 //! Q8_0 and Q8_1 are the *activation* formats: a one-ulp difference in a
 //! scale here moves every dot product of every kernel tested against this.
+//! ggml quantizes a row two ways, and so do we: a weight through the
+//! reference (`quantize_row_q8_0_ref`: `1 / d`, `roundf`; [`Quantize`],
+//! llama-quantize's bytes), an activation before a dot product through the
+//! CPU backend's x86 SIMD quantizer (`127 / amax`, ties to even;
+//! `quantize_activation`). The two part on ties, which real activations hit
+//! often enough to move a Gemma 3 embedding (decision 0048).
 
 use super::float::f16_from_f32;
 use crate::blocks::*;
@@ -296,6 +302,51 @@ impl VecDot for BlockQ8_0 {
     }
 }
 
+/// The codes and scale of one Q8_0/Q8_1 block as ggml's CPU backend
+/// quantizes an *activation* row on x86 (`quantize_row_q8_0` and
+/// `quantize_row_q8_1` in `ggml-cpu/arch/x86/quants.c`, the `from_float` of
+/// every AVX/AVX2/AVX-512 build): the inverse scale is `127 / amax` and the
+/// codes are rounded half to even (`_mm256_round_ps` with
+/// `_MM_ROUND_NEAREST`), where the reference quantizer that writes weights
+/// (`quantize_row_q8_0_ref`, [`Quantize`] here) takes `1 / d` and `roundf`.
+/// The two part on ties, which are common in real activations: a model's
+/// norm weights and embedding rows have short mantissas, so `x * id` lands
+/// on a half more often than chance would have it.
+fn q8_act_codes(src: &[f32]) -> (f32, [i8; 32]) {
+    let amax = src.iter().fold(0.0f32, |m, v| c_max(m, v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    for (q, &v) in qs.iter_mut().zip(src) {
+        // `_mm256_cvtps_epi32` then the saturating packs: the code of a
+        // rounded product past i8's range is its bound.
+        *q = cvtt_i32((v * id).round_ties_even()).clamp(-128, 127) as i8;
+    }
+    (d, qs)
+}
+
+impl BlockQ8_0 {
+    /// One block of an activation row as ggml's CPU backend quantizes it
+    /// for a dot product on x86: `127 / amax`, ties rounded to even;
+    /// [`Quantize::quantize`] is the weight quantizer (llama-quantize's
+    /// bytes: `1 / d`, `roundf`).
+    pub fn quantize_activation(src: &[f32]) -> Self {
+        let (d, qs) = q8_act_codes(src);
+        BlockQ8_0 { d: f16_from_f32(d), qs }
+    }
+}
+
+impl BlockQ8_1 {
+    /// One block of an activation row as ggml's CPU backend quantizes it
+    /// on x86 (as [`BlockQ8_0::quantize_activation`]), with `s` the code
+    /// sum times the f32 scale.
+    pub fn quantize_activation(src: &[f32]) -> Self {
+        let (d, qs) = q8_act_codes(src);
+        let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+        BlockQ8_1 { d: f16_from_f32(d), s: f16_from_f32(sum as f32 * d), qs }
+    }
+}
+
 /// ggml has no `dequantize_row_q8_1` (Q8_1 is activation-only); this is the
 /// obvious `d * q`, with `s` ignored since it is derived data.
 impl Dequantize for BlockQ8_1 {
@@ -474,6 +525,25 @@ mod tests {
         assert_eq!(b.qs[16], -1);
         assert_eq!(b.qs[17], 1);
         assert_eq!(b.qs[31], 15);
+    }
+
+    /// Weights round ties away from zero (`roundf`, llama-quantize's
+    /// bytes), activations to even (ggml's x86 `quantize_row_q8_0`): amax
+    /// 127 makes `id` 1, so every `x.5` is a tie.
+    #[test]
+    fn q8_activations_round_ties_to_even_and_weights_away_from_zero() {
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0;
+        x[1..6].copy_from_slice(&[0.5, 1.5, 2.5, -0.5, -2.5]);
+        let w = BlockQ8_0::quantize(&x);
+        let a = BlockQ8_0::quantize_activation(&x);
+        assert_eq!(w.qs[..6], [127, 1, 2, 3, -1, -3]);
+        assert_eq!(a.qs[..6], [127, 0, 2, 2, 0, -2]);
+        assert_eq!(a.d.to_bits(), w.d.to_bits());
+        let a1 = BlockQ8_1::quantize_activation(&x);
+        assert_eq!(a1.qs, a.qs);
+        assert_eq!(a1.s.to_f32(), 129.0);
+        assert_eq!(BlockQ8_0::quantize_activation(&[0.0; 32]).qs, [0; 32]);
     }
 
     #[test]

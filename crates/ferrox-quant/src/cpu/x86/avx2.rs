@@ -755,21 +755,6 @@ pub(crate) unsafe fn dot_iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
 
 // ------------------------------------------------- activation quantizers
 
-/// `roundf` (half away from zero) of integral-range floats, exactly: the
-/// AVX rounding modes only offer half-to-even, which differs from ggml's
-/// reference quantizer on ties.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn round_half_away(v: __m256) -> __m256i {
-    let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    let frac = _mm256_sub_ps(v, t);
-    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    let sign = _mm256_andnot_ps(abs_mask, v);
-    let one = _mm256_or_ps(_mm256_set1_ps(1.0), sign);
-    let big = _mm256_cmp_ps(_mm256_and_ps(frac, abs_mask), _mm256_set1_ps(0.5), _CMP_GE_OQ);
-    _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(big, one)))
-}
-
 /// Four vectors of eight i32 → 32 saturated bytes, in element order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -793,14 +778,17 @@ unsafe fn amax_32(x: &[f32]) -> f32 {
     _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
 }
 
-/// The 32 rounded `x * id` of one legacy block, in element order.
+/// The 32 rounded `x * id` of one legacy block, in element order, ties to
+/// even (`_mm256_round_ps` to nearest, then `_mm256_cvtps_epi32`), as ggml's
+/// x86 activation quantizers round (`crate::quantize_activation`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn round_block_32(x: &[f32], id: f32) -> [__m256i; 4] {
     let idv = _mm256_set1_ps(id);
     let mut r = [_mm256_setzero_si256(); 4];
     for (k, r) in r.iter_mut().enumerate() {
-        *r = round_half_away(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * k)), idv));
+        let v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * k)), idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        *r = _mm256_cvtps_epi32(v);
     }
     r
 }
@@ -811,8 +799,9 @@ unsafe fn round_block_32(x: &[f32], id: f32) -> [__m256i; 4] {
 pub(crate) unsafe fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     let out: &mut [BlockQ8_0] = core::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len() / 34);
     for (src, b) in x.chunks_exact(32).zip(out) {
-        let d = amax_32(src) / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let amax = amax_32(src);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         b.d = F16::from_f32(d);
         _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), pack_i32x32(round_block_32(src, id)));
     }
@@ -824,8 +813,9 @@ pub(crate) unsafe fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
 pub(crate) unsafe fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
     let out: &mut [BlockQ8_1] = core::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len() / 36);
     for (src, b) in x.chunks_exact(32).zip(out) {
-        let d = amax_32(src) / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let amax = amax_32(src);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         b.d = F16::from_f32(d);
         let r = round_block_32(src, id);
         let sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
