@@ -120,6 +120,11 @@ fi
 if [ -f /tmp/llama/.built ] && [ -f /tmp/logs/done.txt ]; then
   while read -r shape k bytes; do
     f=$M/$shape-$k.gguf
+    # ferrox again, now that the build no longer shares the host's cores
+    # (decode is bound by launches, so a busy host slows it): both engines quiet.
+    $D/ferrox bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-quiet-$shape-$k.jsonl 2>/dev/null
+    echo "  $shape $k ferrox bench, quiet host: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/bench-quiet-$shape-$k.jsonl 2>/dev/null)"
+    python3 $M/record.py "$shape" "$k" "$bytes" ferrox-quiet </tmp/logs/bench-quiet-$shape-$k.jsonl >>"$OUT/moe.jsonl"
     timeout 240 /tmp/llama/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/llama-bench-$shape-$k.jsonl 2>/tmp/logs/llama-bench-$shape-$k.err
     echo "  $shape $k llama-bench rc=$?: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/llama-bench-$shape-$k.jsonl 2>/dev/null)"
     python3 $M/record.py "$shape" "$k" "$bytes" llama.cpp </tmp/logs/llama-bench-$shape-$k.jsonl >>"$OUT/moe.jsonl"
