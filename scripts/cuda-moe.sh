@@ -13,6 +13,8 @@
 #   $D/llama-src.tgz           optional, with LLAMA=1: the stripped llama.cpp tree, built here in the
 #                              background (scripts/cuda-llama-build.sh) for llama-bench -fa 1 on the same files
 # SHAPES picks the models (default both), SKIP_TESTS=1 skips the tests, TESTS filters them (default backend::), KINDS the files (F16 Q4_K_M).
+# BASE=1 also benches $D/ferrox-base (an earlier build, carried beside it) on the same files;
+# TRACE=1 records a kernel trace of a decode and of a 512-token prefill (needs the `measure` feature).
 # Results: $OUT/moe.jsonl (one line per figure), logs in $OUT/logs.tgz.
 set -u
 D=${D:-target/devmoe}
@@ -23,7 +25,8 @@ T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 LLPID=
 if [ "${LLAMA:-0}" = 1 ] && [ -f $D/llama-src.tgz ]; then
-  bash scripts/cuda-llama-build.sh $D /tmp/logs/llama & LLPID=$!
+  # (bounded by LLAMA_BUILD_S, default 420: past it the call still returns ferrox's figures)
+  timeout ${LLAMA_BUILD_S:-420} bash scripts/cuda-llama-build.sh $D /tmp/logs/llama & LLPID=$!
 fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
@@ -84,23 +87,49 @@ for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
     done
     cmp -s /tmp/logs/run-$shape-$k-cpu.out /tmp/logs/run-$shape-$k-cuda.out && echo "  greedy: CPU and CUDA identical" || echo "  greedy: CPU and CUDA differ"
     $D/ferrox bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-$shape-$k.jsonl 2>/tmp/logs/bench-$shape-$k.err
-    echo "  bench rc=$?"
-    if [ -n "$LLPID" ]; then
-      wait $LLPID; LLPID=
-      echo "$(el) llama.cpp build: $(ls /tmp/llama/.built 2>/dev/null || tail -3 /tmp/logs/llama/llama-build.log)"
+    echo "  bench rc=$?: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/bench-$shape-$k.jsonl 2>/dev/null)"
+    # BASE=1: the same bench with $D/ferrox-base (an earlier build), in the same call.
+    if [ "${BASE:-0}" = 1 ] && [ -x $D/ferrox-base ]; then
+      $D/ferrox-base bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-base-$shape-$k.jsonl 2>/tmp/logs/bench-base-$shape-$k.err
+      echo "  base bench rc=$?: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/bench-base-$shape-$k.jsonl 2>/dev/null)"
     fi
-    if [ -f /tmp/llama/.built ]; then
-      timeout 240 /tmp/llama/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/llama-bench-$shape-$k.jsonl 2>/tmp/logs/llama-bench-$shape-$k.err
-      echo "  llama-bench rc=$?"
+    # TRACE=1: where a decode step's and a prefill's time goes (tools/cuda/trace.py): $OUT/trace-$shape-$k.txt.
+    if [ "${TRACE:-0}" = 1 ]; then
+      FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace-tg.txt \
+        $D/ferrox bench -m "$f" --backend cuda -p 0 -n 16 -r 1 >/dev/null 2>&1
+      FERROX_CUDA_DEFINES=FERROX_TRACE=1 FERROX_CUDA_TRACE=/tmp/logs/trace-pp.txt \
+        $D/ferrox bench -m "$f" --backend cuda -p 512 -n 0 -r 1 >/dev/null 2>&1
+      { echo "== decode"; python3 tools/cuda/trace.py /tmp/logs/trace-tg.txt --positions 0;
+        echo "== prefill 512"; python3 tools/cuda/trace.py /tmp/logs/trace-pp.txt --skip 1 --positions 0; } >"$OUT/trace-$shape-$k.txt" 2>&1
+      head -c 5000 "$OUT/trace-$shape-$k.txt"
     fi
-    for engine in ferrox llama.cpp; do
+    for engine in ferrox ferrox-base; do
       src=/tmp/logs/bench-$shape-$k.jsonl
-      [ $engine = llama.cpp ] && src=/tmp/logs/llama-bench-$shape-$k.jsonl
+      [ $engine = ferrox-base ] && src=/tmp/logs/bench-base-$shape-$k.jsonl
       [ -f $src ] || continue
       python3 $M/record.py "$shape" "$k" "$bytes" "$engine" <$src >>"$OUT/moe.jsonl"
     done
+    echo "$shape $k $bytes" >>/tmp/logs/done.txt
   done
 done
+# llama.cpp last, once ferrox's figures are safe in $OUT: the same files, llama-bench -fa 1.
+if [ -n "$LLPID" ]; then
+  wait $LLPID
+  echo "$(el) llama.cpp build: $(ls /tmp/llama/.built 2>/dev/null || tail -3 /tmp/logs/llama/llama-build.log)"
+fi
+if [ -f /tmp/llama/.built ] && [ -f /tmp/logs/done.txt ]; then
+  while read -r shape k bytes; do
+    f=$M/$shape-$k.gguf
+    # ferrox again, now that the build no longer shares the host's cores
+    # (decode is bound by launches, so a busy host slows it): both engines quiet.
+    $D/ferrox bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-quiet-$shape-$k.jsonl 2>/dev/null
+    echo "  $shape $k ferrox bench, quiet host: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/bench-quiet-$shape-$k.jsonl 2>/dev/null)"
+    python3 $M/record.py "$shape" "$k" "$bytes" ferrox-quiet </tmp/logs/bench-quiet-$shape-$k.jsonl >>"$OUT/moe.jsonl"
+    timeout 240 /tmp/llama/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/llama-bench-$shape-$k.jsonl 2>/tmp/logs/llama-bench-$shape-$k.err
+    echo "  $shape $k llama-bench rc=$?: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/llama-bench-$shape-$k.jsonl 2>/dev/null)"
+    python3 $M/record.py "$shape" "$k" "$bytes" llama.cpp </tmp/logs/llama-bench-$shape-$k.jsonl >>"$OUT/moe.jsonl"
+  done </tmp/logs/done.txt
+fi
 cat "$OUT/moe.jsonl" | cut -c1-400
 echo "$(el) done"
 mv "$OUT"/*.log /tmp/logs/ 2>/dev/null

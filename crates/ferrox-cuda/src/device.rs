@@ -28,6 +28,21 @@ pub struct Buf {
     id: u64,
 }
 
+/// The average pairs an expert takes in a batch from which the experts run
+/// as the grouped GEMM (`mmq_id_<kind>_n<t>`) rather than one matvec a
+/// (token, expert) pair: at two, the matvecs read each routed expert twice.
+pub const MOE_GROUPED_PAIRS: usize = 2;
+
+/// `moe_sort`'s table in the device scratch: the tile (in `MMA_TILES`
+/// units), the most tiles a batch can make, and the three arrays' addresses.
+struct MoeSort {
+    tile: usize,
+    max_tiles: usize,
+    tiles: u64,
+    order: u64,
+    count: u64,
+}
+
 /// A mixture of experts' sizes for [`Device::moe`].
 #[derive(Debug, Clone, Copy)]
 pub struct MoeShape {
@@ -243,6 +258,9 @@ struct KindFns {
     /// The small-batch tensor-core GEMM, one per `cuda_ops::MMA_TILES`
     /// entry (`mmq_<kind>_n<t>`), for the kinds that have one.
     mma: Option<Vec<CudaFunction>>,
+    /// The routed experts' int8 matvec (`mmvq_id_<kind>`) and grouped GEMM
+    /// (`mmq_id_<kind>_n<t>`), for the kinds that have the small-batch GEMM.
+    experts_int8: Option<(CudaFunction, Vec<CudaFunction>)>,
 }
 
 /// The activations as the mmvq kernels see them: quantized per 32 elements
@@ -288,6 +306,7 @@ struct Fns {
     softcap: CudaFunction,
     copy_cols: CudaFunction,
     moe_route: CudaFunction,
+    moe_sort: CudaFunction,
     moe_sum: CudaFunction,
 }
 
@@ -299,6 +318,8 @@ struct Scratch {
     /// (outgrown: `retired`, as the q8 slots).
     mmq_x: Option<CudaSlice<u8>>,
     mmq_part: Option<CudaSlice<u8>>,
+    /// `moe_sort`'s table: the pairs in expert order, the tiles, their count.
+    moe_sort: Option<CudaSlice<u8>>,
     /// `argmax_rows`: the ids, the slices' keys and the per-row u32
     /// counters (zero between launches).
     ids: Option<CudaSlice<u32>>,
@@ -821,6 +842,10 @@ impl Device {
                             Some(v) => Some(v.iter().map(|n| f(n)).collect::<Result<_, _>>()?),
                             None => None,
                         },
+                        experts_int8: match &names.experts_int8 {
+                            Some((mv, g)) => Some((f(mv)?, g.iter().map(|n| f(n)).collect::<Result<_, _>>()?)),
+                            None => None,
+                        },
                     },
                 );
             }
@@ -852,6 +877,7 @@ impl Device {
             softcap: f("softcap")?,
             copy_cols: f("copy_cols")?,
             moe_route: f("moe_route")?,
+            moe_sort: f("moe_sort")?,
             moe_sum: f("moe_sum")?,
         };
         // Up to the device's opt-in shared memory for the staged decode
@@ -2759,7 +2785,7 @@ impl Device {
         if pairs > 65535 {
             return Err(shape("moe", format!("{n} tokens of {k} experts in one launch")));
         }
-        let (ki, ni, pi) = (int("moe", k)?, int("moe", n)?, int("moe", pairs)?);
+        let (ki, ni) = (int("moe", k)?, int("moe", n)?);
         self.matmul_with(MatmulPath::Matvec, router, x, b.gate, n)?;
         let route = self.ptr(&b.route.s);
         self.launch(
@@ -2768,41 +2794,209 @@ impl Device {
             "moe_route",
             &[&self.ptr(&b.gate.s), &route, &int("moe", ne)?, &ki, &i32::from(m.norm_weights), &m.scale],
         )?;
-        let matvec_id = |mat: &Matrix, xp: u64, per_pair: bool, y: u64| -> Result<(), CudaError> {
-            let f = &self.kind_fns(mat.kind, "moe")?.matvec_id;
-            let rows = mat.rows / ne;
-            let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(MATVEC_ROWS) as u32, pi as u32, 1),
-                block_dim: (32 * MATVEC_ROWS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let args: [&dyn Arg; 9] = [
-                &self.ptr(&mat.data),
-                &xp,
-                &y,
-                &route,
-                &int("moe", rows)?,
-                &int("moe", mat.cols)?,
-                &(mat.row_bytes as i64),
-                &ki,
-                &i32::from(per_pair),
-            ];
-            self.launch(f, cfg, "matvec_id", &args)
-        };
         let (g, u, h) = (self.ptr(&b.gate.s), self.ptr(&b.up.s), self.ptr(&b.h.s));
-        matvec_id(gate, self.ptr(&x.s), false, g)?;
-        matvec_id(up, self.ptr(&x.s), false, u)?;
         let (len, ffi) = ((pairs * ff) as i64, int("moe", ff)?);
-        self.launch(
-            &self.fns.glu,
-            grid(pairs * ff, 256),
-            "glu",
-            &[&g, &u, &h, &len, &ffi, &ffi, &act_code(m.act), &0u64, &0u64],
-        )?;
-        matvec_id(down, h, true, g)?;
+        let glu = || {
+            let args: [&dyn Arg; 9] = [&g, &u, &h, &len, &ffi, &ffi, &act_code(m.act), &0u64, &0u64];
+            self.launch(&self.fns.glu, grid(pairs * ff, 256), "glu", &args)
+        };
+        if self.moe_grouped(m, [gate, up, down]) {
+            // Prefill and large batches: the pairs sorted by expert, each
+            // expert's rows read once a tile of its pairs (tensor cores).
+            let tile = self.moe_tile(m);
+            let sort = self.moe_sort(route, m, tile)?;
+            let x16 = self.x_f16(x, n * e)?;
+            self.mmq_id(gate, x16, g, &sort, m, false)?;
+            self.mmq_id(up, x16, u, &sort, m, false)?;
+            glu()?;
+            // (the f16 scratch again: the gate and up launches have read x16)
+            let h16 = self.x_f16(b.h, pairs * ff)?;
+            self.mmq_id(down, h16, g, &sort, m, true)?;
+        } else {
+            let int8_glu = self.experts_int8(gate).is_some() && same_layout(gate, up);
+            if int8_glu {
+                let (qs, ds) = self.q8_input(x, n * e, e)?;
+                self.mmvq_id(gate, Some(up), qs, ds, h, route, m, false)?;
+            } else {
+                self.matvec_id(gate, self.ptr(&x.s), g, route, m, false)?;
+                self.matvec_id(up, self.ptr(&x.s), u, route, m, false)?;
+                glu()?;
+            }
+            if self.experts_int8(down).is_some() {
+                let (qs, ds) = self.q8_input(b.h, pairs * ff, ff)?;
+                self.mmvq_id(down, None, qs, ds, g, route, m, true)?;
+            } else {
+                self.matvec_id(down, h, g, route, m, true)?;
+            }
+        }
         let total = (n * e) as i64;
         self.launch(&self.fns.moe_sum, grid(n * e, 256), "moe_sum", &[&g, &route, &self.ptr(&out.s), &ki, &int("moe", e)?, &total])?;
         Ok(())
+    }
+
+    /// Whether a mixture of experts' batch takes the grouped GEMM: some
+    /// experts see at least [`MOE_GROUPED_PAIRS`] pairs on average (below
+    /// it the per-pair matvecs read little more), the small-batch GEMM is
+    /// on (sm_80 and later) and every stack's kind and width has it.
+    fn moe_grouped(&self, m: &MoeShape, mats: [&Matrix; 3]) -> bool {
+        m.n >= 2
+            && m.n * m.n_used >= MOE_GROUPED_PAIRS * m.n_expert
+            && self.small_batch_gemm()
+            && mats.iter().all(|w| cuda_ops::mma_fits(w.kind, w.cols, 1) && self.experts_int8(w).is_some())
+    }
+
+    /// The grouped GEMM's tile: the smallest of `cuda_ops::MMA_TILES` (in
+    /// pairs, 8 a step) that holds an expert's average share of the batch.
+    fn moe_tile(&self, m: &MoeShape) -> usize {
+        let avg = (m.n * m.n_used).div_ceil(m.n_expert);
+        let t = cuda_ops::MMA_TILES.iter().copied().find(|&t| 8 * t >= avg);
+        t.unwrap_or(cuda_ops::MMA_TILES[cuda_ops::MMA_TILES.len() - 1])
+    }
+
+    /// A kind's routed-experts int8 kernels, where it has them.
+    fn experts_int8(&self, w: &Matrix) -> Option<&(CudaFunction, Vec<CudaFunction>)> {
+        if !w.cols.is_multiple_of(32) {
+            return None;
+        }
+        self.fns.kinds.get(&w.kind).and_then(|k| k.experts_int8.as_ref())
+    }
+
+    /// `moe_sort` over the route table: the pairs grouped by expert in
+    /// tiles of up to `8 * tile` pairs, in the device's scratch.
+    fn moe_sort(&self, route: u64, m: &MoeShape, tile: usize) -> Result<MoeSort, CudaError> {
+        let pairs = m.n * m.n_used;
+        let per = 8 * tile;
+        let max_tiles = pairs.div_ceil(per) + m.n_expert;
+        let (tiles_at, order_at, count_at) = (0, 16 * max_tiles, 16 * max_tiles + 4 * pairs);
+        let base = {
+            let mut guard = self.scratch_guard("experts sort")?;
+            let sc = &mut *guard;
+            grow_retiring(&self.stream, &mut sc.moe_sort, &mut sc.retired, count_at + 16, "experts sort")?;
+            sc.moe_sort.as_ref().map_or(0, |b| self.ptr(b))
+        };
+        let sort = MoeSort {
+            tile,
+            max_tiles,
+            tiles: base + tiles_at as u64,
+            order: base + order_at as u64,
+            count: base + count_at as u64,
+        };
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let args: [&dyn Arg; 8] = [
+            &route,
+            &int("moe", pairs)?,
+            &int("moe", m.n_used)?,
+            &int("moe", m.n_expert)?,
+            &int("moe", per)?,
+            &sort.order,
+            &sort.tiles,
+            &sort.count,
+        ];
+        self.launch(&self.fns.moe_sort, cfg, "moe_sort", &args)?;
+        Ok(sort)
+    }
+
+    /// The grouped GEMM (`mmq_id_<kind>_n<t>`) of one expert stack over
+    /// the sorted pairs: `x16` the f16 activations (a token's row, or a
+    /// pair's with `per_pair`), the sums into row `p` of `y` for pair `p`.
+    fn mmq_id(&self, w: &Matrix, x16: u64, y: u64, sort: &MoeSort, m: &MoeShape, per_pair: bool) -> Result<(), CudaError> {
+        let fns = self.experts_int8(w).ok_or(CudaError::NoKernel { op: "grouped experts GEMM", kind: w.kind })?;
+        let ti = cuda_ops::MMA_TILES.iter().position(|&t| t == sort.tile).unwrap_or(0);
+        let f = fns.1.get(ti).ok_or(CudaError::NoKernel { op: "grouped experts GEMM", kind: w.kind })?;
+        let rows = w.rows / m.n_expert;
+        let warps = self.knobs.mmq_warps;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(16 * warps) as u32, sort.max_tiles as u32, 1),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args: [&dyn Arg; 11] = [
+            &self.ptr(&w.data),
+            &x16,
+            &y,
+            &sort.order,
+            &sort.tiles,
+            &sort.count,
+            &int("moe", rows)?,
+            &int("moe", w.cols)?,
+            &(w.row_bytes as i64),
+            &int("moe", m.n_used)?,
+            &i32::from(per_pair),
+        ];
+        self.launch(f, cfg, "grouped experts GEMM", &args)
+    }
+
+    /// The routed experts' int8 matvec (`mmvq_id_<kind>`) over the q8
+    /// activations `(qs, ds)`: with `up`, `y = act(gate) * up` (the GLU in
+    /// the launch), else the one stack's products; a token's row, or a
+    /// pair's with `per_pair`.
+    #[allow(clippy::too_many_arguments)]
+    fn mmvq_id(
+        &self,
+        w: &Matrix,
+        up: Option<&Matrix>,
+        qs: u64,
+        ds: u64,
+        y: u64,
+        route: u64,
+        m: &MoeShape,
+        per_pair: bool,
+    ) -> Result<(), CudaError> {
+        let f = &self.experts_int8(w).ok_or(CudaError::NoKernel { op: "routed experts int8 matvec", kind: w.kind })?.0;
+        let rows = w.rows / m.n_expert;
+        let pairs = m.n * m.n_used;
+        // About a kind's GLU share of units a lane, more lanes a row while
+        // the launch has fewer than two blocks an SM.
+        let mut lpr = lanes_per_row(w.cols / 32, glu_units(w.kind)).min(32);
+        while lpr < 32 && rows.div_ceil(256 / lpr) * pairs < 2 * self.sms {
+            lpr *= 2;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, pairs as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args: [&dyn Arg; 13] = [
+            &self.ptr(&w.data),
+            &up.map_or(0, |u| self.ptr(&u.data)),
+            &(w.row_bytes as i64),
+            &int("moe", rows)?,
+            &qs,
+            &ds,
+            &int("moe", w.cols)?,
+            &route,
+            &int("moe", m.n_used)?,
+            &i32::from(per_pair),
+            &act_code(m.act),
+            &y,
+            &(lpr as i32),
+        ];
+        self.launch(f, cfg, "routed experts int8 matvec", &args)
+    }
+
+    /// The routed experts' matvec on the unit decoder (`matvec_id_<kind>`,
+    /// every kind): a token's row of `x`, or a pair's with `per_pair`.
+    fn matvec_id(&self, mat: &Matrix, xp: u64, y: u64, route: u64, m: &MoeShape, per_pair: bool) -> Result<(), CudaError> {
+        let f = &self.kind_fns(mat.kind, "moe")?.matvec_id;
+        let rows = mat.rows / m.n_expert;
+        let pairs = m.n * m.n_used;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(MATVEC_ROWS) as u32, pairs as u32, 1),
+            block_dim: (32 * MATVEC_ROWS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args: [&dyn Arg; 9] = [
+            &self.ptr(&mat.data),
+            &xp,
+            &y,
+            &route,
+            &int("moe", rows)?,
+            &int("moe", mat.cols)?,
+            &(mat.row_bytes as i64),
+            &int("moe", m.n_used)?,
+            &i32::from(per_pair),
+        ];
+        self.launch(f, cfg, "matvec_id", &args)
     }
 
     /// `out = act(gate) * up` element-wise.

@@ -1399,6 +1399,67 @@ DEFINE_MMVQ_GLU(q8_0)
 DEFINE_MMVQ_GLU(q4_k)
 DEFINE_MMVQ_GLU(q6_k)
 
+// The routed experts' matvecs on int8 activations (a mixture of experts'
+// decode and small batches). Pair p = t * n_used + j (blockIdx.y) takes
+// expert route[t][j]'s rows of `w`, a stack of experts of `rows` rows,
+// against token t's q8 activations (pair p's with `x_per_pair`): `lpr`
+// lanes a row as `mmvq_glu`, MMVQ_GSTEP_<kind> units a lane a step. With
+// `w2` (the up stack beside the gate's) y[p] = act(W x) * (W2 x), `act` as
+// `glu`; without it y[p] = W x. Every lane of a row group stays to the
+// shuffles (a row past `rows` computes its last row and stores nothing).
+#define DEFINE_MMVQ_ID(NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) mmvq_id_##NAME(                             \
+        const u8* __restrict__ w, const u8* __restrict__ w2, long long row_bytes, int rows,       \
+        const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols,                    \
+        const float* __restrict__ route, int n_used, int x_per_pair, int act,                     \
+        float* __restrict__ y, int lpr) {                                                         \
+        PDL_ENTER();                                                                              \
+        constexpr int GS_ = MMVQ_GSTEP_##NAME;                                                    \
+        int n_units = cols >> 5;                                                                  \
+        int sub = threadIdx.x & (lpr - 1);                                                        \
+        int p = blockIdx.y, t = p / n_used, j = p - t * n_used;                                   \
+        int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;                              \
+        size_t e = (size_t)route[(size_t)t * 2 * n_used + j];                                     \
+        size_t at = (e * rows + min(r, rows - 1)) * row_bytes;                                    \
+        const u8* ra = w + at;                                                                    \
+        const u8* rb = w2 ? w2 + at : w + at;                                                     \
+        size_t xt = x_per_pair ? p : t;                                                           \
+        const int4* qt = qx + xt * n_units * 2;                                                   \
+        const float2* dt = dsx + xt * n_units;                                                    \
+        float ag = 0.0f, au = 0.0f;                                                               \
+        for (int u = sub; u < n_units; u += GS_ * lpr) {                                          \
+            W##NAME g[GS_], v[GS_];                                                               \
+            _Pragma("unroll") for (int i = 0; i < GS_; i++) {                                     \
+                int ui = min(u + i * lpr, n_units - 1);                                           \
+                g[i] = ld_##NAME(ra, ui, cols);                                                   \
+                if (w2) v[i] = ld_##NAME(rb, ui, cols);                                           \
+            }                                                                                     \
+            _Pragma("unroll") for (int i = 0; i < GS_; i++) {                                     \
+                int ui = min(u + i * lpr, n_units - 1);                                           \
+                bool in_ = u + i * lpr < n_units;                                                 \
+                LOAD_ACTS(qt, dt, ui, q8, dd);                                                    \
+                float dg_ = dot_##NAME(g[i], q8, dd.x, dd.y);                                     \
+                ag += in_ ? dg_ : 0.0f;                                                           \
+                if (w2) {                                                                         \
+                    float du_ = dot_##NAME(v[i], q8, dd.x, dd.y);                                 \
+                    au += in_ ? du_ : 0.0f;                                                       \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+        for (int o = lpr >> 1; o > 0; o >>= 1) {                                                  \
+            ag += __shfl_xor_sync(0xffffffffu, ag, o);                                            \
+            au += __shfl_xor_sync(0xffffffffu, au, o);                                            \
+        }                                                                                         \
+        if (sub == 0 && r < rows)                                                                 \
+            y[(size_t)p * rows + r] = w2 ? (act == 0 ? silu(ag) : gelu_tanh(ag)) * au : ag;      \
+    }
+
+DEFINE_MMVQ_ID(q4_0)
+DEFINE_MMVQ_ID(q5_0)
+DEFINE_MMVQ_ID(q8_0)
+DEFINE_MMVQ_ID(q4_k)
+DEFINE_MMVQ_ID(q6_k)
+
 
 __device__ __forceinline__ float dot8_f16(uint4 h, const float4* x) {
     float4 a = x[0], b = x[1];
@@ -2771,6 +2832,38 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(const float* logits,
     }
 }
 
+// A batch's (token, expert) pairs grouped by expert for the grouped GEMM
+// (`mmq_id_<kind>_n<t>`), in one block: `order` lists the pair indices
+// expert by expert (within an expert in no set order: a pair's sums do not
+// depend on the pairs it shares a tile with), `tiles` one (expert, first
+// index into `order`, pairs) a tile of up to `tile` pairs of one expert,
+// `n_tiles[0]` how many. `tiles` holds at least pairs / tile + n_expert.
+extern "C" __global__ void __launch_bounds__(1024) moe_sort(const float* route, int pairs, int n_used,
+                                                            int n_expert, int tile, int* order,
+                                                            int4* tiles, int* n_tiles) { PDL_ENTER();
+    __shared__ int cnt[MOE_MAX_EXPERTS];
+    __shared__ int cur[MOE_MAX_EXPERTS];
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) cnt[i] = 0;
+    __syncthreads();
+    auto expert = [&](int p) {
+        int t = p / n_used, j = p - t * n_used;
+        return (int)route[(size_t)t * 2 * n_used + j];
+    };
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&cnt[expert(p)], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, nt = 0;
+        for (int e = 0; e < n_expert; e++) {
+            cur[e] = off;
+            for (int s = 0; s < cnt[e]; s += tile) tiles[nt++] = make_int4(e, off + s, min(tile, cnt[e] - s), 0);
+            off += cnt[e];
+        }
+        n_tiles[0] = nt;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) order[atomicAdd(&cur[expert(p)], 1)] = p;
+}
+
 // out[t] = sum over j of weight[t][j] * d[t * n_used + j]: each token's
 // routed experts' outputs (`width` wide) by their routing weights.
 extern "C" __global__ void moe_sum(const float* d, const float* route, float* out, int n_used,
@@ -3015,18 +3108,24 @@ __device__ __forceinline__ void mmq_group(float (&acc)[NT][4], const typename K:
 }
 
 // A warp's sums (rows [r0, r0 + 16), tokens [0, 8 NT)) stored to `out`
-// (token-major, `rows` a token), within `rows` and `n`.
-template <int NT>
-__device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* out, int rows, int n, int r0) {
+// (token-major, `rows` a token), within `rows` and `n`; tile token `i`'s
+// sums go to output row `dst(i)` (the identity, or a routed pair).
+template <int NT, class Dst>
+__device__ __forceinline__ void mmq_store_rows(const float (&acc)[NT][4], float* out, int rows, int n, int r0, Dst dst) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int m = 0; m < NT; m++) {
         int ta = 8 * m + 2 * t, ra = r0 + g, rb = ra + 8;
-        if (ta < n && ra < rows) out[(size_t)ta * rows + ra] = acc[m][0];
-        if (ta + 1 < n && ra < rows) out[(size_t)(ta + 1) * rows + ra] = acc[m][1];
-        if (ta < n && rb < rows) out[(size_t)ta * rows + rb] = acc[m][2];
-        if (ta + 1 < n && rb < rows) out[(size_t)(ta + 1) * rows + rb] = acc[m][3];
+        if (ta < n && ra < rows) out[dst(ta) * rows + ra] = acc[m][0];
+        if (ta + 1 < n && ra < rows) out[dst(ta + 1) * rows + ra] = acc[m][1];
+        if (ta < n && rb < rows) out[dst(ta) * rows + rb] = acc[m][2];
+        if (ta + 1 < n && rb < rows) out[dst(ta + 1) * rows + rb] = acc[m][3];
     }
+}
+
+template <int NT>
+__device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* out, int rows, int n, int r0) {
+    mmq_store_rows<NT>(acc, out, rows, n, r0, [](int i) { return (size_t)i; });
 }
 
 // One warp's share of `mmq_<kind>_n<NT>`: rows [r0, r0 + 16), groups
@@ -3096,13 +3195,13 @@ __device__ __forceinline__ int mmq_swz(int r, int c) { return c ^ ((c >> 3) & 1)
 
 // Group q's 128 columns of tokens [0, 8 NT) into `sx` (8 NT rows of 128
 // halves), zeros past the n tokens and the cols columns; one cp.async
-// group committed.
-template <int NT>
-__device__ __forceinline__ void mmq_stage(const u16* x, u16* sx, int cols, int n, int q) {
+// group committed. Tile token `r`'s activations start at `src(r)`.
+template <int NT, class Src>
+__device__ __forceinline__ void mmq_stage(Src src, u16* sx, int cols, int n, int q) {
     for (int c = threadIdx.x; c < 8 * NT * 16; c += blockDim.x) {
         int r = c >> 4, ch = c & 15, k0 = q * 128 + ch * 8;
         u16* dst = sx + r * 128 + mmq_swz(r, ch) * 8;
-        if (r < n && k0 < cols) cp_async16(dst, x + (size_t)r * cols + k0);
+        if (r < n && k0 < cols) cp_async16(dst, src(r) + k0);
         else *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
     }
     cp_async_commit();
@@ -3111,9 +3210,10 @@ __device__ __forceinline__ void mmq_stage(const u16* x, u16* sx, int cols, int n
 // `mmq_tile` with the activations staged in shared memory (`sx`: two
 // stages of 8 NT x 128 halves), every warp of the block taking part in the
 // staging and the barriers; a warp past the last row (`r0 >= rows`) only
-// stages.
-template <int NT, class K>
-__device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out, int rows, int cols,
+// stages. Tile token `i` reads the activations at `src(i)` and stores to
+// output row `dst(i)` (`mmq_stage`, `mmq_store_rows`).
+template <int NT, class K, class Src, class Dst>
+__device__ __forceinline__ void mmq_tile_s(const u8* w, Src src, Dst dst, float* out, int rows, int cols,
                                            long long row_bytes, int n, int q0, int q1, int r0, u16* sx) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     bool active = r0 < rows;
@@ -3125,7 +3225,7 @@ __device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out
     for (int m = 0; m < NT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
     typename K::Raw ca, cb, na, nb;
     if (q0 < q1) {
-        mmq_stage<NT>(x, sx, cols, n, q0);
+        mmq_stage<NT>(src, sx, cols, n, q0);
         if (active) {
             int uc = min(4 * q0 + t, n_units - 1);
             K::load(wa, uc, cols, ca);
@@ -3136,7 +3236,7 @@ __device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out
         const u16* cur = sx + ((q - q0) & 1) * (8 * NT * 128);
         // The next group's copy goes out before this one's is waited for
         // (an empty cp.async group past the last, so one wait fits both).
-        if (q + 1 < q1) mmq_stage<NT>(x, sx + (((q - q0) & 1) ^ 1) * (8 * NT * 128), cols, n, q + 1);
+        if (q + 1 < q1) mmq_stage<NT>(src, sx + (((q - q0) & 1) ^ 1) * (8 * NT * 128), cols, n, q + 1);
         else cp_async_commit();
         cp_async_wait1();
         __syncthreads();
@@ -3168,7 +3268,7 @@ __device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out
         __syncthreads();
     }
     if (!active) return;
-    mmq_store<NT>(acc, out, rows, n, r0);
+    mmq_store_rows<NT>(acc, out, rows, n, r0, dst);
 }
 
 // `mmq_<kind>_n<NT>`: a warp takes 16 rows, the warps of block x
@@ -3185,7 +3285,9 @@ __device__ __forceinline__ void mmq_tile_s(const u8* w, const u16* x, float* out
         int q0 = blockIdx.y * gps, q1 = min(q0 + gps, n_groups);                                  \
         float* out = gridDim.y > 1 ? part + (size_t)blockIdx.y * n * rows : y;                    \
         if (MMQ_SMEM) {                                                                           \
-            mmq_tile_s<NT, Mmq_##NAME>(w, x, out, rows, cols, row_bytes, n, q0, q1, r0, sx);      \
+            mmq_tile_s<NT, Mmq_##NAME>(                                                           \
+                w, [&](int r) { return x + (size_t)r * cols; }, [](int i) { return (size_t)i; }, out, \
+                rows, cols, row_bytes, n, q0, q1, r0, sx);                                        \
         } else if (r0 < rows) {                                                                   \
             mmq_tile<NT, Mmq_##NAME>(w, x, out, rows, cols, row_bytes, n, q0, q1, r0);            \
         }                                                                                         \
@@ -3212,6 +3314,56 @@ DEFINE_MMQ(q6_k, 1)
 DEFINE_MMQ(q6_k, 2)
 DEFINE_MMQ(q6_k, 4)
 DEFINE_MMQ(q6_k, 8)
+
+// `mmq_id_<kind>_n<NT>`: the grouped GEMM of a mixture of experts'
+// batches. Block y takes tile y of `moe_sort`'s table (blocks past
+// `n_tiles[0]` leave at once): up to 8 NT pairs routed to one expert, the
+// expert's rows of the stack `w` (`rows` each) against the pairs' f16
+// activations (token p / n_used's row of `x`, pair p's with `x_per_pair`),
+// the sums stored to row p of `y`; a warp 16 rows, the warps of block x
+// consecutive ones, the whole of k.
+#define DEFINE_MMQ_ID(NAME, NT)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_MAX_WARPS) mmq_id_##NAME##_n##NT(       \
+        const u8* w, const u16* x, float* y, const int* order, const int4* tiles,                 \
+        const int* n_tiles, int rows, int cols, long long row_bytes, int n_used, int x_per_pair) { \
+        __shared__ __align__(16) u16 sx[2 * 8 * NT * 128];                                        \
+        __shared__ int src_row[8 * NT], dst_row[8 * NT];                                          \
+        PDL_ENTER();                                                                              \
+        if ((int)blockIdx.y >= n_tiles[0]) return;                                                \
+        int4 tl = tiles[blockIdx.y];                                                              \
+        for (int i = threadIdx.x; i < 8 * NT; i += blockDim.x) {                                  \
+            int p = i < tl.z ? order[tl.y + i] : 0;                                               \
+            dst_row[i] = p;                                                                       \
+            src_row[i] = x_per_pair ? p : p / n_used;                                             \
+        }                                                                                         \
+        __syncthreads();                                                                          \
+        int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 16;                      \
+        int n_groups = ((cols >> 5) + 3) >> 2;                                                    \
+        mmq_tile_s<NT, Mmq_##NAME>(                                                               \
+            w + (size_t)tl.x * rows * row_bytes, [&](int r) { return x + (size_t)src_row[r] * cols; }, \
+            [&](int i) { return (size_t)dst_row[i]; }, y, rows, cols, row_bytes, tl.z, 0, n_groups, r0, sx); \
+    }
+
+DEFINE_MMQ_ID(q4_0, 1)
+DEFINE_MMQ_ID(q4_0, 2)
+DEFINE_MMQ_ID(q4_0, 4)
+DEFINE_MMQ_ID(q4_0, 8)
+DEFINE_MMQ_ID(q5_0, 1)
+DEFINE_MMQ_ID(q5_0, 2)
+DEFINE_MMQ_ID(q5_0, 4)
+DEFINE_MMQ_ID(q5_0, 8)
+DEFINE_MMQ_ID(q8_0, 1)
+DEFINE_MMQ_ID(q8_0, 2)
+DEFINE_MMQ_ID(q8_0, 4)
+DEFINE_MMQ_ID(q8_0, 8)
+DEFINE_MMQ_ID(q4_k, 1)
+DEFINE_MMQ_ID(q4_k, 2)
+DEFINE_MMQ_ID(q4_k, 4)
+DEFINE_MMQ_ID(q4_k, 8)
+DEFINE_MMQ_ID(q6_k, 1)
+DEFINE_MMQ_ID(q6_k, 2)
+DEFINE_MMQ_ID(q6_k, 4)
+DEFINE_MMQ_ID(q6_k, 8)
 
 // y[i] = the sum of the `splits` partial sums of element i, in split order.
 extern "C" __global__ void mmq_reduce(const float* part, float* y, long long count, int splits) {

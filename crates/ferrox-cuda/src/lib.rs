@@ -169,7 +169,7 @@ mod device;
 pub use compile::{compile_check, defined_kernels, kernel_signatures, kernel_source, nvrtc_present};
 pub use device::{
     mmvq_quantize_activations, Buf, Device, Graph, IndexView, Indices, Kv, MatmulPath, Matrix, MoeBufs,
-    MoeShape, MOE_MAX_EXPERTS,
+    MoeShape, MOE_GROUPED_PAIRS, MOE_MAX_EXPERTS,
 };
 use ferrox_quant::QuantKind;
 

@@ -27,7 +27,9 @@ fn every_kind_in_the_launch_table_has_its_kernels_in_the_source() {
             assert!(src.contains(&format!("deq_{s}(")), "{k}: no deq_{s} in kernels.cu");
             let int8 = names.int8.iter().flat_map(|(a, b)| [a, b]);
             let mma = names.mma.iter().flatten();
-            for name in [&names.matvec, &names.get_rows, &names.dequant_f16].into_iter().chain(int8).chain(mma) {
+            let experts = names.experts_int8.iter().flat_map(|(a, b)| std::iter::once(a).chain(b));
+            let base = [&names.matvec, &names.get_rows, &names.dequant_f16, &names.matvec_id];
+            for name in base.into_iter().chain(int8).chain(mma).chain(experts) {
                 assert!(defined.contains(name), "{k}: kernels.cu defines no {name}");
             }
             n += 1;

@@ -127,6 +127,11 @@ pub struct KindKernels {
     /// The small-batch tensor-core GEMM, one kernel per [`MMA_TILES`]
     /// entry, for the [`int8_kind`]s.
     pub mma: Option<Vec<String>>,
+    /// The routed experts' matvec on int8 activations (`mmvq_id_<suffix>`,
+    /// a mixture of experts' decode) and the grouped GEMM over a batch's
+    /// pairs sorted by expert, one per [`MMA_TILES`] entry
+    /// (`mmq_id_<suffix>_n<t>`, prefill), for the [`int8_kind`]s.
+    pub experts_int8: Option<(String, Vec<String>)>,
 }
 
 /// The kernels `kind` needs, or `None` where CUDA claims none.
@@ -139,6 +144,8 @@ pub fn kind_kernels(kind: QuantKind) -> Option<KindKernels> {
         matvec_id: format!("matvec_id_{s}"),
         int8: int8_kind(kind).then(|| (format!("mmvq_stream_{s}"), format!("mmvq_glu_{s}"))),
         mma: int8_kind(kind).then(|| MMA_TILES.iter().map(|t| format!("mmq_{s}_n{t}")).collect()),
+        experts_int8: int8_kind(kind)
+            .then(|| (format!("mmvq_id_{s}"), MMA_TILES.iter().map(|t| format!("mmq_id_{s}_n{t}")).collect())),
     })
 }
 

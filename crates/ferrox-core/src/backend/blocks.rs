@@ -389,11 +389,13 @@ mod plan_tests {
                 }
             }
         }
-        // CUDA runs the tiny model's Q8_0 stacks on its routed-experts
-        // matvec, and its router on the f32 matvec at any batch size.
+        // CUDA runs the tiny model's Q8_0 stacks on its routed-experts int8
+        // matvec (the grouped GEMM named for batches), and its router on
+        // the f32 matvec at any batch size.
         let p = crate::model::plan(&file, Backend::Cuda, None, "cuda".into()).unwrap();
         for t in p.tensors.iter().filter(|t| t.name.contains("_exps.")) {
-            assert!(t.decode.contains("matvec_id_q8_0") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
+            let named = t.decode.contains("mmvq_id_q8_0") && t.decode.contains("mmq_id");
+            assert!(named && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);
         }
         for t in p.tensors.iter().filter(|t| t.name.contains("ffn_gate_inp")) {
             assert!(t.decode.contains("matvec_f32") && t.prefill == t.decode, "{}: {} / {}", t.name, t.decode, t.prefill);

@@ -657,7 +657,7 @@ pub(crate) fn moe_block_matches_the_cpu<B: DeviceBackend>(be: &B, claims: impl F
         // The scale shows only without a post-norm (a norm undoes it).
         for (case, (norm_weights, scale, post)) in [(true, 1.0f32, false), (false, 2.5, false), (false, 2.5, true)].into_iter().enumerate() {
             let experts = crate::model::Experts { n_expert: ne, n_used: k, n_ff: ff, norm_weights, scale, ..Default::default() };
-            for n in [5usize, 1, 13] {
+            for n in [5usize, 1, 13, 70] {
                 let x = rand_vec(&mut r, n * e, 1.0);
                 macro_rules! run {
                     ($be:expr) => {{

@@ -66,12 +66,23 @@ impl BackendCaps for Cuda {
         })
     }
 
-    /// The routed experts' matvec for every kind of the table, at decode
-    /// and prefill alike (routing, the experts and their weighted sum stay
-    /// on the device: `moe_route`, `matvec_id_<kind>`, `moe_sum`).
+    /// The routed experts' kernels of a kind (routing, the experts and
+    /// their weighted sum stay on the device: `moe_route`, the experts,
+    /// `moe_sum`). The int8 kinds: one int8 matvec a (token, expert) pair
+    /// at decode (`mmvq_id_<kind>`, gate and up with the GLU in one launch),
+    /// and from [`ferrox_cuda::MOE_GROUPED_PAIRS`] pairs an expert on
+    /// average the batch sorted by expert through the grouped tensor-core
+    /// GEMM (`moe_sort`, `mmq_id_<kind>_n<t>`); every other kind the unit
+    /// decoder's `matvec_id_<kind>` a pair.
     fn experts_kernel(kind: QuantKind) -> Option<String> {
         let k = cuda_ops::kind_kernels(kind)?;
-        Some(format!("cuda {} (the routed experts' rows, routed on the device)", k.matvec_id))
+        Some(match &k.experts_int8 {
+            Some((mv, _)) => format!(
+                "cuda {mv} (int8, a routed expert's rows a pair; batches of {}+ pairs an expert: mmq_id grouped by expert)",
+                ferrox_cuda::MOE_GROUPED_PAIRS
+            ),
+            None => format!("cuda {} (the routed experts' rows, routed on the device)", k.matvec_id),
+        })
     }
 
     /// The fused launches `ferrox_cuda::Device` takes at decode, by the same
@@ -398,7 +409,8 @@ mod dispatch {
                 return defined().contains(&format!("matvec_{}", kind.name().to_ascii_lowercase()));
             };
             let int8 = k.int8.iter().flat_map(|(a, b)| [a, b]);
-            let all = [&k.matvec, &k.get_rows, &k.matvec_id].into_iter().chain(int8).all(|n| defined().contains(n));
+            let experts = k.experts_int8.iter().flat_map(|(a, b)| std::iter::once(a).chain(b));
+            let all = [&k.matvec, &k.get_rows, &k.matvec_id].into_iter().chain(int8).chain(experts).all(|n| defined().contains(n));
             all
         }
 
