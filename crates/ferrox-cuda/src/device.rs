@@ -28,10 +28,7 @@ pub struct Buf {
     id: u64,
 }
 
-/// The average pairs an expert takes in a batch from which the experts run
-/// as the grouped GEMM (`mmq_id_<kind>_n<t>`) rather than one matvec a
-/// (token, expert) pair: at two, the matvecs read each routed expert twice.
-pub const MOE_GROUPED_PAIRS: usize = 2;
+pub use cuda_ops::MOE_GROUPED_PAIRS;
 
 /// `moe_sort`'s table in the device scratch: the tile (in `MMA_TILES`
 /// units), the most tiles a batch can make, and the three arrays' addresses.

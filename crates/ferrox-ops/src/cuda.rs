@@ -307,3 +307,9 @@ mod tests {
         assert!(norm_fuses(12032) && !norm_fuses(12288));
     }
 }
+
+/// The average pairs an expert takes in a batch from which the experts run
+/// as the grouped GEMM (`mmq_id_<kind>_n<t>`) rather than one matvec a
+/// (token, expert) pair: at two, the matvecs read each routed expert twice.
+/// Here, not in the device crate, so the plan reports it in every build.
+pub const MOE_GROUPED_PAIRS: usize = 2;

@@ -70,7 +70,7 @@ impl BackendCaps for Cuda {
     /// their weighted sum stay on the device: `moe_route`, the experts,
     /// `moe_sum`). The int8 kinds: one int8 matvec a (token, expert) pair
     /// at decode (`mmvq_id_<kind>`, gate and up with the GLU in one launch),
-    /// and from [`ferrox_cuda::MOE_GROUPED_PAIRS`] pairs an expert on
+    /// and from [`cuda_ops::MOE_GROUPED_PAIRS`] pairs an expert on
     /// average the batch sorted by expert through the grouped tensor-core
     /// GEMM (`moe_sort`, `mmq_id_<kind>_n<t>`); every other kind the unit
     /// decoder's `matvec_id_<kind>` a pair.
@@ -79,7 +79,7 @@ impl BackendCaps for Cuda {
         Some(match &k.experts_int8 {
             Some((mv, _)) => format!(
                 "cuda {mv} (int8, a routed expert's rows a pair; batches of {}+ pairs an expert: mmq_id grouped by expert)",
-                ferrox_cuda::MOE_GROUPED_PAIRS
+                cuda_ops::MOE_GROUPED_PAIRS
             ),
             None => format!("cuda {} (the routed experts' rows, routed on the device)", k.matvec_id),
         })
