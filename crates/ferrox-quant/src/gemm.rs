@@ -72,8 +72,10 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
     );
     match isa {
         Isa::Amx if packed => Some("amx::gemm_16x16"),
-        // AVX-512 without AMX runs the AVX2 rows-in-lanes kernel (decision 0049).
-        Isa::Avx2 | Isa::Avx512Vnni if packed => Some("avx2::gemm_8x4"),
+        Isa::Avx2 if packed => Some("avx2::gemm_8x4"),
+        // AVX-512 without AMX runs the rows-in-lanes kernel (decision 0049)
+        // with `vpdpbusd` in 256-bit registers (decision 0050).
+        Isa::Avx512Vnni if packed => Some("avx512vnni::gemm_8x4"),
         _ => None, // capability table: partial by design
     }
 }
@@ -138,7 +140,9 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
     let _ = info;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512Vnni => cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
+        Isa::Avx2 => cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => cpu::x86::vnni_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => Some(Engine::Amx),
         _ => None,

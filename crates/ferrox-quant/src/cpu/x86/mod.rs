@@ -97,6 +97,19 @@ pub(crate) fn avx2_gemm_8x4(sub: usize, code_max: i32) -> Option<(crate::gemm::R
     })
 }
 
+/// [`avx2_gemm_8x4`]'s VNNI twin ([`avx2_gemm::gemm_8x4_vnni`]): the same
+/// panel, base and sums, with no 16-bit stage to keep from saturating.
+pub(crate) fn vnni_gemm_8x4(sub: usize, code_max: i32) -> Option<(crate::gemm::Rows8Fn, i32)> {
+    use avx2_gemm::gemm_8x4_vnni as k;
+    Some(match sub {
+        32 if code_max > 129 => (k::<32, true>, 128),
+        32 => (k::<32, false>, 0),
+        16 if code_max > 129 => (k::<16, true>, 128),
+        16 => (k::<16, false>, 0),
+        _ => return None,
+    })
+}
+
 /// The AVX2 panel packer of eight rows for `kind`, where it has one (the
 /// 32-element kinds whose blocks have a scale and no bias): see
 /// [`crate::gemm::Pack8Fn`].
