@@ -697,6 +697,15 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Two sums (a GLU's gate and up) over the `lpr` lanes a row spans (a power
+// of two up to 32, the row's lanes adjacent in the warp).
+__device__ __forceinline__ void lanes_sum2(float& a, float& b, int lpr) {
+    for (int o = lpr >> 1; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -1385,10 +1394,7 @@ __device__ __forceinline__ void glu_unit_q8(const float* h, i8* hq, float2* hds,
                 au += in_ ? du_ : 0.0f;                                                           \
             }                                                                                     \
         }                                                                                         \
-        for (int o = lpr >> 1; o > 0; o >>= 1) {                                                  \
-            ag += __shfl_xor_sync(0xffffffffu, ag, o);                                            \
-            au += __shfl_xor_sync(0xffffffffu, au, o);                                            \
-        }                                                                                         \
+        lanes_sum2(ag, au, lpr);                                                                  \
         if (sub == 0) h[(size_t)t * rows + r] = (act == 0 ? silu(ag) : gelu_tanh(ag)) * au;       \
         glu_unit_q8(h, hq, hds, cnt, t, rows, blockIdx.x * rpb, rpb, &last);                     \
     }
@@ -1446,10 +1452,7 @@ DEFINE_MMVQ_GLU(q6_k)
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
-        for (int o = lpr >> 1; o > 0; o >>= 1) {                                                  \
-            ag += __shfl_xor_sync(0xffffffffu, ag, o);                                            \
-            au += __shfl_xor_sync(0xffffffffu, au, o);                                            \
-        }                                                                                         \
+        lanes_sum2(ag, au, lpr);                                                                  \
         if (sub == 0 && r < rows)                                                                 \
             y[(size_t)p * rows + r] = w2 ? (act == 0 ? silu(ag) : gelu_tanh(ag)) * au : ag;      \
     }
