@@ -314,7 +314,7 @@ TABLES = {
     "moe-cpu-epyc-avx2": dict(BAR, file="moe.jsonl", where={"set": "moe-cpu", "machine": "epyc-avx2-2c"},
                               model_col=True, size=False, command="REPS=3 benchmarks/run_moe_cpu.sh"),
     "moe-cuda-h100": dict(CUDA_CMP, file="moe.jsonl", where={"set": "moe-cuda", "machine": "h100"},
-                          command="SKIP_TESTS=1 LLAMA=1 SHAPES=qwen3moe-30b-l8 KINDS=Q4_K_M bash scripts/cuda-moe.sh",
+                          command="SKIP_TESTS=1 LLAMA=1 LLAMA_TARGETS=llama-bench SHAPES=qwen3moe-30b-l8 KINDS=Q4_K_M bash scripts/cuda-moe.sh",
                           note="(through the device tool, carrying target/devmoe; see the script's header)"),
     "cuda-side-by-side": dict(CUDA_CMP, where={"set": "side-by-side", "machine": "h200"},
                               command="D=target/h-cuda REPS=3 bash scripts/cuda-side-by-side.sh",
