@@ -10,8 +10,8 @@
 //! signed bytes with their scales. Then a register-tiled micro-kernel does
 //! eight rows x four tokens of dot products at once: with AMX, 16 x 16
 //! tiles; on AVX2 and on AVX-512 without AMX, eight rows interleaved in the
-//! lanes of `vpmaddubsw` ([`Rows8Fn`]), so each weight byte loaded feeds four
-//! tokens and each activation byte eight rows. (An AVX-512 VNNI 4x4 tile
+//! lanes of `vpmaddubsw` (with AVX-512 VNNI, `vpdpbusd`; [`Rows8Fn`]), so each
+//! weight byte loaded feeds four tokens and each activation byte eight rows. (An AVX-512 VNNI 4x4 tile
 //! with k positions in lanes ran there until the rows-in-lanes kernel
 //! measured 1.06–1.50x it on an AVX-512 EPYC: decision 0049.)
 //! For sub-block `s` of row `r` and token `c`:
@@ -140,9 +140,8 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
     let _ = info;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => cpu::x86::avx2_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => cpu::x86::vnni_gemm_8x4(info.sub, info.code_max).map(|(f, base)| Engine::Rows8(f, base)),
+        Isa::Avx2 | Isa::Avx512Vnni => cpu::x86::rows8_gemm(isa == Isa::Avx512Vnni, info.sub, info.code_max)
+            .map(|(f, base)| Engine::Rows8(f, base)),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => Some(Engine::Amx),
         _ => None,
@@ -427,7 +426,7 @@ pub(crate) fn matmul_groups(
         return Err(QuantError::NoDot { kind }.into());
     };
     let row_bytes = crate::row_bytes(kind, cols)?;
-    let Some((tile, base)) = cpu::x86::avx2_gemm_8x4(info.sub, info.code_max) else {
+    let Some((tile, base)) = cpu::x86::rows8_gemm(false, info.sub, info.code_max) else {
         return Err(QuantError::NoDot { kind }.into());
     };
     if !rows.is_multiple_of(8) || weights.len() != rows * row_bytes || x.len() != n * cols || y.len() != n * rows {
@@ -466,7 +465,7 @@ impl Matmul<'_> {
         &self.weights[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// The rows-in-lanes path (AVX2 instructions, at the AVX2 level and at
+    /// The rows-in-lanes path (at the AVX2 level, and with `vpdpbusd` at
     /// AVX-512 without AMX): activations per token (bytes, and per sub-block
     /// their scale and `d * sum`), weight rows unpacked per task and
     /// interleaved eight at a time, four codes per row a group ([`Rows8`]),

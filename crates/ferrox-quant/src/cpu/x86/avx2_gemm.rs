@@ -79,15 +79,27 @@ pub(crate) unsafe fn gemm_8x4<const SUB: usize, const G: usize, const SIGN: bool
                 *i = _mm256_add_epi32(*i, _mm256_madd_epi16(*p, ones16));
             }
         }
-        let (s, bias) = (_mm256_loadu_ps(w.s.add(8 * sb)), _mm256_loadu_ps(w.bias.add(8 * sb)));
-        for (j, f) in facc.iter_mut().enumerate() {
-            let scale = _mm256_mul_ps(s, _mm256_set1_ps(*a.ds.add(8 * sb + j)));
-            *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), scale, *f);
-            *f = _mm256_fmadd_ps(bias, _mm256_set1_ps(*a.ds.add(8 * sb + 4 + j)), *f);
-        }
+        scale_sub(w, a, sb, &iacc, &mut facc);
     }
     for (o, f) in out.iter_mut().zip(&facc) {
         _mm256_storeu_ps(o.as_mut_ptr(), *f);
+    }
+}
+
+/// Sub-block `sb`'s integer sums of the four tokens (`iacc`, rows in
+/// lanes) into their float accumulators: times the rows' scales and the
+/// token's, plus the rows' biases times the token's `d * sum`.
+///
+/// # Safety
+/// As [`gemm_8x4`].
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_sub(w: &Rows8, a: &Cols4, sb: usize, iacc: &[__m256i; 4], facc: &mut [__m256; 4]) {
+    let (s, bias) = (_mm256_loadu_ps(w.s.add(8 * sb)), _mm256_loadu_ps(w.bias.add(8 * sb)));
+    for (j, f) in facc.iter_mut().enumerate() {
+        let scale = _mm256_mul_ps(s, _mm256_set1_ps(*a.ds.add(8 * sb + j)));
+        *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), scale, *f);
+        *f = _mm256_fmadd_ps(bias, _mm256_set1_ps(*a.ds.add(8 * sb + 4 + j)), *f);
     }
 }
 
@@ -128,12 +140,7 @@ pub(crate) unsafe fn gemm_8x4_vnni<const SUB: usize, const SIGN: bool>(
                 }
             }
         }
-        let (s, bias) = (_mm256_loadu_ps(w.s.add(8 * sb)), _mm256_loadu_ps(w.bias.add(8 * sb)));
-        for (j, f) in facc.iter_mut().enumerate() {
-            let scale = _mm256_mul_ps(s, _mm256_set1_ps(*a.ds.add(8 * sb + j)));
-            *f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), scale, *f);
-            *f = _mm256_fmadd_ps(bias, _mm256_set1_ps(*a.ds.add(8 * sb + 4 + j)), *f);
-        }
+        scale_sub(w, a, sb, &iacc, &mut facc);
     }
     for (o, f) in out.iter_mut().zip(&facc) {
         _mm256_storeu_ps(o.as_mut_ptr(), *f);

@@ -74,40 +74,35 @@ pub(super) fn avx512_dot4_fn(kind: QuantKind) -> Option<super::Dot4Fn> {
     Some(f)
 }
 
-/// The AVX2 GEMM with rows in lanes ([`crate::gemm::Rows8Fn`]) for a kind of
+/// The GEMM with rows in lanes ([`crate::gemm::Rows8Fn`]) for a kind of
 /// `sub`-element sub-blocks whose codes reach `code_max`
-/// ([`crate::Unpack::CODE_MAX`]): the instance whose 16-bit sums cannot
-/// saturate (`G` groups a sum, `G * 2 * code_max * 127 < 2^15`; codes past
-/// 129 take the sign trick, one group), and the base it subtracts from
-/// every code.
-pub(crate) fn avx2_gemm_8x4(sub: usize, code_max: i32) -> Option<(crate::gemm::Rows8Fn, i32)> {
-    use avx2_gemm::gemm_8x4 as k;
+/// ([`crate::Unpack::CODE_MAX`]), and the base it subtracts from every
+/// code: codes past 129 take the sign trick around a base of 128. With
+/// `vnni` the `vpdpbusd` kernel ([`avx2_gemm::gemm_8x4_vnni`]), which sums
+/// in 32 bits; without it the AVX2 instance whose 16-bit sums cannot
+/// saturate (`G` groups a sum, `G * 2 * code_max * 127 < 2^15`; one group
+/// with the sign trick).
+pub(crate) fn rows8_gemm(vnni: bool, sub: usize, code_max: i32) -> Option<(crate::gemm::Rows8Fn, i32)> {
+    use avx2_gemm::{gemm_8x4 as k, gemm_8x4_vnni as v};
+    let sign = code_max > 129;
     let fits = |g: i32| g * 2 * code_max * 127 < 1 << 15;
-    Some(match sub {
-        32 if code_max > 129 => (k::<32, 1, true>, 128),
-        32 if fits(8) => (k::<32, 8, false>, 0),
-        32 if fits(4) => (k::<32, 4, false>, 0),
-        32 if fits(2) => (k::<32, 2, false>, 0),
-        32 => (k::<32, 1, false>, 0),
-        16 if code_max > 129 => (k::<16, 1, true>, 128),
-        16 if fits(4) => (k::<16, 4, false>, 0),
-        16 if fits(2) => (k::<16, 2, false>, 0),
-        16 => (k::<16, 1, false>, 0),
+    let f: crate::gemm::Rows8Fn = match (sub, vnni) {
+        (32, true) if sign => v::<32, true>,
+        (32, true) => v::<32, false>,
+        (16, true) if sign => v::<16, true>,
+        (16, true) => v::<16, false>,
+        (32, false) if sign => k::<32, 1, true>,
+        (32, false) if fits(8) => k::<32, 8, false>,
+        (32, false) if fits(4) => k::<32, 4, false>,
+        (32, false) if fits(2) => k::<32, 2, false>,
+        (32, false) => k::<32, 1, false>,
+        (16, false) if sign => k::<16, 1, true>,
+        (16, false) if fits(4) => k::<16, 4, false>,
+        (16, false) if fits(2) => k::<16, 2, false>,
+        (16, false) => k::<16, 1, false>,
         _ => return None,
-    })
-}
-
-/// [`avx2_gemm_8x4`]'s VNNI twin ([`avx2_gemm::gemm_8x4_vnni`]): the same
-/// panel, base and sums, with no 16-bit stage to keep from saturating.
-pub(crate) fn vnni_gemm_8x4(sub: usize, code_max: i32) -> Option<(crate::gemm::Rows8Fn, i32)> {
-    use avx2_gemm::gemm_8x4_vnni as k;
-    Some(match sub {
-        32 if code_max > 129 => (k::<32, true>, 128),
-        32 => (k::<32, false>, 0),
-        16 if code_max > 129 => (k::<16, true>, 128),
-        16 => (k::<16, false>, 0),
-        _ => return None,
-    })
+    };
+    Some((f, if sign { 128 } else { 0 }))
 }
 
 /// The AVX2 panel packer of eight rows for `kind`, where it has one (the
