@@ -12,11 +12,7 @@
 mod common;
 use common::*;
 
-fn required() -> bool {
-    std::env::var_os("FERROX_REQUIRE_METAL").is_some_and(|v| v == "1")
-}
-
 #[test]
 fn metal_on_gemma_follows_the_cpu() {
-    device_follows_the_cpu("metal", "Metal", cfg!(feature = "metal"), required());
+    device_follows_the_cpu("metal", "Metal", cfg!(feature = "metal"));
 }

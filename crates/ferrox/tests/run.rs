@@ -6,19 +6,10 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use ferrox_core::arch::Arch;
-
-fn gemma() -> PathBuf {
-    std::env::var_os("FERROX_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/ferrox/models/gemma-3-270m-q4_k_m.gguf")
-        })
-}
 
 #[test]
 fn run_greedy_on_gemma_continues_as_llama_cpp_does() {

@@ -11,11 +11,7 @@
 mod common;
 use common::*;
 
-fn required() -> bool {
-    std::env::var_os("FERROX_REQUIRE_VULKAN").is_some_and(|v| v == "1")
-}
-
 #[test]
 fn vulkan_on_gemma_follows_the_cpu() {
-    device_follows_the_cpu("vulkan", "Vulkan", cfg!(feature = "vulkan"), required());
+    device_follows_the_cpu("vulkan", "Vulkan", cfg!(feature = "vulkan"));
 }
