@@ -30,8 +30,9 @@ pub struct Buf {
 
 pub use cuda_ops::MOE_GROUPED_PAIRS;
 
-/// `moe_sort`'s table in the device scratch: the tile (in `MMA_TILES`
-/// units), the most tiles a batch can make, and the three arrays' addresses.
+/// `moe_sort`'s table in the device scratch: the tile (its index into
+/// `MMA_TILES`), the most tiles a batch can make, and the three arrays'
+/// addresses.
 struct MoeSort {
     tile: usize,
     max_tiles: usize,
@@ -2014,7 +2015,7 @@ impl Device {
         // Pieces of up to `piece` tokens, each its own launch.
         for start in (0..n).step_by(piece) {
             let m = piece.min(n - start);
-            let t = cuda_ops::MMA_TILES.iter().position(|t| 8 * t >= m);
+            let t = cuda_ops::mma_tile(m);
             let Some(f) = fns.mma.as_ref().zip(t).and_then(|(v, i)| v.get(i)) else {
                 return Err(shape("mma", format!("no small-batch GEMM for {:?} at {m} tokens", w.kind)));
             };
@@ -2842,12 +2843,12 @@ impl Device {
             && mats.iter().all(|w| cuda_ops::mma_fits(w.kind, w.cols, 1) && self.experts_int8(w).is_some())
     }
 
-    /// The grouped GEMM's tile: the smallest of `cuda_ops::MMA_TILES` (in
-    /// pairs, 8 a step) that holds an expert's average share of the batch.
+    /// The grouped GEMM's tile, as its index into `cuda_ops::MMA_TILES`:
+    /// the smallest (in pairs, 8 a step) that holds an expert's average
+    /// share of the batch, else the largest.
     fn moe_tile(&self, m: &MoeShape) -> usize {
         let avg = (m.n * m.n_used).div_ceil(m.n_expert);
-        let t = cuda_ops::MMA_TILES.iter().copied().find(|&t| 8 * t >= avg);
-        t.unwrap_or(cuda_ops::MMA_TILES[cuda_ops::MMA_TILES.len() - 1])
+        cuda_ops::mma_tile(avg).unwrap_or(cuda_ops::MMA_TILES.len() - 1)
     }
 
     /// A kind's routed-experts int8 kernels, where it has them.
@@ -2859,10 +2860,10 @@ impl Device {
     }
 
     /// `moe_sort` over the route table: the pairs grouped by expert in
-    /// tiles of up to `8 * tile` pairs, in the device's scratch.
+    /// tiles of up to `8 * MMA_TILES[tile]` pairs, in the device's scratch.
     fn moe_sort(&self, route: u64, m: &MoeShape, tile: usize) -> Result<MoeSort, CudaError> {
         let pairs = m.n * m.n_used;
-        let per = 8 * tile;
+        let per = 8 * cuda_ops::MMA_TILES[tile];
         let max_tiles = pairs.div_ceil(per) + m.n_expert;
         let (tiles_at, order_at, count_at) = (0, 16 * max_tiles, 16 * max_tiles + 4 * pairs);
         let base = {
@@ -2898,8 +2899,7 @@ impl Device {
     /// pair's with `per_pair`), the sums into row `p` of `y` for pair `p`.
     fn mmq_id(&self, w: &Matrix, x16: u64, y: u64, sort: &MoeSort, m: &MoeShape, per_pair: bool) -> Result<(), CudaError> {
         let fns = self.experts_int8(w).ok_or(CudaError::NoKernel { op: "grouped experts GEMM", kind: w.kind })?;
-        let ti = cuda_ops::MMA_TILES.iter().position(|&t| t == sort.tile).unwrap_or(0);
-        let f = fns.1.get(ti).ok_or(CudaError::NoKernel { op: "grouped experts GEMM", kind: w.kind })?;
+        let f = fns.1.get(sort.tile).ok_or(CudaError::NoKernel { op: "grouped experts GEMM", kind: w.kind })?;
         let rows = w.rows / m.n_expert;
         let warps = self.knobs.mmq_warps;
         let cfg = LaunchConfig {

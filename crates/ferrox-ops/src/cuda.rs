@@ -94,10 +94,16 @@ pub const MMA_TILES: [usize; 4] = [1, 2, 4, 8];
 /// 64-token pieces still beat cuBLAS at 128.
 pub const MMA_MAX_TOKENS: usize = 128;
 
+/// The index into [`MMA_TILES`] of the smallest tile that holds `n`
+/// tokens (8 a step), if one does.
+pub fn mma_tile(n: usize) -> Option<usize> {
+    MMA_TILES.iter().position(|t| 8 * t >= n)
+}
+
 /// The `mmq_<suffix>_n<t>` kernel for a piece of `n` tokens (1 to 64).
 pub fn mma_kernel(kind: QuantKind, n: usize) -> Option<String> {
     let s = kernel_suffix(kind).filter(|_| int8_kind(kind))?;
-    let t = MMA_TILES.into_iter().find(|t| 8 * t >= n)?;
+    let t = MMA_TILES[mma_tile(n)?];
     (n > 0).then(|| format!("mmq_{s}_n{t}"))
 }
 
