@@ -412,7 +412,7 @@ pub(crate) fn cpu_placement(
                         }
                         Some((isa, g)) if rows8 => format!(
                             "cpu gemm: {g}, its panel unpacked from the interleaved copy (batches of {}+)",
-                            ferrox_quant::gemm::min_batch_unpacked(isa)
+                            ferrox_quant::gemm::min_batch_unpacked(isa, kind)
                         ),
                         Some((isa, g)) if ferrox_quant::gemm::reads_in_place(kind, isa) => {
                             format!("cpu gemm: {g}, {kind} read in place (batches of {}+){}", ferrox_quant::gemm::MIN_BATCH, bf16_note(dims))
@@ -429,7 +429,7 @@ pub(crate) fn cpu_placement(
                                 ),
                                 _ => String::new(),
                             };
-                            format!("cpu gemm: {g}, packed per call (batches of {}+){bf16}", ferrox_quant::gemm::min_batch_unpacked(isa))
+                            format!("cpu gemm: {g}, packed per call (batches of {}+){bf16}", ferrox_quant::gemm::min_batch_unpacked(isa, kind))
                         }
                         None => format!("cpu matmul: act quantized once per batch, {} per (row, token)", k.name),
                     },

@@ -48,17 +48,28 @@ pub const MIN_BATCH: usize = 8;
 /// ([`min_batch_unpacked`]).
 pub const MIN_BATCH_UNPACKED: usize = 32;
 
-/// [`MIN_BATCH_UNPACKED`] at level `isa`. On AVX2 the per-token row kernels
-/// are slower against the GEMM than on AVX-512, so it pays from 16 tokens
-/// (`benches/gemm.rs` with `FERROX_BENCH_N`, AVX2-only EPYC, 2 threads, a
-/// mixture's expert shapes 768x2048 and 2048x768: at 16 tokens the GEMM
-/// makes 41–52 GMAC/s against the rows' 23–49 for Q4_K, Q6_K and Q8_0, at
-/// 12 about even, at 8 behind).
-pub fn min_batch_unpacked(isa: Isa) -> usize {
-    if isa == Isa::Avx2 {
-        16
-    } else {
-        MIN_BATCH_UNPACKED
+/// The smallest batch of `kind` that takes the GEMM when its weights are
+/// unpacked per call, at level `isa`: [`MIN_BATCH_UNPACKED`] unless this
+/// table knows better. Each number is where the GEMM overtook the per-token
+/// row kernels in `benches/gemm.rs` (`FERROX_BENCH_N`, 2 threads, a
+/// mixture's expert shapes 768x2048 and 2048x768; `benchmarks/matvec.md`).
+/// - AVX2 (AVX2-only EPYC): 16 for Q4_K, Q6_K and Q8_0 (the GEMM 41–52
+///   GMAC/s against the rows' 23–49 at 16, about even at 12).
+/// - AVX-512 without AMX (Zen 4): 16 for the 32-element kinds (Q8_0 and
+///   Q4_0 make about twice the rows' GMAC/s at 16, even at 12); 20 for
+///   Q4_K, Q5_K and IQ4_XS (even at 16); 48 for Q6_K (behind at 32); 128
+///   for Q2_K and Q3_K, whose panels cost most to unpack (behind at 64).
+pub fn min_batch_unpacked(isa: Isa, kind: QuantKind) -> usize {
+    use QuantKind::*;
+    match (isa, kind) {
+        (Isa::Avx2, _) => 16,
+        (Isa::Avx512Vnni, Q8_0 | Q4_0 | Q5_0) => 16,
+        (Isa::Avx512Vnni, Q4K | Q5K | IQ4XS) => 20,
+        (Isa::Avx512Vnni, Q6K) => 48,
+        (Isa::Avx512Vnni, Q2K | Q3K) => 128,
+        // capability table: every other (level, kind) keeps the crossover
+        // measured on the AMX Xeon, which no measurement here has moved.
+        _ => MIN_BATCH_UNPACKED,
     }
 }
 

@@ -216,7 +216,7 @@ pub fn matmul_on(
         return Ok(());
     }
     if products != Products::Rows
-        && (n >= crate::gemm::min_batch_unpacked(isa)
+        && (n >= crate::gemm::min_batch_unpacked(isa, kind)
             || (n >= crate::gemm::MIN_BATCH && crate::gemm::reads_in_place(kind, isa))
             || (products == Products::Any && crate::gemm::bf16_per_call(kind, isa, cols, n)))
         && crate::gemm::matmul(isa, kind, weights, rows, cols, x, y, n, threads, products == Products::Any)?
@@ -1453,7 +1453,7 @@ impl Interleaved8 {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = products;
         #[cfg(target_arch = "x86_64")]
-        if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2) {
+        if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2, self.kind) {
             let (_, _, pack) = cpu::x86::rows8::kernels(self.kind).ok_or(QuantError::NoDot { kind: self.kind })?;
             return crate::gemm::matmul_groups(self.kind, pack, self.bytes(), rows, cols, x, y, n, threads);
         }
@@ -1466,7 +1466,7 @@ impl Interleaved8 {
     /// quantized once and the groups of every matrix split into one set of
     /// pool tasks, else one call each.
     pub fn matmul_many(x: &[f32], n: usize, threads: usize, products: Products, mats: &mut [(&Interleaved8, &mut [f32])]) -> Result<(), CpuError> {
-        if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2) {
+        if products != Products::Rows && mats.first().is_some_and(|(m, _)| n >= crate::gemm::min_batch_unpacked(Isa::Avx2, m.kind)) {
             for (m, y) in mats.iter_mut() {
                 m.matmul(x, y, n, threads, products)?;
             }

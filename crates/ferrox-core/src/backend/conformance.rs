@@ -1296,7 +1296,8 @@ crate::backend::gpu_backend_table!(accelerator_suites);
 
 /// With `prefer_row_products` the CPU's products over a 40-token batch
 /// are bit for bit each token's alone, for kinds the GEMM takes (packed at
-/// load under AMX, per call from 32 tokens under VNNI): what
+/// load under AMX, per call from `gemm::min_batch_unpacked` tokens under
+/// VNNI): what
 /// `ferrox serve --batch-invariant` promises. Without it they differ in the
 /// last bits (the GEMM sums in another order).
 #[test]
