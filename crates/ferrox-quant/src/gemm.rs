@@ -113,6 +113,13 @@ pub(crate) type Rows8Fn = unsafe fn(w: &Rows8, a: &Cols4, subs: usize, out: &mut
 /// blocks of the kind, and `u` and `s` as large as said.
 pub(crate) type Pack8Fn = unsafe fn(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32]);
 
+/// [`Pack8Fn`] for a kind with a bias of its own a sub-block (Q4_K,
+/// Q5_K's mins): written into `bias` (the code offset not folded in).
+///
+/// # Safety
+/// As [`Pack8Fn`]; `bias` as large as `s`.
+pub(crate) type Pack8KFn = unsafe fn(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]);
+
 /// The weight side of [`Rows8Fn`]: eight rows interleaved four codes at a
 /// time (group `g` of four elements is 32 bytes: row 0's four codes, then
 /// row 1's, ... row 7's), and per sub-block the eight rows' scales and
@@ -164,6 +171,17 @@ fn pack8_fn(kind: QuantKind, isa: Isa) -> Option<Pack8Fn> {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
         return cpu::x86::avx2_pack8(kind);
+    }
+    let _ = (kind, isa);
+    None
+}
+
+/// The one-pass packer of eight rows with their own biases `kind` has at
+/// `isa` ([`Pack8KFn`]), if any.
+fn pack8k_fn(kind: QuantKind, isa: Isa) -> Option<Pack8KFn> {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
+        return cpu::x86::avx2_pack8k(kind);
     }
     let _ = (kind, isa);
     None
@@ -507,7 +525,7 @@ impl Matmul<'_> {
         })?;
         let offset = (self.info.offset - base) as f32;
         let out = Shared(y.as_mut_ptr());
-        let pack8 = pack8_fn(self.kind, self.level);
+        let (pack8, pack8k) = (pack8_fn(self.kind, self.level), pack8k_fn(self.kind, self.level));
         ThreadPool::global().run(self.threads, rows.div_ceil(ROWS_PER_TASK), &|t| {
             let r0 = t * ROWS_PER_TASK;
             let nr = ROWS_PER_TASK.min(rows - r0);
@@ -541,6 +559,14 @@ impl Matmul<'_> {
                         unsafe { f(&rows, ug, s) };
                         // These kinds have no bias of their own: only the offset's.
                         bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b = -offset * sc);
+                        continue;
+                    }
+                    if let (Some(f), 8) = (pack8k, live) {
+                        let rows: [&[u8]; 8] = core::array::from_fn(|r| self.row(r0 + 8 * gi + r));
+                        // SAFETY: as for `pack8` above; `bias` holds `8 * subs` floats too.
+                        unsafe { f(&rows, ug, s, bias) };
+                        // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b, as `pack_row`'s sink.
+                        bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
                         continue;
                     }
                     for ri in 0..live {
@@ -1502,6 +1528,61 @@ mod tests {
         BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockIQ4NL, BlockMXFP4, BlockQ2K,
         BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockIQ4XS
     );
+
+    /// The one-pass eight-row packers make `pack_row`'s panel bit for bit:
+    /// the same codes in the same interleave, the same scales, and (Q4_K,
+    /// Q5_K) the same biases, over rows of three blocks of random weights.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn one_pass_packers_make_pack_row_s_panel() {
+        if !Isa::Avx2.is_available() {
+            eprintln!("NOT CHECKED: the AVX2 eight-row packers (this CPU lacks AVX2)");
+            return;
+        }
+        let mut rng = SmallRng::seed_from_u64(0x9ac8);
+        for &kind in QuantKind::ALL {
+            let (one, with_bias) = (cpu::x86::avx2_pack8(kind), cpu::x86::avx2_pack8k(kind));
+            if one.is_none() && with_bias.is_none() {
+                continue;
+            }
+            let info = pack_info(kind).expect("a packer implies a panel");
+            let cols = 3 * kind.block_elems();
+            let subs = cols / info.sub;
+            let src: Vec<f32> = (0..8 * cols).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+            let words = aligned(kind, &src);
+            let rb = crate::row_bytes(kind, cols).expect("whole blocks");
+            let all = &bytemuck::cast_slice::<u64, u8>(&words)[..8 * rb];
+            let rows: [&[u8]; 8] = core::array::from_fn(|r| &all[r * rb..(r + 1) * rb]);
+            // pack_row's panel, as `Matmul::rows8` builds it from one row at a time.
+            let (mut want_u, mut want_s, mut want_b) = (vec![0u8; 8 * cols], vec![0f32; 8 * subs], vec![0f32; 8 * subs]);
+            let mut row = vec![0u8; cols];
+            for (ri, r) in rows.iter().enumerate() {
+                (info.pack)(r, &mut row, &mut |k, sc, b| {
+                    want_s[8 * k + ri] = sc;
+                    want_b[8 * k + ri] = b;
+                });
+                for (dst, four) in want_u.chunks_exact_mut(32).zip(row.chunks_exact(4)) {
+                    dst[4 * ri..4 * ri + 4].copy_from_slice(four);
+                }
+            }
+            let (mut u, mut s, mut b) = (vec![0u8; 8 * cols], vec![0f32; 8 * subs], vec![0f32; 8 * subs]);
+            // SAFETY: AVX2 checked above; eight rows of whole aligned blocks
+            // of one length; `u`, `s` and `b` as large as the panel.
+            unsafe {
+                match (one, with_bias) {
+                    (Some(f), _) => f(&rows, &mut u, &mut s),
+                    (None, Some(f)) => f(&rows, &mut u, &mut s, &mut b),
+                    (None, None) => unreachable!(),
+                }
+            }
+            assert!(u == want_u, "{kind}: the packed codes differ from pack_row's");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&s), bits(&want_s), "{kind}: the scales differ from pack_row's");
+            if with_bias.is_some() {
+                assert_eq!(bits(&b), bits(&want_b), "{kind}: the biases differ from pack_row's");
+            }
+        }
+    }
 
     #[test]
     fn every_claimed_gemm_exists_and_nothing_else() {

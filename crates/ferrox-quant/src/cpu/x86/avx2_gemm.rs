@@ -20,7 +20,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{bytes_from_bits_32, f16_to_f32, loadu, lookup_nibbles_32, nibbles_32, KVALUES_IQ4NL};
-use crate::blocks::{BlockIQ4NL, BlockQ4_0, BlockQ5_0, BlockQ8_0};
+use crate::blocks::{BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ8_0};
 use crate::gemm::{Cols4, Rows8};
 
 /// Eight rows x four tokens over `subs` sub-blocks of `SUB` elements: row
@@ -188,6 +188,77 @@ unsafe fn pack8<B>(rows: [&[B]; 8], u: &mut [u8], s: &mut [f32], codes: impl Fn(
             *s.get_unchecked_mut(8 * b + r) = scale(row.get_unchecked(b));
         }
     }
+}
+
+/// Eight rows of a kind with eight 32-element sub-blocks a block and
+/// Q4_K's header (Q4_K, Q5_K) into [`gemm_8x4`]'s panel, as the scalar
+/// `pack_row` makes it: sub-block `k` (`8 * block + j`) as [`pack8`] lays
+/// a 32-element block, `s` its scale `d * sc[j]` and `bias` its own bias
+/// `-(dmin * m[j])` for the eight rows (the kinds' code offset is zero).
+/// `codes` gives sub-block `j`'s 32 codes of a block in element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack8_k<B>(
+    rows: [&[B]; 8],
+    u: &mut [u8],
+    s: &mut [f32],
+    bias: &mut [f32],
+    codes: impl Fn(&B, usize) -> __m256i,
+    head: impl Fn(&B) -> (f32, f32, [u8; 8], [u8; 8]),
+) {
+    for b in 0..rows[0].len() {
+        let heads: [(f32, f32, [u8; 8], [u8; 8]); 8] = core::array::from_fn(|r| head(rows[r].get_unchecked(b)));
+        for j in 0..8 {
+            let k = 8 * b + j;
+            let groups = transpose8(core::array::from_fn(|r| codes(rows[r].get_unchecked(b), j)));
+            for (g, v) in groups.iter().enumerate() {
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 32 * g).cast(), *v);
+            }
+            for (r, (d, dmin, sc, m)) in heads.iter().enumerate() {
+                *s.get_unchecked_mut(8 * k + r) = d * f32::from(sc[j]);
+                *bias.get_unchecked_mut(8 * k + r) = -(dmin * f32::from(m[j]));
+            }
+        }
+    }
+}
+
+/// Q4_K and Q5_K's scales and mins, and `d` and `dmin`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_head(d: crate::blocks::F16, dmin: crate::blocks::F16, scales: &[u8; 12]) -> (f32, f32, [u8; 8], [u8; 8]) {
+    let (sc, m) = crate::scalar::k4_scales_mins(scales);
+    (f16_to_f32(d), f16_to_f32(dmin), sc, m)
+}
+
+/// Sub-block `j`'s 32 nibbles of Q4_K/Q5_K's `qs`: bytes `32 * (j / 2)..`,
+/// the low nibbles for even `j`, the high for odd.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_nibbles(qs: &[u8; 128], j: usize) -> __m256i {
+    let q = loadu(qs.as_ptr().add(32 * (j / 2)));
+    let q = if j % 2 == 0 { q } else { _mm256_srli_epi16::<4>(q) };
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+}
+
+/// # Safety
+/// AVX2, FMA, F16C; `rows` are eight rows of whole aligned Q4_K blocks of
+/// one length; `u` holds 2048 bytes and `s` and `bias` 64 floats a block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q4_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    pack8_k(rows8_of::<BlockQ4K>(rows), u, s, bias, |x, j| k4_nibbles(&x.qs, j), |x| k4_head(x.d, x.dmin, &x.scales))
+}
+
+/// # Safety
+/// As [`pack8_q4_k`], for Q5_K: sub-block `j`'s fifth bits are bit `j` of
+/// `qh`'s 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q5_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    let codes = |x: &BlockQ5K, j: usize| {
+        let bit = _mm256_set1_epi8((1u8 << j) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(loadu(x.qh.as_ptr()), bit), bit);
+        _mm256_or_si256(k4_nibbles(&x.qs, j), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    };
+    pack8_k(rows8_of::<BlockQ5K>(rows), u, s, bias, codes, |x| k4_head(x.d, x.dmin, &x.scales))
 }
 
 /// The eight rows `rows` (whole blocks of `B`, aligned) as slices of `B`.

@@ -120,6 +120,18 @@ pub(crate) fn avx2_pack8(kind: QuantKind) -> Option<crate::gemm::Pack8Fn> {
     Some(f)
 }
 
+/// The one-pass packers of eight rows for the kinds with a bias of their
+/// own ([`crate::gemm::Pack8KFn`]).
+pub(crate) fn avx2_pack8k(kind: QuantKind) -> Option<crate::gemm::Pack8KFn> {
+    use QuantKind::*;
+    let f: crate::gemm::Pack8KFn = match kind {
+        Q4K => avx2_gemm::pack8_q4_k,
+        Q5K => avx2_gemm::pack8_q5_k,
+        _ => return None, // capability table: partial by design
+    };
+    Some(f)
+}
+
 /// The AVX-512 VNNI dispatch table (see [`super::dot_fn`]).
 pub(super) fn avx512_dot_fn(kind: QuantKind) -> Option<DotFn> {
     use QuantKind::*;
