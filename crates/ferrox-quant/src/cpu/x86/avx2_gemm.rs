@@ -236,7 +236,7 @@ unsafe fn k4_head(d: crate::blocks::F16, dmin: crate::blocks::F16, scales: &[u8;
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_nibbles(qs: &[u8; 128], j: usize) -> __m256i {
     let q = loadu(qs.as_ptr().add(32 * (j / 2)));
-    let q = if j % 2 == 0 { q } else { _mm256_srli_epi16::<4>(q) };
+    let q = if j.is_multiple_of(2) { q } else { _mm256_srli_epi16::<4>(q) };
     _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
 }
 
