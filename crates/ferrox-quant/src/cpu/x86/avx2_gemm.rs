@@ -20,7 +20,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{bytes_from_bits_32, f16_to_f32, loadu, lookup_nibbles_32, nibbles_32, KVALUES_IQ4NL};
-use crate::blocks::{BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ8_0};
+use crate::blocks::{BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0};
 use crate::gemm::{Cols4, Rows8};
 
 /// Eight rows x four tokens over `subs` sub-blocks of `SUB` elements: row
@@ -259,6 +259,41 @@ pub(crate) unsafe fn pack8_q5_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], 
         _mm256_or_si256(k4_nibbles(&x.qs, j), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
     };
     pack8_k(rows8_of::<BlockQ5K>(rows), u, s, bias, codes, |x| k4_head(x.d, x.dmin, &x.scales))
+}
+
+/// # Safety
+/// As [`pack8_q4_k`], for Q6_K (16 floats a block in `s` and `bias` a
+/// row: sixteen sub-blocks of 16). Its 32-element runs `m = 4h + i` (half
+/// `h` of the block) are `ql[64h + 32(i % 2)..]`'s low nibbles for `i < 2`,
+/// else the high ones, with bits `2i..2i + 2` of `qh[32h..]` on top; the
+/// code is the stored six bits (`q + 32`). The kind has no bias.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q6_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    let rows = rows8_of::<BlockQ6K>(rows);
+    let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
+    let codes = |x: &BlockQ6K, m: usize| {
+        let (h, i) = (m / 4, m % 4);
+        let ql = loadu(x.ql.as_ptr().add(64 * h + 32 * (i % 2)));
+        let ql = if i < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
+        let qh = _mm256_srl_epi16(loadu(x.qh.as_ptr().add(32 * h)), _mm_cvtsi32_si128(2 * i as i32));
+        _mm256_or_si256(_mm256_and_si256(ql, low), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two)))
+    };
+    for b in 0..rows[0].len() {
+        for m in 0..8 {
+            let groups = transpose8(core::array::from_fn(|r| codes(rows[r].get_unchecked(b), m)));
+            for (g, v) in groups.iter().enumerate() {
+                _mm256_storeu_si256(u.as_mut_ptr().add(256 * (8 * b + m) + 32 * g).cast(), *v);
+            }
+        }
+        for (r, row) in rows.iter().enumerate() {
+            let x = row.get_unchecked(b);
+            let d = f16_to_f32(x.d);
+            for (j, &sc) in x.scales.iter().enumerate() {
+                *s.get_unchecked_mut(8 * (16 * b + j) + r) = d * f32::from(sc);
+                *bias.get_unchecked_mut(8 * (16 * b + j) + r) = 0.0;
+            }
+        }
+    }
 }
 
 /// The eight rows `rows` (whole blocks of `B`, aligned) as slices of `B`.

@@ -127,6 +127,7 @@ pub(crate) fn avx2_pack8k(kind: QuantKind) -> Option<crate::gemm::Pack8KFn> {
     let f: crate::gemm::Pack8KFn = match kind {
         Q4K => avx2_gemm::pack8_q4_k,
         Q5K => avx2_gemm::pack8_q5_k,
+        Q6K => avx2_gemm::pack8_q6_k,
         _ => return None, // capability table: partial by design
     };
     Some(f)
