@@ -56,9 +56,10 @@ pub const MIN_BATCH_UNPACKED: usize = 32;
 /// - AVX2 (AVX2-only EPYC): 16 for Q4_K, Q6_K and Q8_0 (the GEMM 41–52
 ///   GMAC/s against the rows' 23–49 at 16, about even at 12).
 /// - AVX-512 without AMX (Zen 4): 20 for Q4_K, Q5_K, Q6_K (their panels
-///   packed in one pass, ahead from 12) and IQ4_XS (even at 16); 128 for
-///   Q2_K and Q3_K, whose scalar unpack makes their panels dear (behind
-///   at 64). The 32-element kinds stay at 32
+///   packed in one pass, ahead from 12) and IQ4_XS (even at 16); 32 for
+///   Q2_K and Q3_K (packed in one pass too: mixed at 16–20, ahead at 32;
+///   with the scalar unpack they were behind up to 64). The 32-element
+///   kinds stay at 32
 ///   although their GEMM doubles the rows from 16: its sums part from
 ///   llama.cpp's where the row kernels' agree (decision 0051).
 pub fn min_batch_unpacked(isa: Isa, kind: QuantKind) -> usize {
@@ -66,7 +67,7 @@ pub fn min_batch_unpacked(isa: Isa, kind: QuantKind) -> usize {
     match (isa, kind) {
         (Isa::Avx2, _) => 16,
         (Isa::Avx512Vnni, Q4K | Q5K | Q6K | IQ4XS) => 20,
-        (Isa::Avx512Vnni, Q2K | Q3K) => 128,
+        (Isa::Avx512Vnni, Q2K | Q3K) => 32,
         // capability table: every other (level, kind) keeps the AMX Xeon's
         // crossover (the 32-element kinds without AMX as said above).
         _ => MIN_BATCH_UNPACKED,

@@ -20,7 +20,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{bytes_from_bits_32, f16_to_f32, loadu, lookup_nibbles_32, nibbles_32, KVALUES_IQ4NL};
-use crate::blocks::{BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0};
+use crate::blocks::{BlockIQ4NL, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8_0};
 use crate::gemm::{Cols4, Rows8};
 
 /// Eight rows x four tokens over `subs` sub-blocks of `SUB` elements: row
@@ -261,23 +261,21 @@ pub(crate) unsafe fn pack8_q5_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], 
     pack8_k(rows8_of::<BlockQ5K>(rows), u, s, bias, codes, |x| k4_head(x.d, x.dmin, &x.scales))
 }
 
-/// # Safety
-/// As [`pack8_q4_k`], for Q6_K (16 floats a block in `s` and `bias` a
-/// row: sixteen sub-blocks of 16). Its 32-element runs `m = 4h + i` (half
-/// `h` of the block) are `ql[64h + 32(i % 2)..]`'s low nibbles for `i < 2`,
-/// else the high ones, with bits `2i..2i + 2` of `qh[32h..]` on top; the
-/// code is the stored six bits (`q + 32`). The kind has no bias.
+/// Eight rows of a kind of sixteen 16-element sub-blocks a block (Q6_K,
+/// Q3_K, Q2_K) into the panel: `codes(x, m)` gives a block's 32-element
+/// run `m` (two sub-blocks) in element order, laid out as [`pack8`] lays a
+/// 32-element block; `head(x, j)` sub-block `j`'s scale and own bias, as
+/// the kind's scalar `Unpack` computes them.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn pack8_q6_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
-    let rows = rows8_of::<BlockQ6K>(rows);
-    let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
-    let codes = |x: &BlockQ6K, m: usize| {
-        let (h, i) = (m / 4, m % 4);
-        let ql = loadu(x.ql.as_ptr().add(64 * h + 32 * (i % 2)));
-        let ql = if i < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
-        let qh = _mm256_srl_epi16(loadu(x.qh.as_ptr().add(32 * h)), _mm_cvtsi32_si128(2 * i as i32));
-        _mm256_or_si256(_mm256_and_si256(ql, low), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two)))
-    };
+unsafe fn pack8_k16<B>(
+    rows: [&[B]; 8],
+    u: &mut [u8],
+    s: &mut [f32],
+    bias: &mut [f32],
+    codes: impl Fn(&B, usize) -> __m256i,
+    head: impl Fn(&B) -> [(f32, f32); 16],
+) {
     for b in 0..rows[0].len() {
         for m in 0..8 {
             let groups = transpose8(core::array::from_fn(|r| codes(rows[r].get_unchecked(b), m)));
@@ -286,14 +284,74 @@ pub(crate) unsafe fn pack8_q6_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], 
             }
         }
         for (r, row) in rows.iter().enumerate() {
-            let x = row.get_unchecked(b);
-            let d = f16_to_f32(x.d);
-            for (j, &sc) in x.scales.iter().enumerate() {
-                *s.get_unchecked_mut(8 * (16 * b + j) + r) = d * f32::from(sc);
-                *bias.get_unchecked_mut(8 * (16 * b + j) + r) = 0.0;
+            for (j, (sc, bi)) in head(row.get_unchecked(b)).into_iter().enumerate() {
+                *s.get_unchecked_mut(8 * (16 * b + j) + r) = sc;
+                *bias.get_unchecked_mut(8 * (16 * b + j) + r) = bi;
             }
         }
     }
+}
+
+/// Run `m`'s low two bits of Q2_K/Q3_K's `qs`: bits `2(m % 4)..` of bytes
+/// `32 * (m / 4)..`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn two_bits(qs: &[u8; 64], m: usize) -> __m256i {
+    let q = _mm256_srl_epi16(loadu(qs.as_ptr().add(32 * (m / 4))), _mm_cvtsi32_si128(2 * (m % 4) as i32));
+    _mm256_and_si256(q, _mm256_set1_epi8(0x03))
+}
+
+/// # Safety
+/// As [`pack8_q4_k`], for Q6_K (16 floats a block in `s` and `bias` a
+/// row: sixteen sub-blocks of 16). Its 32-element runs `m = 4h + i` (half
+/// `h` of the block) are `ql[64h + 32(i % 2)..]`'s low nibbles for `i < 2`,
+/// else the high ones, with bits `2i..2i + 2` of `qh[32h..]` on top; the
+/// code is the stored six bits (`q + 32`). The kind has no bias.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q6_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    let codes = |x: &BlockQ6K, m: usize| {
+        let (h, i) = (m / 4, m % 4);
+        let ql = loadu(x.ql.as_ptr().add(64 * h + 32 * (i % 2)));
+        let ql = if i < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
+        let qh = _mm256_srl_epi16(loadu(x.qh.as_ptr().add(32 * h)), _mm_cvtsi32_si128(2 * i as i32));
+        let top = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)));
+        _mm256_or_si256(_mm256_and_si256(ql, _mm256_set1_epi8(0x0F)), top)
+    };
+    let head = |x: &BlockQ6K| {
+        let d = f16_to_f32(x.d);
+        core::array::from_fn(|j| (d * f32::from(x.scales[j]), 0.0))
+    };
+    pack8_k16(rows8_of::<BlockQ6K>(rows), u, s, bias, codes, head)
+}
+
+/// # Safety
+/// As [`pack8_q6_k`], for Q3_K: run `m`'s codes (`q + 4`) are its two low
+/// bits plus 4 where bit `m` of `hmask`'s byte is set.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q3_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    let codes = |x: &BlockQ3K, m: usize| {
+        let bit = _mm256_set1_epi8((1u8 << m) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(loadu(x.hmask.as_ptr()), bit), bit);
+        _mm256_or_si256(two_bits(&x.qs, m), _mm256_and_si256(set, _mm256_set1_epi8(0x04)))
+    };
+    let head = |x: &BlockQ3K| {
+        let (d, sc) = (f16_to_f32(x.d), crate::scalar::q3_scales(&x.scales));
+        core::array::from_fn(|j| (d * f32::from(sc[j]), 0.0))
+    };
+    pack8_k16(rows8_of::<BlockQ3K>(rows), u, s, bias, codes, head)
+}
+
+/// # Safety
+/// As [`pack8_q6_k`], for Q2_K: the codes are the two bits; each
+/// sub-block's scale is `d` times its low nibble, its bias `-dmin` times
+/// its high one.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack8_q2_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    let head = |x: &BlockQ2K| {
+        let (d, min) = (f16_to_f32(x.d), f16_to_f32(x.dmin));
+        core::array::from_fn(|j| (d * f32::from(x.scales[j] & 0xF), -(min * f32::from(x.scales[j] >> 4))))
+    };
+    pack8_k16(rows8_of::<BlockQ2K>(rows), u, s, bias, |x, m| two_bits(&x.qs, m), head)
 }
 
 /// The eight rows `rows` (whole blocks of `B`, aligned) as slices of `B`.

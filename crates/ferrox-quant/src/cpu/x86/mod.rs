@@ -128,6 +128,8 @@ pub(crate) fn avx2_pack8k(kind: QuantKind) -> Option<crate::gemm::Pack8KFn> {
         Q4K => avx2_gemm::pack8_q4_k,
         Q5K => avx2_gemm::pack8_q5_k,
         Q6K => avx2_gemm::pack8_q6_k,
+        Q3K => avx2_gemm::pack8_q3_k,
+        Q2K => avx2_gemm::pack8_q2_k,
         _ => return None, // capability table: partial by design
     };
     Some(f)
