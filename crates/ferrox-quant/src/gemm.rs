@@ -167,22 +167,19 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
     }
 }
 
-/// The one-pass packer of eight rows `kind` has at `isa` ([`Pack8Fn`]), if any.
-fn pack8_fn(kind: QuantKind, isa: Isa) -> Option<Pack8Fn> {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
-        return cpu::x86::avx2_pack8(kind);
-    }
-    let _ = (kind, isa);
-    None
+/// A kind's one-pass packer of eight rows: without a bias of its own
+/// ([`Pack8Fn`]) or with one ([`Pack8KFn`]).
+#[derive(Clone, Copy)]
+enum Pack8 {
+    Plain(Pack8Fn),
+    Biased(Pack8KFn),
 }
 
-/// The one-pass packer of eight rows with their own biases `kind` has at
-/// `isa` ([`Pack8KFn`]), if any.
-fn pack8k_fn(kind: QuantKind, isa: Isa) -> Option<Pack8KFn> {
+/// The one-pass packer of eight rows `kind` has at `isa`, if any.
+fn pack8_fn(kind: QuantKind, isa: Isa) -> Option<Pack8> {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
-        return cpu::x86::avx2_pack8k(kind);
+        return cpu::x86::avx2_pack8(kind).map(Pack8::Plain).or_else(|| cpu::x86::avx2_pack8k(kind).map(Pack8::Biased));
     }
     let _ = (kind, isa);
     None
@@ -526,7 +523,7 @@ impl Matmul<'_> {
         })?;
         let offset = (self.info.offset - base) as f32;
         let out = Shared(y.as_mut_ptr());
-        let (pack8, pack8k) = (pack8_fn(self.kind, self.level), pack8k_fn(self.kind, self.level));
+        let pack8 = pack8_fn(self.kind, self.level);
         ThreadPool::global().run(self.threads, rows.div_ceil(ROWS_PER_TASK), &|t| {
             let r0 = t * ROWS_PER_TASK;
             let nr = ROWS_PER_TASK.min(rows - r0);
@@ -552,22 +549,24 @@ impl Matmul<'_> {
                         bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
                         continue;
                     }
-                    if let (Some(f), 8) = (pack8, live) {
+                    if let (Some(p), 8) = (pack8, live) {
                         let rows: [&[u8]; 8] = core::array::from_fn(|r| self.row(r0 + 8 * gi + r));
                         // SAFETY: the level is available (checked by the caller); eight
                         // rows of whole aligned blocks (checked by `prepare`); `ug` holds
-                        // `8 * cols` bytes and `s` `8 * subs` floats (one block a sub-block).
-                        unsafe { f(&rows, ug, s) };
-                        // These kinds have no bias of their own: only the offset's.
-                        bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b = -offset * sc);
-                        continue;
-                    }
-                    if let (Some(f), 8) = (pack8k, live) {
-                        let rows: [&[u8]; 8] = core::array::from_fn(|r| self.row(r0 + 8 * gi + r));
-                        // SAFETY: as for `pack8` above; `bias` holds `8 * subs` floats too.
-                        unsafe { f(&rows, ug, s, bias) };
-                        // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b, as `pack_row`'s sink.
-                        bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
+                        // `8 * cols` bytes and `s` and `bias` `8 * subs` floats each.
+                        match p {
+                            // These kinds have no bias of their own: only the offset's.
+                            Pack8::Plain(f) => {
+                                unsafe { f(&rows, ug, s) };
+                                bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b = -offset * sc);
+                            }
+                            // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b, as `pack_row`'s sink.
+                            Pack8::Biased(f) => {
+                                // SAFETY: as for the plain packer.
+                                unsafe { f(&rows, ug, s, bias) };
+                                bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
+                            }
+                        }
                         continue;
                     }
                     for ri in 0..live {

@@ -190,44 +190,14 @@ unsafe fn pack8<B>(rows: [&[B]; 8], u: &mut [u8], s: &mut [f32], codes: impl Fn(
     }
 }
 
-/// Eight rows of a kind with eight 32-element sub-blocks a block and
-/// Q4_K's header (Q4_K, Q5_K) into [`gemm_8x4`]'s panel, as the scalar
-/// `pack_row` makes it: sub-block `k` (`8 * block + j`) as [`pack8`] lays
-/// a 32-element block, `s` its scale `d * sc[j]` and `bias` its own bias
-/// `-(dmin * m[j])` for the eight rows (the kinds' code offset is zero).
-/// `codes` gives sub-block `j`'s 32 codes of a block in element order.
+/// Q4_K and Q5_K's eight sub-blocks' scales `d * sc` and own biases
+/// `-(dmin * m)`, as their scalar `Unpack` computes them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack8_k<B>(
-    rows: [&[B]; 8],
-    u: &mut [u8],
-    s: &mut [f32],
-    bias: &mut [f32],
-    codes: impl Fn(&B, usize) -> __m256i,
-    head: impl Fn(&B) -> (f32, f32, [u8; 8], [u8; 8]),
-) {
-    for b in 0..rows[0].len() {
-        let heads: [(f32, f32, [u8; 8], [u8; 8]); 8] = core::array::from_fn(|r| head(rows[r].get_unchecked(b)));
-        for j in 0..8 {
-            let k = 8 * b + j;
-            let groups = transpose8(core::array::from_fn(|r| codes(rows[r].get_unchecked(b), j)));
-            for (g, v) in groups.iter().enumerate() {
-                _mm256_storeu_si256(u.as_mut_ptr().add(256 * k + 32 * g).cast(), *v);
-            }
-            for (r, (d, dmin, sc, m)) in heads.iter().enumerate() {
-                *s.get_unchecked_mut(8 * k + r) = d * f32::from(sc[j]);
-                *bias.get_unchecked_mut(8 * k + r) = -(dmin * f32::from(m[j]));
-            }
-        }
-    }
-}
-
-/// Q4_K and Q5_K's scales and mins, and `d` and `dmin`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_head(d: crate::blocks::F16, dmin: crate::blocks::F16, scales: &[u8; 12]) -> (f32, f32, [u8; 8], [u8; 8]) {
+unsafe fn k4_head(d: crate::blocks::F16, dmin: crate::blocks::F16, scales: &[u8; 12]) -> [(f32, f32); 8] {
     let (sc, m) = crate::scalar::k4_scales_mins(scales);
-    (f16_to_f32(d), f16_to_f32(dmin), sc, m)
+    let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
+    core::array::from_fn(|j| (d * f32::from(sc[j]), -(dmin * f32::from(m[j]))))
 }
 
 /// Sub-block `j`'s 32 nibbles of Q4_K/Q5_K's `qs`: bytes `32 * (j / 2)..`,
@@ -253,28 +223,24 @@ pub(crate) unsafe fn pack8_q4_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], 
 /// `qh`'s 32 bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn pack8_q5_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
-    let codes = |x: &BlockQ5K, j: usize| {
-        let bit = _mm256_set1_epi8((1u8 << j) as i8);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(loadu(x.qh.as_ptr()), bit), bit);
-        _mm256_or_si256(k4_nibbles(&x.qs, j), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
-    };
+    let codes = |x: &BlockQ5K, j: usize| _mm256_or_si256(k4_nibbles(&x.qs, j), where_bit(&x.qh, j, 0x10));
     pack8_k(rows8_of::<BlockQ5K>(rows), u, s, bias, codes, |x| k4_head(x.d, x.dmin, &x.scales))
 }
 
-/// Eight rows of a kind of sixteen 16-element sub-blocks a block (Q6_K,
-/// Q3_K, Q2_K) into the panel: `codes(x, m)` gives a block's 32-element
-/// run `m` (two sub-blocks) in element order, laid out as [`pack8`] lays a
-/// 32-element block; `head(x, j)` sub-block `j`'s scale and own bias, as
-/// the kind's scalar `Unpack` computes them.
+/// Eight rows of a K-quant (256-element blocks of `SUBS` sub-blocks)
+/// into [`gemm_8x4`]'s panel, as the scalar `pack_row` makes it:
+/// `codes(x, m)` gives a block's 32-element run `m` in element order, laid
+/// out as [`pack8`] lays a 32-element block; `head(x)` each sub-block's
+/// scale and own bias (the code offset not folded in).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack8_k16<B>(
+unsafe fn pack8_k<B, const SUBS: usize>(
     rows: [&[B]; 8],
     u: &mut [u8],
     s: &mut [f32],
     bias: &mut [f32],
     codes: impl Fn(&B, usize) -> __m256i,
-    head: impl Fn(&B) -> [(f32, f32); 16],
+    head: impl Fn(&B) -> [(f32, f32); SUBS],
 ) {
     for b in 0..rows[0].len() {
         for m in 0..8 {
@@ -285,11 +251,21 @@ unsafe fn pack8_k16<B>(
         }
         for (r, row) in rows.iter().enumerate() {
             for (j, (sc, bi)) in head(row.get_unchecked(b)).into_iter().enumerate() {
-                *s.get_unchecked_mut(8 * (16 * b + j) + r) = sc;
-                *bias.get_unchecked_mut(8 * (16 * b + j) + r) = bi;
+                *s.get_unchecked_mut(8 * (SUBS * b + j) + r) = sc;
+                *bias.get_unchecked_mut(8 * (SUBS * b + j) + r) = bi;
             }
         }
     }
+}
+
+/// `value` in each of 32 bytes whose bit `bit` is set in `bytes`, else 0
+/// (Q5_K's fifth bits, Q3_K's high bits).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn where_bit(bytes: &[u8; 32], bit: usize, value: i8) -> __m256i {
+    let b = _mm256_set1_epi8((1u8 << bit) as i8);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(loadu(bytes.as_ptr()), b), b);
+    _mm256_and_si256(set, _mm256_set1_epi8(value))
 }
 
 /// Run `m`'s low two bits of Q2_K/Q3_K's `qs`: bits `2(m % 4)..` of bytes
@@ -317,11 +293,11 @@ pub(crate) unsafe fn pack8_q6_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], 
         let top = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)));
         _mm256_or_si256(_mm256_and_si256(ql, _mm256_set1_epi8(0x0F)), top)
     };
-    let head = |x: &BlockQ6K| {
+    let head = |x: &BlockQ6K| -> [(f32, f32); 16] {
         let d = f16_to_f32(x.d);
         core::array::from_fn(|j| (d * f32::from(x.scales[j]), 0.0))
     };
-    pack8_k16(rows8_of::<BlockQ6K>(rows), u, s, bias, codes, head)
+    pack8_k(rows8_of::<BlockQ6K>(rows), u, s, bias, codes, head)
 }
 
 /// # Safety
@@ -329,16 +305,12 @@ pub(crate) unsafe fn pack8_q6_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], 
 /// bits plus 4 where bit `m` of `hmask`'s byte is set.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn pack8_q3_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
-    let codes = |x: &BlockQ3K, m: usize| {
-        let bit = _mm256_set1_epi8((1u8 << m) as i8);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(loadu(x.hmask.as_ptr()), bit), bit);
-        _mm256_or_si256(two_bits(&x.qs, m), _mm256_and_si256(set, _mm256_set1_epi8(0x04)))
-    };
-    let head = |x: &BlockQ3K| {
+    let codes = |x: &BlockQ3K, m: usize| _mm256_or_si256(two_bits(&x.qs, m), where_bit(&x.hmask, m, 0x04));
+    let head = |x: &BlockQ3K| -> [(f32, f32); 16] {
         let (d, sc) = (f16_to_f32(x.d), crate::scalar::q3_scales(&x.scales));
         core::array::from_fn(|j| (d * f32::from(sc[j]), 0.0))
     };
-    pack8_k16(rows8_of::<BlockQ3K>(rows), u, s, bias, codes, head)
+    pack8_k(rows8_of::<BlockQ3K>(rows), u, s, bias, codes, head)
 }
 
 /// # Safety
@@ -347,11 +319,11 @@ pub(crate) unsafe fn pack8_q3_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], 
 /// its high one.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn pack8_q2_k(rows: &[&[u8]; 8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
-    let head = |x: &BlockQ2K| {
+    let head = |x: &BlockQ2K| -> [(f32, f32); 16] {
         let (d, min) = (f16_to_f32(x.d), f16_to_f32(x.dmin));
         core::array::from_fn(|j| (d * f32::from(x.scales[j] & 0xF), -(min * f32::from(x.scales[j] >> 4))))
     };
-    pack8_k16(rows8_of::<BlockQ2K>(rows), u, s, bias, |x, m| two_bits(&x.qs, m), head)
+    pack8_k(rows8_of::<BlockQ2K>(rows), u, s, bias, |x, m| two_bits(&x.qs, m), head)
 }
 
 /// The eight rows `rows` (whole blocks of `B`, aligned) as slices of `B`.
