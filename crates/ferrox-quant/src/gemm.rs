@@ -1530,8 +1530,8 @@ mod tests {
     );
 
     /// The one-pass eight-row packers make `pack_row`'s panel bit for bit:
-    /// the same codes in the same interleave, the same scales, and (Q4_K,
-    /// Q5_K) the same biases, over rows of three blocks of random weights.
+    /// the same codes in the same interleave, the same scales, and (the
+    /// K-quants) the same biases, over rows of three blocks of random weights.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn one_pass_packers_make_pack_row_s_panel() {
