@@ -170,6 +170,7 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
 /// A kind's one-pass packer of eight rows: without a bias of its own
 /// ([`Pack8Fn`]) or with one ([`Pack8KFn`]).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the packers are x86's
 enum Pack8 {
     Plain(Pack8Fn),
     Biased(Pack8KFn),
