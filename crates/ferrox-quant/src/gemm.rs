@@ -268,6 +268,21 @@ fn pack_row<B: Unpack>(row: &[u8], u: &mut [u8], sink: SubSink<'_>) {
     }
 }
 
+/// Row `row` into lane `ri` of an eight-row panel ([`Rows8`]'s layout:
+/// `u` its codes four at a time, `s` and `bias` its sub-blocks' scales and
+/// own biases, the code offset not folded in), through `scratch` (`cols`
+/// bytes): the scalar path, for kinds or row counts without a one-pass
+/// packer.
+fn pack_row_into(info: &PackInfo, row: &[u8], ri: usize, scratch: &mut [u8], u: &mut [u8], s: &mut [f32], bias: &mut [f32]) {
+    (info.pack)(row, scratch, &mut |k, sc, b| {
+        s[8 * k + ri] = sc;
+        bias[8 * k + ri] = b;
+    });
+    for (dst, four) in u.chunks_exact_mut(32).zip(scratch.chunks_exact(4)) {
+        dst[4 * ri..4 * ri + 4].copy_from_slice(four);
+    }
+}
+
 /// Scale and quants of activation block `i` of a quantized row, and the
 /// block's stored sum where the kind keeps one (Q8_1); `None` for a kind
 /// that is no activation kind.
@@ -538,48 +553,45 @@ impl Matmul<'_> {
                     let (s, bias) = (&mut panel.s[gi * 8 * subs..(gi + 1) * 8 * subs], &mut panel.bias[gi * 8 * subs..(gi + 1) * 8 * subs]);
                     let ug = &mut u[gi * 8 * cols..(gi + 1) * 8 * cols];
                     #[cfg(target_arch = "x86_64")]
-                    if let Some(f) = self.groups {
-                        // Re-laid eight rows a group (rows in whole eights,
-                        // checked by `matmul_groups`): group `(r0 + 8gi) / 8`.
-                        let gb = self.row_bytes * 8;
-                        let w = &self.weights[(r0 / 8 + gi) * gb..][..gb];
-                        // SAFETY: AVX2 is available (checked by the caller); `w` is one
-                        // group of `subs` sub-blocks (`sub` elements each) a row, `ug`
-                        // `8 * cols` bytes, `s` and `bias` `8 * subs` floats.
-                        unsafe { f(w, subs, ug, s, bias) };
-                        bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
-                        continue;
-                    }
-                    if let (Some(p), 8) = (pack8, live) {
-                        let rows: [&[u8]; 8] = core::array::from_fn(|r| self.row(r0 + 8 * gi + r));
-                        // SAFETY: the level is available (checked by the caller); eight
-                        // rows of whole aligned blocks (checked by `prepare`); `ug` holds
-                        // `8 * cols` bytes and `s` and `bias` `8 * subs` floats each.
-                        match p {
-                            // These kinds have no bias of their own: only the offset's.
-                            Pack8::Plain(f) => {
-                                unsafe { f(&rows, ug, s) };
-                                bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b = -offset * sc);
-                            }
-                            // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b, as `pack_row`'s sink.
-                            Pack8::Biased(f) => {
+                    let relaid = self.groups;
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let relaid: Option<()> = None; // (no re-laid copies off x86)
+                    match (relaid, pack8) {
+                        #[cfg(target_arch = "x86_64")]
+                        (Some(f), _) => {
+                            // Re-laid eight rows a group (rows in whole eights,
+                            // checked by `matmul_groups`): group `(r0 + 8gi) / 8`.
+                            let gb = self.row_bytes * 8;
+                            let w = &self.weights[(r0 / 8 + gi) * gb..][..gb];
+                            // SAFETY: AVX2 is available (checked by the caller); `w` is one
+                            // group of `subs` sub-blocks (`sub` elements each) a row, `ug`
+                            // `8 * cols` bytes, `s` and `bias` `8 * subs` floats.
+                            unsafe { f(w, subs, ug, s, bias) };
+                        }
+                        (None, Some(p)) if live == 8 => {
+                            let rows: [&[u8]; 8] = core::array::from_fn(|r| self.row(r0 + 8 * gi + r));
+                            // SAFETY: the level is available (checked by the caller); eight
+                            // rows of whole aligned blocks (checked by `prepare`); `ug` holds
+                            // `8 * cols` bytes and `s` and `bias` `8 * subs` floats each.
+                            match p {
+                                Pack8::Plain(f) => {
+                                    unsafe { f(&rows, ug, s) };
+                                    // These kinds have no bias of their own: only the offset's.
+                                    bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b = -offset * sc);
+                                    continue;
+                                }
                                 // SAFETY: as for the plain packer.
-                                unsafe { f(&rows, ug, s, bias) };
-                                bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
+                                Pack8::Biased(f) => unsafe { f(&rows, ug, s, bias) },
                             }
                         }
-                        continue;
-                    }
-                    for ri in 0..live {
-                        (self.info.pack)(self.row(r0 + 8 * gi + ri), row, &mut |k, sc, b| {
-                            s[8 * k + ri] = sc;
-                            // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b
-                            bias[8 * k + ri] = b - offset * sc;
-                        });
-                        for (dst, four) in ug.chunks_exact_mut(32).zip(row.chunks_exact(4)) {
-                            dst[4 * ri..4 * ri + 4].copy_from_slice(four);
+                        _ => {
+                            for ri in 0..live {
+                                pack_row_into(&self.info, self.row(r0 + 8 * gi + ri), ri, row, ug, s, bias);
+                            }
                         }
                     }
+                    // w = s * q + b = s * ((u - base) - (OFFSET - base)) + b
+                    bias.iter_mut().zip(s.iter()).for_each(|(b, &sc)| *b -= offset * sc);
                 }
                 for c0 in (0..npad).step_by(4) {
                     let a = Cols4 { q: aq[c0 * cols..].as_ptr(), ds: ads[c0 * 2 * subs..].as_ptr() };
@@ -1542,10 +1554,9 @@ mod tests {
         }
         let mut rng = SmallRng::seed_from_u64(0x9ac8);
         for &kind in QuantKind::ALL {
-            let (one, with_bias) = (cpu::x86::avx2_pack8(kind), cpu::x86::avx2_pack8k(kind));
-            if one.is_none() && with_bias.is_none() {
+            let Some(packer) = pack8_fn(kind, Isa::Avx2) else {
                 continue;
-            }
+            };
             let info = pack_info(kind).expect("a packer implies a panel");
             let cols = 3 * kind.block_elems();
             let subs = cols / info.sub;
@@ -1558,28 +1569,21 @@ mod tests {
             let (mut want_u, mut want_s, mut want_b) = (vec![0u8; 8 * cols], vec![0f32; 8 * subs], vec![0f32; 8 * subs]);
             let mut row = vec![0u8; cols];
             for (ri, r) in rows.iter().enumerate() {
-                (info.pack)(r, &mut row, &mut |k, sc, b| {
-                    want_s[8 * k + ri] = sc;
-                    want_b[8 * k + ri] = b;
-                });
-                for (dst, four) in want_u.chunks_exact_mut(32).zip(row.chunks_exact(4)) {
-                    dst[4 * ri..4 * ri + 4].copy_from_slice(four);
-                }
+                pack_row_into(&info, r, ri, &mut row, &mut want_u, &mut want_s, &mut want_b);
             }
             let (mut u, mut s, mut b) = (vec![0u8; 8 * cols], vec![0f32; 8 * subs], vec![0f32; 8 * subs]);
             // SAFETY: AVX2 checked above; eight rows of whole aligned blocks
             // of one length; `u`, `s` and `b` as large as the panel.
             unsafe {
-                match (one, with_bias) {
-                    (Some(f), _) => f(&rows, &mut u, &mut s),
-                    (None, Some(f)) => f(&rows, &mut u, &mut s, &mut b),
-                    (None, None) => unreachable!(),
+                match packer {
+                    Pack8::Plain(f) => f(&rows, &mut u, &mut s),
+                    Pack8::Biased(f) => f(&rows, &mut u, &mut s, &mut b),
                 }
             }
             assert!(u == want_u, "{kind}: the packed codes differ from pack_row's");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&s), bits(&want_s), "{kind}: the scales differ from pack_row's");
-            if with_bias.is_some() {
+            if matches!(packer, Pack8::Biased(_)) {
                 assert_eq!(bits(&b), bits(&want_b), "{kind}: the biases differ from pack_row's");
             }
         }
