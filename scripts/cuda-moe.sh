@@ -14,7 +14,8 @@
 #                              background (scripts/cuda-llama-build.sh) for llama-bench -fa 1 on the same files
 # SHAPES picks the models (default both), SKIP_TESTS=1 skips the tests, TESTS filters them (default backend::), KINDS the files (F16 Q4_K_M).
 # BASE=1 also benches $D/ferrox-base (an earlier build, carried beside it) on the same files;
-# TRACE=1 records a kernel trace of a decode and of a 512-token prefill (needs the `measure` feature).
+# TRACE=1 records a kernel trace of a decode and of a 512-token prefill (needs the `measure` feature);
+# NCU=1 each kernel's own time in a decode step under Nsight Compute, for ferrox and (with LLAMA=1) llama.cpp.
 # Results: $OUT/moe.jsonl (one line per figure), logs in $OUT/logs.tgz.
 set -u
 D=${D:-target/devmoe}
@@ -103,6 +104,16 @@ for shape in ${SHAPES:-qwen3moe-tiny qwen3moe-30b-l8}; do
         echo "== prefill 512"; python3 tools/cuda/trace.py /tmp/logs/trace-pp.txt --skip 1 --positions 0; } >"$OUT/trace-$shape-$k.txt" 2>&1
       head -c 5000 "$OUT/trace-$shape-$k.txt"
     fi
+    # NCU=1: each kernel's own time in a decode step (Nsight Compute, kernels one at a
+    # time), ferrox here and llama.cpp below: $OUT/ncu-$shape-$k.txt. A bench of -n 4
+    # makes 5 steps (the warmup token and 4).
+    if [ "${NCU:-0}" = 1 ]; then
+      NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      timeout 200 $NCU_BIN --clock-control none --metrics gpu__time_duration.sum --csv \
+        $D/ferrox bench -m "$f" --backend cuda -p 0 -n 4 -r 1 >/tmp/logs/ncu-ferrox-$shape-$k.csv 2>&1
+      { echo "== ferrox decode, ncu rc=$?"; python3 tools/cuda/ncu_sum.py /tmp/logs/ncu-ferrox-$shape-$k.csv --steps 5; } >"$OUT/ncu-$shape-$k.txt" 2>&1
+      head -c 4000 "$OUT/ncu-$shape-$k.txt"
+    fi
     for engine in ferrox ferrox-base; do
       src=/tmp/logs/bench-$shape-$k.jsonl
       [ $engine = ferrox-base ] && src=/tmp/logs/bench-base-$shape-$k.jsonl
@@ -125,9 +136,20 @@ if [ -f /tmp/llama/.built ] && [ -f /tmp/logs/done.txt ]; then
     $D/ferrox bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-quiet-$shape-$k.jsonl 2>/dev/null
     echo "  $shape $k ferrox bench, quiet host: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/bench-quiet-$shape-$k.jsonl 2>/dev/null)"
     python3 $M/record.py "$shape" "$k" "$bytes" ferrox-quiet </tmp/logs/bench-quiet-$shape-$k.jsonl >>"$OUT/moe.jsonl"
+    if [ "${BASE:-0}" = 1 ] && [ -x $D/ferrox-base ]; then
+      $D/ferrox-base bench -m "$f" --backend cuda -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/bench-base-quiet-$shape-$k.jsonl 2>/dev/null
+      echo "  $shape $k ferrox-base bench, quiet host: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/bench-base-quiet-$shape-$k.jsonl 2>/dev/null)"
+      python3 $M/record.py "$shape" "$k" "$bytes" ferrox-base-quiet </tmp/logs/bench-base-quiet-$shape-$k.jsonl >>"$OUT/moe.jsonl"
+    fi
     timeout 240 /tmp/llama/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl >/tmp/logs/llama-bench-$shape-$k.jsonl 2>/tmp/logs/llama-bench-$shape-$k.err
     echo "  $shape $k llama-bench rc=$?: $(python3 -c 'import json,sys; print(" ".join("pp%s/tg%s %.1f" % (d.get("n_prompt"), d.get("n_gen"), d.get("avg_ts", 0)) for d in map(json.loads, sys.stdin) if d))' </tmp/logs/llama-bench-$shape-$k.jsonl 2>/dev/null)"
     python3 $M/record.py "$shape" "$k" "$bytes" llama.cpp </tmp/logs/llama-bench-$shape-$k.jsonl >>"$OUT/moe.jsonl"
+    if [ "${NCU:-0}" = 1 ]; then
+      timeout 200 $NCU_BIN --clock-control none --metrics gpu__time_duration.sum --csv \
+        /tmp/llama/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 0 -n 4 -r 1 >/tmp/logs/ncu-llama-$shape-$k.csv 2>&1
+      { echo "== llama.cpp decode, ncu rc=$?"; python3 tools/cuda/ncu_sum.py /tmp/logs/ncu-llama-$shape-$k.csv --steps 5; } >>"$OUT/ncu-$shape-$k.txt" 2>&1
+      tail -c 4000 "$OUT/ncu-$shape-$k.txt"
+    fi
   done </tmp/logs/done.txt
 fi
 cat "$OUT/moe.jsonl" | cut -c1-400

@@ -30,6 +30,17 @@ pub struct Buf {
 
 pub use cuda_ops::MOE_GROUPED_PAIRS;
 
+/// Where [`Device::mmvq_id`] puts its rows.
+#[derive(Clone, Copy)]
+enum MmvqIdOut {
+    /// A row a (token, expert) pair; with a slot (the gate/up launch with
+    /// its GLU) also the rows' q8 copy, into that slot of the q8 scratch.
+    Pairs(Option<usize>),
+    /// A row a token: its pairs' rows (the down stack over each pair's own
+    /// activations) summed by their routing weights.
+    Summed,
+}
+
 /// `moe_sort`'s table in the device scratch: the tile (its index into
 /// `MMA_TILES`), the most tiles a batch can make, and the three arrays'
 /// addresses.
@@ -2784,6 +2795,17 @@ impl Device {
             return Err(shape("moe", format!("{n} tokens of {k} experts in one launch")));
         }
         let (ki, ni) = (int("moe", k)?, int("moe", n)?);
+        let grouped = self.moe_grouped(m, [gate, up, down]);
+        let int8_glu = !grouped && self.experts_int8(gate).is_some() && same_layout(gate, up);
+        // The experts' q8 input before the router's matvec and the routing,
+        // which leave the q8 scratch alone: the norm before this block has
+        // usually written it already (the tag), so nothing launches for it.
+        let qx = if int8_glu {
+            let (qs, ds) = self.q8_input(x, n * e, e)?;
+            Some((qs, ds, self.q8_tag().map_or(0, |t| t.slot)))
+        } else {
+            None
+        };
         self.matmul_with(MatmulPath::Matvec, router, x, b.gate, n)?;
         let route = self.ptr(&b.route.s);
         self.launch(
@@ -2798,7 +2820,7 @@ impl Device {
             let args: [&dyn Arg; 9] = [&g, &u, &h, &len, &ffi, &ffi, &act_code(m.act), &0u64, &0u64];
             self.launch(&self.fns.glu, grid(pairs * ff, 256), "glu", &args)
         };
-        if self.moe_grouped(m, [gate, up, down]) {
+        if grouped {
             // Prefill and large batches: the pairs sorted by expert, each
             // expert's rows read once a tile of its pairs (tensor cores).
             let tile = self.moe_tile(m);
@@ -2810,26 +2832,41 @@ impl Device {
             // (the f16 scratch again: the gate and up launches have read x16)
             let h16 = self.x_f16(b.h, pairs * ff)?;
             self.mmq_id(down, h16, g, &sort, m, true)?;
-        } else {
-            let int8_glu = self.experts_int8(gate).is_some() && same_layout(gate, up);
-            if int8_glu {
-                let (qs, ds) = self.q8_input(x, n * e, e)?;
-                self.mmvq_id(gate, Some(up), qs, ds, h, route, m, false)?;
-            } else {
+            return self.moe_sum(g, route, out, m);
+        }
+        let int8_down = self.experts_int8(down).is_some();
+        match qx {
+            // Gate, up and the GLU in one launch, which also writes the
+            // hidden rows' q8 copy where the down stack reads one.
+            Some((qs, ds, slot)) => {
+                let q8 = (int8_down && ff.is_multiple_of(32)).then_some(1 - slot);
+                self.mmvq_id(gate, Some(up), qs, ds, h, route, m, MmvqIdOut::Pairs(q8))?;
+                if let Some(slot) = q8 {
+                    self.set_q8_tag(Some(Q8Tag { buf: b.h.id, elems: pairs * ff, width: ff, slot }));
+                }
+            }
+            None => {
                 self.matvec_id(gate, self.ptr(&x.s), g, route, m, false)?;
                 self.matvec_id(up, self.ptr(&x.s), u, route, m, false)?;
                 glu()?;
             }
-            if self.experts_int8(down).is_some() {
-                let (qs, ds) = self.q8_input(b.h, pairs * ff, ff)?;
-                self.mmvq_id(down, None, qs, ds, g, route, m, true)?;
-            } else {
-                self.matvec_id(down, h, g, route, m, true)?;
-            }
         }
-        let total = (n * e) as i64;
-        self.launch(&self.fns.moe_sum, grid(n * e, 256), "moe_sum", &[&g, &route, &self.ptr(&out.s), &ki, &int("moe", e)?, &total])?;
-        Ok(())
+        if int8_down {
+            // The down stack and the weighted sum in one launch.
+            let (qs, ds) = self.q8_input(b.h, pairs * ff, ff)?;
+            self.mmvq_id(down, None, qs, ds, self.ptr(&out.s), route, m, MmvqIdOut::Summed)
+        } else {
+            self.matvec_id(down, h, g, route, m, true)?;
+            self.moe_sum(g, route, out, m)
+        }
+    }
+
+    /// `moe_sum`: each token's routed experts' rows of `d` (a pair's
+    /// `n_embd` floats each) by their routing weights into `out`.
+    fn moe_sum(&self, d: u64, route: u64, out: &mut Buf, m: &MoeShape) -> Result<(), CudaError> {
+        let total = (m.n * m.n_embd) as i64;
+        let args: [&dyn Arg; 6] = [&d, &route, &self.ptr(&out.s), &int("moe", m.n_used)?, &int("moe", m.n_embd)?, &total];
+        self.launch(&self.fns.moe_sum, grid(m.n * m.n_embd, 256), "moe_sum", &args)
     }
 
     /// Whether a mixture of experts' batch takes the grouped GEMM: some
@@ -2924,36 +2961,41 @@ impl Device {
     }
 
     /// The routed experts' int8 matvec (`mmvq_id_<kind>`) over the q8
-    /// activations `(qs, ds)`: with `up`, `y = act(gate) * up` (the GLU in
-    /// the launch), else the one stack's products; a token's row, or a
-    /// pair's with `per_pair`.
+    /// activations `(qs, ds)`, as `to` says: a row a pair over its token's
+    /// activations (with `up`, `y = act(gate) * up`, the GLU in the launch),
+    /// or a row a token over each pair's own activations, summed by the
+    /// routing weights.
     #[allow(clippy::too_many_arguments)]
-    fn mmvq_id(
-        &self,
-        w: &Matrix,
-        up: Option<&Matrix>,
-        qs: u64,
-        ds: u64,
-        y: u64,
-        route: u64,
-        m: &MoeShape,
-        per_pair: bool,
-    ) -> Result<(), CudaError> {
+    fn mmvq_id(&self, w: &Matrix, up: Option<&Matrix>, qs: u64, ds: u64, y: u64, route: u64, m: &MoeShape, to: MmvqIdOut) -> Result<(), CudaError> {
         let f = &self.experts_int8(w).ok_or(CudaError::NoKernel { op: "routed experts int8 matvec", kind: w.kind })?.0;
         let rows = w.rows / m.n_expert;
         let pairs = m.n * m.n_used;
+        let (summed, q8) = match to {
+            MmvqIdOut::Pairs(q8) => (false, q8.filter(|_| up.is_some() && rows.is_multiple_of(32))),
+            MmvqIdOut::Summed => (true, None),
+        };
+        // A block row a pair, or a token where the launch sums its pairs.
+        let block_rows = if summed { m.n } else { pairs };
         // About a kind's GLU share of units a lane, more lanes a row while
-        // the launch has fewer than two blocks an SM.
+        // the launch has fewer than two blocks an SM. (8 lanes a row or
+        // more, so a block's rows lie within one 32-row q8 unit.)
         let mut lpr = lanes_per_row(w.cols / 32, glu_units(w.kind)).min(32);
-        while lpr < 32 && rows.div_ceil(256 / lpr) * pairs < 2 * self.sms {
+        while lpr < 32 && rows.div_ceil(256 / lpr) * block_rows < 2 * self.sms {
             lpr *= 2;
         }
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(256 / lpr) as u32, pairs as u32, 1),
+            grid_dim: (rows.div_ceil(256 / lpr) as u32, block_rows as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let args: [&dyn Arg; 13] = [
+        let (yq, yds, cnt) = match q8 {
+            Some(slot) => {
+                let (yq, yds) = self.q8_scratch_slot(pairs * rows, slot)?;
+                (yq, yds, self.unit_counters(pairs * rows / 32)?)
+            }
+            None => (0, 0, 0),
+        };
+        let args: [&dyn Arg; 17] = [
             &self.ptr(&w.data),
             &up.map_or(0, |u| self.ptr(&u.data)),
             &(w.row_bytes as i64),
@@ -2963,10 +3005,14 @@ impl Device {
             &int("moe", w.cols)?,
             &route,
             &int("moe", m.n_used)?,
-            &i32::from(per_pair),
+            &i32::from(summed),
             &act_code(m.act),
             &y,
             &(lpr as i32),
+            &yq,
+            &yds,
+            &cnt,
+            &i32::from(summed),
         ];
         self.launch(f, cfg, "routed experts int8 matvec", &args)
     }

@@ -1406,55 +1406,70 @@ DEFINE_MMVQ_GLU(q4_k)
 DEFINE_MMVQ_GLU(q6_k)
 
 // The routed experts' matvecs on int8 activations (a mixture of experts'
-// decode and small batches). Pair p = t * n_used + j (blockIdx.y) takes
-// expert route[t][j]'s rows of `w`, a stack of experts of `rows` rows,
-// against token t's q8 activations (pair p's with `x_per_pair`): `lpr`
-// lanes a row as `mmvq_glu`, MMVQ_GSTEP_<kind> units a lane a step. With
-// `w2` (the up stack beside the gate's) y[p] = act(W x) * (W2 x), `act` as
-// `glu`; without it y[p] = W x. Every lane of a row group stays to the
-// shuffles (a row past `rows` computes its last row and stores nothing).
+// decode and small batches): `lpr` lanes a row as `mmvq_glu`,
+// MMVQ_GSTEP_<kind> units a lane a step. Two forms, by `sum`:
+// - 0, a pair a block row: pair p = t * n_used + j (blockIdx.y) takes expert
+//   route[t][j]'s rows of `w` against token t's q8 activations (pair p's
+//   with `x_per_pair`). With `w2` (the up stack beside the gate's)
+//   y[p] = act(W x) * (W2 x), `act` as `glu`, and with `yq` also y[p]'s q8
+//   copy for the down matvec (`glu_unit_q8`: rows % 32 == 0, lpr >= 8,
+//   `cnt` one zeroed counter a 32-row unit); without `w2` y[p] = W x.
+// - 1, a token a block row (the down stack, `moe_sum` in the same launch):
+//   token t (blockIdx.y) takes its n_used experts' rows against its pairs'
+//   q8 activations (x_per_pair), y[t] = sum over j of weight_j W_j x_(t,j).
+//   The lanes of a row share the n_used * units of the row's experts, each
+//   dot scaled by its expert's routing weight before the lanes' sum.
+// Every lane of a row group stays to the shuffles (a row past `rows`
+// computes its last row and stores nothing).
 #define DEFINE_MMVQ_ID(NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(256) mmvq_id_##NAME(                             \
         const u8* __restrict__ w, const u8* __restrict__ w2, long long row_bytes, int rows,       \
         const int4* __restrict__ qx, const float2* __restrict__ dsx, int cols,                    \
         const float* __restrict__ route, int n_used, int x_per_pair, int act,                     \
-        float* __restrict__ y, int lpr) {                                                         \
+        float* __restrict__ y, int lpr, i8* __restrict__ yq, float2* __restrict__ yds,            \
+        unsigned* __restrict__ cnt, int sum) {                                                    \
+        __shared__ bool last;                                                                     \
         PDL_ENTER();                                                                              \
         constexpr int GS_ = MMVQ_GSTEP_##NAME;                                                    \
         int n_units = cols >> 5;                                                                  \
         int sub = threadIdx.x & (lpr - 1);                                                        \
-        int p = blockIdx.y, t = p / n_used, j = p - t * n_used;                                   \
-        int r = blockIdx.x * (blockDim.x / lpr) + threadIdx.x / lpr;                              \
-        size_t e = (size_t)route[(size_t)t * 2 * n_used + j];                                     \
-        size_t at = (e * rows + min(r, rows - 1)) * row_bytes;                                    \
-        const u8* ra = w + at;                                                                    \
-        const u8* rb = w2 ? w2 + at : w + at;                                                     \
-        size_t xt = x_per_pair ? p : t;                                                           \
-        const int4* qt = qx + xt * n_units * 2;                                                   \
-        const float2* dt = dsx + xt * n_units;                                                    \
+        int rpb = blockDim.x / lpr;                                                               \
+        int r = blockIdx.x * rpb + threadIdx.x / lpr;                                             \
+        size_t rr = (size_t)min(r, rows - 1);                                                     \
+        int t = sum ? (int)blockIdx.y : (int)blockIdx.y / n_used;                                 \
+        int j0 = sum ? 0 : (int)blockIdx.y - t * n_used;                                          \
+        int span = (sum ? n_used : 1) * n_units; /* the units this row sums */                    \
+        const float* rt = route + (size_t)t * 2 * n_used;                                         \
         float ag = 0.0f, au = 0.0f;                                                               \
-        for (int u = sub; u < n_units; u += GS_ * lpr) {                                          \
-            W##NAME g[GS_], v[GS_];                                                               \
+        for (int v = sub; v < span; v += GS_ * lpr) {                                             \
+            W##NAME g[GS_], h[GS_];                                                               \
+            int jx[GS_], ux[GS_];                                                                 \
             _Pragma("unroll") for (int i = 0; i < GS_; i++) {                                     \
-                int ui = min(u + i * lpr, n_units - 1);                                           \
-                g[i] = ld_##NAME(ra, ui, cols);                                                   \
-                if (w2) v[i] = ld_##NAME(rb, ui, cols);                                           \
+                int vi = min(v + i * lpr, span - 1);                                              \
+                int jj = vi / n_units;                                                            \
+                jx[i] = j0 + jj;                                                                  \
+                ux[i] = vi - jj * n_units;                                                        \
+                size_t at = ((size_t)rt[jx[i]] * rows + rr) * row_bytes;                          \
+                g[i] = ld_##NAME(w + at, ux[i], cols);                                            \
+                if (w2) h[i] = ld_##NAME(w2 + at, ux[i], cols);                                   \
             }                                                                                     \
             _Pragma("unroll") for (int i = 0; i < GS_; i++) {                                     \
-                int ui = min(u + i * lpr, n_units - 1);                                           \
-                bool in_ = u + i * lpr < n_units;                                                 \
-                LOAD_ACTS(qt, dt, ui, q8, dd);                                                    \
+                bool in_ = v + i * lpr < span;                                                    \
+                size_t xt = x_per_pair ? (size_t)t * n_used + jx[i] : (size_t)t;                  \
+                LOAD_ACTS(qx + xt * n_units * 2, dsx + xt * n_units, ux[i], q8, dd);              \
+                float wt_ = sum ? rt[n_used + jx[i]] : 1.0f;                                      \
                 float dg_ = dot_##NAME(g[i], q8, dd.x, dd.y);                                     \
-                ag += in_ ? dg_ : 0.0f;                                                           \
+                ag += in_ ? wt_ * dg_ : 0.0f;                                                     \
                 if (w2) {                                                                         \
-                    float du_ = dot_##NAME(v[i], q8, dd.x, dd.y);                                 \
+                    float du_ = dot_##NAME(h[i], q8, dd.x, dd.y);                                 \
                     au += in_ ? du_ : 0.0f;                                                       \
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
         lanes_sum2(ag, au, lpr);                                                                  \
         if (sub == 0 && r < rows)                                                                 \
-            y[(size_t)p * rows + r] = w2 ? (act == 0 ? silu(ag) : gelu_tanh(ag)) * au : ag;      \
+            y[(size_t)blockIdx.y * rows + r] = w2 ? (act == 0 ? silu(ag) : gelu_tanh(ag)) * au : ag; \
+        if (yq) glu_unit_q8(y, yq, yds, cnt, blockIdx.y, rows, blockIdx.x * rpb, rpb, &last);      \
     }
 
 DEFINE_MMVQ_ID(q4_0)
