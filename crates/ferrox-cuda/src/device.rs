@@ -2633,16 +2633,26 @@ impl Device {
         // Decode batches: the staged kernel (`attention_dec`), with the
         // largest chunk of keys (128, 64 or 32) its shared memory allows.
         // Query heads a decode block takes: the group, or a divisor of it.
+        // A block's heads share its value registers and partial sums
+        // (`GA_FAST`: heads x head_dim_v <= 512): a group past that (8
+        // heads of 128, Qwen3-30B-A3B's) is taken by blocks of the largest
+        // divisor of it that fits, a multiple of `step`.
+        let fits = |h: usize, step: usize| {
+            (step..=h).rev().find(|&d| g.is_multiple_of(d) && d.is_multiple_of(step) && d * hdv <= 512)
+        };
         let gs = match self.knobs.dec_heads {
             h if h > 0 && h < g && g.is_multiple_of(h) => h,
             _ => g,
         };
+        let gs = fits(gs, 1).unwrap_or(gs);
         // Query heads a block of a split token takes (a multiple of gs).
         let gss = match self.knobs.dec_split_heads {
             h if h >= gs && h < g && g.is_multiple_of(h) && h.is_multiple_of(gs) => h,
             _ => g,
         };
-        let dec_chunk = if gqa && ga_fast && n <= self.knobs.dec_max {
+        let gss = fits(gss, gs).unwrap_or(gss);
+        let dec_fast = hdv.is_multiple_of(32) && hdv <= 128 && gs * hdv <= 512 && gss * hdv <= 512;
+        let dec_chunk = if gqa && dec_fast && n <= self.knobs.dec_max {
             [128usize, 64, 32]
                 .into_iter()
                 .filter(|&c| c <= self.knobs.dec_chunk.max(32))
@@ -2687,7 +2697,7 @@ impl Device {
         };
         // The grouped kernel's fast value path also quantizes its output
         // into the q8 scratch for the output projection (decode).
-        let q8 = !mma && gqa && ga_fast && self.wants_q8(n, a.params.n_head * hdv);
+        let q8 = !mma && gqa && (ga_fast || dec_chunk.is_some()) && self.wants_q8(n, a.params.n_head * hdv);
         let (qs, ds) = if q8 { self.q8_scratch(n * a.params.n_head * hdv)? } else { (0, 0) };
         let cfg = LaunchConfig {
             // (the tensor-core kernel: a block per 64 queries and head)

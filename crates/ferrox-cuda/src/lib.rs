@@ -110,7 +110,8 @@
 //! once, the next chunk's before this one is computed. A token with at
 //! least 256 keys in its window is split, flash-decoding style, into up to
 //! 16 runs of whole chunks, one per 128 keys, a block per run taking its KV
-//! head's whole group; each run writes its softmax max, sum and
+//! head's whole group (or the largest divisor of it whose heads hold at
+//! most 512 value dims: 4 of a group of 8 heads of 128); each run writes its softmax max, sum and
 //! unnormalized values to a scratch and the last run to finish (an atomic
 //! counter it resets) merges them. The run count is picked in the kernel
 //! from the token's position, so one CUDA graph serves every position.

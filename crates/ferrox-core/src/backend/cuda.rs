@@ -1340,16 +1340,21 @@ mod tests {
         // token, twice, so the runs' counter must be back at zero; the
         // 700-key window is split in 5, the 300-key one (starting
         // mid-chunk) in 2.
-        for (hd, window, softcap) in [
-            (64, None, None),
-            (64, Some(700), None),
-            (128, Some(300), Some(30.0)),
-            (256, Some(5u32), Some(50.0f32)),
-            (40, Some(300), None),
-            (36, Some(300), Some(30.0)),
+        // Two query heads a KV head, and (the last two) eight of 128, whose
+        // values pass the grouped kernels' 512 a block: the decode kernel
+        // takes them a head a block, four a block for split tokens.
+        for (hd, window, softcap, g) in [
+            (64, None, None, 2),
+            (64, Some(700), None, 2),
+            (128, Some(300), Some(30.0), 2),
+            (256, Some(5u32), Some(50.0f32), 2),
+            (40, Some(300), None, 2),
+            (36, Some(300), Some(30.0), 2),
+            (128, None, None, 8),
+            (128, Some(700), Some(30.0), 8),
         ] {
             let p = AttnParams {
-                n_head: 4,
+                n_head: 2 * g,
                 n_head_kv: 2,
                 head_dim: hd,
                 head_dim_v: hd,
@@ -1393,7 +1398,7 @@ mod tests {
                 cpu.attention(&mut hkv, 1, Staged::of(b, &[], &hidx), [&hq, &hk, &hv], &mut ho, &p).unwrap();
                 c.attention(&mut dkv, 1, Staged::of(b, &[], &didx), [&dq, &dk, &dv], &mut dout, &p).unwrap();
                 let e = rel(&read(c, &dout), &ho);
-                assert!(e < 1e-4, "attention hd {hd} window {window:?} softcap {softcap:?}, batch of {n}: relative error {e:e}");
+                assert!(e < 1e-4, "attention hd {hd} group {g} window {window:?} softcap {softcap:?}, batch of {n}: relative error {e:e}");
                 // Decode batches of the grouped kernel's fast path also leave
                 // a q8 copy of the output for the next matvec: it must give,
                 // bit for bit, what quantizing the same values separately gives.
