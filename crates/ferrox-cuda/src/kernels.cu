@@ -2369,9 +2369,10 @@ __device__ __forceinline__ void cp_async_wait1() {
 // `attention_gqa`'s fast path), and the q8 copy of the output for the
 // output projection. A block takes `gs` query heads of one KV head (the
 // whole group, or a divisor of it: each block then stages the keys itself).
-// Same limits as that fast path: group <= 8,
+// Same limits as that fast path, for the heads a block takes: group <= 8,
 // head_dim % 8 == 0, head_dim_v % 32 == 0, head_dim_v <= 128,
-// group * head_dim_v <= 512; chunk <= 256. The host sizes the dynamic
+// (heads a block) * head_dim_v <= 512 (a wider group is taken by blocks of
+// a divisor of it); chunk <= 256. The host sizes the dynamic
 // shared memory: 2 * chunk * (head_dim + 8 + head_dim_v) halves, then
 // G * head_dim + G * chunk + 8 * G * head_dim_v floats.
 // Long caches are split (flash-decoding): the grid holds `nsplit` runs per
