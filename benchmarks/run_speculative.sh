@@ -8,13 +8,15 @@
 # /tmp/ferrox-cpu.lock. Appends lines to benchmarks/results/speculative.jsonl (set
 # "speculative"; RECORD=0: not; MACHINE labels it).
 #
-#   benchmarks/run_speculative.sh     (FERROX, LLAMA_BIN, REPS=7, N=128, DRAFT_MAX=4, DRAFT_VOCAB=65536)
+#   benchmarks/run_speculative.sh     (FERROX, LLAMA_BIN, REPS=7, N=128, DRAFT_MAX=4, DRAFT_VOCAB=16384,
+#                                      DRAFT_P_MIN=0.3, given to llama-speculative too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${REPS:-7}
 n=${N:-128}
 dmax=${DRAFT_MAX:-4}
-dvocab=${DRAFT_VOCAB:-65536}
+dvocab=${DRAFT_VOCAB:-16384}
+pmin=${DRAFT_P_MIN:-0.3}
 llama=${LLAMA_BIN:-$HOME/.cache/ferrox/llama.cpp-build/bin}
 ferrox=${FERROX:-${CARGO_TARGET_DIR:-target}/release/ferrox}
 src=${MODEL:-$HOME/.cache/ferrox/models/gemma-3-270m-q4_k_m.gguf}
@@ -53,17 +55,17 @@ EOF
 }
 
 # The pair: ferrox, then llama-speculative.
-row=$(sg -md "$dir/g-q4_0.gguf" --draft-max "$dmax" --draft-vocab "$dvocab" --spec-prompt-file "$dir/story.txt")
+row=$(sg -md "$dir/g-q4_0.gguf" --draft-max "$dmax" --draft-vocab "$dvocab" --draft-p-min "$pmin" --spec-prompt-file "$dir/story.txt")
 ls=()
 for _ in $(seq "$reps"); do
   ls+=("$("$llama/llama-speculative" -m "$dir/g-f16.gguf" -md "$dir/g-q4_0.gguf" -p "$prompt" -n "$n" \
-      --temp 0 -t 2 -td 2 --spec-draft-n-max "$dmax" -c 1024 2>&1 \
+      --temp 0 -t 2 -td 2 --spec-draft-n-max "$dmax" --spec-draft-p-min "$pmin" -c 1024 2>&1 \
       | sed -n 's/.*decoded .* speed: *\([0-9.]*\) t\/s.*/\1/p' | tail -1)")
 done
 lsm=$(printf '%s\n' "${ls[@]}" | median)
 echo "pair: $row"
 echo "llama-speculative t/s: ${ls[*]} (median $lsm)"
-record "sg$n" "F16 target, Q4_0 draft (max $dmax, vocab $dvocab)" "$row" "llama-speculative (-t 2, --spec-draft-n-max $dmax)" "$lsm"
+record "sg$n" "F16 target, Q4_0 draft (max $dmax, vocab $dvocab, p-min $pmin)" "$row" "llama-speculative (-t 2, --spec-draft-n-max $dmax, --spec-draft-p-min $pmin)" "$lsm"
 
 # Prompt lookup on the editing prompt.
 row=$(sg --lookup --draft-max "$dmax" --spec-prompt-file benchmarks/data/edit-prompt.txt)
