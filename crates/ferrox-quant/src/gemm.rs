@@ -86,8 +86,9 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
         Isa::Amx if packed => Some("amx::gemm_16x16"),
         Isa::Avx2 if packed => Some("avx2::gemm_8x4"),
         // AVX-512 without AMX runs the rows-in-lanes kernel (decision 0049)
-        // with `vpdpbusd` in 256-bit registers (decision 0050).
-        Isa::Avx512Vnni if packed => Some("avx512vnni::gemm_8x4"),
+        // with `vpdpbusd` in 256-bit registers (decision 0050), sixteen rows
+        // a tile (a last odd group of eight alone; decision 0053).
+        Isa::Avx512Vnni if packed => Some("avx512vnni::gemm_16x4"),
         _ => None, // capability table: partial by design
     }
 }
@@ -100,6 +101,13 @@ pub fn gemm_kernel(kind: QuantKind, isa: Isa) -> Option<&'static str> {
 /// The CPU has the level the pointer was obtained for; the pointers cover
 /// `subs` sub-blocks ([`Rows8`], [`Cols4`]).
 pub(crate) type Rows8Fn = unsafe fn(w: &Rows8, a: &Cols4, subs: usize, out: &mut [[f32; 8]; 4]);
+
+/// [`Rows8Fn`] over two eight-row groups at once (`out[h]` group `h`'s):
+/// with `vpdpbusd`, each token's bytes broadcast once for sixteen rows.
+///
+/// # Safety
+/// As [`Rows8Fn`], for both groups.
+pub(crate) type Rows16Fn = unsafe fn(w: [&Rows8; 2], a: &Cols4, subs: usize, out: &mut [[[f32; 8]; 4]; 2]);
 
 /// Packs eight rows of whole blocks (one length, aligned) into a [`Rows8`]
 /// panel in one pass: the codes interleaved (`rows[0].len() * 8` bytes into
@@ -145,8 +153,9 @@ pub(crate) struct Cols4 {
 /// How a level runs the GEMM.
 #[derive(Clone, Copy)]
 enum Engine {
-    /// Rows in lanes, eight at a time ([`Rows8Fn`]), with its `base`.
-    Rows8(Rows8Fn, i32),
+    /// Rows in lanes, eight at a time ([`Rows8Fn`]), with its `base`, and
+    /// sixteen at a time where the level has that tile ([`Rows16Fn`]).
+    Rows8(Rows8Fn, i32, Option<Rows16Fn>),
     /// AMX tiles.
     #[cfg(target_arch = "x86_64")]
     Amx,
@@ -160,7 +169,7 @@ fn engine(isa: Isa, info: &PackInfo) -> Option<Engine> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512Vnni => cpu::x86::rows8_gemm(isa == Isa::Avx512Vnni, info.sub, info.code_max)
-            .map(|(f, base)| Engine::Rows8(f, base)),
+            .map(|(f, base)| Engine::Rows8(f, base, cpu::x86::rows16_gemm(isa == Isa::Avx512Vnni, info.sub, info.code_max))),
         #[cfg(target_arch = "x86_64")]
         Isa::Amx => Some(Engine::Amx),
         _ => None,
@@ -440,7 +449,7 @@ pub(crate) fn matmul(
         groups: None,
     };
     match engine(level, &info) {
-        Some(Engine::Rows8(tile, base)) => m.rows8(tile, base, y)?,
+        Some(Engine::Rows8(tile, base, tile16)) => m.rows8(tile, tile16, base, y)?,
         #[cfg(target_arch = "x86_64")]
         Some(Engine::Amx) => m.amx(y)?,
         None => return Ok(false),
@@ -479,7 +488,7 @@ pub(crate) fn matmul_groups(
         return Err(CpuError::IsaUnavailable { isa: Isa::Avx2 });
     }
     let m = Matmul { level: Isa::Avx2, kind, act, info, weights, row_bytes, rows, cols, x, n, threads, bf16: false, groups: Some(pack) };
-    m.rows8(tile, base, y)
+    m.rows8(tile, None, base, y)
 }
 
 /// One GEMM call's operands.
@@ -513,7 +522,7 @@ impl Matmul<'_> {
     /// their scale and `d * sum`), weight rows unpacked per task and
     /// interleaved eight at a time, four codes per row a group ([`Rows8`]),
     /// with the offset (less `base`) folded into the bias.
-    fn rows8(&self, tile: Rows8Fn, base: i32, y: &mut [f32]) -> Result<(), CpuError> {
+    fn rows8(&self, tile: Rows8Fn, tile16: Option<Rows16Fn>, base: i32, y: &mut [f32]) -> Result<(), CpuError> {
         let (sub, cols, n, rows) = (self.info.sub, self.cols, self.n, self.rows);
         let subs = cols / sub;
         let npad = n.next_multiple_of(4);
@@ -595,23 +604,42 @@ impl Matmul<'_> {
                 }
                 for c0 in (0..npad).step_by(4) {
                     let a = Cols4 { q: aq[c0 * cols..].as_ptr(), ds: ads[c0 * 2 * subs..].as_ptr() };
-                    for gi in 0..groups {
-                        let w = Rows8 {
-                            u: u[gi * 8 * cols..].as_ptr(),
-                            s: panel.s[gi * 8 * subs..].as_ptr(),
-                            bias: panel.bias[gi * 8 * subs..].as_ptr(),
-                        };
-                        let mut acc = [[0f32; 8]; 4];
-                        // SAFETY: the level is available (checked by the caller); the
-                        // group covers `cols / 4` groups of 32 bytes and `subs` sub-blocks
-                        // of scales and biases, each token `cols` bytes and `subs` floats
-                        // (tokens past `n` are zeros); the instance fits the kind's codes.
-                        unsafe { tile(&w, &a, subs, &mut acc) };
+                    let rows8 = |gi: usize| Rows8 {
+                        u: u[gi * 8 * cols..].as_ptr(),
+                        s: panel.s[gi * 8 * subs..].as_ptr(),
+                        bias: panel.bias[gi * 8 * subs..].as_ptr(),
+                    };
+                    // Group `gi`'s tile into `y`.
+                    let store = |gi: usize, acc: &[[f32; 8]; 4]| {
                         let live = (nr - 8 * gi).min(8);
                         for (j, accj) in acc.iter().enumerate().take((n - c0).min(4)) {
                             // SAFETY: `c0 + j < n` and rows `r0 + 8 * gi..` + `live` are
                             // inside `y` (n x rows), this task's alone.
                             unsafe { core::ptr::copy_nonoverlapping(accj.as_ptr(), out.ptr().add((c0 + j) * rows + r0 + 8 * gi), live) };
+                        }
+                    };
+                    // Two groups a tile where the level has it, a last odd one alone.
+                    let mut gi = 0;
+                    while gi < groups {
+                        match tile16.filter(|_| gi + 1 < groups) {
+                            Some(t16) => {
+                                let mut acc = [[[0f32; 8]; 4]; 2];
+                                // SAFETY: as for the eight-row tile below, for both groups.
+                                unsafe { t16([&rows8(gi), &rows8(gi + 1)], &a, subs, &mut acc) };
+                                store(gi, &acc[0]);
+                                store(gi + 1, &acc[1]);
+                                gi += 2;
+                            }
+                            None => {
+                                let mut acc = [[0f32; 8]; 4];
+                                // SAFETY: the level is available (checked by the caller); the
+                                // group covers `cols / 4` groups of 32 bytes and `subs` sub-blocks
+                                // of scales and biases, each token `cols` bytes and `subs` floats
+                                // (tokens past `n` are zeros); the instance fits the kind's codes.
+                                unsafe { tile(&rows8(gi), &a, subs, &mut acc) };
+                                store(gi, &acc);
+                                gi += 1;
+                            }
                         }
                     }
                 }

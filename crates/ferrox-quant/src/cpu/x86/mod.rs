@@ -105,6 +105,25 @@ pub(crate) fn rows8_gemm(vnni: bool, sub: usize, code_max: i32) -> Option<(crate
     Some((f, if sign { 128 } else { 0 }))
 }
 
+/// [`rows8_gemm`]'s sixteen-row tile, where the level has one: the
+/// `vpdpbusd` kernel over two eight-row groups
+/// ([`avx2_gemm::gemm_16x4_vnni`]), the same instance by sub-block and sign
+/// (decision 0053). The AVX2 level keeps eight rows.
+pub(crate) fn rows16_gemm(vnni: bool, sub: usize, code_max: i32) -> Option<crate::gemm::Rows16Fn> {
+    use avx2_gemm::gemm_16x4_vnni as v;
+    if !vnni {
+        return None;
+    }
+    let sign = code_max > 129;
+    Some(match (sub, sign) {
+        (32, true) => v::<32, true>,
+        (32, false) => v::<32, false>,
+        (16, true) => v::<16, true>,
+        (16, false) => v::<16, false>,
+        _ => return None,
+    })
+}
+
 /// The AVX2 panel packer of eight rows for `kind`, where it has one (the
 /// 32-element kinds whose blocks have a scale and no bias): see
 /// [`crate::gemm::Pack8Fn`].
