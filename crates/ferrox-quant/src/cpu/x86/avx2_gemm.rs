@@ -121,30 +121,7 @@ pub(crate) unsafe fn gemm_8x4_vnni<const SUB: usize, const SIGN: bool>(
     subs: usize,
     out: &mut [[f32; 8]; 4],
 ) {
-    let flip = _mm256_set1_epi8(-128);
-    let mut facc = [_mm256_setzero_ps(); 4];
-    for sb in 0..subs {
-        let mut iacc = [_mm256_setzero_si256(); 4];
-        for g in sb * SUB / 4..(sb + 1) * SUB / 4 {
-            let u = _mm256_loadu_si256(w.u.add(32 * g).cast());
-            let bcast = |j: usize| _mm256_set1_epi32(a.q.add(16 * g + 4 * j).cast::<i32>().read_unaligned());
-            if SIGN {
-                let wq = _mm256_xor_si256(u, flip);
-                let wabs = _mm256_abs_epi8(wq);
-                for (j, i) in iacc.iter_mut().enumerate() {
-                    *i = _mm256_dpbusd_epi32(*i, wabs, _mm256_sign_epi8(bcast(j), wq));
-                }
-            } else {
-                for (j, i) in iacc.iter_mut().enumerate() {
-                    *i = _mm256_dpbusd_epi32(*i, u, bcast(j));
-                }
-            }
-        }
-        scale_sub(w, a, sb, &iacc, &mut facc);
-    }
-    for (o, f) in out.iter_mut().zip(&facc) {
-        _mm256_storeu_ps(o.as_mut_ptr(), *f);
-    }
+    gemm_groups_x4_vnni::<1, SUB, SIGN>([w], a, subs, core::array::from_mut(out))
 }
 
 /// [`gemm_8x4_vnni`] over two eight-row groups at once (`w[0]`, `w[1]`):
@@ -164,12 +141,28 @@ pub(crate) unsafe fn gemm_16x4_vnni<const SUB: usize, const SIGN: bool>(
     subs: usize,
     out: &mut [[[f32; 8]; 4]; 2],
 ) {
+    gemm_groups_x4_vnni::<2, SUB, SIGN>(w, a, subs, out)
+}
+
+/// The `vpdpbusd` tile over `N` eight-row groups, group `h` into `out[h]`:
+/// each token's broadcast feeds every group's product.
+///
+/// # Safety
+/// As [`gemm_8x4_vnni`], for every group.
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+unsafe fn gemm_groups_x4_vnni<const N: usize, const SUB: usize, const SIGN: bool>(
+    w: [&Rows8; N],
+    a: &Cols4,
+    subs: usize,
+    out: &mut [[[f32; 8]; 4]; N],
+) {
     let flip = _mm256_set1_epi8(-128);
-    let mut facc = [[_mm256_setzero_ps(); 4]; 2];
+    let mut facc = [[_mm256_setzero_ps(); 4]; N];
     for sb in 0..subs {
-        let mut iacc = [[_mm256_setzero_si256(); 4]; 2];
+        let mut iacc = [[_mm256_setzero_si256(); 4]; N];
         for g in sb * SUB / 4..(sb + 1) * SUB / 4 {
-            let u = [_mm256_loadu_si256(w[0].u.add(32 * g).cast()), _mm256_loadu_si256(w[1].u.add(32 * g).cast())];
+            let u: [__m256i; N] = core::array::from_fn(|h| _mm256_loadu_si256(w[h].u.add(32 * g).cast()));
             for j in 0..4 {
                 let b = _mm256_set1_epi32(a.q.add(16 * g + 4 * j).cast::<i32>().read_unaligned());
                 for (acc, &u) in iacc.iter_mut().zip(&u) {
