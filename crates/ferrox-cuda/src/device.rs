@@ -2629,16 +2629,17 @@ impl Device {
             && g * hd <= 2048
             && g * hdv <= 2048;
         // The grouped kernel's fast value path (`GA_FAST` in kernels.cu).
-        let ga_fast = g * hdv <= 512 && hdv.is_multiple_of(32) && hdv <= 128;
+        let fast = |heads: usize| heads * hdv <= GA_FAST && hdv.is_multiple_of(32) && hdv <= 128;
+        let ga_fast = fast(g);
         // Decode batches: the staged kernel (`attention_dec`), with the
         // largest chunk of keys (128, 64 or 32) its shared memory allows.
         // Query heads a decode block takes: the group, or a divisor of it.
         // A block's heads share its value registers and partial sums
-        // (`GA_FAST`: heads x head_dim_v <= 512): a group past that (8
+        // (heads x head_dim_v <= `GA_FAST`): a group past that (8
         // heads of 128, Qwen3-30B-A3B's) is taken by blocks of the largest
         // divisor of it that fits, a multiple of `step`.
         let fits = |h: usize, step: usize| {
-            (step..=h).rev().find(|&d| g.is_multiple_of(d) && d.is_multiple_of(step) && d * hdv <= 512)
+            (step..=h).rev().find(|&d| g.is_multiple_of(d) && d.is_multiple_of(step) && fast(d))
         };
         let gs = match self.knobs.dec_heads {
             h if h > 0 && h < g && g.is_multiple_of(h) => h,
@@ -2651,7 +2652,7 @@ impl Device {
             _ => g,
         };
         let gss = fits(gss, gs).unwrap_or(gss);
-        let dec_fast = hdv.is_multiple_of(32) && hdv <= 128 && gs * hdv <= 512 && gss * hdv <= 512;
+        let dec_fast = fast(gs) && fast(gss);
         let dec_chunk = if gqa && dec_fast && n <= self.knobs.dec_max {
             [128usize, 64, 32]
                 .into_iter()
@@ -3508,6 +3509,10 @@ const ARGMAX_ROWS: usize = 65535;
 /// The most runs a split decode-attention token has (`DEC_MAXSPLIT` in
 /// kernels.cu: a warp's lanes merge them).
 const DEC_MAXSPLIT: usize = 32;
+
+/// The value dims a grouped attention block's heads hold in registers and
+/// partial sums (`GA_FAST` in kernels.cu).
+const GA_FAST: usize = 512;
 
 /// Dynamic shared memory of `attention_dec` for `chunk` keys a stage
 /// (its layout comment in `kernels.cu`).
