@@ -91,7 +91,7 @@ fn main() {
         .filter(|v: &Vec<usize>| !v.is_empty())
         .unwrap_or_else(|| vec![1, 2]);
     println!("best level on this CPU: {best}; GB/s of weight bytes, median of repeats\n");
-    // On AVX2-only CPUs, the eight-row re-laid copy's columns too.
+    // Where the eight-row re-laid copy applies (decisions 0046, 0054), its columns too.
     let rows8 = Interleaved8::applies(QuantKind::Q4_0, best, 8);
     let heads: Vec<String> = [Isa::Scalar, best]
         .iter()

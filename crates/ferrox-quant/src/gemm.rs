@@ -458,12 +458,14 @@ pub(crate) fn matmul(
 }
 
 /// [`matmul`] over a matrix re-laid eight rows a group
-/// (`crate::matvec::Interleaved8`) on AVX2: the rows-in-lanes engine with
-/// the panel unpacked from the groups ([`cpu::x86::rows8`]), the same codes,
-/// scales and biases as from the stored rows, so the same sums.
+/// (`crate::matvec::Interleaved8`) at `level` (AVX2, or AVX-512 without AMX:
+/// its `vpdpbusd` tiles): the rows-in-lanes engine with the panel unpacked
+/// from the groups ([`cpu::x86::rows8`]), the same codes, scales and biases
+/// as from the stored rows, so the same sums.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_groups(
+    level: Isa,
     kind: QuantKind,
     pack: cpu::x86::rows8::GroupPackFn,
     weights: &[u8],
@@ -478,17 +480,17 @@ pub(crate) fn matmul_groups(
         return Err(QuantError::NoDot { kind }.into());
     };
     let row_bytes = crate::row_bytes(kind, cols)?;
-    let Some((tile, base)) = cpu::x86::rows8_gemm(false, info.sub, info.code_max) else {
+    let Some(Engine::Rows8(tile, base, tile16)) = engine(level, &info).filter(|_| matches!(level, Isa::Avx2 | Isa::Avx512Vnni)) else {
         return Err(QuantError::NoDot { kind }.into());
     };
     if !rows.is_multiple_of(8) || weights.len() != rows * row_bytes || x.len() != n * cols || y.len() != n * rows {
         return Err(CpuError::Shape { what: "grouped matmul operands", expected: rows * row_bytes, got: weights.len() });
     }
-    if !Isa::Avx2.is_available() {
-        return Err(CpuError::IsaUnavailable { isa: Isa::Avx2 });
+    if !level.is_available() {
+        return Err(CpuError::IsaUnavailable { isa: level });
     }
-    let m = Matmul { level: Isa::Avx2, kind, act, info, weights, row_bytes, rows, cols, x, n, threads, bf16: false, groups: Some(pack) };
-    m.rows8(tile, None, base, y)
+    let m = Matmul { level, kind, act, info, weights, row_bytes, rows, cols, x, n, threads, bf16: false, groups: Some(pack) };
+    m.rows8(tile, tile16, base, y)
 }
 
 /// One GEMM call's operands.

@@ -829,48 +829,55 @@ mod tests {
     /// batches (16+) bit for bit what the GEMM gives from the stored rows.
     #[test]
     fn interleaved8_products_match_the_stored_rows() {
-        if !Isa::Avx2.is_available() {
+        let levels: Vec<Isa> = [Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.is_available()).collect();
+        if levels.is_empty() {
             eprintln!("NOT CHECKED: products over the eight-row re-laid copy (this CPU lacks AVX2)");
             return;
         }
         let mut rng = SmallRng::seed_from_u64(89);
-        for kind in ROWS8_KINDS {
-            let act = kind.vec_dot_kind().unwrap();
-            let unit = kind.block_elems();
-            for (rows, cols) in [(8, unit), (40, 640usize.next_multiple_of(unit))] {
-                let rb = crate::row_bytes(kind, cols).unwrap();
-                let w: Vec<f32> = (0..rows * cols).map(|i| rng.gen_range(-1.0..1.0) * if i % 7 == 0 { 3.0 } else { 1.0 }).collect();
-                let wq = aligned_quantized(kind, &w);
-                let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * rb];
-                let m = Interleaved8::new(Isa::Avx2, kind, wb, rows, cols).unwrap().expect("AVX2, rows in eights");
-                let n = 19;
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
-                let mut alone = vec![0f32; n * rows];
-                for t in 0..n {
-                    let (xt, yt) = (&x[t * cols..(t + 1) * cols], &mut alone[t * rows..(t + 1) * rows]);
-                    m.matmul(xt, yt, 1, 2, Products::Exact).unwrap();
-                    let xq = aligned_quantized(act, xt);
-                    let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
-                    for r in 0..rows {
-                        let want = crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
-                        let got = yt[r];
-                        assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{kind} {rows}x{cols}: row {r} token {t}: {got} vs scalar {want}");
+        for isa in levels {
+            for kind in ROWS8_KINDS {
+                let act = kind.vec_dot_kind().unwrap();
+                let unit = kind.block_elems();
+                for (rows, cols) in [(8, unit), (40, 640usize.next_multiple_of(unit))] {
+                    let rb = crate::row_bytes(kind, cols).unwrap();
+                    let w: Vec<f32> = (0..rows * cols).map(|i| rng.gen_range(-1.0..1.0) * if i % 7 == 0 { 3.0 } else { 1.0 }).collect();
+                    let wq = aligned_quantized(kind, &w);
+                    let wb = &bytemuck::cast_slice::<u64, u8>(&wq)[..rows * rb];
+                    let Some(m) = Interleaved8::new(isa, kind, wb, rows, cols).unwrap() else {
+                        assert!(isa != Isa::Avx2 && !Interleaved8::applies(kind, isa, rows), "{isa} {kind}: AVX2 takes every kind, rows in eights");
+                        continue;
+                    };
+                    // A batch past the level's GEMM crossover.
+                    let n = crate::gemm::min_batch_unpacked(isa, kind).max(19) + 3;
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0..2.0)).collect();
+                    let mut alone = vec![0f32; n * rows];
+                    for t in 0..n {
+                        let (xt, yt) = (&x[t * cols..(t + 1) * cols], &mut alone[t * rows..(t + 1) * rows]);
+                        m.matmul(xt, yt, 1, 2, Products::Exact).unwrap();
+                        let xq = aligned_quantized(act, xt);
+                        let xb = &bytemuck::cast_slice::<u64, u8>(&xq)[..crate::row_bytes(act, cols).unwrap()];
+                        for r in 0..rows {
+                            let want = crate::scalar::vec_dot(kind, &wb[r * rb..(r + 1) * rb], xb).unwrap();
+                            let got = yt[r];
+                            assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "{isa} {kind} {rows}x{cols}: row {r} token {t}: {got} vs scalar {want}");
+                        }
                     }
+                    for (n, products) in [(3, Products::Exact), (n, Products::Rows)] {
+                        let mut y = vec![f32::NAN; n * rows];
+                        m.matmul(&x[..n * cols], &mut y, n, 2, products).unwrap();
+                        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&y), bits(&alone[..n * rows]), "{isa} {kind} {rows}x{cols}: a batch of {n} ({products:?}) differs from its tokens alone");
+                    }
+                    let (mut y, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+                    m.matmul(&x, &mut y, n, 2, Products::Exact).unwrap();
+                    matmul_on(isa, kind, wb, rows, cols, &x, &mut want, n, 2, Products::Exact).unwrap();
+                    assert_eq!(
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{isa} {kind} {rows}x{cols}: the GEMM over the copy differs from the GEMM over the stored rows"
+                    );
                 }
-                for (n, products) in [(3, Products::Exact), (n, Products::Rows)] {
-                    let mut y = vec![f32::NAN; n * rows];
-                    m.matmul(&x[..n * cols], &mut y, n, 2, products).unwrap();
-                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&y), bits(&alone[..n * rows]), "{kind} {rows}x{cols}: a batch of {n} ({products:?}) differs from its tokens alone");
-                }
-                let (mut y, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
-                m.matmul(&x, &mut y, n, 2, Products::Exact).unwrap();
-                matmul_on(Isa::Avx2, kind, wb, rows, cols, &x, &mut want, n, 2, Products::Exact).unwrap();
-                assert_eq!(
-                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{kind} {rows}x{cols}: the GEMM over the copy differs from the GEMM over the stored rows"
-                );
             }
         }
     }
@@ -1050,7 +1057,7 @@ mod tests {
 /// (about 1 MiB) once it has been copied, so that the caller can drop the
 /// mapped pages as it goes and peak memory stays near one copy.
 #[cfg(target_arch = "x86_64")]
-fn relay_releasing(weights: &[u8], rows: usize, row_bytes: usize, group: usize, relay: impl Fn(&[u8], usize, &mut [u8]), done: &mut dyn FnMut(&[u8])) -> Vec<u64> {
+fn relay_releasing(weights: &[u8], rows: usize, row_bytes: usize, group: usize, relay: impl Fn(&[u8], usize, &mut [u8]) + Sync, done: &mut dyn FnMut(&[u8])) -> Vec<u64> {
     let mut bytes = vec![0u64; weights.len().div_ceil(8)];
     let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut bytes)[..weights.len()];
     let stretch = ((1 << 20) / (group * row_bytes.max(1))).max(1) * group;
@@ -1059,8 +1066,20 @@ fn relay_releasing(weights: &[u8], rows: usize, row_bytes: usize, group: usize, 
     // dropped right away would come back with its neighbour's reads.
     const LAG: usize = 4;
     let spans: Vec<(usize, usize)> = (0..rows).step_by(stretch).map(|r0| (r0, (r0 + stretch).min(rows))).collect();
+    // A stretch's groups split over the machine's threads (the copy runs
+    // once, at load).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dst = OutPtr(out.as_mut_ptr().cast());
     for (i, &(r0, r1)) in spans.iter().enumerate() {
-        relay(&weights[r0 * row_bytes..r1 * row_bytes], r1 - r0, &mut out[r0 * row_bytes..r1 * row_bytes]);
+        let per = (r1 - r0).div_ceil(group).div_ceil(threads) * group;
+        ThreadPool::global().run(threads, (r1 - r0).div_ceil(per), &|t| {
+            let (a, b) = (r0 + t * per, (r0 + (t + 1) * per).min(r1));
+            #[allow(clippy::redundant_locals)]
+            let dst = &dst;
+            // SAFETY: rows a..b of `out` (inside it: b <= rows), this task's alone.
+            let o = unsafe { core::slice::from_raw_parts_mut(dst.0.cast::<u8>().add(a * row_bytes), (b - a) * row_bytes) };
+            relay(&weights[a * row_bytes..b * row_bytes], b - a, o);
+        });
         if let Some(&(a, b)) = i.checked_sub(LAG).and_then(|j| spans.get(j)) {
             done(&weights[a * row_bytes..b * row_bytes]);
         }
@@ -1362,16 +1381,32 @@ pub struct Interleaved8 {
     kind: QuantKind,
     rows: usize,
     cols: usize,
+    /// The level it was made for: its batches' GEMM runs there.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // never made there (`new`)
+    isa: Isa,
 }
 
 impl Interleaved8 {
     /// Whether the layout applies: the kind has it, `rows` is a multiple of
-    /// 8, and `isa` is AVX2 without AVX-512 (whose four-row VNNI kernels and
-    /// GEMM read the stored rows).
+    /// 8, and `isa` is AVX2, or AVX-512 without AMX (whose batches take the
+    /// tile product over the stored rows) for the kinds whose group kernels
+    /// stream more than its VNNI four-row kernels there: the 4- and 5-bit
+    /// 32-element kinds, IQ4_XS, Q2_K, Q3_K and Q4_K, not Q8_0, Q5_K or Q6_K
+    /// (docs/decisions/0054-eight-row-relayout-on-avx512.md).
     pub fn applies(kind: QuantKind, isa: Isa, rows: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            isa == Isa::Avx2 && Isa::Avx2.is_available() && rows > 0 && rows.is_multiple_of(8) && cpu::x86::rows8::Form::of(kind).is_some()
+            use QuantKind::*;
+            let level = match isa {
+                Isa::Avx2 => true,
+                Isa::Avx512Vnni => matches!(kind, Q4_0 | Q5_0 | Q5_1 | IQ4NL | IQ4XS | Q2K | Q3K | Q4K),
+                _ => false,
+            };
+            level
+                && isa.is_available()
+                && rows > 0
+                && rows.is_multiple_of(8)
+                && cpu::x86::rows8::Form::of(kind).is_some()
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -1406,7 +1441,7 @@ impl Interleaved8 {
         {
             let Some(f) = cpu::x86::rows8::Form::of(kind) else { return Ok(None) };
             let bytes = relay_releasing(weights, rows, row_bytes, 8, |src, n, dst| cpu::x86::rows8::interleave(f, src, n, row_bytes, dst), &mut done);
-            Ok(Some(Interleaved8 { bytes, kind, rows, cols }))
+            Ok(Some(Interleaved8 { bytes, kind, rows, cols, isa }))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -1453,9 +1488,9 @@ impl Interleaved8 {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = products;
         #[cfg(target_arch = "x86_64")]
-        if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(Isa::Avx2, self.kind) {
+        if products != Products::Rows && n >= crate::gemm::min_batch_unpacked(self.isa, self.kind) {
             let (_, _, pack) = cpu::x86::rows8::kernels(self.kind).ok_or(QuantError::NoDot { kind: self.kind })?;
-            return crate::gemm::matmul_groups(self.kind, pack, self.bytes(), rows, cols, x, y, n, threads);
+            return crate::gemm::matmul_groups(self.isa, self.kind, pack, self.bytes(), rows, cols, x, y, n, threads);
         }
         Self::per_token(x, n, threads, &mut [(self, y)])
     }
@@ -1466,7 +1501,7 @@ impl Interleaved8 {
     /// quantized once and the groups of every matrix split into one set of
     /// pool tasks, else one call each.
     pub fn matmul_many(x: &[f32], n: usize, threads: usize, products: Products, mats: &mut [(&Interleaved8, &mut [f32])]) -> Result<(), CpuError> {
-        if products != Products::Rows && mats.first().is_some_and(|(m, _)| n >= crate::gemm::min_batch_unpacked(Isa::Avx2, m.kind)) {
+        if products != Products::Rows && mats.first().is_some_and(|(m, _)| n >= crate::gemm::min_batch_unpacked(m.isa, m.kind)) {
             for (m, y) in mats.iter_mut() {
                 m.matmul(x, y, n, threads, products)?;
             }

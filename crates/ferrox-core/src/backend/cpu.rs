@@ -355,7 +355,9 @@ pub fn interleaves(name: &str, kind: QuantKind, rows: usize) -> bool {
 
 /// Whether the matrix `name` is re-laid at load eight rows a group
 /// (`ferrox_quant::matvec::Interleaved8`), its mapped pages then released:
-/// on AVX2 CPUs without AVX-512, the matrices of the 32-element kinds, IQ4_XS and the K kinds (Q2_K to Q6_K) that the
+/// on AVX2 CPUs without AVX-512, the matrices of the 32-element kinds, IQ4_XS and the K kinds (Q2_K to Q6_K),
+/// on AVX-512 CPUs without AMX all those but Q8_0, Q5_K and Q6_K
+/// ([`ferrox_quant::matvec::Interleaved8::applies`]), that the
 /// 16-row Q8_0 form ([`interleaves`]) does not take, experts aside (read a
 /// token's experts' rows at a time). Every product over it then reads the
 /// copy: decode by the eight-row group kernel, batches by the rows-in-lanes

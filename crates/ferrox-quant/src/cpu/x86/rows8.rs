@@ -248,13 +248,6 @@ const fn mask(bits: usize) -> u8 {
     ((1u16 << bits) - 1) as u8
 }
 
-/// Element `e`'s code of a stored block.
-fn code(f: Form, blk: &[u8], e: usize) -> u8 {
-    let (at, shift, hb) = code_at(f, e);
-    let lo = (blk[at] >> shift) & mask(f.lo);
-    lo | hb.map_or(0, |(at, bit)| ((blk[at] >> bit) & mask(f.hi)) << f.lo)
-}
-
 /// Element `e`'s code ORed into a stored block (zeroed first).
 fn set_code(f: Form, blk: &mut [u8], e: usize, code: u8) {
     let (at, shift, hb) = code_at(f, e);
@@ -287,6 +280,25 @@ const K4_SCALES: (usize, usize) = (0, 64);
 /// planes.
 pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out: &mut [u8]) {
     let (nb, gb) = (row_bytes / f.block, f.group_block());
+    // Each code's place, worked out once a call rather than once a row and
+    // block: where the stored block keeps it ([`code_at`]) and where row
+    // 0's copy goes ([`plane_at`]; row r's is 4r bytes on).
+    struct Move {
+        at: usize,
+        shift: u32,
+        high: Option<(usize, u32)>,
+        lo: (usize, u32),
+        hi: (usize, u32),
+    }
+    let moves: Vec<Move> = (0..f.subs)
+        .flat_map(|sub| (0..8).flat_map(move |cg| (0..4).map(move |e| (sub, cg, e))))
+        .map(|(sub, cg, e)| {
+            let (at, shift, high) = code_at(f, 32 * sub + 4 * cg + e);
+            let (lo, hi) = plane_at(f, sub, cg, e, 0);
+            Move { at, shift, high, lo, hi }
+        })
+        .collect();
+    let (lo_mask, hi_mask) = (mask(f.lo), mask(f.hi));
     for g in 0..rows / 8 {
         for b in 0..nb {
             let dst = &mut out[(g * nb + b) * gb..][..gb];
@@ -305,16 +317,11 @@ pub(crate) fn interleave(f: Form, src: &[u8], rows: usize, row_bytes: usize, out
                         dst[at + K4_SCALES.1 + 8 * (ib / 2) + r] |= (m[ib] >> 2) << (4 * (ib % 2));
                     }
                 }
-                for sub in 0..f.subs {
-                    for cg in 0..8 {
-                        for e in 0..4 {
-                            let c = code(f, blk, 32 * sub + 4 * cg + e);
-                            let ((lo, ls), (hi, hs)) = plane_at(f, sub, cg, e, r);
-                            dst[lo] |= (c & mask(f.lo)) << ls;
-                            if f.hi > 0 {
-                                dst[hi] |= (c >> f.lo) << hs;
-                            }
-                        }
+                for m in &moves {
+                    let c = (blk[m.at] >> m.shift) & lo_mask | m.high.map_or(0, |(at, bit)| ((blk[at] >> bit) & hi_mask) << f.lo);
+                    dst[m.lo.0 + 4 * r] |= (c & lo_mask) << m.lo.1;
+                    if f.hi > 0 {
+                        dst[m.hi.0 + 4 * r] |= (c >> f.lo) << m.hi.1;
                     }
                 }
             }
