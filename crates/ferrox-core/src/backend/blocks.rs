@@ -431,9 +431,10 @@ mod plan_tests {
     }
 
     /// Qwen2-MoE's shared expert in the plan: every token reads its matrices
-    /// whole (the stacks beside them, their routed share); the CPU runs it,
-    /// and CUDA, with no shared-expert kernel yet, refuses the model before
-    /// a weight is read, once, naming the way to run it.
+    /// whole (the stacks beside them, their routed share); the CPU and
+    /// Vulkan run it (Vulkan's plan names its kernel on the gate), and
+    /// CUDA, with no shared-expert kernel yet, refuses the model before a
+    /// weight is read, once, naming the way to run it.
     #[test]
     fn a_shared_expert_is_read_whole_per_token_and_refused_where_no_kernel_runs_it() {
         let path = std::env::temp_dir().join(format!("ferrox-shexp-plan-{}.gguf", std::process::id()));
@@ -455,5 +456,11 @@ mod plan_tests {
         assert_eq!(p.refused.len(), 1, "{:?}", p.refused);
         let why = &p.refused[0];
         assert!(why.contains("mixture-of-experts shared expert") && why.contains("--backend cpu"), "{why}");
+        // Vulkan runs it as one more route a token (the default block).
+        let p = crate::model::plan(&file, Backend::Vulkan, None, "vulkan".into()).unwrap();
+        assert!(p.refused.is_empty(), "{:?}", p.refused);
+        for t in p.tensors.iter().filter(|t| t.name.contains("ffn_gate_inp_shexp")) {
+            assert!(t.decode.contains("shared expert") && t.fallback.is_none(), "{}: {} ({:?})", t.name, t.decode, t.fallback);
+        }
     }
 }

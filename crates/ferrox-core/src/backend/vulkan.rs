@@ -53,6 +53,18 @@ impl BackendCaps for Vulkan {
         Some(vk_ops::MAX_HEAD_DIM)
     }
 
+    /// A mixture's experts: the float product over each routed pair's
+    /// rows (found by address in the stack), routes chosen on the host.
+    fn experts_kernel(kind: QuantKind) -> Option<String> {
+        vk_ops::suffix(kind).map(|s| format!("vulkan matmul_{s} (a routed pair's rows a launch, the routes chosen on the host)"))
+    }
+
+    /// A shared expert is one more route of every token, weighted by the
+    /// sigmoid of its gate's product (on the host).
+    fn shared_expert_kernel() -> Option<String> {
+        Some("vulkan matmul (the shared expert as one more route a token, weighted on the host by the sigmoid of its gate)".into())
+    }
+
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;
         match vk_ops::matmul_shader(kind) {
@@ -235,13 +247,32 @@ mod dispatch {
 
         /// One launch of the element-wise shader (`unary.comp`'s `op`).
         fn unary(&self, dst: &Buf, a: Option<&Buf>, op: u32, width: usize, s: f32) -> Result<(), BackendError> {
-            let len = fits("length", dst.len)?;
-            let push = Push::default().ptr(dst.at()).ptr(a.unwrap_or(dst).at()).u32(len).u32(op).u32(width as u32).f32(s);
-            self.dev.launch("unary", &push, groups(dst.len), 1).map_err(be)
+            self.unary_at(dst.at(), a.unwrap_or(dst).at(), dst.len, op, width, s)
+        }
+
+        /// [`Vulkan::unary`] over `len` floats at device addresses.
+        fn unary_at(&self, dst: u64, a: u64, len: usize, op: u32, width: usize, s: f32) -> Result<(), BackendError> {
+            let push = Push::default().ptr(dst).ptr(a).u32(fits("length", len)?).u32(op).u32(width as u32).f32(s);
+            self.dev.launch("unary", &push, groups(len), 1).map_err(be)
+        }
+
+        /// One row of the float product (`matmul_<kind>`): rows `row0..row0 +
+        /// rows` of `w` against the `w.cols` floats at `x`, into the `rows`
+        /// floats at `y`.
+        fn matvec_rows(&self, w: &Matrix, row0: usize, rows: usize, x: u64, y: u64) -> Result<(), BackendError> {
+            let push = Push::default()
+                .ptr(x)
+                .ptr(y)
+                .ptr(w.b.addr(row0 * w.row_bytes))
+                .u32(fits("rows", rows)?)
+                .u32(w.cols as u32)
+                .u32(1)
+                .u32(w.row_bytes as u32);
+            self.dev.launch(&format!("matmul_{}", w.suffix), &push, rows.div_ceil(vk_ops::MATMUL_ROWS), 1).map_err(be)
         }
 
         #[allow(clippy::too_many_arguments)]
-        fn glu_launch(&self, act: Activation, gate: u64, up: u64, out: &Buf, n: usize, width: usize, stride: usize) -> Result<(), BackendError> {
+        fn glu_launch(&self, act: Activation, gate: u64, up: u64, out: u64, n: usize, width: usize, stride: usize) -> Result<(), BackendError> {
             let act = match act {
                 Activation::SiluGated => 0,
                 Activation::GeluGated => 1,
@@ -249,7 +280,7 @@ mod dispatch {
             let push = Push::default()
                 .ptr(gate)
                 .ptr(up)
-                .ptr(out.at())
+                .ptr(out)
                 .u32(fits("rows", n)?)
                 .u32(fits("width", width)?)
                 .u32(stride as u32)
@@ -574,7 +605,7 @@ mod dispatch {
             exact("glu up", up, gate.len)?;
             exact("glu out", out, gate.len)?;
             fits("glu length", gate.len)?;
-            self.glu_launch(act, gate.at(), up.at(), out, 1, gate.len, 0)
+            self.glu_launch(act, gate.at(), up.at(), out.at(), 1, gate.len, 0)
         }
 
         fn glu_fused(&self, act: Activation, fused: &Buf, out: &mut Buf, width: usize) -> Result<(), BackendError> {
@@ -583,7 +614,7 @@ mod dispatch {
             }
             let n = fused.len / (2 * width);
             exact("fused glu out", out, n * width)?;
-            self.glu_launch(act, fused.at(), fused.b.addr(width * 4), out, n, width, 2 * width)
+            self.glu_launch(act, fused.at(), fused.b.addr(width * 4), out.at(), n, width, 2 * width)
         }
 
         fn copy(&self, src: &Buf, dst: &mut Buf) -> Result<(), BackendError> {
@@ -623,6 +654,77 @@ mod dispatch {
                 .u32(0)
                 .u32(1);
             self.dev.launch("select", &push, groups(n * width), 1).map_err(be)
+        }
+
+        /// The routed experts as the seam's default block routes them (on the
+        /// host): each pair's gate and up rows by the float product (one
+        /// launch a matrix and pair, the expert's rows found by address),
+        /// the GLU over all pairs of a width at once, each pair's down rows,
+        /// then each pair's output added into its token's row scaled by its
+        /// weight. gpt-oss's experts (biases, its clamped SwiGLU) have no
+        /// shader yet: the plan refuses them first.
+        fn moe_experts(&self, w: &crate::backend::MoeBlock<'_, Vulkan>, x: &Buf, routes: &[crate::backend::Route], out: &mut Buf) -> Result<(), BackendError> {
+            if w.biases.is_some() || w.experts.swiglu_oai.is_some() {
+                return Err(BackendError("no Vulkan shader for gpt-oss's experts (biases, swiglu_oai)".into()));
+            }
+            let (e, ne) = (w.n_embd, w.experts.n_expert);
+            if e == 0 || !out.len.is_multiple_of(e) || x.len != out.len {
+                return Err(shape("experts input and output", out.len, x.len));
+            }
+            let n = out.len / e;
+            // (matrices, expert index in them, hidden width) of a route.
+            let of = |r: &crate::backend::Route| -> Result<([&Matrix; 3], usize, usize), BackendError> {
+                if r.token >= n {
+                    return Err(BackendError(format!("a route to token {} of {n}", r.token)));
+                }
+                match (r.expert < ne, &w.shared) {
+                    (true, _) => Ok(([w.gate, w.up, w.down], r.expert, w.experts.n_ff)),
+                    (false, Some(sh)) if r.expert == ne => Ok(([sh.gate, sh.up, sh.down], 0, sh.n_ff)),
+                    _ => Err(BackendError(format!("a route to expert {} of {ne}", r.expert))),
+                }
+            };
+            for (m, rows, cols) in [(w.gate, w.experts.n_ff, e), (w.up, w.experts.n_ff, e), (w.down, e, w.experts.n_ff)] {
+                if m.rows != ne * rows || m.cols != cols {
+                    return Err(BackendError(format!("an expert stack of {}x{} where {ne} experts of {rows}x{cols} are expected", m.rows, m.cols)));
+                }
+            }
+            self.unary_at(out.at(), out.at(), out.len, 6, 1, 0.0)?;
+            if routes.is_empty() {
+                return Ok(());
+            }
+            // The pairs of each hidden width side by side (the routed, then
+            // the shared expert's), so one GLU launch takes each width.
+            let mut order: Vec<(usize, [&Matrix; 3], usize, usize)> = Vec::with_capacity(routes.len());
+            for (p, r) in routes.iter().enumerate() {
+                let (m, index, ff) = of(r)?;
+                order.push((p, m, index, ff));
+            }
+            order.sort_by_key(|o| o.3);
+            let hidden: usize = order.iter().map(|o| o.3).sum();
+            let (g, u, h, d) = (self.buf(hidden)?, self.buf(hidden)?, self.buf(hidden)?, self.buf(routes.len() * e)?);
+            let mut at = 0;
+            for &(p, [gate, up, _], index, ff) in &order {
+                let xt = x.b.addr(routes[p].token * e * 4);
+                self.matvec_rows(gate, index * ff, ff, xt, g.b.addr(at * 4))?;
+                self.matvec_rows(up, index * ff, ff, xt, u.b.addr(at * 4))?;
+                at += ff;
+            }
+            let mut at = 0;
+            for width in order.iter().map(|o| o.3).collect::<std::collections::BTreeSet<usize>>() {
+                let count = order.iter().filter(|o| o.3 == width).count();
+                let (ga, ua, ha) = (g.b.addr(at * 4), u.b.addr(at * 4), h.b.addr(at * 4));
+                self.glu_launch(w.act, ga, ua, ha, count, width, width)?;
+                at += count * width;
+            }
+            let mut at = 0;
+            for &(p, [_, _, down], index, ff) in &order {
+                self.matvec_rows(down, index * e, e, h.b.addr(at * 4), d.b.addr(p * e * 4))?;
+                at += ff;
+            }
+            for (p, r) in routes.iter().enumerate() {
+                self.unary_at(out.b.addr(r.token * e * 4), d.b.addr(p * e * 4), e, 5, 1, r.weight)?;
+            }
+            Ok(())
         }
 
         fn split_cols(&self, src: &Buf, src_width: usize, c0: usize, dst: &mut Buf, dst_width: usize) -> Result<(), BackendError> {
