@@ -1,6 +1,8 @@
 // Causal attention of one query head of one token over its sequence's f16
 // cache (a workgroup each): positions 64 at a time, an online softmax, each
-// thread holding up to 4 of the head's output values.
+// thread holding up to 4 of the head's output values. With `has_sinks`
+// (gpt-oss), head h's softmax denominator also takes exp(sinks[h]), a logit
+// no value belongs to.
 layout(push_constant, std430) uniform P {
     F32 q;
     U32 kc;
@@ -8,6 +10,7 @@ layout(push_constant, std430) uniform P {
     F32 out_;
     U32 seq;
     U32 pos;
+    F32 sinks;
     uint n;
     uint n_head;
     uint n_head_kv;
@@ -17,6 +20,7 @@ layout(push_constant, std430) uniform P {
     uint window;
     float scale;
     float softcap;
+    uint has_sinks;
 } p;
 shared float qs[256];
 shared float pr[64];
@@ -80,6 +84,11 @@ void main() {
         }
         m = mnew;
         barrier();
+    }
+    if (p.has_sinks != 0u) {
+        float sk = p.sinks.v[h], mn = max(m, sk), corr = exp(m - mn);
+        l = l * corr + exp(sk - mn);
+        for (uint k = 0u; k < 4u; k++) acc[k] *= corr;
     }
     for (uint k = 0u; k < 4u; k++) {
         uint d = tid + 64u * k;

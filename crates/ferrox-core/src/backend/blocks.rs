@@ -403,9 +403,10 @@ mod plan_tests {
     }
 
     /// gpt-oss in the plan: a token reads its experts' share of each stack
-    /// and of each stack of expert biases; the CPU runs it, and every
-    /// accelerator (none has sinks or gpt-oss's experts yet) refuses it
-    /// before a weight is read, naming both and the way to run it.
+    /// and of each stack of expert biases; the CPU and Vulkan run it
+    /// (Vulkan's plan names its sinks and biased experts' kernels), and
+    /// every other accelerator (no sinks or gpt-oss's experts yet) refuses
+    /// it before a weight is read, naming both and the way to run it.
     #[test]
     fn gpt_oss_reads_the_routed_share_and_is_refused_where_no_kernel_runs_it() {
         let path = std::env::temp_dir().join(format!("ferrox-gptoss-plan-{}.gguf", std::process::id()));
@@ -426,6 +427,16 @@ mod plan_tests {
         for &b in Backend::ALL.iter().filter(|b| b.is_accelerator()) {
             let p = crate::model::plan(&file, b, None, b.name().into()).unwrap();
             let all = p.refused.join("; ");
+            if b == Backend::Vulkan {
+                assert!(p.refused.is_empty(), "vulkan: {all}");
+                for t in p.tensors.iter().filter(|t| t.name.contains("attn_sinks")) {
+                    assert!(t.decode.starts_with("vulkan attention ") && t.prefill == t.decode, "{}: {}", t.name, t.decode);
+                }
+                for t in p.tensors.iter().filter(|t| t.name.contains("ffn_gate_inp.bias") || t.name.contains("_exps.bias")) {
+                    assert!(t.decode.contains("bias rows") && t.decode.contains("clamped SwiGLU"), "{}: {}", t.name, t.decode);
+                }
+                continue;
+            }
             assert!(all.contains("attention sinks") && all.contains("gpt-oss's mixture-of-experts") && all.contains("--backend cpu"), "{b}: {all}");
         }
     }

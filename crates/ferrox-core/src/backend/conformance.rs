@@ -28,7 +28,7 @@ use ferrox_gguf::{GgufModel, GgufWriter};
 use ferrox_quant::QuantKind;
 use half::f16;
 
-use super::{AttnParams, Batch, DeviceBackend, DeviceOptions, HostTensor, RopeParams, Staged};
+use super::{AttnParams, BackendError, Batch, DeviceBackend, DeviceOptions, HostTensor, RopeParams, Staged};
 use crate::arch::{Activation, RopeStyle};
 use crate::kernel_registry::Backend;
 use crate::model::Model;
@@ -407,7 +407,8 @@ impl AttnRef {
         AttnRef { n_ctx, k: vec![vec![0.0; kd]; n_slots * n_ctx], v: vec![vec![0.0; vd]; n_slots * n_ctx] }
     }
 
-    fn run(&mut self, batch: &Batch, q: &[f32], k: &[f32], v: &[f32], p: &AttnParams) -> Vec<f32> {
+    /// `sinks`: a logit a head in each softmax's denominator (gpt-oss).
+    fn run(&mut self, batch: &Batch, q: &[f32], k: &[f32], v: &[f32], p: &AttnParams, sinks: Option<&[f32]>) -> Vec<f32> {
         let (hd, hdv, n) = (p.head_dim, p.head_dim_v, batch.len());
         let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
         let r16 = |x: &[f32]| x.iter().map(|&v| f16::from_f32(v).to_f32()).collect::<Vec<f32>>();
@@ -431,9 +432,10 @@ impl AttnRef {
                         p.softcap.map_or(d, |c| c as f64 * (d / c as f64).tanh())
                     })
                     .collect();
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = sinks.map(|s| s[h] as f64);
+                let m = scores.iter().cloned().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
                 for c in 0..hdv {
                     let o: f64 = (lo..=pos).zip(&e).map(|(j, w)| w * self.v[s * self.n_ctx + j][kvh * hdv + c] as f64).sum();
                     out[(t * p.n_head + h) * hdv + c] = (o / z) as f32;
@@ -471,15 +473,8 @@ pub(crate) fn attention_matches_the_reference<B: DeviceBackend>(be: &B) {
             steps.push(b);
         }
         for (i, batch) in steps.iter().enumerate() {
-            let n = batch.len();
-            let q = rand_vec(&mut r, n * p.n_head * p.head_dim, 1.0);
-            let k = rand_vec(&mut r, n * kd, 1.0);
-            let v = rand_vec(&mut r, n * vd, 1.0);
-            let want = want_cache.run(batch, &q, &k, &v, &p);
-            let mut out = up(be, &vec![f32::NAN; want.len()]);
-            let idx = stage(be, batch, &[]);
-            be.attention(&mut kv, 1, Staged::of(batch, &[], &idx), [&up(be, &q), &up(be, &k), &up(be, &v)], &mut out, &p).unwrap();
-            check(&name, &format!("attention {p:?} step {i}"), &read(be, &out, want.len()), &want, 3e-3);
+            let (got, want) = attention_step(be, &mut r, &mut kv, &mut want_cache, batch, &p, None).unwrap();
+            check(&name, &format!("attention {p:?} step {i}"), &got, &want, 3e-3);
         }
         let mut bad = Batch::default();
         bad.push(0, n_ctx as u32, 0, true);
@@ -488,6 +483,62 @@ pub(crate) fn attention_matches_the_reference<B: DeviceBackend>(be: &B) {
         let idx = stage(be, &bad, &[]);
         assert!(be.attention(&mut kv, 1, Staged::of(&bad, &[], &idx), [&q, &k, &v], &mut out, &p).is_err(), "{name}: a position past the cache must be an error");
     }
+    // Attention sinks (gpt-oss's shape: heads of 64, a window), where the
+    // backend has them: a prompt and two decode steps, the sinks wide
+    // enough to take a real share of each softmax.
+    let p = AttnParams { n_head: 8, n_head_kv: 2, head_dim: 64, head_dim_v: 64, scale: 0.125, softcap: None, window: Some(7) };
+    let (kd, vd, n_ctx) = (p.n_head_kv * p.head_dim, p.n_head_kv * p.head_dim_v, 32);
+    let mut kv = be.kv_cache(1, n_ctx, &[kd, kd], &[vd, vd]).unwrap();
+    let mut want_cache = AttnRef::new(1, n_ctx, kd, vd);
+    let sinks = rand_vec(&mut r, p.n_head, 3.0);
+    let sinks_dev = vector(be, &sinks);
+    let mut steps = vec![Batch::default()];
+    (0..11).for_each(|i| steps[0].push(0, i, 0, true));
+    for s in 0..2 {
+        let mut b = Batch::default();
+        b.push(0, 11 + s, 0, true);
+        steps.push(b);
+    }
+    for (i, batch) in steps.iter().enumerate() {
+        match attention_step(be, &mut r, &mut kv, &mut want_cache, batch, &p, Some((&sinks, &sinks_dev))) {
+            Err(e) if e.0.contains("has no attention-sinks kernel") => {
+                eprintln!("NOT CHECKED on {name}: attention sinks (no kernel: {e})");
+                return;
+            }
+            step => {
+                let (got, want) = step.unwrap();
+                check(&name, &format!("attention with sinks {p:?} step {i}"), &got, &want, 3e-3);
+            }
+        }
+    }
+}
+
+/// One step of [`attention_matches_the_reference`]: random q, k, v for
+/// `batch`, through the backend's attention (with `sinks`, host and placed
+/// copies, its `attention_sinks`) and the f64 reference: (got, want).
+#[allow(clippy::too_many_arguments)]
+fn attention_step<B: DeviceBackend>(
+    be: &B,
+    r: &mut SplitMix64,
+    kv: &mut B::Kv,
+    want_cache: &mut AttnRef,
+    batch: &Batch,
+    p: &AttnParams,
+    sinks: Option<(&[f32], &B::Vector)>,
+) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+    let (n, kd, vd) = (batch.len(), p.n_head_kv * p.head_dim, p.n_head_kv * p.head_dim_v);
+    let q = rand_vec(r, n * p.n_head * p.head_dim, 1.0);
+    let k = rand_vec(r, n * kd, 1.0);
+    let v = rand_vec(r, n * vd, 1.0);
+    let want = want_cache.run(batch, &q, &k, &v, p, sinks.map(|s| s.0));
+    let mut out = up(be, &vec![f32::NAN; want.len()]);
+    let idx = stage(be, batch, &[]);
+    let (b, qkv) = (Staged::of(batch, &[], &idx), [&up(be, &q), &up(be, &k), &up(be, &v)]);
+    match sinks {
+        Some((_, placed)) => be.attention_sinks(kv, 1, b, qkv, &mut out, p, placed)?,
+        None => be.attention(kv, 1, b, qkv, &mut out, p)?,
+    }
+    Ok((read(be, &out, want.len()), want))
 }
 
 /// The activation buffers of one block test, as `Scratch` borrows them.

@@ -65,6 +65,18 @@ impl BackendCaps for Vulkan {
         Some("vulkan matmul (the shared expert as one more route a token, weighted on the host by the sigmoid of its gate)".into())
     }
 
+    /// Attention with sinks: the attention shader's sink logit a head.
+    fn attention_sinks_kernel() -> Option<String> {
+        Some("vulkan attention (a sink logit a head in its softmax)".into())
+    }
+
+    /// gpt-oss's experts: the routed pairs' float products with each
+    /// expert's bias rows added, the clamped SwiGLU (`glu.comp`'s act 2);
+    /// the router's bias and the softmax after the top-k on the host.
+    fn oai_experts_kernel() -> Option<String> {
+        Some("vulkan matmul (a routed pair's rows, its expert's bias rows added; glu act 2, the clamped SwiGLU; routed on the host)".into())
+    }
+
     fn prefill_kernel(kind: QuantKind, cols: usize) -> String {
         let _ = cols;
         match vk_ops::matmul_shader(kind) {
@@ -245,6 +257,73 @@ mod dispatch {
             Ok(Buf { b: self.dev.alloc(bytes).map_err(be)?, len })
         }
 
+        /// The cache store, then attention (`attention.comp`), with a sink
+        /// logit a head in each softmax where `sinks` is given (gpt-oss).
+        #[allow(clippy::too_many_arguments)]
+        fn attend(&self, kv: &mut Kv, layer: usize, b: Staged<'_, VulkanIndices>, [q, k, v]: [&Buf; 3], out: &mut Buf, p: &AttnParams, sinks: Option<&Buf>) -> Result<(), BackendError> {
+            let n = b.len();
+            if b.seq.len() != n || b.pos.len() != n {
+                return Err(BackendError("batch columns of different lengths".into()));
+            }
+            let (hd, hdv) = (p.head_dim, p.head_dim_v);
+            let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
+            if p.n_head_kv == 0 || !p.n_head.is_multiple_of(p.n_head_kv) {
+                return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
+            }
+            if hd > vk_ops::MAX_HEAD_DIM || hdv > vk_ops::MAX_HEAD_DIM || hd % 2 != 0 || hdv % 2 != 0 {
+                return Err(BackendError(format!("head sizes {hd}/{hdv}: the attention shader takes even sizes up to {}", vk_ops::MAX_HEAD_DIM)));
+            }
+            if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
+                return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
+            }
+            exact("attention q", q, n * p.n_head * hd)?;
+            exact("attention k", k, n * kd)?;
+            exact("attention v", v, n * vd)?;
+            exact("attention out", out, n * p.n_head * hdv)?;
+            for t in 0..n {
+                let (s, pos) = (b.seq[t] as usize, b.pos[t] as usize);
+                if s >= kv.n_slots || pos >= kv.n_ctx {
+                    return Err(BackendError(format!(
+                        "token {t}: slot {s} position {pos} outside the KV cache ({} slots x {})",
+                        kv.n_slots, kv.n_ctx
+                    )));
+                }
+            }
+            let (seq, pos) = (b.dev.list(1, n)?, b.dev.list(2, n)?);
+            let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+            let store = Push::default()
+                .ptr(k.at())
+                .ptr(v.at())
+                .ptr(kc.addr(0))
+                .ptr(vc.addr(0))
+                .ptr(seq)
+                .ptr(pos)
+                .u32(n as u32)
+                .u32(kd as u32)
+                .u32(vd as u32)
+                .u32(kv.n_ctx as u32);
+            self.dev.launch("kv_store", &store, groups(n * (kd + vd) / 2), 1).map_err(be)?;
+            let attend = Push::default()
+                .ptr(q.at())
+                .ptr(kc.addr(0))
+                .ptr(vc.addr(0))
+                .ptr(out.at())
+                .ptr(seq)
+                .ptr(pos)
+                .ptr(sinks.unwrap_or(q).at())
+                .u32(n as u32)
+                .u32(p.n_head as u32)
+                .u32(p.n_head_kv as u32)
+                .u32(hd as u32)
+                .u32(hdv as u32)
+                .u32(kv.n_ctx as u32)
+                .u32(p.window.unwrap_or(0))
+                .f32(p.scale)
+                .f32(p.softcap.unwrap_or(0.0))
+                .u32(u32::from(sinks.is_some()));
+            self.dev.launch("attention", &attend, n * p.n_head, 1).map_err(be)
+        }
+
         /// One launch of the element-wise shader (`unary.comp`'s `op`).
         fn unary(&self, dst: &Buf, a: Option<&Buf>, op: u32, width: usize, s: f32) -> Result<(), BackendError> {
             self.unary_at(dst.at(), a.unwrap_or(dst).at(), dst.len, op, width, s)
@@ -272,11 +351,16 @@ mod dispatch {
         }
 
         #[allow(clippy::too_many_arguments)]
-        fn glu_launch(&self, act: Activation, gate: u64, up: u64, out: u64, n: usize, width: usize, stride: usize) -> Result<(), BackendError> {
-            let act = match act {
-                Activation::SiluGated => 0,
-                Activation::GeluGated => 1,
+        /// `glu.comp` over `n` rows of `width`: `act`, or gpt-oss's clamped
+        /// SwiGLU where `oai` is given.
+        #[allow(clippy::too_many_arguments)]
+        fn glu_launch(&self, act: Activation, oai: Option<crate::arch::SwigluOai>, gate: u64, up: u64, out: u64, n: usize, width: usize, stride: usize) -> Result<(), BackendError> {
+            let code = match (oai, act) {
+                (Some(_), _) => 2,
+                (None, Activation::SiluGated) => 0,
+                (None, Activation::GeluGated) => 1,
             };
+            let (alpha, limit) = oai.map_or((0.0, 0.0), |o| (o.alpha, o.limit));
             let push = Push::default()
                 .ptr(gate)
                 .ptr(up)
@@ -285,7 +369,9 @@ mod dispatch {
                 .u32(fits("width", width)?)
                 .u32(stride as u32)
                 .u32(stride as u32)
-                .u32(act);
+                .u32(code)
+                .f32(alpha)
+                .f32(limit);
             self.dev.launch("glu", &push, groups(n * width), 1).map_err(be)
         }
     }
@@ -539,73 +625,21 @@ mod dispatch {
             self.dev.launch("rope", &push, groups(n * n_heads * (p.n_rot / 2)), 1).map_err(be)
         }
 
-        fn attention(&self, kv: &mut Kv, layer: usize, b: Staged<'_, VulkanIndices>, [q, k, v]: [&Buf; 3], out: &mut Buf, p: &AttnParams) -> Result<(), BackendError> {
-            let n = b.len();
-            if b.seq.len() != n || b.pos.len() != n {
-                return Err(BackendError("batch columns of different lengths".into()));
-            }
-            let (hd, hdv) = (p.head_dim, p.head_dim_v);
-            let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
-            if p.n_head_kv == 0 || !p.n_head.is_multiple_of(p.n_head_kv) {
-                return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
-            }
-            if hd > vk_ops::MAX_HEAD_DIM || hdv > vk_ops::MAX_HEAD_DIM || hd % 2 != 0 || hdv % 2 != 0 {
-                return Err(BackendError(format!("head sizes {hd}/{hdv}: the attention shader takes even sizes up to {}", vk_ops::MAX_HEAD_DIM)));
-            }
-            if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
-                return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
-            }
-            exact("attention q", q, n * p.n_head * hd)?;
-            exact("attention k", k, n * kd)?;
-            exact("attention v", v, n * vd)?;
-            exact("attention out", out, n * p.n_head * hdv)?;
-            for t in 0..n {
-                let (s, pos) = (b.seq[t] as usize, b.pos[t] as usize);
-                if s >= kv.n_slots || pos >= kv.n_ctx {
-                    return Err(BackendError(format!(
-                        "token {t}: slot {s} position {pos} outside the KV cache ({} slots x {})",
-                        kv.n_slots, kv.n_ctx
-                    )));
-                }
-            }
-            let (seq, pos) = (b.dev.list(1, n)?, b.dev.list(2, n)?);
-            let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
-            let store = Push::default()
-                .ptr(k.at())
-                .ptr(v.at())
-                .ptr(kc.addr(0))
-                .ptr(vc.addr(0))
-                .ptr(seq)
-                .ptr(pos)
-                .u32(n as u32)
-                .u32(kd as u32)
-                .u32(vd as u32)
-                .u32(kv.n_ctx as u32);
-            self.dev.launch("kv_store", &store, groups(n * (kd + vd) / 2), 1).map_err(be)?;
-            let attend = Push::default()
-                .ptr(q.at())
-                .ptr(kc.addr(0))
-                .ptr(vc.addr(0))
-                .ptr(out.at())
-                .ptr(seq)
-                .ptr(pos)
-                .u32(n as u32)
-                .u32(p.n_head as u32)
-                .u32(p.n_head_kv as u32)
-                .u32(hd as u32)
-                .u32(hdv as u32)
-                .u32(kv.n_ctx as u32)
-                .u32(p.window.unwrap_or(0))
-                .f32(p.scale)
-                .f32(p.softcap.unwrap_or(0.0));
-            self.dev.launch("attention", &attend, n * p.n_head, 1).map_err(be)
+        fn attention(&self, kv: &mut Kv, layer: usize, b: Staged<'_, VulkanIndices>, qkv: [&Buf; 3], out: &mut Buf, p: &AttnParams) -> Result<(), BackendError> {
+            self.attend(kv, layer, b, qkv, out, p, None)
         }
+
+        fn attention_sinks(&self, kv: &mut Kv, layer: usize, b: Staged<'_, VulkanIndices>, qkv: [&Buf; 3], out: &mut Buf, p: &AttnParams, sinks: &Buf) -> Result<(), BackendError> {
+            exact("attention sinks", sinks, p.n_head)?;
+            self.attend(kv, layer, b, qkv, out, p, Some(sinks))
+        }
+
 
         fn glu(&self, act: Activation, gate: &Buf, up: &Buf, out: &mut Buf) -> Result<(), BackendError> {
             exact("glu up", up, gate.len)?;
             exact("glu out", out, gate.len)?;
             fits("glu length", gate.len)?;
-            self.glu_launch(act, gate.at(), up.at(), out.at(), 1, gate.len, 0)
+            self.glu_launch(act, None, gate.at(), up.at(), out.at(), 1, gate.len, 0)
         }
 
         fn glu_fused(&self, act: Activation, fused: &Buf, out: &mut Buf, width: usize) -> Result<(), BackendError> {
@@ -614,7 +648,7 @@ mod dispatch {
             }
             let n = fused.len / (2 * width);
             exact("fused glu out", out, n * width)?;
-            self.glu_launch(act, fused.at(), fused.b.addr(width * 4), out.at(), n, width, 2 * width)
+            self.glu_launch(act, None, fused.at(), fused.b.addr(width * 4), out.at(), n, width, 2 * width)
         }
 
         fn copy(&self, src: &Buf, dst: &mut Buf) -> Result<(), BackendError> {
@@ -661,13 +695,21 @@ mod dispatch {
         /// launch a matrix and pair, the expert's rows found by address),
         /// the GLU over all pairs of a width at once, each pair's down rows,
         /// then each pair's output added into its token's row scaled by its
-        /// weight. gpt-oss's experts (biases, its clamped SwiGLU) have no
-        /// shader yet: the plan refuses them first.
+        /// weight. gpt-oss's experts add their bias rows to each product
+        /// (one more launch a product) and take its clamped SwiGLU.
         fn moe_experts(&self, w: &crate::backend::MoeBlock<'_, Vulkan>, x: &Buf, routes: &[crate::backend::Route], out: &mut Buf) -> Result<(), BackendError> {
-            if w.biases.is_some() || w.experts.swiglu_oai.is_some() {
-                return Err(BackendError("no Vulkan shader for gpt-oss's experts (biases, swiglu_oai)".into()));
-            }
             let (e, ne) = (w.n_embd, w.experts.n_expert);
+            if let Some(b) = &w.biases {
+                let ff = w.experts.n_ff;
+                exact("gate biases", b.gate, ne * ff)?;
+                exact("up biases", b.up, ne * ff)?;
+                exact("down biases", b.down, ne * e)?;
+            }
+            // An expert's bias row of `which` (0 gate, 1 up, 2 down; routed experts only).
+            let bias = |which: usize, r: &crate::backend::Route, width: usize| -> Option<u64> {
+                let b = w.biases.as_ref().filter(|_| r.expert < ne)?;
+                Some([b.gate, b.up, b.down][which].b.addr(r.expert * width * 4))
+            };
             if e == 0 || !out.len.is_multiple_of(e) || x.len != out.len {
                 return Err(shape("experts input and output", out.len, x.len));
             }
@@ -707,18 +749,26 @@ mod dispatch {
                 let xt = x.b.addr(routes[p].token * e * 4);
                 self.matvec_rows(gate, index * ff, ff, xt, g.b.addr(at * 4))?;
                 self.matvec_rows(up, index * ff, ff, xt, u.b.addr(at * 4))?;
+                for (which, y) in [(0, &g), (1, &u)] {
+                    if let Some(row) = bias(which, &routes[p], ff) {
+                        self.unary_at(y.b.addr(at * 4), row, ff, 1, 1, 0.0)?;
+                    }
+                }
                 at += ff;
             }
             let mut at = 0;
             for width in order.iter().map(|o| o.3).collect::<std::collections::BTreeSet<usize>>() {
                 let count = order.iter().filter(|o| o.3 == width).count();
                 let (ga, ua, ha) = (g.b.addr(at * 4), u.b.addr(at * 4), h.b.addr(at * 4));
-                self.glu_launch(w.act, ga, ua, ha, count, width, width)?;
+                self.glu_launch(w.act, w.experts.swiglu_oai, ga, ua, ha, count, width, width)?;
                 at += count * width;
             }
             let mut at = 0;
             for &(p, [_, _, down], index, ff) in &order {
                 self.matvec_rows(down, index * e, e, h.b.addr(at * 4), d.b.addr(p * e * 4))?;
+                if let Some(row) = bias(2, &routes[p], e) {
+                    self.unary_at(d.b.addr(p * e * 4), row, e, 1, 1, 0.0)?;
+                }
                 at += ff;
             }
             for (p, r) in routes.iter().enumerate() {
