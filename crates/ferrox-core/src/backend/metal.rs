@@ -398,33 +398,9 @@ mod dispatch {
 
         fn attention(&self, kv: &mut Kv, layer: usize, b: Staged<'_, MetalIndices>, [q, k, v]: [&Buf; 3], out: &mut Buf, p: &AttnParams) -> Result<(), BackendError> {
             let n = b.len();
-            if b.seq.len() != n || b.pos.len() != n {
-                return Err(BackendError("batch columns of different lengths".into()));
-            }
-            let (hd, hdv) = (p.head_dim, p.head_dim_v);
-            let (kd, vd) = (p.n_head_kv * hd, p.n_head_kv * hdv);
-            if p.n_head_kv == 0 || !p.n_head.is_multiple_of(p.n_head_kv) {
-                return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
-            }
-            if hd > mtl_ops::MAX_HEAD_DIM || hdv > mtl_ops::MAX_HEAD_DIM {
-                return Err(BackendError(format!("head sizes {hd}/{hdv}: the attention kernel takes sizes up to {}", mtl_ops::MAX_HEAD_DIM)));
-            }
-            if kv.k_dims.get(layer) != Some(&kd) || kv.v_dims.get(layer) != Some(&vd) {
-                return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
-            }
-            exact("attention q", q, n * p.n_head * hd)?;
-            exact("attention k", k, n * kd)?;
-            exact("attention v", v, n * vd)?;
-            exact("attention out", out, n * p.n_head * hdv)?;
-            for t in 0..n {
-                let (s, pos) = (b.seq[t] as usize, b.pos[t] as usize);
-                if s >= kv.n_slots || pos >= kv.n_ctx {
-                    return Err(BackendError(format!(
-                        "token {t}: slot {s} position {pos} outside the KV cache ({} slots x {})",
-                        kv.n_slots, kv.n_ctx
-                    )));
-                }
-            }
+            let cache = (kv.k_dims.get(layer), kv.v_dims.get(layer));
+            let heads = (mtl_ops::MAX_HEAD_DIM, false, "kernel");
+            let (kd, vd) = crate::backend::check_attention(p, heads, cache, [q.len, k.len, v.len, out.len], b, kv.n_slots, kv.n_ctx, layer)?;
             let (seq, pos) = (b.dev.list(1, n)?, b.dev.list(2, n)?);
             let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
             let store = Args::default()
@@ -449,8 +425,8 @@ mod dispatch {
                 .u32(n as u32)
                 .u32(p.n_head as u32)
                 .u32(p.n_head_kv as u32)
-                .u32(hd as u32)
-                .u32(hdv as u32)
+                .u32(p.head_dim as u32)
+                .u32(p.head_dim_v as u32)
                 .u32(kv.n_ctx as u32)
                 .u32(p.window.unwrap_or(0))
                 .f32(p.scale)

@@ -897,6 +897,55 @@ pub trait DeviceBackend: Send + Sync {
     }
 }
 
+/// A device backend's attention operands, checked before anything is
+/// launched: head sizes its kernel takes (`heads`: the largest, whether it
+/// needs them even, and the kernel's name for the error), query heads
+/// sharing the KV heads evenly, the layer's cache widths (`cache`: its key
+/// and value widths, if the layer has them), the lengths of q, k, v and the
+/// output for the batch (`lens`), and every (slot, position) of the batch
+/// inside a cache of `n_slots x n_ctx`. The key and value widths.
+#[cfg_attr(not(any(feature = "vulkan", feature = "metal")), allow(dead_code))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_attention<I: ?Sized>(
+    p: &AttnParams,
+    heads: (usize, bool, &str),
+    cache: (Option<&usize>, Option<&usize>),
+    lens: [usize; 4],
+    b: Staged<'_, I>,
+    n_slots: usize,
+    n_ctx: usize,
+    layer: usize,
+) -> Result<(usize, usize), BackendError> {
+    let (n, (hd, hdv), (max, even, kernel)) = (b.len(), (p.head_dim, p.head_dim_v), heads);
+    if hd > max || hdv > max || (even && (hd % 2 != 0 || hdv % 2 != 0)) {
+        let sizes = if even { "even sizes" } else { "sizes" };
+        return Err(BackendError(format!("head sizes {hd}/{hdv}: the attention {kernel} takes {sizes} up to {max}")));
+    }
+    if b.seq.len() != n || b.pos.len() != n {
+        return Err(BackendError("batch columns of different lengths".into()));
+    }
+    if p.n_head_kv == 0 || !p.n_head.is_multiple_of(p.n_head_kv) {
+        return Err(BackendError(format!("{} heads cannot share {} KV heads", p.n_head, p.n_head_kv)));
+    }
+    let (kd, vd) = (p.n_head_kv * p.head_dim, p.n_head_kv * p.head_dim_v);
+    if cache != (Some(&kd), Some(&vd)) {
+        return Err(BackendError(format!("layer {layer}: KV cache not shaped for {kd}/{vd}")));
+    }
+    let want = [n * p.n_head * p.head_dim, n * kd, n * vd, n * p.n_head * p.head_dim_v];
+    for ((what, got), want) in ["attention q", "attention k", "attention v", "attention out"].iter().zip(lens).zip(want) {
+        if got != want {
+            return Err(BackendError(format!("{what}: expected {want} values, got {got}")));
+        }
+    }
+    for t in 0..n {
+        let (s, pos) = (b.seq[t] as usize, b.pos[t] as usize);
+        if s >= n_slots || pos >= n_ctx {
+            return Err(BackendError(format!("token {t}: slot {s} position {pos} outside the KV cache ({n_slots} slots x {n_ctx})")));
+        }
+    }
+    Ok((kd, vd))
+}
+
 /// A vector's values as f32 (any kind, dequantized): what every backend
 /// places for [`DeviceBackend::place_vector`]. A tensor of more than one
 /// row is not a vector.
