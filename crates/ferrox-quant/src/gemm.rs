@@ -480,7 +480,7 @@ pub(crate) fn matmul_groups(
         return Err(QuantError::NoDot { kind }.into());
     };
     let row_bytes = crate::row_bytes(kind, cols)?;
-    let Some(Engine::Rows8(tile, base, tile16)) = engine(level, &info).filter(|_| matches!(level, Isa::Avx2 | Isa::Avx512Vnni)) else {
+    let Some(Engine::Rows8(tile, base, tile16)) = engine(level, &info) else {
         return Err(QuantError::NoDot { kind }.into());
     };
     if !rows.is_multiple_of(8) || weights.len() != rows * row_bytes || x.len() != n * cols || y.len() != n * rows {

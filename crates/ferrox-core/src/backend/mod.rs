@@ -903,7 +903,7 @@ pub trait DeviceBackend: Send + Sync {
 /// sharing the KV heads evenly, the layer's cache widths (`cache`: its key
 /// and value widths, if the layer has them), the lengths of q, k, v and the
 /// output for the batch (`lens`), and every (slot, position) of the batch
-/// inside a cache of `n_slots x n_ctx`. The key and value widths.
+/// inside a cache of `n_slots x n_ctx`. Returns the key and value widths.
 #[cfg_attr(not(any(feature = "vulkan", feature = "metal")), allow(dead_code))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn check_attention<I: ?Sized>(

@@ -311,19 +311,21 @@ mod dispatch {
             self.dev.launch("unary", &push, groups(len), 1).map_err(be)
         }
 
-        /// One row of the float product (`matmul_<kind>`): rows `row0..row0 +
-        /// rows` of `w` against the `w.cols` floats at `x`, into the `rows`
-        /// floats at `y`.
-        fn matvec_rows(&self, w: &Matrix, row0: usize, rows: usize, x: u64, y: u64) -> Result<(), BackendError> {
+        /// The float product (`matmul_<kind>`) of rows `row0..row0 + rows`
+        /// of `w` against `n` rows of `w.cols` floats at `x`, into `n` rows
+        /// of `rows` floats at `y`.
+        #[allow(clippy::too_many_arguments)]
+        fn matmul_rows(&self, w: &Matrix, row0: usize, rows: usize, x: u64, y: u64, n: usize) -> Result<(), BackendError> {
             let push = Push::default()
                 .ptr(x)
                 .ptr(y)
                 .ptr(w.b.addr(row0 * w.row_bytes))
                 .u32(fits("rows", rows)?)
                 .u32(w.cols as u32)
-                .u32(1)
+                .u32(fits("tokens", n)?)
                 .u32(w.row_bytes as u32);
-            self.dev.launch(&format!("matmul_{}", w.suffix), &push, rows.div_ceil(vk_ops::MATMUL_ROWS), 1).map_err(be)
+            let z = n.div_ceil(vk_ops::MATMUL_TILE);
+            self.dev.launch(&format!("matmul_{}", w.suffix), &push, rows.div_ceil(vk_ops::MATMUL_ROWS), z).map_err(be)
         }
 
         #[allow(clippy::too_many_arguments)]
@@ -531,7 +533,6 @@ mod dispatch {
             }
             fits("matmul input", n * w.cols)?;
             fits("matmul output", n * w.rows)?;
-            let z = n.div_ceil(vk_ops::MATMUL_TILE);
             if self.dev.int_dot() && w.cols.is_multiple_of(32) {
                 if let Some(shader) = vk_ops::dp_shader(w.kind) {
                     let blocks = n * w.cols / 32;
@@ -546,18 +547,11 @@ mod dispatch {
                         .u32(w.cols as u32)
                         .u32(n as u32)
                         .u32(w.row_bytes as u32);
+                    let z = n.div_ceil(vk_ops::MATMUL_TILE);
                     return self.dev.launch(&shader, &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), z).map_err(be);
                 }
             }
-            let push = Push::default()
-                .ptr(x.at())
-                .ptr(y.at())
-                .ptr(w.b.addr(0))
-                .u32(w.rows as u32)
-                .u32(w.cols as u32)
-                .u32(n as u32)
-                .u32(w.row_bytes as u32);
-            self.dev.launch(&format!("matmul_{}", w.suffix), &push, w.rows.div_ceil(vk_ops::MATMUL_ROWS), z).map_err(be)
+            self.matmul_rows(w, 0, w.rows, x.at(), y.at(), n)
         }
 
         fn add_bias(&self, y: &mut Buf, b: &Buf, n: usize) -> Result<(), BackendError> {
@@ -609,7 +603,6 @@ mod dispatch {
             exact("attention sinks", sinks, p.n_head)?;
             self.attend(kv, layer, b, qkv, out, p, Some(sinks))
         }
-
 
         fn glu(&self, act: Activation, gate: &Buf, up: &Buf, out: &mut Buf) -> Result<(), BackendError> {
             exact("glu up", up, gate.len)?;
@@ -723,8 +716,8 @@ mod dispatch {
             let mut at = 0;
             for &(p, [gate, up, _], index, ff) in &order {
                 let xt = x.b.addr(routes[p].token * e * 4);
-                self.matvec_rows(gate, index * ff, ff, xt, g.b.addr(at * 4))?;
-                self.matvec_rows(up, index * ff, ff, xt, u.b.addr(at * 4))?;
+                self.matmul_rows(gate, index * ff, ff, xt, g.b.addr(at * 4), 1)?;
+                self.matmul_rows(up, index * ff, ff, xt, u.b.addr(at * 4), 1)?;
                 for (which, y) in [(0, &g), (1, &u)] {
                     if let Some(row) = bias(which, &routes[p], ff) {
                         self.unary_at(y.b.addr(at * 4), row, ff, 1, 1, 0.0)?;
@@ -741,7 +734,7 @@ mod dispatch {
             }
             let mut at = 0;
             for &(p, [_, _, down], index, ff) in &order {
-                self.matvec_rows(down, index * e, e, h.b.addr(at * 4), d.b.addr(p * e * 4))?;
+                self.matmul_rows(down, index * e, e, h.b.addr(at * 4), d.b.addr(p * e * 4), 1)?;
                 if let Some(row) = bias(2, &routes[p], e) {
                     self.unary_at(d.b.addr(p * e * 4), row, e, 1, 1, 0.0)?;
                 }
